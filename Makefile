@@ -1,0 +1,52 @@
+# SPACE: two commands on a fresh Debian 12 machine, as root:
+#   make run    install what is missing, build, build or reuse the guest images, run the demo
+#   make test   install what is missing, build (also with ASan/UBSan), run every test
+.PHONY: all deps build build-asan images run test test-unit bench format clean
+
+BUILD      ?= build
+BUILD_ASAN ?= build-asan
+IMAGES     := $(BUILD)/images
+JOBS       ?= $(shell nproc)
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+$(BUILD)/build.ninja: CMakeLists.txt
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+$(BUILD_ASAN)/build.ninja: CMakeLists.txt
+	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSPACE_SANITIZE=ON
+
+build: deps $(BUILD)/build.ninja
+	ninja -C $(BUILD) -j $(JOBS)
+
+build-asan: deps $(BUILD_ASAN)/build.ninja
+	ninja -C $(BUILD_ASAN) -j $(JOBS) space_unit_tests
+
+# Guest kernel and root filesystem, cached by recipe hash under /var/cache/space/images;
+# $(IMAGES) holds links to the current ones.
+images: build
+	@mkdir -p $(IMAGES)
+	@kernel_dir=$$(images/build-kernel.sh) && ln -sfn "$$kernel_dir/vmlinux" $(IMAGES)/vmlinux
+	@rootfs_dir=$$(SPACE_AGENT_BIN=$(BUILD)/bin/space-agent images/build-rootfs.sh) && \
+	  ln -sfn "$$rootfs_dir/rootfs.ext4" $(IMAGES)/rootfs.ext4
+
+run: build images
+	$(BUILD)/bin/space-vm --log-level info run -- uname -a
+
+test-unit: build build-asan
+	cd $(BUILD_ASAN) && ctest -L unit --output-on-failure -j $(JOBS)
+
+test: test-unit images
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+bench: build images
+	bench/boot_bench.sh
+
+format:
+	clang-format -i $$(git ls-files '*.cc' '*.h')
+
+clean:
+	rm -rf $(BUILD) $(BUILD_ASAN)

@@ -1,0 +1,86 @@
+# Shared helpers for the image build scripts (sourced, not run).
+# Contract: every artifact lives in $SPACE_IMAGE_CACHE/<kind>-<recipe-hash>/, is built in a
+# temporary sibling directory and published with one rename, so a half-built image is never used.
+
+set -euo pipefail
+
+SPACE_IMAGE_CACHE=${SPACE_IMAGE_CACHE:-/var/cache/space/images}
+SPACE_BUILD_JOBS=${SPACE_BUILD_JOBS:-$(($(nproc) + 1))}
+_space_t0=$(date +%s)
+
+elapsed() {
+  local s=$(($(date +%s) - _space_t0))
+  printf '%dm%02ds' $((s / 60)) $((s % 60))
+}
+
+# phase NAME MESSAGE: one progress line, prefixed with the artifact and the elapsed time.
+phase() {
+  printf '[images] %-8s %7s  %s\n' "$1" "$(elapsed)" "$2" >&2
+}
+
+die() {
+  printf '[images] error: %s\n' "$*" >&2
+  exit 1
+}
+
+# run_step ARTIFACT STEP LOG CMD...: runs CMD with its output appended to LOG. While it runs, a
+# heartbeat shows it is alive; on failure the step and the log are named and the log's tail shown.
+run_step() {
+  local artifact=$1 step=$2 log=$3
+  shift 3
+  phase "$artifact" "$step"
+  printf '\n===== %s: %s\n' "$step" "$*" >>"$log"
+  "$@" >>"$log" 2>&1 &
+  local pid=$! ticks=0 rc=0
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    ticks=$((ticks + 1))
+    if ((ticks % 30 == 0)); then phase "$artifact" "  ... still: $step"; fi
+  done
+  wait "$pid" || rc=$?
+  if ((rc != 0)); then
+    printf '[images] step "%s" of %s failed (exit %d); last lines of %s:\n' "$step" "$artifact" "$rc" "$log" >&2
+    tail -n 25 "$log" | sed 's/^/    /' >&2
+    die "$artifact: step \"$step\" failed, full log: $log"
+  fi
+}
+
+# recipe_hash FILE...: a short content hash over the given files and any extra strings on stdin.
+# Only what defines an artifact goes in (not this helper file: progress output changes nothing).
+recipe_hash() {
+  { for f in "$@"; do printf '%s\n' "$(basename "$f")"; cat "$f"; done; cat; } | sha256sum | cut -c1-16
+}
+
+# make_workdir KIND: a temp dir next to the cache entries (same filesystem, so the rename is atomic).
+make_workdir() {
+  mkdir -p "$SPACE_IMAGE_CACHE"
+  mktemp -d "$SPACE_IMAGE_CACHE/.tmp-$1-XXXXXX"
+}
+
+# publish WORKDIR DEST: fsync the finished artifact and rename it into place.
+publish() {
+  sync -f "$1" 2>/dev/null || sync
+  rm -rf "$2"
+  mv -T "$1" "$2"
+  sync -f "$SPACE_IMAGE_CACHE" 2>/dev/null || true
+}
+
+# lock_kind KIND [KIND...]: one build of a kind at a time (a second `make` waits for the first, then finds
+# its result cached). Under the lock, any temp dir of that kind is left over from a killed build.
+lock_kind() {
+  mkdir -p "$SPACE_IMAGE_CACHE"
+  exec 9>"$SPACE_IMAGE_CACHE/.lock-$1"
+  if ! flock -n 9; then
+    phase "$1" "waiting for another build of $1 to finish"
+    flock 9
+  fi
+  local kind
+  for kind in "$@"; do
+    find "$SPACE_IMAGE_CACHE" -maxdepth 1 -name ".tmp-$kind-*" -exec rm -rf --one-file-system {} + 2>/dev/null || true
+  done
+}
+
+# remove_workdir DIR: never follows into a mount left inside a build tree (e.g. a bind of /dev).
+remove_workdir() {
+  rm -rf --one-file-system "$1"
+}

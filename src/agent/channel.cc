@@ -1,0 +1,210 @@
+#include "agent/channel.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+namespace space::agent {
+
+namespace {
+constexpr size_t kOutputBudget = 256 << 10;  // pull more from HTTP/2 only below this
+constexpr std::string_view kH2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+constexpr std::chrono::milliseconds kSafetyPoll{1000};
+}  // namespace
+
+Channel::Channel(EventLoop& loop, const Router& router, std::function<Json()> info)
+    : loop_(loop), router_(router), info_(std::move(info)) {}
+
+Channel::~Channel() {
+  loop_.cancelTimer(safety_timer_);
+  session_.reset();
+  if (watching_) loop_.removeFd(fd_);
+  if (owned_ && fd_ >= 0) close(fd_);
+}
+
+Status Channel::open(const std::string& port_path) {
+  int fd = ::open(port_path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return makeError(ErrorCode::kInternal, "open " + port_path + ": " + strerror(errno));
+  // Ask the virtio console driver for SIGIO when the host attaches or detaches, so the agent
+  // can sleep while disconnected instead of spinning on a level-triggered POLLHUP.
+  fcntl(fd, F_SETOWN, getpid());
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_ASYNC);
+  adopt(fd, true);
+  return okStatus();
+}
+
+void Channel::adopt(int fd, bool owned) {
+  fd_ = fd;
+  owned_ = owned;
+  fcntl(fd_, F_SETFL, fcntl(fd_, F_GETFL) | O_NONBLOCK);
+  poke();
+}
+
+void Channel::poke() {
+  loop_.cancelTimer(safety_timer_);
+  safety_timer_ = loop_.addTimer(kSafetyPoll, [this] { poke(); });
+  if (fd_ < 0) return;
+  pollfd p{fd_, POLLIN, 0};
+  poll(&p, 1, 0);
+  bool host_attached = (p.revents & POLLHUP) == 0;
+  if (host_attached && state_ == State::kDisconnected) {
+    attach();
+  } else if (!host_attached && state_ != State::kDisconnected) {
+    // Read whatever the host sent before leaving (it may end a stream), then drop the session.
+    readAvailable();
+    disconnect("host detached");
+  }
+}
+
+void Channel::attach() {
+  state_ = State::kHandshake;
+  scanner_ = std::make_unique<agentproto::HandshakeScanner>(agentproto::kHelloPrefix, "");
+  out_.clear();
+  out_off_ = 0;
+  watching_ = true;
+  loop_.addFd(fd_, EPOLLIN, [this](uint32_t ev) { onEvents(ev); });
+}
+
+void Channel::disconnect(const char* why) {
+  if (state_ == State::kDisconnected) return;
+  fprintf(stderr, "space-agent: channel: %s\n", why);
+  state_ = State::kDisconnected;
+  session_.reset();  // open streams end; services detach from them
+  scanner_.reset();
+  preface_buf_.clear();
+  out_.clear();
+  out_off_ = 0;
+  if (watching_) {
+    loop_.removeFd(fd_);
+    watching_ = false;
+  }
+}
+
+void Channel::onEvents(uint32_t events) {
+  if (events & EPOLLIN) readAvailable();
+  if (state_ == State::kDisconnected) return;
+  if (events & (EPOLLHUP | EPOLLERR)) {
+    poke();
+    return;
+  }
+  if (events & EPOLLOUT) flush();
+}
+
+void Channel::readAvailable() {
+  char buf[64 << 10];
+  // Bounded per wake-up so a flood from the host cannot starve process output.
+  for (int round = 0; round < 16 && state_ != State::kDisconnected; ++round) {
+    ssize_t n = read(fd_, buf, sizeof buf);
+    if (n > 0) {
+      handleBytes(std::string_view(buf, static_cast<size_t>(n)));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0 && !owned_) {
+      disconnect("peer closed");  // a socket (tests): EOF is final
+    }
+    break;  // EAGAIN, or 0 on the port while detached (poke() decides)
+  }
+  flush();
+}
+
+void Channel::handleBytes(std::string_view bytes) {
+  switch (state_) {
+    case State::kDisconnected: return;
+    case State::kHandshake: {
+      auto match = scanner_->feed(bytes);
+      if (!match.ok()) {
+        scanner_ = std::make_unique<agentproto::HandshakeScanner>(agentproto::kHelloPrefix, "");
+        return;
+      }
+      if (!match.value()) return;
+      Json info = info_();
+      out_ += agentproto::makeOlleh(match.value()->nonce, info.dump(-1, ' ', true, Json::error_handler_t::replace));
+      state_ = State::kAwaitPreface;
+      preface_buf_.clear();
+      std::string rest = std::move(match.value()->rest);
+      if (!rest.empty()) handleBytes(rest);
+      return;
+    }
+    case State::kAwaitPreface: {
+      preface_buf_.append(bytes);
+      // The host either sends another hello (it retried before our answer arrived) or HTTP/2.
+      std::string_view buf = preface_buf_;
+      std::string_view hello = agentproto::kHelloPrefix;
+      if (buf.substr(0, std::min(buf.size(), hello.size())) == hello.substr(0, std::min(buf.size(), hello.size()))) {
+        if (buf.size() < hello.size()) return;
+        state_ = State::kHandshake;
+        scanner_ = std::make_unique<agentproto::HandshakeScanner>(agentproto::kHelloPrefix, "");
+        std::string again = std::move(preface_buf_);
+        preface_buf_.clear();
+        handleBytes(again);
+        return;
+      }
+      size_t cmp = std::min(buf.size(), kH2Preface.size());
+      if (buf.substr(0, cmp) != kH2Preface.substr(0, cmp)) {
+        // Neither: garbage. Go back to waiting for a hello.
+        state_ = State::kHandshake;
+        scanner_ = std::make_unique<agentproto::HandshakeScanner>(agentproto::kHelloPrefix, "");
+        std::string again = std::move(preface_buf_);
+        preface_buf_.clear();
+        handleBytes(again);
+        return;
+      }
+      if (buf.size() < kH2Preface.size()) return;
+      state_ = State::kHttp2;
+      ++sessions_;
+      session_ = std::make_unique<H2ServerSession>(loop_, router_, [this] { loop_.post([this] { flush(); }); });
+      std::string all = std::move(preface_buf_);
+      preface_buf_.clear();
+      handleBytes(all);
+      return;
+    }
+    case State::kHttp2: {
+      auto st = session_->receive(bytes);
+      if (!st.ok() || session_->terminated()) {
+        // Either the host broke HTTP/2 or a new host took over the port so quickly that no
+        // detach was visible: it opens with filler that ends any frame in progress, so the old
+        // session fails here. Start over and look for its hello in these same bytes.
+        fprintf(stderr, "space-agent: channel: session ended (%s); waiting for a new handshake\n",
+                st.ok() ? "goaway" : st.error().message.c_str());
+        session_.reset();
+        state_ = State::kHandshake;
+        scanner_ = std::make_unique<agentproto::HandshakeScanner>(agentproto::kHelloPrefix, "");
+        handleBytes(bytes);
+      }
+      return;
+    }
+  }
+}
+
+void Channel::flush() {
+  if (state_ == State::kDisconnected) return;
+  while (true) {
+    if (out_off_ == out_.size()) {
+      out_.clear();
+      out_off_ = 0;
+    }
+    if (session_ && out_.size() - out_off_ < kOutputBudget) out_ += session_->takeOutput(kOutputBudget);
+    if (out_off_ == out_.size()) break;
+    ssize_t n = write(fd_, out_.data() + out_off_, out_.size() - out_off_);
+    if (n > 0) {
+      out_off_ += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    break;  // EAGAIN: the host is slow; wait for EPOLLOUT
+  }
+  updateInterest();
+}
+
+void Channel::updateInterest() {
+  if (!watching_) return;
+  bool pending = out_off_ < out_.size() || (session_ && session_->wantsToWrite());
+  loop_.modifyFd(fd_, EPOLLIN | (pending ? EPOLLOUT : 0u));
+}
+
+}  // namespace space::agent

@@ -1,0 +1,104 @@
+#include "agent/guest_init.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/reboot.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+namespace space::agent {
+
+namespace {
+
+void mountOne(const char* source, const char* target, const char* type, unsigned long flags, const char* data) {
+  mkdir(target, 0755);
+  if (mount(source, target, type, flags, data) != 0 && errno != EBUSY) {
+    fprintf(stderr, "space-agent: mount %s on %s: %s\n", type, target, strerror(errno));
+  }
+}
+
+void bringUpLoopback() {
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return;
+  ifreq ifr{};
+  strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+  if (ioctl(s, SIOCGIFFLAGS, &ifr) == 0) {
+    ifr.ifr_flags |= IFF_UP;
+    if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) fprintf(stderr, "space-agent: lo up: %s\n", strerror(errno));
+  }
+  close(s);
+}
+
+}  // namespace
+
+void initGuest() {
+  umask(022);
+  mountOne("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
+  mountOne("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
+  mountOne("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=0755");
+  mountOne("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "gid=5,mode=0620,ptmxmode=0666");
+  mountOne("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+  mountOne("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755");
+  mountOne("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+  symlink("/proc/self/fd", "/dev/fd");
+  symlink("/proc/self/fd/0", "/dev/stdin");
+  symlink("/proc/self/fd/1", "/dev/stdout");
+  symlink("/proc/self/fd/2", "/dev/stderr");
+  std::ifstream in("/etc/hostname");
+  std::string name;
+  if (std::getline(in, name) && !name.empty()) sethostname(name.data(), name.size());
+  bringUpLoopback();
+  setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 1);
+}
+
+std::string findVirtioPort(const std::string& name) {
+  DIR* dir = opendir("/sys/class/virtio-ports");
+  if (dir == nullptr) return {};
+  std::string found;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream in(std::string("/sys/class/virtio-ports/") + e->d_name + "/name");
+    std::string port_name;
+    if (std::getline(in, port_name) && port_name == name) {
+      found = std::string("/dev/") + e->d_name;
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+void shutdownGuest() {
+  // Every user process descends from PID 1, so "no children left" means all are gone.
+  auto reapAll = [] {
+    while (true) {
+      pid_t r = waitpid(-1, nullptr, WNOHANG);
+      if (r > 0) continue;
+      return r < 0 && errno == ECHILD;
+    }
+  };
+  kill(-1, SIGTERM);
+  for (int i = 0; i < 100 && !reapAll(); ++i) usleep(10000);  // up to 1 s to exit on their own
+  kill(-1, SIGKILL);
+  for (int i = 0; i < 100 && !reapAll(); ++i) usleep(10000);
+  sync();
+  mount(nullptr, "/", nullptr, MS_REMOUNT | MS_RDONLY, nullptr);
+  sync();
+  // microvm has no ACPI power-off; a reset makes QEMU (-no-reboot) exit.
+  reboot(RB_AUTOBOOT);
+  _exit(1);
+}
+
+}  // namespace space::agent

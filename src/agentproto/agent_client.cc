@@ -1,0 +1,607 @@
+#include "agentproto/agent_client.h"
+
+#include <fcntl.h>
+#include <nghttp2/nghttp2.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "agentproto/wire.h"
+
+namespace space::agentproto {
+
+namespace {
+
+constexpr size_t kMaxHeaderBytes = 64 << 10;
+constexpr size_t kMaxErrorBody = 64 << 10;
+constexpr int32_t kWindow = 8 << 20;
+constexpr std::chrono::milliseconds kHelloInterval{250};
+
+ErrorCode errorCodeFromRpcName(std::string_view name) {
+  for (ErrorCode c :
+       {ErrorCode::kInvalidArgument, ErrorCode::kNotFound, ErrorCode::kAlreadyExists, ErrorCode::kPermissionDenied,
+        ErrorCode::kFailedPrecondition, ErrorCode::kResourceExhausted, ErrorCode::kDeadlineExceeded,
+        ErrorCode::kUnavailable, ErrorCode::kUnimplemented, ErrorCode::kCanceled, ErrorCode::kInternal}) {
+    if (name == errorCodeName(c)) return c;
+  }
+  return ErrorCode::kInternal;
+}
+
+Error errorFromJson(const Json& j, int http_status) {
+  if (j.is_object() && j.contains("code") && j["code"].is_string()) {
+    std::string message = j.contains("message") && j["message"].is_string() ? j["message"].get<std::string>() : "";
+    return makeError(errorCodeFromRpcName(j["code"].get<std::string>()), message);
+  }
+  RpcCode code = rpcCodeFromHttpStatus(http_status);
+  return makeError(code == RpcCode::kUnknown ? ErrorCode::kInternal : errorCodeFromRpcName(rpcCodeName(code)),
+                   "agent answered HTTP " + std::to_string(http_status));
+}
+
+std::string randomNonce() {
+  std::random_device rd;
+  std::string out;
+  const char* hex = "0123456789abcdef";
+  for (int i = 0; i < 16; ++i) out += hex[rd() & 15];
+  return out;
+}
+
+std::string percentEncode(const std::string& s) {
+  std::string out;
+  const char* hex = "0123456789ABCDEF";
+  for (unsigned char c : s) {
+    if (isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || c == '/') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// One call in flight. Touched by the I/O thread; waiters only read it under `m`.
+struct Call : std::enable_shared_from_this<Call>, AgentStream {
+  enum class Kind { kUnary, kStream, kUpload, kDownload } kind;
+  AgentClient::Impl* impl = nullptr;
+  int32_t stream_id = -1;
+  Clock::time_point deadline = Clock::time_point::max();
+  size_t header_bytes = 0;
+  int status = 0;
+  // request
+  std::string path;
+  std::string content_type;
+  std::string user;
+  std::optional<std::chrono::milliseconds> timeout_header;
+  std::string req_body;
+  size_t req_off = 0;
+  AgentClient::UploadSource source;
+  // response
+  std::string body;
+  EnvelopeDecoder decoder{AgentClient::kMaxEnvelope};
+  bool got_end = false;
+  AgentClient::MessageFn on_message;
+  AgentClient::EndFn on_end;
+  AgentClient::DownloadSink sink;
+  // completion
+  std::mutex m;
+  std::condition_variable cv;
+  bool completing = false;  // I/O thread only
+  bool finished = false;
+  Status end_status = okStatus();
+  Json value;
+
+  // Runs on the I/O thread only. Waiters wake after the callbacks returned, so a caller may
+  // let its callbacks' captures die as soon as wait() returns.
+  void complete(Status st, Json v = nullptr) {
+    if (completing) return;
+    completing = true;
+    auto end_cb = std::move(on_end);
+    on_end = nullptr;
+    on_message = nullptr;
+    sink = nullptr;
+    source = nullptr;
+    if (end_cb) end_cb(st);
+    {
+      std::lock_guard<std::mutex> lock(m);
+      finished = true;
+      end_status = st;
+      value = std::move(v);
+    }
+    cv.notify_all();
+  }
+
+  Status waitDone(std::optional<std::chrono::milliseconds> timeout) {
+    std::unique_lock<std::mutex> lock(m);
+    if (timeout) {
+      if (!cv.wait_for(lock, *timeout, [&] { return finished; })) {
+        return makeError(ErrorCode::kDeadlineExceeded, "stream still running");
+      }
+    } else {
+      cv.wait(lock, [&] { return finished; });
+    }
+    return end_status;
+  }
+
+  void cancel() override;
+  Status wait(std::chrono::milliseconds timeout) override { return waitDone(timeout); }
+  bool done() const override {
+    auto* self = const_cast<Call*>(this);
+    std::lock_guard<std::mutex> lock(self->m);
+    return finished;
+  }
+};
+
+struct AgentClient::Impl {
+  UniqueFd fd;
+  UniqueFd wake;
+  nghttp2_session* session = nullptr;
+  std::thread thread;
+  std::mutex queue_mutex;
+  std::vector<std::function<void()>> queue;
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> dead{false};
+  std::string dead_reason;
+  std::map<int32_t, std::shared_ptr<Call>> calls;
+  std::string out;
+  size_t out_off = 0;
+
+  ~Impl() {
+    if (session != nullptr) nghttp2_session_del(session);
+  }
+
+  void post(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex);
+      queue.push_back(std::move(fn));
+    }
+    uint64_t one = 1;
+    (void)!write(wake.get(), &one, sizeof one);
+  }
+
+  void fail(const std::string& why) {
+    if (!dead.exchange(true)) dead_reason = why;
+    auto all = std::move(calls);
+    calls.clear();
+    for (auto& [id, call] : all) call->complete(makeError(ErrorCode::kUnavailable, "agent channel: " + why));
+  }
+
+  void submit(const std::shared_ptr<Call>& call) {
+    if (dead) {
+      call->complete(makeError(ErrorCode::kUnavailable, "agent channel: " + dead_reason));
+      return;
+    }
+    std::vector<nghttp2_nv> nv;
+    auto add = [&nv](const std::string& n, const std::string& v) {
+      nv.push_back({(uint8_t*)n.data(), (uint8_t*)v.data(), n.size(), v.size(), NGHTTP2_NV_FLAG_NONE});
+    };
+    static const std::string kMethod = ":method", kScheme = ":scheme", kAuthority = ":authority", kPath = ":path",
+                             kCt = "content-type", kUser = "x-space-user", kProto = "connect-protocol-version",
+                             kTimeout = "connect-timeout-ms", kHttp = "http", kAgent = "agent", kOne = "1";
+    const std::string method = call->kind == Call::Kind::kDownload ? "GET" : "POST";
+    std::string timeout = call->timeout_header ? std::to_string(call->timeout_header->count()) : "";
+    add(kMethod, method);
+    add(kScheme, kHttp);
+    add(kAuthority, kAgent);
+    add(kPath, call->path);
+    if (!call->content_type.empty()) add(kCt, call->content_type);
+    if (!call->user.empty()) add(kUser, call->user);
+    add(kProto, kOne);
+    if (call->timeout_header) add(kTimeout, timeout);
+    nghttp2_data_provider provider{};
+    provider.source.ptr = call.get();
+    provider.read_callback = readBody;
+    int32_t id = nghttp2_submit_request(session, nullptr, nv.data(), nv.size(),
+                                        call->kind == Call::Kind::kDownload ? nullptr : &provider, call.get());
+    if (id < 0) {
+      call->complete(makeError(ErrorCode::kResourceExhausted, std::string("HTTP/2: ") + nghttp2_strerror(id)));
+      return;
+    }
+    call->stream_id = id;
+    calls[id] = call;
+  }
+
+  void cancel(const std::shared_ptr<Call>& call, Error why) {
+    if (call->stream_id >= 0 && calls.count(call->stream_id) > 0) {
+      nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, call->stream_id, NGHTTP2_CANCEL);
+      calls.erase(call->stream_id);
+    }
+    call->complete(std::move(why));
+  }
+
+  static ssize_t readBody(nghttp2_session*, int32_t, uint8_t* buf, size_t len, uint32_t* flags,
+                          nghttp2_data_source* src, void*) {
+    auto* call = static_cast<Call*>(src->ptr);
+    if (call->source) {
+      auto n = call->source(reinterpret_cast<char*>(buf), len);
+      if (!n.ok()) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+      if (n.value() == 0) *flags |= NGHTTP2_DATA_FLAG_EOF;
+      return static_cast<ssize_t>(n.value());
+    }
+    size_t n = std::min(len, call->req_body.size() - call->req_off);
+    memcpy(buf, call->req_body.data() + call->req_off, n);
+    call->req_off += n;
+    if (call->req_off == call->req_body.size()) *flags |= NGHTTP2_DATA_FLAG_EOF;
+    return static_cast<ssize_t>(n);
+  }
+
+  static Call* callOf(nghttp2_session* s, int32_t id) {
+    return static_cast<Call*>(nghttp2_session_get_stream_user_data(s, id));
+  }
+
+  static int onHeader(nghttp2_session* s, const nghttp2_frame* frame, const uint8_t* name, size_t namelen,
+                      const uint8_t* value, size_t valuelen, uint8_t, void*) {
+    Call* call = callOf(s, frame->hd.stream_id);
+    if (call == nullptr) return 0;
+    call->header_bytes += namelen + valuelen;
+    if (call->header_bytes > kMaxHeaderBytes) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    std::string_view n(reinterpret_cast<const char*>(name), namelen);
+    std::string_view v(reinterpret_cast<const char*>(value), valuelen);
+    if (n == ":status") {
+      int st = 0;
+      for (char c : v) st = (c >= '0' && c <= '9' && st < 1000) ? st * 10 + (c - '0') : 1000;
+      call->status = st;
+    }
+    return 0;
+  }
+
+  static int onData(nghttp2_session* s, uint8_t, int32_t id, const uint8_t* data, size_t len, void* ud) {
+    auto* impl = static_cast<Impl*>(ud);
+    auto it = impl->calls.find(id);
+    if (it == impl->calls.end()) return 0;
+    auto call = it->second;
+    std::string_view chunk(reinterpret_cast<const char*>(data), len);
+    auto abort = [&](Error e) {
+      impl->cancel(call, std::move(e));
+      return 0;
+    };
+    if (call->kind == Call::Kind::kStream && call->status == 200) {
+      auto fed = call->decoder.feed(chunk);
+      if (!fed.ok()) return abort(makeError(ErrorCode::kUnavailable, "agent stream: " + fed.error().message));
+      while (true) {
+        auto env = call->decoder.next();
+        if (!env.ok()) return abort(makeError(ErrorCode::kUnavailable, "agent stream: " + env.error().message));
+        if (!env.value()) break;
+        Json msg = Json::parse(env.value()->payload, nullptr, false);
+        if (msg.is_discarded() || !msg.is_object()) {
+          return abort(makeError(ErrorCode::kUnavailable, "agent stream: message is not a JSON object"));
+        }
+        if (env.value()->flags & kEnvelopeEndStream) {
+          call->got_end = true;
+          if (msg.contains("error")) {
+            call->complete(errorFromJson(msg["error"], 500));
+          } else {
+            call->complete(okStatus());
+          }
+          continue;
+        }
+        if (call->got_end) return abort(makeError(ErrorCode::kUnavailable, "agent stream: data after EndStream"));
+        if (call->on_message) call->on_message(msg);
+      }
+      return 0;
+    }
+    if (call->kind == Call::Kind::kDownload && call->status == 200) {
+      if (call->sink) {
+        auto st = call->sink(chunk);
+        if (!st.ok()) return abort(st.error());
+      }
+      return 0;
+    }
+    size_t limit = call->status == 200 ? AgentClient::kMaxUnaryResponse : kMaxErrorBody;
+    if (call->body.size() + len > limit) {
+      return abort(makeError(ErrorCode::kUnavailable, "agent response exceeds " + std::to_string(limit) + " bytes"));
+    }
+    call->body.append(chunk);
+    (void)s;
+    return 0;
+  }
+
+  static int onStreamClose(nghttp2_session*, int32_t id, uint32_t error_code, void* ud) {
+    auto* impl = static_cast<Impl*>(ud);
+    auto it = impl->calls.find(id);
+    if (it == impl->calls.end()) return 0;
+    auto call = it->second;
+    impl->calls.erase(it);
+    if (call->kind == Call::Kind::kStream && call->status == 200) {
+      if (!call->got_end) {
+        call->complete(makeError(ErrorCode::kUnavailable,
+                                 error_code != 0 ? "agent reset the stream" : "agent stream ended without EndStream"));
+      }
+      return 0;
+    }
+    if (error_code != 0 && call->status == 0) {
+      call->complete(makeError(ErrorCode::kUnavailable,
+                               std::string("agent reset the stream: ") + nghttp2_http2_strerror(error_code)));
+      return 0;
+    }
+    Json body = call->body.empty() ? Json::object() : Json::parse(call->body, nullptr, false);
+    if (call->status != 200) {
+      call->complete(errorFromJson(body, call->status));
+      return 0;
+    }
+    if (call->kind == Call::Kind::kDownload) {
+      call->complete(okStatus());
+      return 0;
+    }
+    if (body.is_discarded()) {
+      call->complete(makeError(ErrorCode::kUnavailable, "agent answered with malformed JSON"));
+      return 0;
+    }
+    call->complete(okStatus(), std::move(body));
+    return 0;
+  }
+
+  void flushOut() {
+    while (true) {
+      if (out_off == out.size()) {
+        out.clear();
+        out_off = 0;
+        const uint8_t* data = nullptr;
+        ssize_t n;
+        while (out.size() < (1 << 20) && (n = nghttp2_session_mem_send(session, &data)) > 0) {
+          out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
+        }
+        if (out.empty()) return;
+      }
+      ssize_t n = ::send(fd.get(), out.data() + out_off, out.size() - out_off, MSG_NOSIGNAL);
+      if (n > 0) {
+        out_off += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      fail(std::string("write: ") + strerror(errno));
+      return;
+    }
+  }
+
+  void run() {
+    char buf[64 << 10];
+    while (!stopping) {
+      std::vector<std::function<void()>> batch;
+      {
+        std::lock_guard<std::mutex> lock(queue_mutex);
+        batch.swap(queue);
+      }
+      for (auto& fn : batch) fn();
+      if (!dead) flushOut();
+
+      auto now = Clock::now();
+      Clock::time_point next = Clock::time_point::max();
+      std::vector<std::shared_ptr<Call>> expired;
+      for (auto& [id, call] : calls) {
+        if (call->deadline <= now) expired.push_back(call);
+        next = std::min(next, call->deadline);
+      }
+      for (auto& call : expired) cancel(call, makeError(ErrorCode::kDeadlineExceeded, "agent call timed out"));
+      if (!expired.empty()) continue;
+
+      pollfd fds[2] = {{wake.get(), POLLIN, 0}, {fd.get(), static_cast<short>(dead ? 0 : POLLIN), 0}};
+      if (!dead && out_off < out.size()) fds[1].events |= POLLOUT;
+      int timeout = next == Clock::time_point::max() ? -1 : pollTimeoutMs(next) + 1;
+      int rc = poll(fds, 2, timeout);
+      if (rc < 0 && errno == EINTR) continue;
+      if (fds[0].revents & POLLIN) {
+        uint64_t v;
+        (void)!read(wake.get(), &v, sizeof v);
+      }
+      if (dead) continue;
+      if (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) {
+        for (int round = 0; round < 16; ++round) {
+          ssize_t n = read(fd.get(), buf, sizeof buf);
+          if (n > 0) {
+            ssize_t used = nghttp2_session_mem_recv(session, reinterpret_cast<uint8_t*>(buf), static_cast<size_t>(n));
+            if (used < 0) {
+              fail(std::string("protocol error from the guest: ") + nghttp2_strerror(static_cast<int>(used)));
+              break;
+            }
+            continue;
+          }
+          if (n == 0) {
+            fail("connection closed");
+          } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            fail(std::string("read: ") + strerror(errno));
+          }
+          break;
+        }
+      }
+      if (!dead && nghttp2_session_want_read(session) == 0 && nghttp2_session_want_write(session) == 0) {
+        fail("session ended by the guest");
+      }
+    }
+    fail("client closed");
+  }
+};
+
+void Call::cancel() {
+  auto self = shared_from_this();
+  impl->post([self] { self->impl->cancel(self, makeError(ErrorCode::kCanceled, "stream canceled")); });
+}
+
+Result<std::unique_ptr<AgentClient>> AgentClient::connect(UniqueFd fd, Clock::time_point deadline,
+                                                          const HandshakeWatch& watch) {
+  fcntl(fd.get(), F_SETFL, fcntl(fd.get(), F_GETFL) | O_NONBLOCK);
+  std::string nonce = randomNonce();
+  HandshakeScanner scanner(kOllehPrefix, nonce);
+  SPACE_TRY(writeAll(fd.get(), std::string(kHelloFiller, '\0') + makeHello(nonce), deadline));
+  auto next_hello = Clock::now() + kHelloInterval;
+  std::optional<HandshakeScanner::Match> match;
+  char buf[4096];
+  while (!match) {
+    if (watch.check) {
+      if (auto err = watch.check()) return *err;
+    }
+    if (Clock::now() >= deadline)
+      return makeError(ErrorCode::kDeadlineExceeded, "the guest agent did not answer in time");
+    if (Clock::now() >= next_hello) {
+      // Our hello may have reached a port nobody had opened yet: say it again, with a new nonce
+      // so a late answer to the old one cannot be mistaken for the current one.
+      nonce = randomNonce();
+      scanner.expectNonce(nonce);
+      SPACE_TRY(writeAll(fd.get(), makeHello(nonce), deadline));
+      next_hello = Clock::now() + kHelloInterval;
+    }
+    std::vector<pollfd> fds{{fd.get(), POLLIN, 0}};
+    for (int w : watch.fds) fds.push_back({w, POLLIN, 0});
+    int rc = poll(fds.data(), fds.size(), pollTimeoutMs(std::min(deadline, next_hello)));
+    if (rc < 0 && errno != EINTR) return makeError(ErrorCode::kInternal, std::string("poll: ") + strerror(errno));
+    if (rc <= 0 || !(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    ssize_t n = read(fd.get(), buf, sizeof buf);
+    if (n == 0) return makeError(ErrorCode::kUnavailable, "agent channel closed during the handshake");
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return makeError(ErrorCode::kUnavailable, std::string("agent channel: ") + strerror(errno));
+    }
+    auto got = scanner.feed(std::string_view(buf, static_cast<size_t>(n)));
+    if (!got.ok()) return got.error();
+    match = std::move(got.value());
+  }
+
+  std::unique_ptr<AgentClient> client(new AgentClient());
+  Json info = Json::parse(match->payload, nullptr, false);
+  if (!info.is_object()) return makeError(ErrorCode::kUnavailable, "agent handshake carries malformed info");
+  client->info_.raw = info;
+  client->info_.version = info.value("version", "");
+  client->info_.kernel = info.value("kernel", "");
+  client->info_.hostname = info.value("hostname", "");
+  if (info.contains("uptime") && info["uptime"].is_number()) client->info_.uptime_s = info["uptime"].get<double>();
+
+  auto impl = std::make_unique<Impl>();
+  impl->fd = std::move(fd);
+  impl->wake = UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  nghttp2_session_callbacks* cbs = nullptr;
+  nghttp2_session_callbacks_new(&cbs);
+  nghttp2_session_callbacks_set_on_header_callback(cbs, Impl::onHeader);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, Impl::onData);
+  nghttp2_session_callbacks_set_on_stream_close_callback(cbs, Impl::onStreamClose);
+  nghttp2_option* opt = nullptr;
+  nghttp2_option_new(&opt);
+  nghttp2_option_set_max_reserved_remote_streams(opt, 0);
+  nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
+  nghttp2_session_client_new2(&impl->session, cbs, impl.get(), opt);
+  nghttp2_option_del(opt);
+  nghttp2_session_callbacks_del(cbs);
+  nghttp2_settings_entry settings[] = {
+      {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
+      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, static_cast<uint32_t>(kWindow)},
+      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, static_cast<uint32_t>(kMaxHeaderBytes)},
+  };
+  nghttp2_submit_settings(impl->session, NGHTTP2_FLAG_NONE, settings, 3);
+  nghttp2_session_set_local_window_size(impl->session, NGHTTP2_FLAG_NONE, 0, kWindow * 4);
+  if (!match->rest.empty()) {
+    ssize_t used = nghttp2_session_mem_recv(impl->session, reinterpret_cast<const uint8_t*>(match->rest.data()),
+                                            match->rest.size());
+    if (used < 0) return makeError(ErrorCode::kUnavailable, "agent sent garbage after the handshake");
+  }
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw] { raw->run(); });
+  client->impl_ = std::move(impl);
+  return client;
+}
+
+AgentClient::~AgentClient() {
+  if (impl_) {
+    impl_->stopping = true;
+    impl_->post([] {});
+    impl_->thread.join();
+  }
+}
+
+bool AgentClient::alive() const { return !impl_->dead; }
+
+namespace {
+
+std::shared_ptr<Call> newCall(AgentClient::Impl* impl, Call::Kind kind, std::string path, const CallOptions& options) {
+  auto call = std::make_shared<Call>();
+  call->kind = kind;
+  call->impl = impl;
+  call->path = std::move(path);
+  call->user = options.user;
+  if (options.timeout.count() > 0) call->deadline = Clock::now() + options.timeout;
+  return call;
+}
+
+}  // namespace
+
+Result<Json> AgentClient::call(const std::string& method, const Json& request, const CallOptions& options) {
+  auto call = newCall(impl_.get(), Call::Kind::kUnary, method, options);
+  call->content_type = "application/json";
+  call->req_body = request.dump(-1, ' ', false, Json::error_handler_t::replace);
+  impl_->post([impl = impl_.get(), call] { impl->submit(call); });
+  auto st = call->waitDone(std::nullopt);
+  if (!st.ok()) return st.error();
+  return std::move(call->value);
+}
+
+std::shared_ptr<AgentStream> AgentClient::stream(const std::string& method, const Json& request,
+                                                 const CallOptions& options, MessageFn on_message, EndFn on_end) {
+  auto call = newCall(impl_.get(), Call::Kind::kStream, method, options);
+  call->content_type = "application/connect+json";
+  call->req_body = encodeEnvelope(0, request.dump(-1, ' ', false, Json::error_handler_t::replace));
+  if (options.timeout.count() > 0) call->timeout_header = options.timeout;
+  call->on_message = std::move(on_message);
+  call->on_end = std::move(on_end);
+  impl_->post([impl = impl_.get(), call] { impl->submit(call); });
+  return call;
+}
+
+Result<Json> AgentClient::upload(const std::string& path, UploadSource source, const CallOptions& options) {
+  auto call = newCall(impl_.get(), Call::Kind::kUpload, "/files?path=" + percentEncode(path), options);
+  call->content_type = "application/octet-stream";
+  call->source = std::move(source);
+  impl_->post([impl = impl_.get(), call] { impl->submit(call); });
+  auto st = call->waitDone(std::nullopt);
+  if (!st.ok()) return st.error();
+  return std::move(call->value);
+}
+
+Result<Json> AgentClient::upload(const std::string& path, std::string data, const CallOptions& options) {
+  auto shared = std::make_shared<std::string>(std::move(data));
+  auto off = std::make_shared<size_t>(0);
+  return upload(
+      path,
+      [shared, off](char* out, size_t max) -> Result<size_t> {
+        size_t n = std::min(max, shared->size() - *off);
+        memcpy(out, shared->data() + *off, n);
+        *off += n;
+        return n;
+      },
+      options);
+}
+
+Status AgentClient::download(const std::string& path, DownloadSink sink, const CallOptions& options) {
+  auto call = newCall(impl_.get(), Call::Kind::kDownload, "/files?path=" + percentEncode(path), options);
+  call->sink = std::move(sink);
+  impl_->post([impl = impl_.get(), call] { impl->submit(call); });
+  return call->waitDone(std::nullopt);
+}
+
+Result<std::string> AgentClient::download(const std::string& path, size_t max_bytes, const CallOptions& options) {
+  std::string data;
+  auto st = download(
+      path,
+      [&data, max_bytes](std::string_view chunk) -> Status {
+        if (data.size() + chunk.size() > max_bytes) {
+          return makeError(ErrorCode::kResourceExhausted,
+                           "file is larger than " + std::to_string(max_bytes) + " bytes");
+        }
+        data.append(chunk);
+        return okStatus();
+      },
+      options);
+  if (!st.ok()) return st.error();
+  return data;
+}
+
+}  // namespace space::agentproto

@@ -1,0 +1,102 @@
+// AgentClient: the host's end of the agent channel. Given the connected stream to a VM's
+// virtio-serial port (QEMU's agent.sock), it performs the session handshake, then runs an
+// HTTP/2 client (nghttp2) on its own I/O thread. Any thread may issue calls:
+//   call()      unary Connect RPC (JSON in, JSON out)
+//   stream()    server-streaming Connect RPC (callbacks per message, then the end status)
+//   upload()    POST /files, body streamed with HTTP/2 flow control
+//   download()  GET /files, body streamed into a sink
+// Everything the guest sends is hostile: frames are bounded by nghttp2 settings, messages and
+// bodies by explicit limits, every call has a deadline, and a protocol violation fails this
+// client (all pending calls get `unavailable`) and nothing else. Create a new client to
+// reconnect; the agent starts a fresh session and keeps its processes.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "common/unix_socket.h"
+
+namespace space::agentproto {
+
+using Json = nlohmann::json;
+
+struct AgentInfo {
+  std::string version;
+  std::string kernel;
+  std::string hostname;
+  double uptime_s = 0;
+  Json raw;
+};
+
+// While the handshake waits for the guest, other things may fail first (QEMU exiting, a QMP
+// event). The handshake also wakes for these fds and asks `check` whether to give up.
+struct HandshakeWatch {
+  std::vector<int> fds;
+  std::function<std::optional<Error>()> check;
+};
+
+struct CallOptions {
+  std::chrono::milliseconds timeout{std::chrono::seconds(30)};  // 0: no deadline (streams only)
+  std::string user;                                             // "" = the sandbox default user
+};
+
+class AgentStream;
+
+class AgentClient {
+ public:
+  static constexpr size_t kMaxUnaryResponse = 16 << 20;
+  static constexpr size_t kMaxEnvelope = 8 << 20;
+
+  static Result<std::unique_ptr<AgentClient>> connect(UniqueFd fd, Clock::time_point deadline,
+                                                      const HandshakeWatch& watch = {});
+  ~AgentClient();
+  AgentClient(const AgentClient&) = delete;
+  AgentClient& operator=(const AgentClient&) = delete;
+
+  const AgentInfo& info() const { return info_; }
+  // False once the connection failed or the guest broke the protocol.
+  bool alive() const;
+
+  Result<Json> call(const std::string& method, const Json& request, const CallOptions& options = {});
+
+  using MessageFn = std::function<void(const Json& message)>;
+  using EndFn = std::function<void(const Status& end)>;
+  // Callbacks run on the client's I/O thread: keep them short and never call back into this
+  // client from them synchronously.
+  std::shared_ptr<AgentStream> stream(const std::string& method, const Json& request, const CallOptions& options,
+                                      MessageFn on_message, EndFn on_end);
+
+  // Produces upload bytes: fills `out` with up to `max` bytes, returns how many; 0 = done.
+  using UploadSource = std::function<Result<size_t>(char* out, size_t max)>;
+  Result<Json> upload(const std::string& path, UploadSource source, const CallOptions& options = {});
+  Result<Json> upload(const std::string& path, std::string data, const CallOptions& options = {});
+  using DownloadSink = std::function<Status(std::string_view chunk)>;
+  Status download(const std::string& path, DownloadSink sink, const CallOptions& options = {});
+  Result<std::string> download(const std::string& path, size_t max_bytes, const CallOptions& options = {});
+
+  struct Impl;
+
+ private:
+  AgentClient() = default;
+  std::unique_ptr<Impl> impl_;
+  AgentInfo info_;
+};
+
+// A running server-streaming call.
+class AgentStream {
+ public:
+  virtual ~AgentStream() = default;
+  // Resets the stream; on_end gets `canceled` unless it already ended.
+  virtual void cancel() = 0;
+  // Waits for the end; returns the end status, or deadline_exceeded if it has not ended by then.
+  virtual Status wait(std::chrono::milliseconds timeout) = 0;
+  virtual bool done() const = 0;
+};
+
+}  // namespace space::agentproto

@@ -1,0 +1,16 @@
+// Standard base64 (RFC 4648, with padding), as proto3-JSON uses for bytes fields. Written here
+// rather than taken from OpenSSL so the statically linked guest agent does not carry libcrypto
+// for it; decoding is strict (guest and host both feed it untrusted text).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace space::agentproto {
+
+std::string base64Encode(std::string_view in);
+// nullopt for anything that is not canonical padded base64.
+std::optional<std::string> base64Decode(std::string_view in);
+
+}  // namespace space::agentproto

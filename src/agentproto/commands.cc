@@ -1,0 +1,148 @@
+#include "agentproto/commands.h"
+
+#include <condition_variable>
+#include <mutex>
+
+#include "agentproto/base64.h"
+
+namespace space::agentproto {
+
+Json startRequest(const CommandSpec& spec) {
+  Json process = Json::object();
+  if (spec.argv.empty()) {
+    process["cmd"] = "/bin/bash";
+    process["args"] = Json::array({"-l", "-c", spec.command});
+  } else {
+    process["cmd"] = spec.argv[0];
+    process["args"] = Json(std::vector<std::string>(spec.argv.begin() + 1, spec.argv.end()));
+  }
+  if (!spec.env.empty()) process["envs"] = spec.env;
+  if (!spec.cwd.empty()) process["cwd"] = spec.cwd;
+  Json req{{"process", process}, {"stdin", spec.stdin_data.has_value()}};
+  if (!spec.tag.empty()) req["tag"] = spec.tag;
+  return req;
+}
+
+Result<ProcessEvent> decodeProcessEvent(const Json& message) {
+  auto bad = [] { return makeError(ErrorCode::kUnavailable, "malformed process event from the agent"); };
+  if (!message.is_object() || !message.contains("event") || !message["event"].is_object()) return bad();
+  const Json& ev = message["event"];
+  ProcessEvent out;
+  if (ev.contains("start")) {
+    const Json& s = ev["start"];
+    if (!s.is_object() || !s.contains("pid") || !s["pid"].is_number_integer()) return bad();
+    out.kind = ProcessEvent::Kind::kStart;
+    out.pid = s["pid"].get<int>();
+  } else if (ev.contains("data")) {
+    const Json& d = ev["data"];
+    if (!d.is_object()) return bad();
+    for (auto [key, kind] :
+         {std::pair{"stdout", ProcessEvent::Kind::kStdout}, std::pair{"stderr", ProcessEvent::Kind::kStderr},
+          std::pair{"pty", ProcessEvent::Kind::kPty}}) {
+      if (d.contains(key)) {
+        if (!d[key].is_string()) return bad();
+        auto bytes = base64Decode(d[key].get<std::string>());
+        if (!bytes) return bad();
+        out.kind = kind;
+        out.data = std::move(*bytes);
+        return out;
+      }
+    }
+    return bad();
+  } else if (ev.contains("end")) {
+    const Json& e = ev["end"];
+    if (!e.is_object()) return bad();
+    out.kind = ProcessEvent::Kind::kEnd;
+    if (e.contains("exitCode")) {
+      if (!e["exitCode"].is_number_integer()) return bad();
+      out.end.exit_code = e["exitCode"].get<int>();
+    }
+    out.end.exited = e.contains("exited") && e["exited"].is_boolean() && e["exited"].get<bool>();
+    if (e.contains("status") && e["status"].is_string()) out.end.status = e["status"].get<std::string>();
+  } else if (ev.contains("keepalive")) {
+    out.kind = ProcessEvent::Kind::kKeepalive;
+  }
+  return out;
+}
+
+Result<CommandResult> runCommand(AgentClient& agent, const CommandSpec& spec, size_t max_output) {
+  auto started = Clock::now();
+  std::mutex m;
+  std::condition_variable cv;
+  CommandResult result;
+  bool got_start = false, got_end = false;
+  std::optional<Error> failure;
+  CallOptions options;
+  options.user = spec.user;
+  options.timeout = spec.timeout;
+  auto stream = agent.stream(
+      "/process.Process/Start", startRequest(spec), options,
+      [&](const Json& msg) {
+        auto ev = decodeProcessEvent(msg);
+        std::lock_guard<std::mutex> lock(m);
+        if (!ev.ok()) {
+          failure = ev.error();
+          return;
+        }
+        switch (ev->kind) {
+          case ProcessEvent::Kind::kStart:
+            result.pid = ev->pid;
+            got_start = true;
+            cv.notify_all();
+            break;
+          case ProcessEvent::Kind::kStdout:
+          case ProcessEvent::Kind::kPty:
+          case ProcessEvent::Kind::kStderr: {
+            std::string& sink = ev->kind == ProcessEvent::Kind::kStderr ? result.stderr_data : result.stdout_data;
+            if (result.stdout_data.size() + result.stderr_data.size() + ev->data.size() > max_output) {
+              failure = makeError(ErrorCode::kResourceExhausted,
+                                  "command output exceeds " + std::to_string(max_output) + " bytes");
+            } else {
+              sink += ev->data;
+            }
+            break;
+          }
+          case ProcessEvent::Kind::kEnd:
+            result.exit_code = ev->end.exit_code;
+            result.exited = ev->end.exited;
+            result.status = ev->end.status;
+            got_end = true;
+            break;
+          default: break;
+        }
+      },
+      [&](const Status&) { cv.notify_all(); });
+  // The callbacks above use this frame: whatever way we leave, the stream must be over first.
+  struct EndStreamOnExit {
+    std::shared_ptr<AgentStream> stream;
+    ~EndStreamOnExit() {
+      if (!stream->done()) stream->cancel();
+      (void)stream->wait(std::chrono::hours(1));
+    }
+  } guard{stream};
+  if (spec.stdin_data) {
+    {
+      std::unique_lock<std::mutex> lock(m);
+      cv.wait_for(lock, spec.timeout, [&] { return got_start || stream->done(); });
+    }
+    if (got_start) {
+      Json pid_sel{{"pid", result.pid}};
+      if (!spec.stdin_data->empty()) {
+        auto sent = agent.call("/process.Process/SendInput",
+                               Json{{"process", pid_sel}, {"input", {{"stdin", base64Encode(*spec.stdin_data)}}}});
+        if (!sent.ok()) return sent.error();
+      }
+      auto closed = agent.call("/process.Process/CloseStdin", Json{{"process", pid_sel}});
+      if (!closed.ok()) return closed.error();
+    }
+  }
+  auto end = stream->wait(spec.timeout + std::chrono::seconds(5));
+  if (!end.ok()) return end.error();
+  std::lock_guard<std::mutex> lock(m);
+  if (failure) return *failure;
+  if (!got_end) return makeError(ErrorCode::kUnavailable, "process stream ended without an end event");
+  result.duration = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
+  return result;
+}
+
+}  // namespace space::agentproto

@@ -1,0 +1,125 @@
+#include "common/fs.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+namespace space {
+
+namespace {
+
+Error sysError(const std::string& what, const std::string& path) {
+  return makeError(ErrorCode::kInternal, what + " " + path + ": " + strerror(errno));
+}
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+}  // namespace
+
+Status writeFileAtomic(const std::string& path, const std::string& data, int mode) {
+  std::filesystem::path target(path);
+  std::string tmp = path + ".tmp-XXXXXX";
+  std::vector<char> tmpl(tmp.begin(), tmp.end());
+  tmpl.push_back('\0');
+  Fd f{mkstemp(tmpl.data())};
+  if (f.fd < 0) return sysError("create temp file for", path);
+  std::string tmp_path(tmpl.data());
+  auto fail = [&](const char* what) {
+    Error e = sysError(what, tmp_path);
+    unlink(tmp_path.c_str());
+    return e;
+  };
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = write(f.fd, data.data() + off, data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fail("write");
+    off += static_cast<size_t>(n);
+  }
+  if (fchmod(f.fd, static_cast<mode_t>(mode)) != 0) return fail("chmod");
+  if (fsync(f.fd) != 0) return fail("fsync");
+  if (rename(tmp_path.c_str(), path.c_str()) != 0) return fail("rename");
+  std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
+  Fd d{open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (d.fd >= 0) fsync(d.fd);
+  return okStatus();
+}
+
+Result<std::string> readFileTail(const std::string& path, size_t max_bytes) {
+  Fd f{open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0) return sysError("open", path);
+  struct stat st {};
+  if (fstat(f.fd, &st) != 0) return sysError("stat", path);
+  off_t start = st.st_size > static_cast<off_t>(max_bytes) ? st.st_size - static_cast<off_t>(max_bytes) : 0;
+  std::string out(static_cast<size_t>(st.st_size - start), '\0');
+  size_t got = 0;
+  while (got < out.size()) {
+    ssize_t n = pread(f.fd, out.data() + got, out.size() - got, start + static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return sysError("read", path);
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  out.resize(got);
+  return out;
+}
+
+Result<std::string> readSmallFile(const std::string& path, size_t max_bytes) {
+  Fd f{open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0) {
+    if (errno == ENOENT) return makeError(ErrorCode::kNotFound, "no such file: " + path);
+    return sysError("open", path);
+  }
+  std::string out;
+  char buf[4096];
+  while (true) {
+    ssize_t n = read(f.fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return sysError("read", path);
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    if (out.size() > max_bytes) {
+      return makeError(ErrorCode::kResourceExhausted, path + " is larger than " + std::to_string(max_bytes) + " bytes");
+    }
+  }
+  return out;
+}
+
+Result<TempDir> TempDir::create(const std::string& parent, const std::string& prefix) {
+  std::error_code ec;
+  std::filesystem::create_directories(parent, ec);
+  if (ec) return makeError(ErrorCode::kInternal, "create " + parent + ": " + ec.message());
+  std::string tmpl = parent + "/" + prefix + "XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (mkdtemp(buf.data()) == nullptr) return sysError("mkdtemp in", parent);
+  return TempDir(std::string(buf.data()));
+}
+
+TempDir& TempDir::operator=(TempDir&& other) noexcept {
+  if (this != &other) {
+    remove();
+    path_ = std::move(other.path_);
+    other.path_.clear();
+  }
+  return *this;
+}
+
+void TempDir::remove() {
+  if (path_.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+  path_.clear();
+}
+
+}  // namespace space

@@ -1,0 +1,40 @@
+// Filesystem helpers: crash-safe writes, owned temporary directories, bounded reads.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "common/result.h"
+
+namespace space {
+
+// Writes `data` to `path` so that a crash leaves either the old file or the new one:
+// temp file in the same directory, fsync, rename, fsync of the directory.
+Status writeFileAtomic(const std::string& path, const std::string& data, int mode = 0644);
+
+// Reads at most the last `max_bytes` of a file (the whole file if smaller).
+Result<std::string> readFileTail(const std::string& path, size_t max_bytes);
+
+// Reads a whole small file, refusing files larger than `max_bytes`.
+Result<std::string> readSmallFile(const std::string& path, size_t max_bytes);
+
+// A directory created with mkdtemp and removed with everything in it when the owner dies,
+// unless release() handed it over.
+class TempDir {
+ public:
+  static Result<TempDir> create(const std::string& parent, const std::string& prefix);
+  TempDir(TempDir&& other) noexcept : path_(std::move(other.path_)) { other.path_.clear(); }
+  TempDir& operator=(TempDir&& other) noexcept;
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() { remove(); }
+
+  const std::string& path() const { return path_; }
+  void remove();
+
+ private:
+  explicit TempDir(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
+}  // namespace space

@@ -1,0 +1,143 @@
+#include "common/process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+extern char** environ;
+
+namespace space {
+
+std::string ExitStatus::describe() const {
+  if (signaled) return "killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
+  return "exited with code " + std::to_string(exit_code);
+}
+
+namespace {
+
+ExitStatus decode(int status) {
+  ExitStatus s;
+  if (WIFSIGNALED(status)) {
+    s.signaled = true;
+    s.signal = WTERMSIG(status);
+  } else {
+    s.exit_code = WEXITSTATUS(status);
+  }
+  return s;
+}
+
+}  // namespace
+
+Result<ChildProcess> ChildProcess::spawn(const std::vector<std::string>& argv, const SpawnOptions& options) {
+  if (argv.empty()) return makeError(ErrorCode::kInvalidArgument, "spawn: empty argv");
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawnattr_init(&attr);
+  const std::string out = options.stdout_path.empty() ? "/dev/null" : options.stdout_path;
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0640);
+  if (options.stderr_path.empty()) {
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  } else {
+    posix_spawn_file_actions_addopen(&actions, 2, options.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0640);
+  }
+  // The child starts with default signal dispositions and an empty mask, whatever ours are.
+  sigset_t all;
+  sigfillset(&all);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);
+  short flags = POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK;
+  if (options.new_session) flags |= POSIX_SPAWN_SETSID;
+  posix_spawnattr_setflags(&attr, flags);
+
+  std::vector<char*> cargv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  pid_t pid = -1;
+  int rc = posix_spawnp(&pid, cargv[0], &actions, &attr, cargv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) return makeError(ErrorCode::kInternal, "cannot start " + argv[0] + ": " + strerror(rc));
+
+  int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) {
+    int err = errno;
+    ::kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return makeError(ErrorCode::kInternal, std::string("pidfd_open: ") + strerror(err));
+  }
+  return ChildProcess(pid, pidfd);
+}
+
+ChildProcess::ChildProcess(ChildProcess&& other) noexcept : pid_(other.pid_), pidfd_(other.pidfd_), exit_(other.exit_) {
+  other.pid_ = -1;
+  other.pidfd_ = -1;
+}
+
+ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
+  if (this != &other) {
+    release();
+    pid_ = other.pid_;
+    pidfd_ = other.pidfd_;
+    exit_ = other.exit_;
+    other.pid_ = -1;
+    other.pidfd_ = -1;
+  }
+  return *this;
+}
+
+ChildProcess::~ChildProcess() { release(); }
+
+void ChildProcess::release() {
+  if (pid_ > 0 && !exit_) kill();
+  if (pidfd_ >= 0) close(pidfd_);
+  pidfd_ = -1;
+  pid_ = -1;
+}
+
+std::optional<ExitStatus> ChildProcess::tryWait() {
+  if (exit_ || pid_ <= 0) return exit_;
+  int status = 0;
+  pid_t r = waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) exit_ = decode(status);
+  return exit_;
+}
+
+std::optional<ExitStatus> ChildProcess::waitFor(std::chrono::milliseconds timeout) {
+  if (auto s = tryWait()) return s;
+  pollfd p{pidfd_, POLLIN, 0};
+  int rc;
+  do {
+    rc = poll(&p, 1, static_cast<int>(timeout.count()));
+  } while (rc < 0 && errno == EINTR);
+  return tryWait();
+}
+
+ExitStatus ChildProcess::terminate(std::chrono::milliseconds grace) {
+  if (auto s = tryWait()) return *s;
+  ::kill(pid_, SIGTERM);
+  if (auto s = waitFor(grace)) return *s;
+  return kill();
+}
+
+ExitStatus ChildProcess::kill() {
+  if (auto s = tryWait()) return *s;
+  ::kill(pid_, SIGKILL);
+  int status = 0;
+  while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
+  exit_ = decode(status);
+  return *exit_;
+}
+
+}  // namespace space

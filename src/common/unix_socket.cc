@@ -1,0 +1,129 @@
+#include "common/unix_socket.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+namespace space {
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
+  if (this != &o) {
+    reset(o.fd_);
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+void UniqueFd::reset(int fd) {
+  if (fd_ >= 0) close(fd_);
+  fd_ = fd;
+}
+
+int pollTimeoutMs(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return left < 0 ? 0 : static_cast<int>(left);
+}
+
+Result<UniqueFd> connectUnix(const std::string& path, Clock::time_point deadline) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return makeError(ErrorCode::kInvalidArgument, "socket path too long (" + std::to_string(path.size()) +
+                                                      " bytes, limit " + std::to_string(sizeof(addr.sun_path) - 1) +
+                                                      "): " + path);
+  }
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, path.c_str(), path.size());
+  while (true) {
+    UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd.valid()) return makeError(ErrorCode::kInternal, std::string("socket: ") + strerror(errno));
+    if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+    int err = errno;
+    if (err != ENOENT && err != ECONNREFUSED && err != EAGAIN) {
+      return makeError(ErrorCode::kUnavailable, "connect " + path + ": " + strerror(err));
+    }
+    if (Clock::now() >= deadline) {
+      return makeError(ErrorCode::kDeadlineExceeded, "connect " + path + ": " + strerror(err));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+Result<bool> LineReader::takeBuffered(std::string* line) {
+  size_t nl = buf_.find('\n');
+  if (nl == std::string::npos) {
+    if (buf_.size() > max_line_) {
+      return makeError(ErrorCode::kUnavailable, "peer sent a line longer than " + std::to_string(max_line_) + " bytes");
+    }
+    return false;
+  }
+  if (nl > max_line_) {
+    return makeError(ErrorCode::kUnavailable, "peer sent a line longer than " + std::to_string(max_line_) + " bytes");
+  }
+  line->assign(buf_, 0, nl);
+  buf_.erase(0, nl + 1);
+  return true;
+}
+
+Result<LineReader::FillResult> LineReader::fill() {
+  char chunk[65536];
+  bool got = false;
+  while (true) {
+    ssize_t n = read(fd_, chunk, sizeof chunk);
+    if (n > 0) {
+      got = true;
+      buf_.append(chunk, static_cast<size_t>(n));
+      // Stop reading once a line is complete or the bound is passed; the rest stays in the kernel.
+      if (buf_.find('\n') != std::string::npos || buf_.size() > max_line_) return FillResult::kData;
+      continue;
+    }
+    if (n == 0) return got ? FillResult::kData : FillResult::kEof;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return got ? FillResult::kData : FillResult::kWouldBlock;
+    return makeError(ErrorCode::kUnavailable, std::string("read: ") + strerror(errno));
+  }
+}
+
+Result<std::string> LineReader::readLine(Clock::time_point deadline) {
+  std::string line;
+  while (true) {
+    auto got = takeBuffered(&line);
+    if (!got.ok()) return got.error();
+    if (got.value()) return line;
+    pollfd p{fd_, POLLIN, 0};
+    int rc = poll(&p, 1, pollTimeoutMs(deadline));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0) return makeError(ErrorCode::kInternal, std::string("poll: ") + strerror(errno));
+    if (rc == 0) return makeError(ErrorCode::kDeadlineExceeded, "timed out waiting for the peer");
+    auto filled = fill();
+    if (!filled.ok()) return filled.error();
+    if (filled.value() == FillResult::kEof) return makeError(ErrorCode::kUnavailable, "peer closed the connection");
+  }
+}
+
+Status writeAll(int fd, const std::string& data, Clock::time_point deadline) {
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+    if (n > 0) {
+      off += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd, POLLOUT, 0};
+      int rc = poll(&p, 1, pollTimeoutMs(deadline));
+      if (rc == 0) return makeError(ErrorCode::kDeadlineExceeded, "timed out writing to the peer");
+      continue;
+    }
+    return makeError(ErrorCode::kUnavailable, std::string("write: ") + strerror(errno));
+  }
+  return okStatus();
+}
+
+}  // namespace space

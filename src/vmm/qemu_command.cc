@@ -1,0 +1,67 @@
+#include "vmm/qemu_command.h"
+
+#include <cassert>
+
+namespace space::vmm {
+
+VmPaths VmPaths::inRunDir(const std::string& run_dir) {
+  VmPaths p;
+  p.run_dir = run_dir;
+  p.qmp_socket = run_dir + "/qmp.sock";
+  p.agent_socket = run_dir + "/agent.sock";
+  p.console_log = run_dir + "/console.log";
+  p.disk = run_dir + "/disk.qcow2";
+  p.pid_file = run_dir + "/qemu.pid";
+  return p;
+}
+
+std::string kernelCmdline(const VmSpec& spec) {
+  // panic=-1: a panicking guest resets at once; with -no-reboot QEMU then exits, so a panic is
+  // seen as process exit plus "Kernel panic" in the console, never as a silent hang.
+  std::string cmdline =
+      "console=ttyS0 reboot=k panic=-1 root=/dev/vda rw rootfstype=ext4 init=/sbin/space-agent "
+      "i8042.noaux i8042.nomux i8042.dumbkbd tsc=reliable random.trust_cpu=on";
+  if (!spec.extra_cmdline.empty()) cmdline += " " + spec.extra_cmdline;
+  return cmdline;
+}
+
+std::vector<std::string> buildQemuArgv(const VmSpec& spec, const VmPaths& paths, Accelerator accelerator) {
+  assert(accelerator != Accelerator::kAuto);
+  std::vector<std::string> argv = {spec.qemu_binary};
+  auto add = [&argv](std::initializer_list<std::string> args) { argv.insert(argv.end(), args); };
+
+  add({"-name", "space-vm,debug-threads=on"});
+  // No ACPI, no option ROMs: the kernel finds its virtio-mmio devices on the command line
+  // QEMU appends, and boots straight from its PVH entry point.
+  add({"-machine", "microvm,acpi=off,x-option-roms=off,isa-serial=on,rtc=on"});
+  add({"-nodefaults", "-no-user-config", "-nographic", "-no-reboot"});
+  if (accelerator == Accelerator::kKvm) {
+    add({"-accel", "kvm", "-cpu", "host"});
+  } else {
+    add({"-accel", "tcg,thread=multi", "-cpu", "max"});
+  }
+  add({"-smp", std::to_string(spec.vcpus), "-m", std::to_string(spec.memory_mib) + "M"});
+  add({"-kernel", spec.kernel_path, "-append", kernelCmdline(spec)});
+
+  add({"-chardev", "file,id=console,path=" + paths.console_log, "-serial", "chardev:console"});
+
+  std::string disk = spec.disk_mode == DiskMode::kOverlay ? paths.disk : spec.rootfs_path;
+  std::string format = spec.disk_mode == DiskMode::kOverlay ? "qcow2" : "raw";
+  add({"-blockdev", "driver=file,node-name=rootfile,filename=" + disk + ",aio=threads,cache.direct=off", "-blockdev",
+       "driver=" + format + ",node-name=root,file=rootfile", "-device", "virtio-blk-device,drive=root"});
+
+  add({"-chardev", "socket,id=agent,path=" + paths.agent_socket + ",server=on,wait=off", "-device",
+       "virtio-serial-device,max_ports=2", "-device",
+       std::string("virtserialport,chardev=agent,name=") + kAgentPortName});
+
+  add({"-object", "rng-random,id=rng,filename=/dev/urandom", "-device", "virtio-rng-device,rng=rng"});
+
+  add({"-qmp", "unix:" + paths.qmp_socket + ",server=on,wait=off"});
+  add({"-pidfile", paths.pid_file});
+  // QEMU's own seccomp filter: the process that runs guest code may not exec, raise privileges,
+  // or use obsolete syscalls.
+  add({"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"});
+  return argv;
+}
+
+}  // namespace space::vmm

@@ -1,0 +1,238 @@
+#include "vmm/vm.h"
+
+#include <poll.h>
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <mutex>
+
+#include "vmm/accelerator.h"
+
+namespace space::vmm {
+
+namespace {
+
+using std::chrono::milliseconds;
+
+milliseconds since(Clock::time_point t) { return std::chrono::duration_cast<milliseconds>(Clock::now() - t); }
+
+void logAcceleratorOnce(const AcceleratorChoice& choice) {
+  // Said once per process: every VM on this host makes the same choice for the same reason.
+  static std::once_flag once;
+  std::call_once(once,
+                 [&] { spdlog::info("vmm: accelerator {} ({})", acceleratorName(choice.accelerator), choice.reason); });
+}
+
+Status createOverlay(const std::string& base, const std::string& overlay, const std::string& log) {
+  std::string abs_base = std::filesystem::absolute(base).string();
+  auto img = ChildProcess::spawn({"qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", abs_base, overlay},
+                                 SpawnOptions{log, "", true});
+  if (!img.ok()) return img.error();
+  auto status = img->waitFor(std::chrono::seconds(30));
+  if (!status) {
+    img->kill();
+    return makeError(ErrorCode::kDeadlineExceeded, "qemu-img create did not finish in 30 s");
+  }
+  if (status->signaled || status->exit_code != 0) {
+    auto tail = readFileTail(log, 2048);
+    return makeError(ErrorCode::kInternal,
+                     "qemu-img create " + status->describe() + ": " + (tail.ok() ? tail.value() : std::string()));
+  }
+  return okStatus();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Vm>> Vm::start(const VmSpec& spec, const VmStartOptions& options) {
+  HostCapacity host;
+  if (options.host_capacity) {
+    host = *options.host_capacity;
+  } else {
+    auto probed = probeHostCapacity();
+    if (!probed.ok()) return probed.error();
+    host = probed.value();
+  }
+  SPACE_TRY(validateSpec(spec, host));
+  auto choice = chooseAccelerator(spec.accelerator, probeKvm());
+  if (!choice.ok()) return choice.error();
+  logAcceleratorOnce(choice.value());
+
+  std::unique_ptr<Vm> vm(new Vm());
+  vm->accelerator_ = choice->accelerator;
+  auto booted = vm->boot(spec, options);
+  if (!booted.ok()) return booted.error();  // ~Vm removes whatever boot() created
+  return vm;
+}
+
+Status Vm::boot(const VmSpec& spec, const VmStartOptions& options) {
+  auto dir = TempDir::create(options.run_root, "vm-");
+  if (!dir.ok()) return dir.error();
+  run_dir_.emplace(std::move(dir.value()));
+  paths_ = VmPaths::inRunDir(run_dir_->path());
+  const std::string qemu_log = paths_.run_dir + "/qemu.log";
+
+  if (spec.disk_mode == DiskMode::kOverlay) SPACE_TRY(createOverlay(spec.rootfs_path, paths_.disk, qemu_log));
+
+  auto argv = buildQemuArgv(spec, paths_, accelerator_);
+  auto spawned_at = Clock::now();
+  auto deadline = spawned_at + spec.boot_timeout;
+  auto child = ChildProcess::spawn(argv, SpawnOptions{qemu_log, "", true});
+  if (!child.ok()) return child.error();
+  process_.emplace(std::move(child.value()));
+  spdlog::debug("vmm: started qemu pid {} in {}", process_->pid(), paths_.run_dir);
+
+  // QMP: retry briefly while QEMU sets up, but notice at once if it exited (bad arguments).
+  while (!qmp_) {
+    auto qmp = QmpClient::connect(paths_.qmp_socket, std::min(deadline, Clock::now() + milliseconds(50)));
+    if (qmp.ok()) {
+      qmp_.emplace(std::move(qmp.value()));
+      break;
+    }
+    if (process_->tryWait()) return bootFailure("QEMU exited before its monitor came up");
+    if (qmp.error().code != ErrorCode::kDeadlineExceeded || Clock::now() >= deadline) {
+      return bootFailure("cannot reach QEMU's monitor: " + qmp.error().message);
+    }
+  }
+  timing_.to_qmp = since(spawned_at);
+
+  return waitForAgent(spawned_at, deadline);
+}
+
+std::optional<Error> Vm::checkAlive() {
+  auto open = qmp_->pump();
+  while (qmp_->hasEvents()) {
+    QmpEvent ev = qmp_->popEvent();
+    if (ev.name == "SHUTDOWN" || ev.name == "GUEST_PANICKED" || ev.name == "RESET") {
+      // Let QEMU finish exiting so the console holds everything the guest printed.
+      process_->waitFor(milliseconds(2000));
+      return bootFailure("guest stopped during boot (QMP " + ev.name + " " + ev.data.dump() + ")");
+    }
+  }
+  if (!open.ok() || !open.value()) return bootFailure("QEMU closed its monitor during boot");
+  if (auto status = process_->tryWait()) return bootFailure("QEMU " + status->describe() + " during boot");
+  return std::nullopt;
+}
+
+Status Vm::waitForAgent(Clock::time_point spawned_at, Clock::time_point deadline) {
+  auto fd = connectUnix(paths_.agent_socket, deadline);
+  if (!fd.ok()) return bootFailure("cannot reach the agent port: " + fd.error().message);
+  agentproto::HandshakeWatch watch{{qmp_->fd(), process_->pidfd()}, [this] { return checkAlive(); }};
+  auto agent = agentproto::AgentClient::connect(std::move(fd.value()), deadline, watch);
+  if (!agent.ok()) {
+    if (agent.error().code == ErrorCode::kDeadlineExceeded) {
+      return bootFailure("guest did not come up within " +
+                         std::to_string(std::chrono::duration_cast<milliseconds>(deadline - spawned_at).count()) +
+                         " ms (boot hang)");
+    }
+    // A failure from checkAlive() already carries the console; others get it added.
+    if (agent.error().message.find("--- guest console") != std::string::npos) return agent.error();
+    return bootFailure("agent handshake failed: " + agent.error().message);
+  }
+  agent_ = std::move(agent.value());
+  timing_.to_ready = since(spawned_at);
+  timing_.guest_uptime_at_init_s = agent_->info().uptime_s;
+  spdlog::info("vmm: guest {} ready in {} ms (qmp {} ms, agent {} at {:.2f} s guest uptime, kernel {}, {})",
+               process_->pid(), timing_.to_ready.count(), timing_.to_qmp.count(), agent_->info().version,
+               agent_->info().uptime_s, agent_->info().kernel, acceleratorName(accelerator_));
+  return okStatus();
+}
+
+Status Vm::reconnectAgent(milliseconds timeout) {
+  if (!processRunning()) return makeError(ErrorCode::kUnavailable, "VM is not running");
+  agent_.reset();
+  auto deadline = Clock::now() + timeout;
+  auto fd = connectUnix(paths_.agent_socket, deadline);
+  if (!fd.ok()) return fd.error();
+  auto agent = agentproto::AgentClient::connect(std::move(fd.value()), deadline);
+  if (!agent.ok()) return agent.error();
+  agent_ = std::move(agent.value());
+  return okStatus();
+}
+
+Error Vm::bootFailure(const std::string& what) {
+  if (process_ && !process_->tryWait()) process_->kill();
+  std::string console = consoleTail(4096);
+  std::string message = what;
+  if (auto at = console.find("Kernel panic"); at != std::string::npos) {
+    message = "kernel panic: " + console.substr(at, console.find('\n', at) - at) + " (" + what + ")";
+  }
+  message += "\n--- guest console (tail) ---\n" + console;
+  auto qemu_log = readFileTail(paths_.run_dir + "/qemu.log", 2048);
+  if (qemu_log.ok() && !qemu_log->empty()) message += "\n--- qemu log (tail) ---\n" + qemu_log.value();
+  spdlog::warn("vmm: boot failed: {}", what);
+  return makeError(ErrorCode::kUnavailable, message);
+}
+
+std::string Vm::consoleTail(size_t max_bytes) const {
+  if (paths_.console_log.empty()) return {};
+  auto tail = readFileTail(paths_.console_log, max_bytes);
+  return tail.ok() ? tail.value() : std::string();
+}
+
+bool Vm::processRunning() { return process_ && !process_->tryWait(); }
+
+Status Vm::pause() {
+  if (!processRunning()) return makeError(ErrorCode::kUnavailable, "VM is not running");
+  auto r = qmp_->execute("stop");
+  if (!r.ok()) return r.error();
+  return okStatus();
+}
+
+Status Vm::resume() {
+  if (!processRunning()) return makeError(ErrorCode::kUnavailable, "VM is not running");
+  auto r = qmp_->execute("cont");
+  if (!r.ok()) return r.error();
+  return okStatus();
+}
+
+Result<std::string> Vm::queryStatus() {
+  if (!processRunning()) return makeError(ErrorCode::kUnavailable, "VM is not running");
+  auto r = qmp_->execute("query-status");
+  if (!r.ok()) return r.error();
+  if (!r->is_object() || !r->contains("status") || !(*r)["status"].is_string()) {
+    return makeError(ErrorCode::kUnavailable, "QMP query-status: unexpected reply");
+  }
+  return (*r)["status"].get<std::string>();
+}
+
+Result<agentproto::CommandResult> Vm::exec(const agentproto::CommandSpec& spec) {
+  if (!processRunning() || !agent_) return makeError(ErrorCode::kUnavailable, "VM is not running");
+  return agentproto::runCommand(*agent_, spec);
+}
+
+Result<agentproto::CommandResult> Vm::exec(const std::string& command, milliseconds timeout) {
+  agentproto::CommandSpec spec;
+  spec.command = command;
+  spec.timeout = timeout;
+  return exec(spec);
+}
+
+Status Vm::shutdown(milliseconds timeout) {
+  if (!processRunning()) return okStatus();
+  auto asked = agent_ ? agent_->call("/agent.Agent/Shutdown", nlohmann::json::object(),
+                                     agentproto::CallOptions{milliseconds(5000), ""})
+                      : Result<nlohmann::json>(makeError(ErrorCode::kUnavailable, "no agent"));
+  if (asked.ok() && process_->waitFor(timeout)) {
+    spdlog::info("vmm: guest {} powered off", process_->pid());
+    return okStatus();
+  }
+  if (qmp_) (void)qmp_->execute("quit", nullptr, milliseconds(1000));
+  if (!process_->waitFor(milliseconds(2000))) process_->kill();
+  return makeError(ErrorCode::kDeadlineExceeded,
+                   "guest did not power off within " + std::to_string(timeout.count()) + " ms; QEMU was stopped");
+}
+
+void Vm::destroy() {
+  if (processRunning()) {
+    if (qmp_) (void)qmp_->execute("quit", nullptr, milliseconds(1000));
+    if (!process_->waitFor(milliseconds(2000))) process_->kill();
+  }
+  agent_.reset();
+  qmp_.reset();
+  process_.reset();
+  run_dir_.reset();  // removes sockets, console log, overlay
+}
+
+Vm::~Vm() { destroy(); }
+
+}  // namespace space::vmm

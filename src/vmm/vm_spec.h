@@ -1,0 +1,52 @@
+// What a microVM is made of (VmSpec), what the host can give (HostCapacity), and the check
+// between them. Validation happens before anything is started, so a refused spec leaves no trace.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+
+namespace space::vmm {
+
+enum class Accelerator { kAuto, kKvm, kTcg };
+const char* acceleratorName(Accelerator a);
+Result<Accelerator> parseAccelerator(const std::string& name);
+
+// How the guest's root disk is attached.
+enum class DiskMode {
+  kOverlay,  // a private qcow2 overlay over the read-only base image (the default)
+  kDirect,   // the image itself, writable: only for images the VM owns
+};
+
+struct VmSpec {
+  std::string kernel_path;  // uncompressed ELF vmlinux with a PVH note
+  std::string rootfs_path;  // ext4 image
+  DiskMode disk_mode = DiskMode::kOverlay;
+  uint32_t vcpus = 2;
+  uint64_t memory_mib = 512;
+  Accelerator accelerator = Accelerator::kAuto;
+  // Appended after SPACE's own kernel arguments (later ones win, e.g. init=).
+  std::string extra_cmdline;
+  std::chrono::milliseconds boot_timeout{60000};
+  std::string qemu_binary = "qemu-system-x86_64";
+};
+
+struct HostCapacity {
+  uint32_t max_vcpus = 0;             // most vCPUs one VM may have
+  uint64_t available_memory_mib = 0;  // MemAvailable now
+};
+
+inline constexpr uint64_t kMinMemoryMib = 128;
+
+// Reads the host's CPU count and available memory.
+Result<HostCapacity> probeHostCapacity();
+// Parses /proc/meminfo text for MemAvailable (exposed for tests).
+Result<uint64_t> parseMemAvailableMib(const std::string& meminfo);
+
+// Refuses impossible specs with a message naming the value and the reason.
+Status validateSpec(const VmSpec& spec, const HostCapacity& host);
+
+}  // namespace space::vmm

@@ -1,0 +1,261 @@
+// The agent channel end to end inside one process: the host's AgentClient on one end of a
+// socketpair, the agent's Channel + HTTP/2 server on the other (its own EventLoop thread), with
+// a test router. Then hostile guests in place of the agent: garbage, oversized frames, silence.
+#include <gtest/gtest.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "agent/channel.h"
+#include "agentproto/agent_client.h"
+#include "agentproto/base64.h"
+
+namespace space {
+namespace {
+
+using agent::Json;
+using agentproto::AgentClient;
+using std::chrono::milliseconds;
+
+// Runs an agent Channel with `router` on its own thread over `fd`.
+class AgentThread {
+ public:
+  AgentThread(int fd, agent::Router& router) : stop_fd_(eventfd(0, EFD_CLOEXEC)) {
+    thread_ = std::thread([this, fd, &router] {
+      agent::EventLoop loop;
+      agent::Channel channel(loop, router, [] { return Json{{"version", "test"}, {"kernel", "k"}, {"uptime", 1.5}}; });
+      channel.adopt(fd, false);
+      loop.addFd(stop_fd_, EPOLLIN, [&](uint32_t) { loop.stop(); });
+      loop.run();
+      loop.removeFd(stop_fd_);
+      sessions = channel.sessions();
+    });
+  }
+  ~AgentThread() {
+    uint64_t one = 1;
+    (void)!write(stop_fd_, &one, sizeof one);
+    thread_.join();
+    close(stop_fd_);
+  }
+  std::atomic<uint64_t> sessions{0};
+
+ private:
+  int stop_fd_;
+  std::thread thread_;
+};
+
+class ChannelTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds_), 0);
+    router_.unary("/test.Test/Echo", [](const Json& req, const agent::CallContext& ctx) -> agent::UnaryResult {
+      return Json{{"echo", req}, {"user", ctx.user}};
+    });
+    router_.unary("/test.Test/Fail", [](const Json&, const agent::CallContext&) -> agent::UnaryResult {
+      return agent::rpcError(agent::RpcCode::kNotFound, "no such thing");
+    });
+    router_.serverStream("/test.Test/Count",
+                         [](const Json& req, const agent::CallContext&, std::shared_ptr<agent::ServerStream> s) {
+                           int n = req.value("n", 0);
+                           for (int i = 0; i < n; ++i) s->send(Json{{"i", i}});
+                           s->finish();
+                         });
+    router_.serverStream("/test.Test/Huge",
+                         [](const Json&, const agent::CallContext&, std::shared_ptr<agent::ServerStream> s) {
+                           s->send(Json{{"blob", std::string(AgentClient::kMaxEnvelope + 10, 'x')}});
+                           s->finish();
+                         });
+    router_.serverStream("/test.Test/Forever",
+                         [this](const Json&, const agent::CallContext&, std::shared_ptr<agent::ServerStream> s) {
+                           s->send(Json{{"started", true}});
+                           s->setOnClose([this] { closed_streams_++; });
+                           held_ = s;  // never finishes
+                         });
+  }
+  void TearDown() override {
+    if (fds_[0] >= 0) close(fds_[0]);
+  }
+  std::unique_ptr<AgentClient> connectClient() {
+    auto c = AgentClient::connect(UniqueFd(fds_[1]), Clock::now() + milliseconds(5000));
+    fds_[1] = -1;
+    EXPECT_TRUE(c.ok()) << c.error().message;
+    return c.ok() ? std::move(c.value()) : nullptr;
+  }
+  int fds_[2] = {-1, -1};
+  agent::Router router_;
+  std::shared_ptr<agent::ServerStream> held_;
+  std::atomic<int> closed_streams_{0};
+};
+
+TEST_F(ChannelTest, HandshakeUnaryErrorsAndStreams) {
+  AgentThread agent(fds_[0], router_);
+  auto client = connectClient();
+  ASSERT_TRUE(client);
+  EXPECT_EQ(client->info().version, "test");
+  EXPECT_DOUBLE_EQ(client->info().uptime_s, 1.5);
+
+  auto r = client->call("/test.Test/Echo", Json{{"x", 1}}, {milliseconds(5000), "root"});
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ((*r)["echo"]["x"], 1);
+  EXPECT_EQ((*r)["user"], "root");
+
+  auto f = client->call("/test.Test/Fail", Json::object());
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.error().code, ErrorCode::kNotFound);
+  EXPECT_EQ(f.error().message, "no such thing");
+
+  auto missing = client->call("/test.Test/Nope", Json::object());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code, ErrorCode::kUnimplemented);
+
+  std::vector<int> got;
+  auto s = client->stream(
+      "/test.Test/Count", Json{{"n", 100}}, {milliseconds(5000), ""},
+      [&](const Json& m) { got.push_back(m["i"].get<int>()); }, nullptr);
+  ASSERT_TRUE(s->wait(milliseconds(5000)).ok());
+  ASSERT_EQ(got.size(), 100u);
+  EXPECT_EQ(got[99], 99);
+}
+
+TEST_F(ChannelTest, ManyConcurrentCallsShareTheConnection) {
+  AgentThread agent(fds_[0], router_);
+  auto client = connectClient();
+  ASSERT_TRUE(client);
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < 50; ++t) {
+    threads.emplace_back([&, t] {
+      auto r = client->call("/test.Test/Echo", Json{{"t", t}});
+      if (r.ok() && (*r)["echo"]["t"] == t) ok++;
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(ok.load(), 50);
+}
+
+TEST_F(ChannelTest, OversizedMessageFailsOnlyItsCall) {
+  AgentThread agent(fds_[0], router_);
+  auto client = connectClient();
+  ASSERT_TRUE(client);
+  auto s = client->stream("/test.Test/Huge", Json::object(), {milliseconds(10000), ""}, nullptr, nullptr);
+  auto end = s->wait(milliseconds(10000));
+  ASSERT_FALSE(end.ok());
+  EXPECT_NE(end.error().message.find("exceeds"), std::string::npos) << end.error().message;
+  EXPECT_TRUE(client->call("/test.Test/Echo", Json::object()).ok());  // the connection lives on
+}
+
+TEST_F(ChannelTest, CancelAndClientDropCloseAgentStreams) {
+  auto* agent = new AgentThread(fds_[0], router_);
+  auto client = connectClient();
+  ASSERT_TRUE(client);
+  std::atomic<bool> started{false};
+  auto s = client->stream(
+      "/test.Test/Forever", Json::object(), {milliseconds(0), ""}, [&](const Json&) { started = true; }, nullptr);
+  for (int i = 0; i < 200 && !started; ++i) std::this_thread::sleep_for(milliseconds(10));
+  ASSERT_TRUE(started);
+  s->cancel();
+  auto end = s->wait(milliseconds(5000));
+  ASSERT_FALSE(end.ok());
+  EXPECT_EQ(end.error().code, ErrorCode::kCanceled);
+  for (int i = 0; i < 200 && closed_streams_ == 0; ++i) std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_EQ(closed_streams_.load(), 1);
+  delete agent;
+  held_.reset();
+}
+
+TEST_F(ChannelTest, CallDeadlineWhenTheAgentNeverAnswers) {
+  // A "guest" that completes the handshake, then reads and never writes again.
+  std::thread guest([fd = fds_[0]] {
+    char buf[4096];
+    std::string seen;
+    while (seen.find('\n') == std::string::npos) {
+      ssize_t n = read(fd, buf, sizeof buf);
+      if (n <= 0) return;
+      seen.append(buf, static_cast<size_t>(n));
+    }
+    std::string nonce = seen.substr(seen.find(' ') + 1, seen.find('\n') - seen.find(' ') - 1);
+    std::string answer = agentproto::makeOlleh(nonce, "{}");
+    (void)!send(fd, answer.data(), answer.size(), MSG_NOSIGNAL);
+    while (read(fd, buf, sizeof buf) > 0) {
+    }
+  });
+  auto client = connectClient();
+  ASSERT_TRUE(client);
+  auto start = Clock::now();
+  auto r = client->call("/test.Test/Echo", Json::object(), {milliseconds(300), ""});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::kDeadlineExceeded);
+  EXPECT_LT(Clock::now() - start, milliseconds(3000));
+  client.reset();
+  shutdown(fds_[0], SHUT_RDWR);
+  guest.join();
+}
+
+// A hostile guest: handshake, then the given bytes.
+void hostileGuest(int fd, std::string payload) {
+  char buf[4096];
+  std::string seen;
+  while (seen.find('\n') == std::string::npos) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) return;
+    seen.append(buf, static_cast<size_t>(n));
+  }
+  std::string nonce = seen.substr(seen.find(' ') + 1, seen.find('\n') - seen.find(' ') - 1);
+  std::string out = agentproto::makeOlleh(nonce, "{}") + payload;
+  (void)!send(fd, out.data(), out.size(), MSG_NOSIGNAL);
+  while (read(fd, buf, sizeof buf) > 0) {
+  }
+}
+
+TEST_F(ChannelTest, GarbageFromTheGuestFailsTheClientCleanly) {
+  std::string garbage(100000, '\0');
+  for (size_t i = 0; i < garbage.size(); ++i) garbage[i] = static_cast<char>((i * 7919) & 0xff);
+  std::thread guest(hostileGuest, fds_[0], garbage);
+  auto client = connectClient();
+  ASSERT_TRUE(client);
+  auto r = client->call("/test.Test/Echo", Json::object(), {milliseconds(5000), ""});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::kUnavailable);
+  for (int i = 0; i < 100 && client->alive(); ++i) std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_FALSE(client->alive());
+  client.reset();
+  shutdown(fds_[0], SHUT_RDWR);
+  guest.join();
+}
+
+TEST_F(ChannelTest, OversizedFrameFromTheGuestFailsTheClientCleanly) {
+  // A SETTINGS frame header announcing 16 MiB of payload, far above the 16 KiB frame limit.
+  std::string frame = {'\xff', '\xff', '\xff', '\x04', '\x00', '\x00', '\x00', '\x00', '\x00'};
+  std::thread guest(hostileGuest, fds_[0], frame + std::string(1000, 'A'));
+  auto client = connectClient();
+  ASSERT_TRUE(client);
+  auto r = client->call("/test.Test/Echo", Json::object(), {milliseconds(5000), ""});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::kUnavailable);
+  client.reset();
+  shutdown(fds_[0], SHUT_RDWR);
+  guest.join();
+}
+
+TEST_F(ChannelTest, HandshakeFailsWhenTheGuestOnlySendsJunk) {
+  std::thread guest([fd = fds_[0]] {
+    std::string junk(8 << 20, 'z');
+    size_t off = 0;
+    while (off < junk.size()) {
+      ssize_t n = send(fd, junk.data() + off, junk.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return;
+      off += static_cast<size_t>(n);
+    }
+  });
+  auto c = AgentClient::connect(UniqueFd(fds_[1]), Clock::now() + milliseconds(10000));
+  fds_[1] = -1;
+  ASSERT_FALSE(c.ok());
+  shutdown(fds_[0], SHUT_RDWR);
+  guest.join();
+}
+
+}  // namespace
+}  // namespace space

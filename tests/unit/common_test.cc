@@ -1,0 +1,170 @@
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "common/fs.h"
+#include "common/process.h"
+#include "common/unix_socket.h"
+
+namespace space {
+namespace {
+
+using std::chrono::milliseconds;
+
+TEST(ChildProcess, ReportsExitCode) {
+  auto p = ChildProcess::spawn({"sh", "-c", "exit 7"}, {});
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  auto s = p->waitFor(milliseconds(5000));
+  ASSERT_TRUE(s.has_value());
+  EXPECT_FALSE(s->signaled);
+  EXPECT_EQ(s->exit_code, 7);
+}
+
+TEST(ChildProcess, TerminateEscalatesToKill) {
+  auto p = ChildProcess::spawn({"sh", "-c", "trap '' TERM; sleep 30"}, {});
+  ASSERT_TRUE(p.ok());
+  std::this_thread::sleep_for(milliseconds(100));  // let the shell install its trap
+  auto s = p->terminate(milliseconds(200));
+  EXPECT_TRUE(s.signaled);
+  EXPECT_EQ(s.signal, SIGKILL);
+  EXPECT_TRUE(p->reaped());
+}
+
+TEST(ChildProcess, DestructorKillsAndReaps) {
+  pid_t pid;
+  {
+    auto p = ChildProcess::spawn({"sleep", "30"}, {});
+    ASSERT_TRUE(p.ok());
+    pid = p->pid();
+  }
+  EXPECT_NE(kill(pid, 0), 0);  // gone, not a zombie of ours
+}
+
+TEST(ChildProcess, MissingProgramIsAnError) {
+  auto p = ChildProcess::spawn({"/nonexistent/program"}, {});
+  EXPECT_FALSE(p.ok());
+}
+
+TEST(ChildProcess, WritesStdoutToFile) {
+  auto dir = TempDir::create(testing::TempDir(), "proc-");
+  ASSERT_TRUE(dir.ok());
+  std::string out = dir->path() + "/out.log";
+  auto p = ChildProcess::spawn({"sh", "-c", "echo hello; echo oops >&2"}, SpawnOptions{out, "", true});
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(p->waitFor(milliseconds(5000)));
+  auto text = readSmallFile(out, 1024);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(text.value(), "hello\noops\n");
+}
+
+TEST(Fs, WriteFileAtomicReplacesWholeFile) {
+  auto dir = TempDir::create(testing::TempDir(), "fs-");
+  ASSERT_TRUE(dir.ok());
+  std::string path = dir->path() + "/f";
+  ASSERT_TRUE(writeFileAtomic(path, "first version, long").ok());
+  ASSERT_TRUE(writeFileAtomic(path, "second", 0600).ok());
+  EXPECT_EQ(readSmallFile(path, 100).value(), "second");
+  EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  // No temp files left behind.
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir->path()), {}), 1);
+}
+
+TEST(Fs, WriteFileAtomicIntoMissingDirFailsCleanly) {
+  auto st = writeFileAtomic("/nonexistent-dir/f", "x");
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, ErrorCode::kInternal);
+}
+
+TEST(Fs, ReadFileTailAndLimits) {
+  auto dir = TempDir::create(testing::TempDir(), "fs-");
+  ASSERT_TRUE(dir.ok());
+  std::string path = dir->path() + "/f";
+  ASSERT_TRUE(writeFileAtomic(path, "0123456789").ok());
+  EXPECT_EQ(readFileTail(path, 4).value(), "6789");
+  EXPECT_EQ(readFileTail(path, 100).value(), "0123456789");
+  auto big = readSmallFile(path, 5);
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.error().code, ErrorCode::kResourceExhausted);
+  EXPECT_EQ(readSmallFile(dir->path() + "/missing", 5).error().code, ErrorCode::kNotFound);
+}
+
+TEST(Fs, TempDirRemovesContents) {
+  std::string path;
+  {
+    auto dir = TempDir::create(testing::TempDir(), "fs-");
+    ASSERT_TRUE(dir.ok());
+    path = dir->path();
+    std::filesystem::create_directories(path + "/a/b");
+    ASSERT_TRUE(writeFileAtomic(path + "/a/b/c", "x").ok());
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+class LineReaderTest : public testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds_), 0); }
+  void TearDown() override {
+    close(fds_[0]);
+    if (fds_[1] >= 0) close(fds_[1]);
+  }
+  void send(const std::string& s) { ASSERT_TRUE(writeAll(fds_[1], s, Clock::now() + milliseconds(1000)).ok()); }
+  int fds_[2];
+};
+
+TEST_F(LineReaderTest, SplitsLines) {
+  LineReader r(fds_[0], 100);
+  send("one\ntwo\nthr");
+  auto deadline = Clock::now() + milliseconds(1000);
+  EXPECT_EQ(r.readLine(deadline).value(), "one");
+  EXPECT_EQ(r.readLine(deadline).value(), "two");
+  send("ee\n");
+  EXPECT_EQ(r.readLine(deadline).value(), "three");
+}
+
+TEST_F(LineReaderTest, RejectsOverlongLineWithoutGrowingUnbounded) {
+  LineReader r(fds_[0], 16);
+  send(std::string(1000, 'x'));
+  auto line = r.readLine(Clock::now() + milliseconds(1000));
+  ASSERT_FALSE(line.ok());
+  EXPECT_NE(line.error().message.find("longer than 16"), std::string::npos);
+}
+
+TEST_F(LineReaderTest, DeadlineWhenPeerIsSilent) {
+  LineReader r(fds_[0], 100);
+  send("partial");
+  auto start = Clock::now();
+  auto line = r.readLine(start + milliseconds(100));
+  ASSERT_FALSE(line.ok());
+  EXPECT_EQ(line.error().code, ErrorCode::kDeadlineExceeded);
+  EXPECT_GE(Clock::now() - start, milliseconds(90));
+}
+
+TEST_F(LineReaderTest, PeerCloseIsAnError) {
+  LineReader r(fds_[0], 100);
+  send("half");
+  close(fds_[1]);
+  fds_[1] = -1;
+  auto line = r.readLine(Clock::now() + milliseconds(1000));
+  ASSERT_FALSE(line.ok());
+  EXPECT_EQ(line.error().code, ErrorCode::kUnavailable);
+}
+
+TEST(UnixSocket, ConnectTimesOutWhenNobodyListens) {
+  auto fd = connectUnix(testing::TempDir() + "/no-such.sock", Clock::now() + milliseconds(50));
+  ASSERT_FALSE(fd.ok());
+  EXPECT_EQ(fd.error().code, ErrorCode::kDeadlineExceeded);
+}
+
+TEST(UnixSocket, OverlongPathIsRefused) {
+  auto fd = connectUnix("/tmp/" + std::string(200, 'a'), Clock::now());
+  ASSERT_FALSE(fd.ok());
+  EXPECT_EQ(fd.error().code, ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace space

@@ -1,0 +1,81 @@
+#include "vmm/qemu_command.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+namespace space::vmm {
+namespace {
+
+bool hasPair(const std::vector<std::string>& argv, const std::string& flag, const std::string& value) {
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == flag && argv[i + 1] == value) return true;
+  }
+  return false;
+}
+
+bool has(const std::vector<std::string>& argv, const std::string& arg) {
+  return std::find(argv.begin(), argv.end(), arg) != argv.end();
+}
+
+VmSpec spec() {
+  VmSpec s;
+  s.kernel_path = "/img/vmlinux";
+  s.rootfs_path = "/img/rootfs.ext4";
+  s.vcpus = 3;
+  s.memory_mib = 768;
+  return s;
+}
+
+TEST(QemuCommand, MicrovmWithoutDefaults) {
+  auto argv = buildQemuArgv(spec(), VmPaths::inRunDir("/run/v"), Accelerator::kTcg);
+  EXPECT_EQ(argv[0], "qemu-system-x86_64");
+  EXPECT_TRUE(hasPair(argv, "-machine", "microvm,acpi=off,x-option-roms=off,isa-serial=on,rtc=on"));
+  EXPECT_TRUE(has(argv, "-nodefaults"));
+  EXPECT_TRUE(has(argv, "-no-user-config"));
+  EXPECT_TRUE(has(argv, "-no-reboot"));
+  EXPECT_TRUE(hasPair(argv, "-smp", "3"));
+  EXPECT_TRUE(hasPair(argv, "-m", "768M"));
+  EXPECT_TRUE(hasPair(argv, "-kernel", "/img/vmlinux"));
+  EXPECT_TRUE(hasPair(argv, "-qmp", "unix:/run/v/qmp.sock,server=on,wait=off"));
+  EXPECT_TRUE(hasPair(argv, "-device", "virtio-rng-device,rng=rng"));
+  EXPECT_TRUE(hasPair(argv, "-device", "virtserialport,chardev=agent,name=space.agent"));
+  EXPECT_TRUE(hasPair(argv, "-chardev", "file,id=console,path=/run/v/console.log"));
+}
+
+TEST(QemuCommand, TcgAndKvm) {
+  auto tcg = buildQemuArgv(spec(), VmPaths::inRunDir("/r"), Accelerator::kTcg);
+  EXPECT_TRUE(hasPair(tcg, "-accel", "tcg,thread=multi"));
+  EXPECT_TRUE(hasPair(tcg, "-cpu", "max"));
+  auto kvm = buildQemuArgv(spec(), VmPaths::inRunDir("/r"), Accelerator::kKvm);
+  EXPECT_TRUE(hasPair(kvm, "-accel", "kvm"));
+  EXPECT_TRUE(hasPair(kvm, "-cpu", "host"));
+}
+
+TEST(QemuCommand, OverlayDiskByDefaultDirectOnRequest) {
+  auto s = spec();
+  auto argv = buildQemuArgv(s, VmPaths::inRunDir("/r"), Accelerator::kTcg);
+  EXPECT_TRUE(
+      hasPair(argv, "-blockdev", "driver=file,node-name=rootfile,filename=/r/disk.qcow2,aio=threads,cache.direct=off"));
+  EXPECT_TRUE(hasPair(argv, "-blockdev", "driver=qcow2,node-name=root,file=rootfile"));
+  s.disk_mode = DiskMode::kDirect;
+  argv = buildQemuArgv(s, VmPaths::inRunDir("/r"), Accelerator::kTcg);
+  EXPECT_TRUE(hasPair(argv, "-blockdev", "driver=raw,node-name=root,file=rootfile"));
+}
+
+TEST(QemuCommand, SeccompSandboxOn) {
+  auto argv = buildQemuArgv(spec(), VmPaths::inRunDir("/r"), Accelerator::kTcg);
+  EXPECT_TRUE(hasPair(argv, "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"));
+}
+
+TEST(QemuCommand, ExtraCmdlineComesLast) {
+  auto s = spec();
+  s.extra_cmdline = "init=/bin/true";
+  std::string cmdline = kernelCmdline(s);
+  EXPECT_EQ(cmdline.find("console=ttyS0"), 0u);
+  EXPECT_GT(cmdline.rfind("init=/bin/true"), cmdline.find("init=/sbin/space-agent"));
+  EXPECT_NE(cmdline.find("panic=-1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace space::vmm
