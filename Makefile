@@ -43,7 +43,8 @@ test: test-unit images
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 bench: build images
-	bench/boot_bench.sh
+	bench/boot_bench.sh 10 tcg
+	$(BUILD)/bin/space-agent-bench --runs 200 --file-mib 64
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')

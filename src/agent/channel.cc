@@ -113,70 +113,74 @@ void Channel::readAvailable() {
 }
 
 void Channel::handleBytes(std::string_view bytes) {
-  switch (state_) {
-    case State::kDisconnected: return;
-    case State::kHandshake: {
-      auto match = scanner_->feed(bytes);
-      if (!match.ok()) {
-        scanner_ = std::make_unique<agentproto::HandshakeScanner>(agentproto::kHelloPrefix, "");
-        return;
-      }
-      if (!match.value()) return;
-      Json info = info_();
-      out_ += agentproto::makeOlleh(match.value()->nonce, info.dump(-1, ' ', true, Json::error_handler_t::replace));
-      state_ = State::kAwaitPreface;
-      preface_buf_.clear();
-      std::string rest = std::move(match.value()->rest);
-      if (!rest.empty()) handleBytes(rest);
-      return;
-    }
-    case State::kAwaitPreface: {
-      preface_buf_.append(bytes);
-      // The host either sends another hello (it retried before our answer arrived) or HTTP/2.
-      std::string_view buf = preface_buf_;
-      std::string_view hello = agentproto::kHelloPrefix;
-      if (buf.substr(0, std::min(buf.size(), hello.size())) == hello.substr(0, std::min(buf.size(), hello.size()))) {
-        if (buf.size() < hello.size()) return;
-        state_ = State::kHandshake;
-        scanner_ = std::make_unique<agentproto::HandshakeScanner>(agentproto::kHelloPrefix, "");
-        std::string again = std::move(preface_buf_);
+  // A loop, not recursion: one read may hold many handshakes' worth of bytes, and each state
+  // change hands the remaining bytes to the next state.
+  std::string carry;
+  std::string_view in = bytes;
+  auto restartHandshake = [this] {
+    state_ = State::kHandshake;
+    scanner_ = std::make_unique<agentproto::HandshakeScanner>(agentproto::kHelloPrefix, "");
+  };
+  while (!in.empty()) {
+    switch (state_) {
+      case State::kDisconnected: return;
+      case State::kHandshake: {
+        auto match = scanner_->feed(in);
+        in = {};
+        if (!match.ok()) {
+          restartHandshake();  // too much junk: forget it and keep listening
+          break;
+        }
+        if (!match.value()) break;
+        Json info = info_();
+        out_ += agentproto::makeOlleh(match.value()->nonce, info.dump(-1, ' ', true, Json::error_handler_t::replace));
+        state_ = State::kAwaitPreface;
         preface_buf_.clear();
-        handleBytes(again);
-        return;
+        carry = std::move(match.value()->rest);
+        in = carry;
+        break;
       }
-      size_t cmp = std::min(buf.size(), kH2Preface.size());
-      if (buf.substr(0, cmp) != kH2Preface.substr(0, cmp)) {
-        // Neither: garbage. Go back to waiting for a hello.
-        state_ = State::kHandshake;
-        scanner_ = std::make_unique<agentproto::HandshakeScanner>(agentproto::kHelloPrefix, "");
-        std::string again = std::move(preface_buf_);
+      case State::kAwaitPreface: {
+        preface_buf_.append(in);
+        in = {};
+        // The host either sends another hello (it retried before our answer arrived) or HTTP/2.
+        std::string_view buf = preface_buf_;
+        std::string_view hello = agentproto::kHelloPrefix;
+        size_t cmp_hello = std::min(buf.size(), hello.size());
+        size_t cmp_h2 = std::min(buf.size(), kH2Preface.size());
+        bool maybe_hello = buf.substr(0, cmp_hello) == hello.substr(0, cmp_hello);
+        bool maybe_h2 = buf.substr(0, cmp_h2) == kH2Preface.substr(0, cmp_h2);
+        if ((maybe_hello && buf.size() < hello.size()) || (maybe_h2 && buf.size() < kH2Preface.size())) break;
+        std::string pending = std::move(preface_buf_);
         preface_buf_.clear();
-        handleBytes(again);
-        return;
+        if (maybe_h2) {
+          state_ = State::kHttp2;
+          ++sessions_;
+          session_ = std::make_unique<H2ServerSession>(loop_, router_, [this] { loop_.post([this] { flush(); }); });
+        } else {
+          restartHandshake();  // another hello, or garbage: scan again
+        }
+        carry = std::move(pending);
+        in = carry;
+        break;
       }
-      if (buf.size() < kH2Preface.size()) return;
-      state_ = State::kHttp2;
-      ++sessions_;
-      session_ = std::make_unique<H2ServerSession>(loop_, router_, [this] { loop_.post([this] { flush(); }); });
-      std::string all = std::move(preface_buf_);
-      preface_buf_.clear();
-      handleBytes(all);
-      return;
-    }
-    case State::kHttp2: {
-      auto st = session_->receive(bytes);
-      if (!st.ok() || session_->terminated()) {
+      case State::kHttp2: {
+        auto st = session_->receive(in);
+        if (st.ok() && !session_->terminated()) {
+          in = {};
+          break;
+        }
         // Either the host broke HTTP/2 or a new host took over the port so quickly that no
         // detach was visible: it opens with filler that ends any frame in progress, so the old
         // session fails here. Start over and look for its hello in these same bytes.
         fprintf(stderr, "space-agent: channel: session ended (%s); waiting for a new handshake\n",
                 st.ok() ? "goaway" : st.error().message.c_str());
         session_.reset();
-        state_ = State::kHandshake;
-        scanner_ = std::make_unique<agentproto::HandshakeScanner>(agentproto::kHelloPrefix, "");
-        handleBytes(bytes);
+        restartHandshake();
+        carry = std::string(in);
+        in = carry;
+        break;
       }
-      return;
     }
   }
 }

@@ -324,7 +324,18 @@ bool H2ServerSession::wantsToWrite() const {
   return !pending_out_.empty() || nghttp2_session_want_write(session_) != 0;
 }
 
-bool H2ServerSession::terminated() const { return nghttp2_session_want_read(session_) == 0; }
+bool H2ServerSession::terminated() {
+  // nghttp2 reports want_read == 0 only once its GOAWAY went out, so serialize pending frames
+  // (GOAWAY goes first) into our own buffer before asking.
+  if (pending_out_.size() < (64 << 10)) {
+    const uint8_t* data = nullptr;
+    ssize_t n;
+    while (pending_out_.size() < (64 << 10) && (n = nghttp2_session_mem_send(session_, &data)) > 0) {
+      pending_out_.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
+    }
+  }
+  return nghttp2_session_want_read(session_) == 0;
+}
 
 void H2ServerSession::resume(int32_t stream_id) {
   nghttp2_session_resume_data(session_, stream_id);

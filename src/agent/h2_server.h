@@ -43,7 +43,7 @@ class H2ServerSession {
   bool wantsToWrite() const;
   // The session will read nothing more: the host said goodbye or broke the protocol (nghttp2
   // answers many protocol errors with GOAWAY rather than an error return).
-  bool terminated() const;
+  bool terminated();
 
   // Internal plumbing for H2StreamResponse.
   void resume(int32_t stream_id);

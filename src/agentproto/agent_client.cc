@@ -74,7 +74,7 @@ std::string percentEncode(const std::string& s) {
 // One call in flight. Touched by the I/O thread; waiters only read it under `m`.
 struct Call : std::enable_shared_from_this<Call>, AgentStream {
   enum class Kind { kUnary, kStream, kUpload, kDownload } kind;
-  AgentClient::Impl* impl = nullptr;
+  std::weak_ptr<AgentClient::Impl> impl;  // a stream handle may outlive its client
   int32_t stream_id = -1;
   Clock::time_point deadline = Clock::time_point::max();
   size_t header_bytes = 0;
@@ -91,6 +91,7 @@ struct Call : std::enable_shared_from_this<Call>, AgentStream {
   std::string body;
   EnvelopeDecoder decoder{AgentClient::kMaxEnvelope};
   bool got_end = false;
+  std::optional<Error> source_error;  // the upload source's own failure, reported at close
   AgentClient::MessageFn on_message;
   AgentClient::EndFn on_end;
   AgentClient::DownloadSink sink;
@@ -143,7 +144,7 @@ struct Call : std::enable_shared_from_this<Call>, AgentStream {
   }
 };
 
-struct AgentClient::Impl {
+struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
   UniqueFd fd;
   UniqueFd wake;
   nghttp2_session* session = nullptr;
@@ -214,18 +215,25 @@ struct AgentClient::Impl {
 
   void cancel(const std::shared_ptr<Call>& call, Error why) {
     if (call->stream_id >= 0 && calls.count(call->stream_id) > 0) {
+      nghttp2_session_set_stream_user_data(session, call->stream_id, nullptr);
       nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, call->stream_id, NGHTTP2_CANCEL);
       calls.erase(call->stream_id);
     }
     call->complete(std::move(why));
   }
 
-  static ssize_t readBody(nghttp2_session*, int32_t, uint8_t* buf, size_t len, uint32_t* flags,
-                          nghttp2_data_source* src, void*) {
-    auto* call = static_cast<Call*>(src->ptr);
+  static ssize_t readBody(nghttp2_session*, int32_t id, uint8_t* buf, size_t len, uint32_t* flags, nghttp2_data_source*,
+                          void* ud) {
+    auto* impl = static_cast<Impl*>(ud);
+    auto it = impl->calls.find(id);
+    if (it == impl->calls.end()) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;  // cancelled
+    Call* call = it->second.get();
     if (call->source) {
       auto n = call->source(reinterpret_cast<char*>(buf), len);
-      if (!n.ok()) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+      if (!n.ok()) {
+        call->source_error = n.error();
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+      }
       if (n.value() == 0) *flags |= NGHTTP2_DATA_FLAG_EOF;
       return static_cast<ssize_t>(n.value());
     }
@@ -236,14 +244,14 @@ struct AgentClient::Impl {
     return static_cast<ssize_t>(n);
   }
 
-  static Call* callOf(nghttp2_session* s, int32_t id) {
-    return static_cast<Call*>(nghttp2_session_get_stream_user_data(s, id));
-  }
-
-  static int onHeader(nghttp2_session* s, const nghttp2_frame* frame, const uint8_t* name, size_t namelen,
-                      const uint8_t* value, size_t valuelen, uint8_t, void*) {
-    Call* call = callOf(s, frame->hd.stream_id);
-    if (call == nullptr) return 0;
+  // Calls are found through `calls` only: a cancelled call is gone from it at once, while
+  // nghttp2 may still deliver the rest of a header block for its stream.
+  static int onHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name, size_t namelen,
+                      const uint8_t* value, size_t valuelen, uint8_t, void* ud) {
+    auto* impl = static_cast<Impl*>(ud);
+    auto it = impl->calls.find(frame->hd.stream_id);
+    if (it == impl->calls.end()) return 0;
+    Call* call = it->second.get();
     call->header_bytes += namelen + valuelen;
     if (call->header_bytes > kMaxHeaderBytes) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     std::string_view n(reinterpret_cast<const char*>(name), namelen);
@@ -320,7 +328,12 @@ struct AgentClient::Impl {
       }
       return 0;
     }
-    if (error_code != 0 && call->status == 0) {
+    if (call->source_error) {
+      call->complete(*call->source_error);
+      return 0;
+    }
+    // A reset after a 200 means a truncated body: never report it as success.
+    if (error_code != 0) {
       call->complete(makeError(ErrorCode::kUnavailable,
                                std::string("agent reset the stream: ") + nghttp2_http2_strerror(error_code)));
       return 0;
@@ -376,6 +389,11 @@ struct AgentClient::Impl {
       }
       for (auto& fn : batch) fn();
       if (!dead) flushOut();
+      // A protocol error makes nghttp2 queue GOAWAY and stop reading; notice it now, not when
+      // some later event happens to wake the loop.
+      if (!dead && nghttp2_session_want_read(session) == 0 && nghttp2_session_want_write(session) == 0) {
+        fail("session ended by the guest");
+      }
 
       auto now = Clock::now();
       Clock::time_point next = Clock::time_point::max();
@@ -387,9 +405,10 @@ struct AgentClient::Impl {
       for (auto& call : expired) cancel(call, makeError(ErrorCode::kDeadlineExceeded, "agent call timed out"));
       if (!expired.empty()) continue;
 
-      pollfd fds[2] = {{wake.get(), POLLIN, 0}, {fd.get(), static_cast<short>(dead ? 0 : POLLIN), 0}};
+      // A dead connection is not polled at all: POLLHUP would be reported forever.
+      pollfd fds[2] = {{wake.get(), POLLIN, 0}, {dead ? -1 : fd.get(), POLLIN, 0}};
       if (!dead && out_off < out.size()) fds[1].events |= POLLOUT;
-      int timeout = next == Clock::time_point::max() ? -1 : pollTimeoutMs(next) + 1;
+      int timeout = next == Clock::time_point::max() ? -1 : pollTimeoutMs(next) + 1;  // clamped, no overflow
       int rc = poll(fds, 2, timeout);
       if (rc < 0 && errno == EINTR) continue;
       if (fds[0].revents & POLLIN) {
@@ -416,17 +435,23 @@ struct AgentClient::Impl {
           break;
         }
       }
-      if (!dead && nghttp2_session_want_read(session) == 0 && nghttp2_session_want_write(session) == 0) {
-        fail("session ended by the guest");
-      }
     }
     fail("client closed");
+    // Calls posted but never submitted: submit() sees `dead` and fails each of them.
+    std::vector<std::function<void()>> rest;
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex);
+      rest.swap(queue);
+    }
+    for (auto& fn : rest) fn();
   }
 };
 
 void Call::cancel() {
+  auto owner = impl.lock();
+  if (!owner || done()) return;  // the client is gone (and failed every call) or it ended
   auto self = shared_from_this();
-  impl->post([self] { self->impl->cancel(self, makeError(ErrorCode::kCanceled, "stream canceled")); });
+  owner->post([owner, self] { owner->cancel(self, makeError(ErrorCode::kCanceled, "stream canceled")); });
 }
 
 Result<std::unique_ptr<AgentClient>> AgentClient::connect(UniqueFd fd, Clock::time_point deadline,
@@ -471,13 +496,17 @@ Result<std::unique_ptr<AgentClient>> AgentClient::connect(UniqueFd fd, Clock::ti
   std::unique_ptr<AgentClient> client(new AgentClient());
   Json info = Json::parse(match->payload, nullptr, false);
   if (!info.is_object()) return makeError(ErrorCode::kUnavailable, "agent handshake carries malformed info");
+  auto text = [&info](const char* key) {
+    auto it = info.find(key);
+    return it != info.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
   client->info_.raw = info;
-  client->info_.version = info.value("version", "");
-  client->info_.kernel = info.value("kernel", "");
-  client->info_.hostname = info.value("hostname", "");
+  client->info_.version = text("version");
+  client->info_.kernel = text("kernel");
+  client->info_.hostname = text("hostname");
   if (info.contains("uptime") && info["uptime"].is_number()) client->info_.uptime_s = info["uptime"].get<double>();
 
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_shared<Impl>();
   impl->fd = std::move(fd);
   impl->wake = UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   nghttp2_session_callbacks* cbs = nullptr;
@@ -511,34 +540,54 @@ Result<std::unique_ptr<AgentClient>> AgentClient::connect(UniqueFd fd, Clock::ti
 }
 
 AgentClient::~AgentClient() {
-  if (impl_) {
+  if (impl_ && impl_->thread.joinable()) {
     impl_->stopping = true;
     impl_->post([] {});
     impl_->thread.join();
   }
 }
 
+std::unique_ptr<AgentClient> AgentClient::disconnected(const std::string& reason) {
+  std::unique_ptr<AgentClient> client(new AgentClient());
+  client->impl_ = std::make_shared<Impl>();
+  client->impl_->dead = true;
+  client->impl_->dead_reason = reason;
+  return client;
+}
+
 bool AgentClient::alive() const { return !impl_->dead; }
 
 namespace {
 
-std::shared_ptr<Call> newCall(AgentClient::Impl* impl, Call::Kind kind, std::string path, const CallOptions& options) {
+constexpr std::chrono::milliseconds kMaxTimeout = std::chrono::hours(24 * 100);
+
+std::shared_ptr<Call> newCall(const std::shared_ptr<AgentClient::Impl>& impl, Call::Kind kind, std::string path,
+                              const CallOptions& options) {
   auto call = std::make_shared<Call>();
   call->kind = kind;
   call->impl = impl;
   call->path = std::move(path);
   call->user = options.user;
-  if (options.timeout.count() > 0) call->deadline = Clock::now() + options.timeout;
+  if (options.timeout.count() > 0) call->deadline = Clock::now() + std::min(options.timeout, kMaxTimeout);
   return call;
+}
+
+// Starts `call` on the client's I/O thread, or fails it at once if the client is disconnected.
+void start(const std::shared_ptr<AgentClient::Impl>& impl, const std::shared_ptr<Call>& call) {
+  if (!impl->thread.joinable()) {
+    call->complete(makeError(ErrorCode::kUnavailable, "agent channel: " + impl->dead_reason));
+    return;
+  }
+  impl->post([impl, call] { impl->submit(call); });
 }
 
 }  // namespace
 
 Result<Json> AgentClient::call(const std::string& method, const Json& request, const CallOptions& options) {
-  auto call = newCall(impl_.get(), Call::Kind::kUnary, method, options);
+  auto call = newCall(impl_, Call::Kind::kUnary, method, options);
   call->content_type = "application/json";
   call->req_body = request.dump(-1, ' ', false, Json::error_handler_t::replace);
-  impl_->post([impl = impl_.get(), call] { impl->submit(call); });
+  start(impl_, call);
   auto st = call->waitDone(std::nullopt);
   if (!st.ok()) return st.error();
   return std::move(call->value);
@@ -546,21 +595,21 @@ Result<Json> AgentClient::call(const std::string& method, const Json& request, c
 
 std::shared_ptr<AgentStream> AgentClient::stream(const std::string& method, const Json& request,
                                                  const CallOptions& options, MessageFn on_message, EndFn on_end) {
-  auto call = newCall(impl_.get(), Call::Kind::kStream, method, options);
+  auto call = newCall(impl_, Call::Kind::kStream, method, options);
   call->content_type = "application/connect+json";
   call->req_body = encodeEnvelope(0, request.dump(-1, ' ', false, Json::error_handler_t::replace));
-  if (options.timeout.count() > 0) call->timeout_header = options.timeout;
+  if (options.timeout.count() > 0) call->timeout_header = std::min(options.timeout, kMaxTimeout);
   call->on_message = std::move(on_message);
   call->on_end = std::move(on_end);
-  impl_->post([impl = impl_.get(), call] { impl->submit(call); });
+  start(impl_, call);
   return call;
 }
 
 Result<Json> AgentClient::upload(const std::string& path, UploadSource source, const CallOptions& options) {
-  auto call = newCall(impl_.get(), Call::Kind::kUpload, "/files?path=" + percentEncode(path), options);
+  auto call = newCall(impl_, Call::Kind::kUpload, "/files?path=" + percentEncode(path), options);
   call->content_type = "application/octet-stream";
   call->source = std::move(source);
-  impl_->post([impl = impl_.get(), call] { impl->submit(call); });
+  start(impl_, call);
   auto st = call->waitDone(std::nullopt);
   if (!st.ok()) return st.error();
   return std::move(call->value);
@@ -581,9 +630,9 @@ Result<Json> AgentClient::upload(const std::string& path, std::string data, cons
 }
 
 Status AgentClient::download(const std::string& path, DownloadSink sink, const CallOptions& options) {
-  auto call = newCall(impl_.get(), Call::Kind::kDownload, "/files?path=" + percentEncode(path), options);
+  auto call = newCall(impl_, Call::Kind::kDownload, "/files?path=" + percentEncode(path), options);
   call->sink = std::move(sink);
-  impl_->post([impl = impl_.get(), call] { impl->submit(call); });
+  start(impl_, call);
   return call->waitDone(std::nullopt);
 }
 

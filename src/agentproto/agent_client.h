@@ -55,6 +55,9 @@ class AgentClient {
 
   static Result<std::unique_ptr<AgentClient>> connect(UniqueFd fd, Clock::time_point deadline,
                                                       const HandshakeWatch& watch = {});
+  // A client whose every call fails with `unavailable` (e.g. after a failed reconnect), so
+  // holders of a client reference never hold a dangling one.
+  static std::unique_ptr<AgentClient> disconnected(const std::string& reason);
   ~AgentClient();
   AgentClient(const AgentClient&) = delete;
   AgentClient& operator=(const AgentClient&) = delete;
@@ -84,7 +87,7 @@ class AgentClient {
 
  private:
   AgentClient() = default;
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;  // shared with stream handles, which may outlive the client
   AgentInfo info_;
 };
 

@@ -70,7 +70,7 @@ Result<CommandResult> runCommand(AgentClient& agent, const CommandSpec& spec, si
   std::mutex m;
   std::condition_variable cv;
   CommandResult result;
-  bool got_start = false, got_end = false;
+  bool got_start = false, got_end = false, stream_over = false;
   std::optional<Error> failure;
   CallOptions options;
   options.user = spec.user;
@@ -111,7 +111,11 @@ Result<CommandResult> runCommand(AgentClient& agent, const CommandSpec& spec, si
           default: break;
         }
       },
-      [&](const Status&) { cv.notify_all(); });
+      [&](const Status&) {
+        std::lock_guard<std::mutex> lock(m);
+        stream_over = true;
+        cv.notify_all();
+      });
   // The callbacks above use this frame: whatever way we leave, the stream must be over first.
   struct EndStreamOnExit {
     std::shared_ptr<AgentStream> stream;
@@ -120,10 +124,13 @@ Result<CommandResult> runCommand(AgentClient& agent, const CommandSpec& spec, si
       (void)stream->wait(std::chrono::hours(1));
     }
   } guard{stream};
+  // A zero timeout means "no deadline", as for the stream itself.
+  const auto wait_limit =
+      spec.timeout.count() > 0 ? spec.timeout + std::chrono::seconds(5) : std::chrono::hours(24 * 100);
   if (spec.stdin_data) {
     {
       std::unique_lock<std::mutex> lock(m);
-      cv.wait_for(lock, spec.timeout, [&] { return got_start || stream->done(); });
+      cv.wait_for(lock, wait_limit, [&] { return got_start || stream_over; });
     }
     if (got_start) {
       Json pid_sel{{"pid", result.pid}};
@@ -136,7 +143,7 @@ Result<CommandResult> runCommand(AgentClient& agent, const CommandSpec& spec, si
       if (!closed.ok()) return closed.error();
     }
   }
-  auto end = stream->wait(spec.timeout + std::chrono::seconds(5));
+  auto end = stream->wait(wait_limit);
   if (!end.ok()) return end.error();
   std::lock_guard<std::mutex> lock(m);
   if (failure) return *failure;

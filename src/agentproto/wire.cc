@@ -81,8 +81,8 @@ Status EnvelopeDecoder::checkHeader() const {
 }
 
 Status EnvelopeDecoder::feed(std::string_view bytes) {
-  if (pos_ > 0 && pos_ == buf_.size()) {
-    buf_.clear();
+  if (pos_ > 0) {  // drop what next() already handed out, so the buffer holds one envelope at most
+    buf_.erase(0, pos_);
     pos_ = 0;
   }
   buf_.append(bytes);

@@ -80,6 +80,7 @@ class EnvelopeDecoder {
   Status feed(std::string_view bytes);
   Result<std::optional<Envelope>> next();
   bool midMessage() const { return pos_ < buf_.size(); }
+  size_t bufferedBytes() const { return buf_.size(); }
 
  private:
   Status checkHeader() const;

@@ -26,8 +26,10 @@ void UniqueFd::reset(int fd) {
 }
 
 int pollTimeoutMs(Clock::time_point deadline) {
+  if (deadline == Clock::time_point::max()) return 1 << 30;
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return left < 0 ? 0 : static_cast<int>(left);
+  if (left < 0) return 0;
+  return left > (1 << 30) ? (1 << 30) : static_cast<int>(left);
 }
 
 Result<UniqueFd> connectUnix(const std::string& path, Clock::time_point deadline) {

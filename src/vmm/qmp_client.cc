@@ -57,6 +57,7 @@ Result<std::optional<QmpClient::Message>> QmpClient::handleLine(const std::strin
   auto msg = parseMessage(line);
   if (!msg.ok()) return msg.error();
   if (msg->kind == Message::Kind::kEvent) {
+    if (events_.size() >= kMaxQueuedEvents) events_.pop_front();  // nobody is reading them: keep the newest
     events_.push_back(QmpEvent{msg->body["name"].get<std::string>(), msg->body["data"]});
     return std::optional<Message>();
   }
@@ -70,6 +71,8 @@ Result<json> QmpClient::execute(const std::string& command, const json& argument
   if (!arguments.is_null()) request["arguments"] = arguments;
   SPACE_TRY(writeAll(fd_.get(), request.dump() + "\n", deadline));
   while (true) {
+    // Checked here too: a QEMU that keeps sending events must not stretch the call.
+    if (Clock::now() > deadline) return makeError(ErrorCode::kDeadlineExceeded, "QMP " + command + ": timed out");
     auto line = reader_.readLine(deadline);
     if (!line.ok()) return makeError(line.error().code, "QMP " + command + ": " + line.error().message);
     auto handled = handleLine(line.value());
@@ -77,8 +80,11 @@ Result<json> QmpClient::execute(const std::string& command, const json& argument
     const std::optional<Message>& reply = handled.value();
     if (!reply || reply->id != json(id)) continue;  // an event, or a stale reply
     if (reply->kind == Message::Kind::kError) {
-      return makeError(ErrorCode::kUnavailable,
-                       "QMP " + command + " failed: " + reply->body.value("desc", std::string("unknown error")));
+      auto desc = reply->body.find("desc");
+      return makeError(
+          ErrorCode::kUnavailable,
+          "QMP " + command + " failed: " +
+              (desc != reply->body.end() && desc->is_string() ? desc->get<std::string>() : "unknown error"));
     }
     return reply->body;
   }

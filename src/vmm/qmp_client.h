@@ -23,6 +23,7 @@ struct QmpEvent {
 class QmpClient {
  public:
   static constexpr size_t kMaxMessageBytes = 1 << 20;
+  static constexpr size_t kMaxQueuedEvents = 256;
 
   // Connects (retrying until the socket appears), reads the greeting, enables commands.
   static Result<QmpClient> connect(const std::string& socket_path, Clock::time_point deadline);

@@ -139,12 +139,20 @@ Status Vm::waitForAgent(Clock::time_point spawned_at, Clock::time_point deadline
 
 Status Vm::reconnectAgent(milliseconds timeout) {
   if (!processRunning()) return makeError(ErrorCode::kUnavailable, "VM is not running");
-  agent_.reset();
+  // QEMU serves one connection on the port at a time: the old one must go first. Until a new
+  // one works, agent() is a disconnected client whose calls fail cleanly.
+  agent_ = agentproto::AgentClient::disconnected("reconnecting");
   auto deadline = Clock::now() + timeout;
   auto fd = connectUnix(paths_.agent_socket, deadline);
-  if (!fd.ok()) return fd.error();
+  if (!fd.ok()) {
+    agent_ = agentproto::AgentClient::disconnected("reconnect failed: " + fd.error().message);
+    return fd.error();
+  }
   auto agent = agentproto::AgentClient::connect(std::move(fd.value()), deadline);
-  if (!agent.ok()) return agent.error();
+  if (!agent.ok()) {
+    agent_ = agentproto::AgentClient::disconnected("reconnect failed: " + agent.error().message);
+    return agent.error();
+  }
   agent_ = std::move(agent.value());
   return okStatus();
 }

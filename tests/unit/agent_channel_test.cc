@@ -68,6 +68,24 @@ class ChannelTest : public testing::Test {
                            s->send(Json{{"blob", std::string(AgentClient::kMaxEnvelope + 10, 'x')}});
                            s->finish();
                          });
+    router_.download(
+        [](const std::string& path,
+           const agent::CallContext&) -> std::variant<std::unique_ptr<agent::DownloadSource>, agent::RpcError> {
+          // Announces 100000 bytes, fails after 1000 (a disk error mid-read).
+          struct Failing : agent::DownloadSource {
+            size_t sent = 0;
+            uint64_t size() const override { return 100000; }
+            std::variant<size_t, agent::RpcError> read(char* out, size_t max) override {
+              if (sent >= 1000) return agent::rpcError(agent::RpcCode::kInternal, "I/O error");
+              size_t n = std::min<size_t>(max, 1000 - sent);
+              memset(out, 'd', n);
+              sent += n;
+              return n;
+            }
+          };
+          if (path != "failing") return agent::rpcError(agent::RpcCode::kNotFound, "no " + path);
+          return std::make_unique<Failing>();
+        });
     router_.serverStream("/test.Test/Forever",
                          [this](const Json&, const agent::CallContext&, std::shared_ptr<agent::ServerStream> s) {
                            s->send(Json{{"started", true}});
@@ -118,6 +136,61 @@ TEST_F(ChannelTest, HandshakeUnaryErrorsAndStreams) {
   ASSERT_TRUE(s->wait(milliseconds(5000)).ok());
   ASSERT_EQ(got.size(), 100u);
   EXPECT_EQ(got[99], 99);
+}
+
+TEST_F(ChannelTest, TruncatedDownloadIsAnErrorNotShortData) {
+  AgentThread agent(fds_[0], router_);
+  auto client = connectClient();
+  ASSERT_TRUE(client);
+  auto r = client->download("failing", 1 << 20);
+  ASSERT_FALSE(r.ok()) << "got " << r.value().size() << " bytes as if complete";
+  auto missing = client->download("other", 1 << 20);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code, ErrorCode::kNotFound);
+}
+
+TEST_F(ChannelTest, StreamHandleOutlivesItsClient) {
+  AgentThread agent(fds_[0], router_);
+  auto client = connectClient();
+  ASSERT_TRUE(client);
+  auto s = client->stream("/test.Test/Forever", Json::object(), {milliseconds(0), ""}, nullptr, nullptr);
+  client.reset();  // fails the stream
+  EXPECT_FALSE(s->wait(milliseconds(5000)).ok());
+  s->cancel();  // must be harmless now
+  held_.reset();
+}
+
+TEST_F(ChannelTest, DisconnectedClientFailsCallsAtOnce) {
+  auto client = AgentClient::disconnected("test");
+  auto r = client->call("/test.Test/Echo", Json::object());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::kUnavailable);
+  auto s = client->stream("/test.Test/Count", Json::object(), {milliseconds(1000), ""}, nullptr, nullptr);
+  EXPECT_FALSE(s->wait(milliseconds(1000)).ok());
+}
+
+TEST_F(ChannelTest, MalformedHandshakeInfoIsTolerated) {
+  std::thread guest([fd = fds_[0]] {
+    char buf[64 << 10];
+    std::string seen;
+    while (seen.find('\n') == std::string::npos) {
+      ssize_t n = read(fd, buf, sizeof buf);
+      if (n <= 0) return;
+      seen.append(buf, static_cast<size_t>(n));
+    }
+    size_t at = seen.find("SPACE-HELLO ");
+    std::string nonce = seen.substr(at + 12, seen.find('\n', at) - at - 12);
+    std::string answer = agentproto::makeOlleh(nonce, R"({"version":1,"kernel":[],"uptime":"x"})");
+    (void)!send(fd, answer.data(), answer.size(), MSG_NOSIGNAL);
+    while (read(fd, buf, sizeof buf) > 0) {
+    }
+  });
+  auto client = connectClient();
+  ASSERT_TRUE(client);
+  EXPECT_EQ(client->info().version, "");
+  client.reset();
+  shutdown(fds_[0], SHUT_RDWR);
+  guest.join();
 }
 
 TEST_F(ChannelTest, ManyConcurrentCallsShareTheConnection) {

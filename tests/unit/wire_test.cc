@@ -97,6 +97,26 @@ TEST(Envelope, RejectsOversizedAndCompressedBeforeBuffering) {
   EXPECT_FALSE(c.feed(encodeEnvelope(kEnvelopeCompressed, "{}")).ok());
 }
 
+TEST(Envelope, BufferStaysBoundedWhenChunksSplitEnvelopes) {
+  EnvelopeDecoder d;
+  std::string one = encodeEnvelope(0, std::string(100, 'x'));
+  std::string stream;
+  for (int i = 0; i < 2000; ++i) stream += one;
+  // Feed in 77-byte chunks, so nearly every chunk ends inside an envelope.
+  size_t taken = 0;
+  for (size_t off = 0; off < stream.size(); off += 77) {
+    ASSERT_TRUE(d.feed(std::string_view(stream).substr(off, 77)).ok());
+    while (true) {
+      auto e = d.next();
+      ASSERT_TRUE(e.ok());
+      if (!e.value()) break;
+      ++taken;
+    }
+    ASSERT_LE(d.bufferedBytes(), one.size() + 77);
+  }
+  EXPECT_EQ(taken, 2000u);
+}
+
 TEST(Envelope, SurvivesRandomGarbage) {
   std::mt19937 rng(42);
   for (int round = 0; round < 200; ++round) {
