@@ -30,6 +30,7 @@ os_dir=$SPACE_IMAGE_CACHE/os-$os_hash
 mkdir -p "$SPACE_IMAGE_CACHE/logs"
 lock_kind rootfs os
 if [[ -d $os_dir/tree ]]; then
+  touch "$os_dir"  # recently used: pruning keeps it
   phase os "cached: $os_dir"
 else
   mirror=$(host_mirror)
@@ -55,19 +56,26 @@ else
 fi
 
 # ---- stage 2: the bootable image = OS tree + SPACE guest files (the agent is PID 1)
-agent_bin=${SPACE_AGENT_BIN:-}
-[[ -n $agent_bin && -x $agent_bin ]] || die "SPACE_AGENT_BIN must name the built space-agent (make build first)"
-readelf -l "$agent_bin" | grep -q INTERP && die "$agent_bin is not statically linked"
+agent_src=${SPACE_AGENT_BIN:-}
+[[ -n $agent_src && -x $agent_src ]] || die "SPACE_AGENT_BIN must name the built space-agent (make build first)"
+readelf -l "$agent_src" | grep -q INTERP && die "$agent_src is not statically linked"
+# The image carries (and the hash covers) the stripped binary: debug info differs between
+# checkouts even when the code does not.
+agent_dir=$(mktemp -d)
+trap 'rm -rf "$agent_dir"' EXIT
+agent_bin=$agent_dir/space-agent
+strip -o "$agent_bin" "$agent_src"
 guest_files=("$agent_bin")
 hash=$(printf 'os %s\n' "$os_hash" | recipe_hash "${guest_files[@]}" "$0")
 dest=$SPACE_IMAGE_CACHE/rootfs-$hash
 if [[ -f $dest/rootfs.ext4 ]]; then
+  touch "$dest"  # recently used: pruning keeps it
   phase rootfs "cached: $dest"
   echo "$dest"
   exit 0
 fi
 work=$(make_workdir rootfs)
-trap 'remove_workdir "$work"' EXIT
+trap 'remove_workdir "$work"; rm -rf "$agent_dir"' EXIT
 log=$SPACE_IMAGE_CACHE/logs/rootfs-$hash.log
 : >"$log"
 phase rootfs "building rootfs-$hash (log: $log)"
@@ -75,7 +83,7 @@ phase rootfs "building rootfs-$hash (log: $log)"
 # cached tree itself is never modified.
 run_step rootfs "assemble tree" "$log" cp -al "$os_dir/tree" "$work/tree"
 rm -f "$work/tree/sbin/space-agent"
-install -m 0755 -s "$agent_bin" "$work/tree/sbin/space-agent"
+install -m 0755 "$agent_bin" "$work/tree/sbin/space-agent"
 used_mib=$(du -sm "$work/tree" | cut -f1)
 size_mib=$((used_mib * 3 / 2 + 1024))
 mkdir "$work/out"

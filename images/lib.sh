@@ -58,11 +58,20 @@ make_workdir() {
 }
 
 # publish WORKDIR DEST: fsync the finished artifact and rename it into place.
+# Then keeps only the newest few entries of that kind, so every agent rebuild does not leave
+# another image behind.
 publish() {
   sync -f "$1" 2>/dev/null || sync
   rm -rf "$2"
   mv -T "$1" "$2"
   sync -f "$SPACE_IMAGE_CACHE" 2>/dev/null || true
+  local kind
+  kind=$(basename "$2")
+  kind=${kind%-*}
+  case $kind in
+    rootfs) prune_kind rootfs 4 ;;
+    *) prune_kind "$kind" 2 ;;
+  esac
 }
 
 # lock_kind KIND [KIND...]: one build of a kind at a time (a second `make` waits for the first, then finds
@@ -78,6 +87,19 @@ lock_kind() {
   for kind in "$@"; do
     find "$SPACE_IMAGE_CACHE" -maxdepth 1 -name ".tmp-$kind-*" -exec rm -rf --one-file-system {} + 2>/dev/null || true
   done
+}
+
+# prune_kind KIND KEEP: keeps the KEEP most recently published or used (mtime) KIND-<hash>
+# entries and removes the rest. Runs under the kind's lock. A VM still running from a removed
+# image keeps its open file; new VMs use the current links.
+prune_kind() {
+  local kind=$1 keep=$2 old
+  old=$(find "$SPACE_IMAGE_CACHE" -maxdepth 1 -type d -name "$kind-*" -printf '%T@ %p\n' | sort -rn | tail -n +$((keep + 1)) | cut -d' ' -f2-)
+  [[ -z $old ]] && return 0
+  while IFS= read -r dir; do
+    phase "$kind" "pruning old $(basename "$dir")"
+    rm -rf --one-file-system "$dir"
+  done <<<"$old"
 }
 
 # remove_workdir DIR: never follows into a mount left inside a build tree (e.g. a bind of /dev).
