@@ -380,7 +380,7 @@ TEST_F(ListDirTest, Errors) {
 
 TEST_F(ListDirTest, ResultIsBounded) {
   const std::string big = tree_ + "/big";
-  if (!mountTmpfs(big, "mode=0755")) GTEST_SKIP() << "cannot mount tmpfs: " << std::strerror(errno);
+  ASSERT_TRUE(mountTmpfs(big, "mode=0755")) << "cannot mount tmpfs (tests run as root): " << std::strerror(errno);
   ASSERT_EQ(mkdir((big + "/d").c_str(), 0755), 0);
   for (size_t i = 0; i < FsService::kMaxListEntries; ++i) {  // with "d": one too many
     const int fd = open((big + "/d/" + std::to_string(i)).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
@@ -487,7 +487,7 @@ TEST_F(FsServiceTest, RemoveFilesAndTrees) {
 TEST_F(FsServiceTest, RemoveDoesNotCrossMounts) {
   ok("MakeDir", {{"path", "t/mnt"}});
   writeFile(home_ + "/t/plain", "p");
-  if (!mountTmpfs(home_ + "/t/mnt", "size=64k")) GTEST_SKIP() << "cannot mount tmpfs: " << std::strerror(errno);
+  ASSERT_TRUE(mountTmpfs(home_ + "/t/mnt", "size=64k")) << "cannot mount tmpfs (tests run as root): " << std::strerror(errno);
   writeFile(home_ + "/t/mnt/precious", "keep me");
 
   auto r = call("Remove", {{"path", home_ + "/t"}}, "root");
@@ -621,9 +621,8 @@ TEST_F(FsServiceTest, UploadOntoDirectoryIsInvalid) {
 
 TEST_F(FsServiceTest, UploadOnFullDiskIsResourceExhaustedAndKeepsOldFile) {
   const std::string small = root_ + "/small";
-  if (!mountTmpfs(small, "size=64k,mode=0755,uid=1000,gid=1000")) {
-    GTEST_SKIP() << "cannot mount tmpfs: " << std::strerror(errno);
-  }
+  ASSERT_TRUE(mountTmpfs(small, "size=64k,mode=0755,uid=1000,gid=1000"))
+      << "cannot mount tmpfs (tests run as root): " << std::strerror(errno);
   writeFile(small + "/data.txt", "previous content");
   ASSERT_EQ(chown((small + "/data.txt").c_str(), kUserUid, kUserGid), 0);
 
@@ -834,9 +833,9 @@ TEST_F(FsServiceTest, RecursiveWatchIsBounded) {
 TEST_F(FsServiceTest, WatchOverflowEndsTheStream) {
   long max_queued = 0;
   std::ifstream("/proc/sys/fs/inotify/max_queued_events") >> max_queued;
-  if (max_queued <= 0 || max_queued > 200000) GTEST_SKIP() << "max_queued_events is " << max_queued;
+  ASSERT_TRUE(max_queued > 0 && max_queued <= 200000) << "unusual fs.inotify.max_queued_events: " << max_queued;
   const std::string dir = home_ + "/flood";
-  if (!mountTmpfs(dir, "mode=0755")) GTEST_SKIP() << "cannot mount tmpfs: " << std::strerror(errno);
+  ASSERT_TRUE(mountTmpfs(dir, "mode=0755")) << "cannot mount tmpfs (tests run as root): " << std::strerror(errno);
   // The host is not reading, so the agent leaves the events in the kernel queue until it overflows.
   auto stream = watch({{"path", dir}}, "", ServerStream::kHighWater + 1);
   ASSERT_FALSE(stream->finished);
