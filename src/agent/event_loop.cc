@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -80,7 +81,7 @@ void EventLoop::run() {
     int timeout = -1;
     if (!timers_.empty()) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(timers_.begin()->first - Clock::now()).count();
-      timeout = left < 0 ? 0 : static_cast<int>(left) + 1;
+      timeout = left < 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30)) + 1;
     }
     int n = epoll_wait(epfd_, events.data(), static_cast<int>(events.size()), timeout);
     if (n < 0 && errno != EINTR) {

@@ -1095,9 +1095,11 @@ UnaryResult FsService::makeDir(const Json& request, const CallContext& ctx) {
     const int mkdir_err = errno;
     struct stat st {};
     if (mkdir_err == EEXIST) {
+      // envd: an existing directory is already_exists (the SDK answers false); anything else
+      // in the way is invalid_argument (the SDK throws).
       const bool dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-      return fsError(RpcCode::kAlreadyExists,
-                     dir ? "directory " + path + " already exists" : path + " already exists and is not a directory");
+      if (!dir) return fsError(RpcCode::kInvalidArgument, path + " already exists and is not a directory");
+      return fsError(RpcCode::kAlreadyExists, "directory " + path + " already exists");
     }
     return errnoError("mkdir", path, mkdir_err);
   }
@@ -1136,7 +1138,10 @@ UnaryResult FsService::remove(const Json& request, const CallContext& ctx) {
   if (creds.error()) return *creds.error();
 
   struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) return errnoError("remove", path, errno);
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Json::object();  // envd removes like RemoveAll: nothing there is success
+    return errnoError("remove", path, errno);
+  }
   if (!S_ISDIR(st.st_mode)) {
     if (::unlink(path.c_str()) != 0) return errnoError("remove", path, errno);
     return Json::object();

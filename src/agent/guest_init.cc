@@ -7,6 +7,7 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/reboot.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -45,6 +46,10 @@ void bringUpLoopback() {
 
 void initGuest() {
   umask(022);
+  // The agent holds fds for every process it runs (pipes, PTYs) and every watch; the kernel's
+  // default of 1024 for PID 1 would run out long before its process limit.
+  rlimit files{65536, 65536};
+  if (setrlimit(RLIMIT_NOFILE, &files) != 0) fprintf(stderr, "space-agent: RLIMIT_NOFILE: %s\n", strerror(errno));
   mountOne("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
   mountOne("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
   mountOne("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=0755");

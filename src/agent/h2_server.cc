@@ -51,6 +51,31 @@ std::optional<std::string> queryParam(std::string_view query, std::string_view k
   return std::nullopt;
 }
 
+// Parsing JSON builds a DOM; nesting like [[[[...]]]] in a 16 MiB body would cost far more
+// memory than its size. Requests nest a few levels at most, so refuse deep ones before parsing.
+constexpr int kMaxJsonDepth = 64;
+bool jsonNestingWithin(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -69,7 +94,8 @@ class H2StreamResponse : public ServerStream, public std::enable_shared_from_thi
     if (!open()) return;
     Json end = Json::object();
     if (error) end["error"] = {{"code", agentproto::rpcCodeName(error->code)}, {"message", error->message}};
-    queue_ += agentproto::encodeEnvelope(agentproto::kEnvelopeEndStream, end.dump());
+    queue_ += agentproto::encodeEnvelope(agentproto::kEnvelopeEndStream,
+                                         end.dump(-1, ' ', false, Json::error_handler_t::replace));
     endRaw();
   }
   bool open() const override { return session_ != nullptr && !eof_; }
@@ -406,7 +432,12 @@ void H2ServerSession::onHeadersDone(int32_t stream_id, Request& req) {
     return;
   }
   if (auto user = queryParam(req.query, "username")) req.ctx.user = *user;
-  auto sink = router_.uploadHandler()(*path, req.ctx);
+  std::variant<std::unique_ptr<UploadSink>, RpcError> sink = rpcError(RpcCode::kInternal, "upload handler failed");
+  try {
+    sink = router_.uploadHandler()(*path, req.ctx);
+  } catch (const std::exception& e) {
+    sink = rpcError(RpcCode::kInternal, std::string("upload handler failed: ") + e.what());
+  }
   if (auto* err = std::get_if<RpcError>(&sink)) {
     respondError(stream_id, *err);
     return;
@@ -415,6 +446,21 @@ void H2ServerSession::onHeadersDone(int32_t stream_id, Request& req) {
 }
 
 void H2ServerSession::dispatch(int32_t stream_id, Request& req) {
+  // Last line of defence: the agent is PID 1, and an exception escaping a handler would panic
+  // the guest kernel. Handlers are written not to throw; if one does, only its call fails.
+  try {
+    dispatchChecked(stream_id, req);
+  } catch (const std::exception& e) {
+    RpcError err = rpcError(RpcCode::kInternal, std::string("agent handler failed: ") + e.what());
+    if (auto it = responses_.find(stream_id); it != responses_.end()) {
+      it->second->finish(err);
+    } else if (!req.answered) {
+      respondError(stream_id, err);
+    }
+  }
+}
+
+void H2ServerSession::dispatchChecked(int32_t stream_id, Request& req) {
   if (req.path == "/files") {
     if (req.method == "POST") {
       if (!req.upload) return;  // already answered with an error
@@ -458,6 +504,9 @@ void H2ServerSession::dispatch(int32_t stream_id, Request& req) {
   if (req.content_type == "application/json") {
     const auto* handler = router_.findUnary(req.path);
     if (handler == nullptr) return respondError(stream_id, rpcError(RpcCode::kUnimplemented, "no method " + req.path));
+    if (!jsonNestingWithin(req.body, kMaxJsonDepth)) {
+      return respondError(stream_id, rpcError(RpcCode::kInvalidArgument, "request JSON nests too deeply"));
+    }
     Json body = req.body.empty() ? Json::object() : Json::parse(req.body, nullptr, false);
     if (body.is_discarded() || !body.is_object()) {
       return respondError(stream_id, rpcError(RpcCode::kInvalidArgument, "request body is not a JSON object"));
@@ -477,6 +526,9 @@ void H2ServerSession::dispatch(int32_t stream_id, Request& req) {
     auto env = fed.ok() ? decoder.next() : Result<std::optional<agentproto::Envelope>>(fed.error());
     if (!env.ok() || !env.value() || decoder.midMessage()) {
       return r->finish(rpcError(RpcCode::kInvalidArgument, "stream request must be exactly one envelope"));
+    }
+    if (!jsonNestingWithin(env.value()->payload, kMaxJsonDepth)) {
+      return r->finish(rpcError(RpcCode::kInvalidArgument, "request JSON nests too deeply"));
     }
     Json body = Json::parse(env.value()->payload, nullptr, false);
     if (body.is_discarded() || !body.is_object()) {

@@ -53,6 +53,7 @@ class H2ServerSession {
   struct Request;
   friend struct H2Callbacks;
   void dispatch(int32_t stream_id, Request& req);
+  void dispatchChecked(int32_t stream_id, Request& req);
   void onHeadersDone(int32_t stream_id, Request& req);
   void respondJson(int32_t stream_id, int status, const std::string& body);
   void respondError(int32_t stream_id, const RpcError& err);

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
@@ -574,6 +575,9 @@ void ProcessService::start(const Json& request, const CallContext& ctx, const st
     // O_NOCTTY so it does not become the agent's controlling terminal.
     slave.reset(open(name, O_RDWR | O_NOCTTY | O_CLOEXEC));
     if (slave.get() < 0) return sysFail("open pty slave");
+    // The terminal belongs to the user it runs for (as login would set it), so tools that
+    // reopen ttyname() work; group tty (5), mode 0620.
+    if (fchown(slave.get(), user.uid, 5) != 0 || fchmod(slave.get(), 0620) != 0) return sysFail("chown pty slave");
     if (ioctl(master.get(), TIOCSWINSZ, &spec.size) != 0 || !setNonBlocking(master.get())) {
       return sysFail("pty setup");
     }
@@ -634,9 +638,24 @@ void ProcessService::start(const Json& request, const CallContext& ctx, const st
   out_w.reset();
   err_w.reset();
   in_r.reset();
-  // Blocks until exec succeeds (EOF via close-on-exec) or the child reports why it failed.
+  // Waits until exec succeeds (EOF via close-on-exec) or the child reports why it failed. The
+  // wait is bounded: between setuid and exec the child belongs to the user, whose processes
+  // could SIGSTOP it and would otherwise freeze PID 1 here.
   ChildFailure failure{};
-  ssize_t n;
+  ssize_t n = -1;
+  {
+    pollfd p{status_r.get(), POLLIN, 0};
+    int ready;
+    do {
+      ready = poll(&p, 1, static_cast<int>(kExecHandshakeTimeout.count()));
+    } while (ready < 0 && errno == EINTR);
+    if (ready <= 0) {
+      kill(pid, SIGKILL);
+      failed_children_.insert(pid);
+      return fail(rpcError(RpcCode::kInternal, "the child did not reach exec within " +
+                                                   std::to_string(kExecHandshakeTimeout.count()) + " ms"));
+    }
+  }
   do {
     n = read(status_r.get(), &failure, sizeof failure);
   } while (n < 0 && errno == EINTR);

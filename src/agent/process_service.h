@@ -38,6 +38,7 @@ class ProcessService {
   static constexpr size_t kMaxSpecBytes = 1 << 20;              // cmd + args + envs + cwd + tag of a Start
   static constexpr size_t kMaxPendingInput = 8 << 20;           // SendInput bytes not yet taken by the process
   static constexpr std::chrono::milliseconds kExitLinger{200};  // wait for pipe EOF after the exit
+  static constexpr std::chrono::milliseconds kExecHandshakeTimeout{5000};  // fork -> exec, bounded
 
   ProcessService(EventLoop& loop, const UserDb& users);
   ~ProcessService();  // SIGKILLs every process group, finishes attached streams, releases fds

@@ -63,6 +63,13 @@ class ChannelTest : public testing::Test {
                            for (int i = 0; i < n; ++i) s->send(Json{{"i", i}});
                            s->finish();
                          });
+    router_.serverStream("/test.Test/BadUtf8",
+                         [](const Json&, const agent::CallContext&, std::shared_ptr<agent::ServerStream> s) {
+                           s->finish(agent::rpcError(agent::RpcCode::kInvalidArgument, "unknown user \"\xff\xfe\""));
+                         });
+    router_.unary("/test.Test/Throw", [](const Json& req, const agent::CallContext&) -> agent::UnaryResult {
+      return Json{{"n", req.at("missing").get<int>()}};  // throws: a handler bug
+    });
     router_.serverStream("/test.Test/Huge",
                          [](const Json&, const agent::CallContext&, std::shared_ptr<agent::ServerStream> s) {
                            s->send(Json{{"blob", std::string(AgentClient::kMaxEnvelope + 10, 'x')}});
@@ -191,6 +198,29 @@ TEST_F(ChannelTest, MalformedHandshakeInfoIsTolerated) {
   client.reset();
   shutdown(fds_[0], SHUT_RDWR);
   guest.join();
+}
+
+TEST_F(ChannelTest, HandlerBugsAndHostileRequestsFailOnlyTheirCall) {
+  AgentThread agent(fds_[0], router_);
+  auto client = connectClient();
+  ASSERT_TRUE(client);
+  auto s = client->stream("/test.Test/BadUtf8", Json::object(), {milliseconds(5000), ""}, nullptr, nullptr);
+  auto end = s->wait(milliseconds(5000));
+  ASSERT_FALSE(end.ok());
+  EXPECT_EQ(end.error().code, ErrorCode::kInvalidArgument);
+  auto thrown = client->call("/test.Test/Throw", Json::object());
+  ASSERT_FALSE(thrown.ok());
+  EXPECT_EQ(thrown.error().code, ErrorCode::kInternal);
+  Json deep = Json::array();
+  for (int i = 0; i < 200; ++i) {  // well past the agent's nesting limit of 64
+    Json outer = Json::array();
+    outer.push_back(std::move(deep));
+    deep = std::move(outer);
+  }
+  auto nested = client->call("/test.Test/Echo", Json{{"x", deep}});
+  ASSERT_FALSE(nested.ok());
+  EXPECT_EQ(nested.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(client->call("/test.Test/Echo", Json{{"still", "alive"}}).ok());
 }
 
 TEST_F(ChannelTest, ManyConcurrentCallsShareTheConnection) {
