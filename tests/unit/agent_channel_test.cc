@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <thread>
 
 #include "agent/channel.h"
@@ -46,6 +47,25 @@ class AgentThread {
   int stop_fd_;
   std::thread thread_;
 };
+
+// A stand-in for the guest: waits for the host's hello, sends answer(nonce), then reads and
+// discards everything until the host goes away.
+void fakeGuest(int fd, const std::function<std::string(const std::string& nonce)>& answer) {
+  char buf[64 << 10];
+  std::string seen;
+  size_t at = std::string::npos;
+  while (at == std::string::npos || seen.find('\n', at) == std::string::npos) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) return;
+    seen.append(buf, static_cast<size_t>(n));
+    at = seen.find(agentproto::kHelloPrefix);
+  }
+  size_t start = at + agentproto::kHelloPrefix.size();
+  std::string out = answer(seen.substr(start, seen.find('\n', start) - start));
+  (void)!send(fd, out.data(), out.size(), MSG_NOSIGNAL);
+  while (read(fd, buf, sizeof buf) > 0) {
+  }
+}
 
 class ChannelTest : public testing::Test {
  protected:
@@ -177,20 +197,8 @@ TEST_F(ChannelTest, DisconnectedClientFailsCallsAtOnce) {
 }
 
 TEST_F(ChannelTest, MalformedHandshakeInfoIsTolerated) {
-  std::thread guest([fd = fds_[0]] {
-    char buf[64 << 10];
-    std::string seen;
-    while (seen.find('\n') == std::string::npos) {
-      ssize_t n = read(fd, buf, sizeof buf);
-      if (n <= 0) return;
-      seen.append(buf, static_cast<size_t>(n));
-    }
-    size_t at = seen.find("SPACE-HELLO ");
-    std::string nonce = seen.substr(at + 12, seen.find('\n', at) - at - 12);
-    std::string answer = agentproto::makeOlleh(nonce, R"({"version":1,"kernel":[],"uptime":"x"})");
-    (void)!send(fd, answer.data(), answer.size(), MSG_NOSIGNAL);
-    while (read(fd, buf, sizeof buf) > 0) {
-    }
+  std::thread guest(fakeGuest, fds_[0], [](const std::string& nonce) {
+    return agentproto::makeOlleh(nonce, R"({"version":1,"kernel":[],"uptime":"x"})");
   });
   auto client = connectClient();
   ASSERT_TRUE(client);
@@ -271,20 +279,7 @@ TEST_F(ChannelTest, CancelAndClientDropCloseAgentStreams) {
 
 TEST_F(ChannelTest, CallDeadlineWhenTheAgentNeverAnswers) {
   // A "guest" that completes the handshake, then reads and never writes again.
-  std::thread guest([fd = fds_[0]] {
-    char buf[4096];
-    std::string seen;
-    while (seen.find('\n') == std::string::npos) {
-      ssize_t n = read(fd, buf, sizeof buf);
-      if (n <= 0) return;
-      seen.append(buf, static_cast<size_t>(n));
-    }
-    std::string nonce = seen.substr(seen.find(' ') + 1, seen.find('\n') - seen.find(' ') - 1);
-    std::string answer = agentproto::makeOlleh(nonce, "{}");
-    (void)!send(fd, answer.data(), answer.size(), MSG_NOSIGNAL);
-    while (read(fd, buf, sizeof buf) > 0) {
-    }
-  });
+  std::thread guest(fakeGuest, fds_[0], [](const std::string& nonce) { return agentproto::makeOlleh(nonce, "{}"); });
   auto client = connectClient();
   ASSERT_TRUE(client);
   auto start = Clock::now();
@@ -299,18 +294,7 @@ TEST_F(ChannelTest, CallDeadlineWhenTheAgentNeverAnswers) {
 
 // A hostile guest: handshake, then the given bytes.
 void hostileGuest(int fd, std::string payload) {
-  char buf[4096];
-  std::string seen;
-  while (seen.find('\n') == std::string::npos) {
-    ssize_t n = read(fd, buf, sizeof buf);
-    if (n <= 0) return;
-    seen.append(buf, static_cast<size_t>(n));
-  }
-  std::string nonce = seen.substr(seen.find(' ') + 1, seen.find('\n') - seen.find(' ') - 1);
-  std::string out = agentproto::makeOlleh(nonce, "{}") + payload;
-  (void)!send(fd, out.data(), out.size(), MSG_NOSIGNAL);
-  while (read(fd, buf, sizeof buf) > 0) {
-  }
+  fakeGuest(fd, [&payload](const std::string& nonce) { return agentproto::makeOlleh(nonce, "{}") + payload; });
 }
 
 TEST_F(ChannelTest, GarbageFromTheGuestFailsTheClientCleanly) {
