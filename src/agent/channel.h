@@ -29,7 +29,6 @@ class Channel {
   // Re-checks whether a host is attached; called on SIGIO and by a slow safety timer.
   void poke();
 
-  bool connected() const { return state_ != State::kDisconnected; }
   uint64_t sessions() const { return sessions_; }
 
  private:
