@@ -46,7 +46,6 @@ class LineReader {
   Result<FillResult> fill();
   // Blocks until a full line or the deadline.
   Result<std::string> readLine(Clock::time_point deadline);
-  bool hasBufferedLine() const { return buf_.find('\n') != std::string::npos; }
 
  private:
   int fd_;
