@@ -568,7 +568,9 @@ std::shared_ptr<Call> newCall(const std::shared_ptr<AgentClient::Impl>& impl, Ca
   call->impl = impl;
   call->path = std::move(path);
   call->user = options.user;
-  if (options.timeout.count() > 0) call->deadline = Clock::now() + std::min(options.timeout, kMaxTimeout);
+  if (options.timeout.count() > 0) {
+    call->deadline = Clock::now() + std::min(options.timeout, kMaxTimeout) + options.local_grace;
+  }
   return call;
 }
 

@@ -44,6 +44,10 @@ struct HandshakeWatch {
 struct CallOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};  // 0: no deadline (streams only)
   std::string user;                                             // "" = the sandbox default user
+  // How much longer than `timeout` this side waits. The guest enforces `timeout` itself (for
+  // Process/Start it is the process's lifetime): the grace lets its answer, e.g. the end event
+  // of a process it killed at the deadline, arrive before the host gives up.
+  std::chrono::milliseconds local_grace{0};
 };
 
 class AgentStream;

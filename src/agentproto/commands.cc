@@ -75,6 +75,7 @@ Result<CommandResult> runCommand(AgentClient& agent, const CommandSpec& spec, si
   CallOptions options;
   options.user = spec.user;
   options.timeout = spec.timeout;
+  options.local_grace = std::chrono::seconds(5);
   auto stream = agent.stream(
       "/process.Process/Start", startRequest(spec), options,
       [&](const Json& msg) {
@@ -96,7 +97,8 @@ Result<CommandResult> runCommand(AgentClient& agent, const CommandSpec& spec, si
             std::string& sink = ev->kind == ProcessEvent::Kind::kStderr ? result.stderr_data : result.stdout_data;
             if (result.stdout_data.size() + result.stderr_data.size() + ev->data.size() > max_output) {
               failure = makeError(ErrorCode::kResourceExhausted,
-                                  "command output exceeds " + std::to_string(max_output) + " bytes");
+                                  "command output exceeds " + std::to_string(max_output) + " bytes",
+                                  "output_too_large");
             } else {
               sink += ev->data;
             }

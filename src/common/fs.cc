@@ -106,6 +106,14 @@ Result<TempDir> TempDir::create(const std::string& parent, const std::string& pr
   return TempDir(std::string(buf.data()));
 }
 
+Result<TempDir> TempDir::createAt(const std::string& path) {
+  if (::mkdir(path.c_str(), 0700) != 0) {
+    if (errno == EEXIST) return makeError(ErrorCode::kAlreadyExists, path + " already exists");
+    return sysError("mkdir", path);
+  }
+  return TempDir(path);
+}
+
 TempDir& TempDir::operator=(TempDir&& other) noexcept {
   if (this != &other) {
     remove();

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 
 #include "common/result.h"
 
@@ -23,6 +24,10 @@ Result<std::string> readSmallFile(const std::string& path, size_t max_bytes);
 class TempDir {
  public:
   static Result<TempDir> create(const std::string& parent, const std::string& prefix);
+  // Creates exactly `path` (mode 0700; its parent must exist); kAlreadyExists if it does.
+  static Result<TempDir> createAt(const std::string& path);
+  // Takes ownership of an existing directory (e.g. one a previous daemon left running).
+  static TempDir adopt(std::string path) { return TempDir(std::move(path)); }
   TempDir(TempDir&& other) noexcept : path_(std::move(other.path_)) { other.path_.clear(); }
   TempDir& operator=(TempDir&& other) noexcept;
   TempDir(const TempDir&) = delete;
@@ -31,6 +36,8 @@ class TempDir {
 
   const std::string& path() const { return path_; }
   void remove();
+  // Hands the directory over: it is no longer removed by this object.
+  std::string release() { return std::exchange(path_, std::string()); }
 
  private:
   explicit TempDir(std::string path) : path_(std::move(path)) {}

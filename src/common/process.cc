@@ -1,5 +1,7 @@
 #include "common/process.h"
 
+#include "common/fs.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -16,6 +18,7 @@ extern char** environ;
 namespace space {
 
 std::string ExitStatus::describe() const {
+  if (!known) return "exited (status unknown: not our child)";
   if (signaled) return "killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
   return "exited with code " + std::to_string(exit_code);
 }
@@ -76,10 +79,22 @@ Result<ChildProcess> ChildProcess::spawn(const std::vector<std::string>& argv, c
     waitpid(pid, nullptr, 0);
     return makeError(ErrorCode::kInternal, std::string("pidfd_open: ") + strerror(err));
   }
-  return ChildProcess(pid, pidfd);
+  return ChildProcess(pid, pidfd, false);
 }
 
-ChildProcess::ChildProcess(ChildProcess&& other) noexcept : pid_(other.pid_), pidfd_(other.pidfd_), exit_(other.exit_) {
+Result<ChildProcess> ChildProcess::adopt(pid_t pid) {
+  if (pid <= 0) return makeError(ErrorCode::kInvalidArgument, "adopt: bad pid " + std::to_string(pid));
+  int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) {
+    int err = errno;
+    if (err == ESRCH) return makeError(ErrorCode::kNotFound, "process " + std::to_string(pid) + " is gone");
+    return makeError(ErrorCode::kInternal, "pidfd_open " + std::to_string(pid) + ": " + strerror(err));
+  }
+  return ChildProcess(pid, pidfd, true);
+}
+
+ChildProcess::ChildProcess(ChildProcess&& other) noexcept
+    : pid_(other.pid_), pidfd_(other.pidfd_), adopted_(other.adopted_), exit_(other.exit_) {
   other.pid_ = -1;
   other.pidfd_ = -1;
 }
@@ -89,6 +104,7 @@ ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
     release();
     pid_ = other.pid_;
     pidfd_ = other.pidfd_;
+    adopted_ = other.adopted_;
     exit_ = other.exit_;
     other.pid_ = -1;
     other.pidfd_ = -1;
@@ -105,8 +121,28 @@ void ChildProcess::release() {
   pid_ = -1;
 }
 
+void ChildProcess::disown() {
+  if (pidfd_ >= 0) close(pidfd_);
+  pidfd_ = -1;
+  pid_ = -1;
+}
+
+bool ChildProcess::pidfdReadable(std::chrono::milliseconds timeout) {
+  pollfd p{pidfd_, POLLIN, 0};
+  int rc;
+  do {
+    rc = poll(&p, 1, static_cast<int>(timeout.count()));
+  } while (rc < 0 && errno == EINTR);
+  return rc > 0;
+}
+
 std::optional<ExitStatus> ChildProcess::tryWait() {
   if (exit_ || pid_ <= 0) return exit_;
+  if (adopted_) {
+    // Not our child: waitpid cannot see it, but its pidfd turns readable when it exits.
+    if (pidfdReadable(std::chrono::milliseconds(0))) exit_ = ExitStatus{-1, 0, false, false};
+    return exit_;
+  }
   int status = 0;
   pid_t r = waitpid(pid_, &status, WNOHANG);
   if (r == pid_) exit_ = decode(status);
@@ -115,29 +151,60 @@ std::optional<ExitStatus> ChildProcess::tryWait() {
 
 std::optional<ExitStatus> ChildProcess::waitFor(std::chrono::milliseconds timeout) {
   if (auto s = tryWait()) return s;
-  pollfd p{pidfd_, POLLIN, 0};
-  int rc;
-  do {
-    rc = poll(&p, 1, static_cast<int>(timeout.count()));
-  } while (rc < 0 && errno == EINTR);
+  pidfdReadable(timeout);
   return tryWait();
 }
 
 ExitStatus ChildProcess::terminate(std::chrono::milliseconds grace) {
   if (auto s = tryWait()) return *s;
-  ::kill(pid_, SIGTERM);
+  syscall(SYS_pidfd_send_signal, pidfd_, SIGTERM, nullptr, 0);
   if (auto s = waitFor(grace)) return *s;
   return kill();
 }
 
 ExitStatus ChildProcess::kill() {
   if (auto s = tryWait()) return *s;
-  ::kill(pid_, SIGKILL);
+  // Through the pidfd: never signals a stranger that reused the pid.
+  syscall(SYS_pidfd_send_signal, pidfd_, SIGKILL, nullptr, 0);
+  if (adopted_) {
+    // SIGKILL cannot be blocked; the wait only covers the kernel tearing the process down.
+    pidfdReadable(std::chrono::milliseconds(10000));
+    exit_ = ExitStatus{-1, SIGKILL, true, false};
+    return *exit_;
+  }
   int status = 0;
   while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }
   exit_ = decode(status);
   return *exit_;
+}
+
+Result<std::string> processCmdline(pid_t pid) {
+  auto text = readSmallFile("/proc/" + std::to_string(pid) + "/cmdline", 1 << 20);
+  if (!text.ok()) return makeError(ErrorCode::kNotFound, "process " + std::to_string(pid) + " is gone");
+  return text;
+}
+
+Result<std::string> processStartTime(pid_t pid) {
+  auto stat = readSmallFile("/proc/" + std::to_string(pid) + "/stat", 1 << 16);
+  if (!stat.ok()) return makeError(ErrorCode::kNotFound, "process " + std::to_string(pid) + " is gone");
+  // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so count fields from
+  // the last ')'. starttime is field 22, the 20th after it.
+  auto close = stat->rfind(')');
+  if (close == std::string::npos) {
+    return makeError(ErrorCode::kInternal, "unreadable /proc stat of " + std::to_string(pid));
+  }
+  size_t pos = close + 1;
+  for (int field = 0; field < 20; ++field) {
+    pos = stat->find(' ', pos);
+    if (pos == std::string::npos) break;
+    ++pos;
+  }
+  if (pos == std::string::npos) {
+    return makeError(ErrorCode::kInternal, "unreadable /proc stat of " + std::to_string(pid));
+  }
+  auto end = stat->find(' ', pos);
+  return stat->substr(pos, end == std::string::npos ? std::string::npos : end - pos);
 }
 
 }  // namespace space

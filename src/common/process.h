@@ -24,12 +24,16 @@ struct ExitStatus {
   int exit_code = -1;  // valid when !signaled
   int signal = 0;      // valid when signaled
   bool signaled = false;
+  bool known = true;  // false for an adopted process: only its parent learns how it ended
   std::string describe() const;
 };
 
 class ChildProcess {
  public:
   static Result<ChildProcess> spawn(const std::vector<std::string>& argv, const SpawnOptions& options);
+  // Takes charge of a process that is not our child (e.g. one a previous daemon started): it
+  // can be watched (pidfd) and killed, but not reaped; its exit status is unknown.
+  static Result<ChildProcess> adopt(pid_t pid);
 
   ChildProcess(ChildProcess&& other) noexcept;
   ChildProcess& operator=(ChildProcess&& other) noexcept;
@@ -49,16 +53,27 @@ class ChildProcess {
   ExitStatus terminate(std::chrono::milliseconds grace);
   ExitStatus kill();
 
+  // Lets the process run on without us (it is not killed); the handle becomes empty.
+  void disown();
+
   bool reaped() const { return exit_.has_value(); }
   const std::optional<ExitStatus>& exitStatus() const { return exit_; }
 
  private:
-  ChildProcess(pid_t pid, int pidfd) : pid_(pid), pidfd_(pidfd) {}
+  ChildProcess(pid_t pid, int pidfd, bool adopted) : pid_(pid), pidfd_(pidfd), adopted_(adopted) {}
   void release();
+  bool pidfdReadable(std::chrono::milliseconds timeout);
 
   pid_t pid_ = -1;
   int pidfd_ = -1;
+  bool adopted_ = false;
   std::optional<ExitStatus> exit_;
 };
+
+// The kernel's start time of a process (clock ticks since boot, /proc/<pid>/stat field 22):
+// with the pid, it names one process for good, since pids are reused.
+Result<std::string> processStartTime(pid_t pid);
+// The process's argv, NUL-separated as in /proc/<pid>/cmdline.
+Result<std::string> processCmdline(pid_t pid);
 
 }  // namespace space

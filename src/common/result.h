@@ -33,9 +33,14 @@ const char* errorCodeName(ErrorCode code);
 struct Error {
   ErrorCode code;
   std::string message;
+  // A finer, stable name for clients where the code is too coarse (e.g. "too_many_sandboxes"
+  // vs "insufficient_capacity", both kResourceExhausted). Empty: the code's name serves.
+  std::string reason;
 };
 
-inline Error makeError(ErrorCode code, std::string message) { return Error{code, std::move(message)}; }
+inline Error makeError(ErrorCode code, std::string message, std::string reason = {}) {
+  return Error{code, std::move(message), std::move(reason)};
+}
 
 template <class T>
 class [[nodiscard]] Result {

@@ -64,8 +64,56 @@ Result<std::unique_ptr<Vm>> Vm::start(const VmSpec& spec, const VmStartOptions& 
   return vm;
 }
 
+Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
+  std::unique_ptr<Vm> vm(new Vm());
+  vm->accelerator_ = spec.accelerator;
+  vm->paths_ = VmPaths::inRunDir(spec.run_dir);
+  auto deadline = Clock::now() + spec.timeout;
+  // Is the pid still our QEMU? Only then may it be signalled: a reused pid belongs to a stranger.
+  auto started = processStartTime(spec.pid);
+  auto cmdline = processCmdline(spec.pid);
+  if (!started.ok() || started.value() != spec.identity || !cmdline.ok() ||
+      cmdline->find(vm->paths_.qmp_socket) == std::string::npos) {
+    TempDir::adopt(spec.run_dir).remove();
+    return makeError(ErrorCode::kNotFound, "its QEMU process (pid " + std::to_string(spec.pid) + ") is gone");
+  }
+  auto process = ChildProcess::adopt(spec.pid);
+  if (!process.ok()) {
+    TempDir::adopt(spec.run_dir).remove();
+    return process.error();
+  }
+  // From here the Vm owns process and files: an early return kills and removes them.
+  vm->run_dir_.emplace(TempDir::adopt(spec.run_dir));
+  vm->process_.emplace(std::move(process.value()));
+  vm->identity_ = spec.identity;
+
+  auto qmp = QmpClient::connect(vm->paths_.qmp_socket, deadline);
+  if (!qmp.ok()) return makeError(qmp.error().code, "cannot re-attach QEMU's monitor: " + qmp.error().message);
+  vm->qmp_.emplace(std::move(qmp.value()));
+  auto status = vm->queryStatus();
+  if (!status.ok()) return makeError(status.error().code, "QEMU's monitor: " + status.error().message);
+  if (status.value() == "paused") {
+    // A stopped guest cannot answer the handshake; resume() attaches the agent.
+    vm->agent_ = agentproto::AgentClient::disconnected("the VM is paused");
+  } else if (status.value() == "running") {
+    auto fd = connectUnix(vm->paths_.agent_socket, deadline);
+    if (!fd.ok()) return makeError(fd.error().code, "cannot reach the agent port: " + fd.error().message);
+    agentproto::HandshakeWatch watch{{vm->process_->pidfd()}, [&vm]() -> std::optional<Error> {
+                                       if (!vm->processRunning()) return makeError(ErrorCode::kUnavailable, "QEMU exited");
+                                       return std::nullopt;
+                                     }};
+    auto agent = agentproto::AgentClient::connect(std::move(fd.value()), deadline, watch);
+    if (!agent.ok()) return makeError(agent.error().code, "agent handshake failed: " + agent.error().message);
+    vm->agent_ = std::move(agent.value());
+  } else {
+    return makeError(ErrorCode::kUnavailable, "the VM is in QEMU state '" + status.value() + "'");
+  }
+  spdlog::info("vmm: adopted QEMU pid {} in {} ({})", spec.pid, spec.run_dir, status.value());
+  return vm;
+}
+
 Status Vm::boot(const VmSpec& spec, const VmStartOptions& options) {
-  auto dir = TempDir::create(options.run_root, "vm-");
+  auto dir = options.run_dir.empty() ? TempDir::create(options.run_root, "vm-") : TempDir::createAt(options.run_dir);
   if (!dir.ok()) return dir.error();
   run_dir_.emplace(std::move(dir.value()));
   paths_ = VmPaths::inRunDir(run_dir_->path());
@@ -79,6 +127,7 @@ Status Vm::boot(const VmSpec& spec, const VmStartOptions& options) {
   auto child = ChildProcess::spawn(argv, SpawnOptions{qemu_log, "", true});
   if (!child.ok()) return child.error();
   process_.emplace(std::move(child.value()));
+  if (auto started = processStartTime(process_->pid()); started.ok()) identity_ = started.value();
   spdlog::debug("vmm: started qemu pid {} in {}", process_->pid(), paths_.run_dir);
 
   // QMP: retry briefly while QEMU sets up, but notice at once if it exited (bad arguments).
@@ -190,6 +239,7 @@ Status Vm::resume() {
   if (!processRunning()) return makeError(ErrorCode::kUnavailable, "VM is not running");
   auto r = qmp_->execute("cont");
   if (!r.ok()) return r.error();
+  if (!agent_ || !agent_->alive()) return reconnectAgent(milliseconds(10000));
   return okStatus();
 }
 
@@ -228,6 +278,15 @@ Status Vm::shutdown(milliseconds timeout) {
   if (!process_->waitFor(milliseconds(2000))) process_->kill();
   return makeError(ErrorCode::kDeadlineExceeded,
                    "guest did not power off within " + std::to_string(timeout.count()) + " ms; QEMU was stopped");
+}
+
+void Vm::detach() {
+  agent_.reset();
+  qmp_.reset();
+  if (process_) process_->disown();
+  process_.reset();
+  if (run_dir_) run_dir_->release();
+  run_dir_.reset();
 }
 
 void Vm::destroy() {

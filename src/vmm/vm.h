@@ -23,6 +23,9 @@ namespace space::vmm {
 struct VmStartOptions {
   // Parent of the per-VM run directories. Kept short: Unix socket paths are limited to 107 bytes.
   std::string run_root = "/run/space/vms";
+  // If set, the VM's run directory is exactly this path (created; must not exist yet), so an
+  // owner can find it again by name. Otherwise a fresh `<run_root>/vm-XXXXXX`.
+  std::string run_dir;
   // Overrides the probed host capacity (tests use it to check validation without a big host).
   std::optional<HostCapacity> host_capacity;
 };
@@ -35,19 +38,36 @@ struct BootTiming {
 
 enum class RunState { kRunning, kPaused, kOther };
 
+// What identifies a VM started by an earlier owner (e.g. a daemon that restarted).
+struct VmAdoptSpec {
+  std::string run_dir;
+  pid_t pid = -1;
+  std::string identity;  // Vm::identity() as recorded then
+  Accelerator accelerator = Accelerator::kTcg;
+  std::chrono::milliseconds timeout{10000};
+};
+
 class Vm {
  public:
   static Result<std::unique_ptr<Vm>> start(const VmSpec& spec, const VmStartOptions& options = {});
+  // Takes charge of a running VM that an earlier owner detached from (or lost by crashing):
+  // checks that the pid is still that QEMU, re-attaches QMP and, unless the VM is paused, the
+  // agent. kNotFound if the process is gone (its run directory is removed then). On any other
+  // failure the VM is killed and its files removed: nothing is left half-owned.
+  static Result<std::unique_ptr<Vm>> adopt(const VmAdoptSpec& spec);
   ~Vm();
   Vm(const Vm&) = delete;
   Vm& operator=(const Vm&) = delete;
 
   Status pause();                     // QMP stop: vCPUs halt, memory stays
-  Status resume();                    // QMP cont
+  Status resume();                    // QMP cont; re-attaches the agent if it was not attached
   Result<std::string> queryStatus();  // QMP query-status "status", e.g. "running", "paused"
 
   // The channel to the guest agent (processes, files). Valid while the VM lives.
   agentproto::AgentClient& agent() { return *agent_; }
+  // The same, shared: a caller on another thread keeps a working object even if the VM is
+  // destroyed or reconnects meanwhile (its calls then fail with `unavailable`).
+  std::shared_ptr<agentproto::AgentClient> sharedAgent() const { return agent_; }
   // Runs a command through the agent and waits for it (see agentproto::runCommand).
   Result<agentproto::CommandResult> exec(const agentproto::CommandSpec& spec);
   Result<agentproto::CommandResult> exec(const std::string& command,
@@ -58,6 +78,9 @@ class Vm {
   // Asks the guest to sync and power off, waits for QEMU to exit; falls back to QMP quit and kill.
   Status shutdown(std::chrono::milliseconds timeout);
 
+  // Leaves QEMU running and its files in place for a later adopt(); this object becomes empty.
+  void detach();
+
   // Last bytes of the guest console.
   std::string consoleTail(size_t max_bytes = 4096) const;
 
@@ -66,7 +89,11 @@ class Vm {
   const agentproto::AgentInfo& guestInfo() const { return agent_->info(); }
   const VmPaths& paths() const { return paths_; }
   pid_t pid() const { return process_ ? process_->pid() : -1; }
+  // The QEMU process's start time: with pid(), what adopt() checks to avoid a reused pid.
+  const std::string& identity() const { return identity_; }
   bool processRunning();
+  // How QEMU ended, once it has (see ExitStatus::known for adopted VMs).
+  std::optional<ExitStatus> exitStatus() const { return process_ ? process_->exitStatus() : std::nullopt; }
 
  private:
   Vm() = default;
@@ -81,8 +108,9 @@ class Vm {
   Accelerator accelerator_ = Accelerator::kTcg;
   std::optional<ChildProcess> process_;
   std::optional<QmpClient> qmp_;
-  std::unique_ptr<agentproto::AgentClient> agent_;
+  std::shared_ptr<agentproto::AgentClient> agent_;
   BootTiming timing_;
+  std::string identity_;
 };
 
 }  // namespace space::vmm
