@@ -96,9 +96,9 @@ Result<CommandResult> runCommand(AgentClient& agent, const CommandSpec& spec, si
           case ProcessEvent::Kind::kStderr: {
             std::string& sink = ev->kind == ProcessEvent::Kind::kStderr ? result.stderr_data : result.stdout_data;
             if (result.stdout_data.size() + result.stderr_data.size() + ev->data.size() > max_output) {
-              failure = makeError(ErrorCode::kResourceExhausted,
-                                  "command output exceeds " + std::to_string(max_output) + " bytes",
-                                  "output_too_large");
+              failure =
+                  makeError(ErrorCode::kResourceExhausted,
+                            "command output exceeds " + std::to_string(max_output) + " bytes", "output_too_large");
             } else {
               sink += ev->data;
             }

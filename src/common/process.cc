@@ -1,7 +1,5 @@
 #include "common/process.h"
 
-#include "common/fs.h"
-
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -12,6 +10,8 @@
 
 #include <cerrno>
 #include <cstring>
+
+#include "common/fs.h"
 
 extern char** environ;
 

@@ -99,7 +99,8 @@ Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
     auto fd = connectUnix(vm->paths_.agent_socket, deadline);
     if (!fd.ok()) return makeError(fd.error().code, "cannot reach the agent port: " + fd.error().message);
     agentproto::HandshakeWatch watch{{vm->process_->pidfd()}, [&vm]() -> std::optional<Error> {
-                                       if (!vm->processRunning()) return makeError(ErrorCode::kUnavailable, "QEMU exited");
+                                       if (!vm->processRunning())
+                                         return makeError(ErrorCode::kUnavailable, "QEMU exited");
                                        return std::nullopt;
                                      }};
     auto agent = agentproto::AgentClient::connect(std::move(fd.value()), deadline, watch);
