@@ -7,6 +7,7 @@ packages=(
   # build
   cmake ninja-build g++ pkg-config make
   libgtest-dev libgmock-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libssl-dev
+  libboost1.81-dev libsqlite3-dev
   # guest images: kernel build, debootstrap, ext4 images
   linux-source-6.1 bc flex bison libelf-dev xz-utils debootstrap e2fsprogs
   # virtual machines

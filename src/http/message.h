@@ -1,0 +1,129 @@
+// The request and response a Server hands to its handler. Both are views of one exchange on a
+// connection and are only valid during the handler call. No method throws: failures are
+// Results, and an I/O failure (the client went away, a timeout) is sticky, so a handler
+// streaming output can stop at the first failed write.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/result.h"
+
+namespace space::http {
+
+class Request;
+class Response;
+namespace detail {
+class Exchange;
+}
+
+using Handler = std::function<void(Request&, Response&)>;
+
+// {"error":{"code":code,"message":message}}: the body of every error the API and the server
+// itself send. Codes are errorCodeName()'s vocabulary ("not_found", "invalid_argument"...).
+nlohmann::json errorBody(std::string_view code, std::string_view message);
+
+class Request {
+ public:
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+
+  const std::string& method() const { return method_; }
+  // The target as sent: percent-encoded path and query.
+  const std::string& target() const { return target_; }
+  // The percent-decoded path, without the query.
+  const std::string& path() const { return path_; }
+  // The path as sent (still percent-encoded): what the router splits into segments, so an
+  // encoded '/' stays inside its segment.
+  const std::string& rawPath() const { return raw_path_; }
+  // The first value of a query parameter, decoded ('+' is a space).
+  std::optional<std::string> query(std::string_view name) const;
+  const std::multimap<std::string, std::string>& queryParams() const { return query_; }
+  // Case-insensitive; repeated fields are joined with ", " as HTTP defines.
+  std::optional<std::string> header(std::string_view name) const;
+  // Absent for a chunked body; 0 for a request without a body.
+  std::optional<uint64_t> contentLength() const { return content_length_; }
+  // Set by the router from the {name} segments of the matched pattern (decoded, never empty);
+  // empty for a name the pattern does not have.
+  const std::string& pathParam(std::string_view name) const;
+  void setPathParams(std::map<std::string, std::string, std::less<>> params) { path_params_ = std::move(params); }
+  // "ip:port" of the client.
+  const std::string& remoteAddress() const { return remote_address_; }
+
+  // The whole body, if it is at most max_bytes (else kResourceExhausted naming the limit; a
+  // handler that returns without responding then gets a 413 from the server). The body can be
+  // consumed once: by readBody, or by readSome calls.
+  Result<std::string> readBody(size_t max_bytes);
+  // Up to `max` (> 0) bytes of the body as they arrive; 0 at the end of the body. Each call
+  // waits at most the server's read_timeout for the client.
+  Result<size_t> readSome(char* buf, size_t max);
+  // Whether the body was read to its end (always true without a body).
+  bool bodyComplete() const;
+
+ private:
+  friend class detail::Exchange;
+  Request() = default;
+
+  detail::Exchange* exchange_ = nullptr;
+  std::string method_;
+  std::string target_;
+  std::string path_;
+  std::string raw_path_;
+  std::multimap<std::string, std::string> query_;
+  std::vector<std::pair<std::string, std::string>> headers_;
+  std::optional<uint64_t> content_length_;
+  std::map<std::string, std::string, std::less<>> path_params_;
+  std::string remote_address_;
+  enum class BodyUse { kNone, kWhole, kStream } body_use_ = BodyUse::kNone;
+};
+
+class Response {
+ public:
+  Response(const Response&) = delete;
+  Response& operator=(const Response&) = delete;
+
+  // Adds a header to the response not yet started (replacing one of the same name).
+  // Content-Length, Transfer-Encoding and Connection belong to the server; setting them, or a
+  // name or value that is not valid HTTP, makes the next send()/begin() fail.
+  void setHeader(std::string_view name, std::string_view value);
+
+  // A complete response with a Content-Length body.
+  Status send(int status, std::string_view content_type, std::string_view body);
+  Status sendJson(int status, const nlohmann::json& body);
+  // send() of errorBody(code, message).
+  Status sendError(int status, std::string_view code, std::string_view message);
+
+  // A streamed response (chunked transfer encoding): each write() goes to the client at once,
+  // so the client sees output while the handler still runs.
+  Status begin(int status, std::string_view content_type);
+  Status write(std::string_view chunk);
+  Status end();
+
+  // Whether the status line went out (by send or begin): afterwards only write/end make sense.
+  bool started() const { return started_; }
+  // The status sent, 0 before.
+  int status() const { return status_; }
+
+ private:
+  friend class detail::Exchange;
+  Response() = default;
+  Status checkHeaders(int status) const;
+
+  detail::Exchange* exchange_ = nullptr;
+  std::vector<std::pair<std::string, std::string>> headers_;
+  std::string header_error_;
+  bool started_ = false;
+  bool streaming_ = false;
+  bool ended_ = false;
+  int status_ = 0;
+};
+
+}  // namespace space::http

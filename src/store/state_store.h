@@ -1,0 +1,113 @@
+// spaced's durable state: sandboxes and API keys in one SQLite database, so that a restarted
+// daemon finds its VMs again and a recorded state change survives a crash or power loss.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+
+struct sqlite3;
+
+namespace space::store {
+
+struct SandboxRecord {
+  std::string id;  // "sb_" + 20 lowercase alphanumerics (made by the caller)
+  std::string tenant;
+  std::string state;         // lifecycle name: creating, running, paused, suspended, deleted, failed (opaque here)
+  std::string state_reason;  // why it is in that state (failure message, "timeout", ...), "" if none
+  std::string template_name;
+  uint32_t cpus = 0;
+  uint64_t memory_mb = 0;                              // at most INT64_MAX: SQLite integers are signed
+  int64_t created_at_ms = 0;                           // unix epoch milliseconds
+  int64_t updated_at_ms = 0;                           // set by the store on every insert/update; ignored on input
+  int64_t expires_at_ms = 0;                           // hard timeout
+  nlohmann::json metadata = nlohmann::json::object();  // string -> string
+  nlohmann::json env = nlohmann::json::object();       // string -> string
+  // Where its VM lives, so a restarted daemon can find it again.
+  std::string run_dir;
+  int64_t vm_pid = 0;
+  std::string vm_identity;  // e.g. the process start time, to tell a reused pid apart
+  std::string accelerator;
+
+  bool operator==(const SandboxRecord&) const = default;
+};
+
+struct ListFilter {
+  std::string tenant;                           // required: lists never cross tenants
+  std::vector<std::string> states;              // empty = every state except "deleted"
+  std::map<std::string, std::string> metadata;  // all must match exactly
+  size_t limit = 100;                           // 1..1000
+  std::string after_id;                         // pagination cursor: results strictly after this id in list order
+};
+
+struct SandboxPage {
+  std::vector<SandboxRecord> items;
+  std::string next_cursor;  // "" when no more; otherwise pass as ListFilter::after_id
+};
+
+struct ApiKeyRecord {
+  std::string tenant;
+  std::string key_sha256_hex;  // 64 lowercase hex digits; the key itself is never stored
+  std::string label;
+  int64_t created_at_ms = 0;
+
+  bool operator==(const ApiKeyRecord&) const = default;
+};
+
+// Every method may be called from any thread: one connection, serialized by a mutex (spaced's
+// write rate is low, and one connection keeps every read consistent with the writes before it).
+// Errors: kInvalidArgument for bad input, kNotFound / kAlreadyExists as documented,
+// kResourceExhausted when the disk is full, kInternal for any other SQLite failure. A failed
+// write changes nothing.
+class StateStore {
+ public:
+  // Opens or creates the database (a new file is created 0600: env may hold secrets), runs
+  // pending migrations in one transaction each (schema version in PRAGMA user_version), and
+  // refuses a database written by a newer schema (kFailedPrecondition) without touching it.
+  // ":memory:" gives a private in-memory database, gone when the store is.
+  static Result<std::unique_ptr<StateStore>> open(const std::string& path);
+  static int latestSchemaVersion();
+
+  ~StateStore();
+  StateStore(const StateStore&) = delete;
+  StateStore& operator=(const StateStore&) = delete;
+
+  int schemaVersion() const { return schema_version_; }
+
+  Status insertSandbox(const SandboxRecord& record);        // kAlreadyExists on duplicate id
+  Status updateSandbox(const SandboxRecord& record);        // whole row by id; kNotFound if absent
+  Result<SandboxRecord> getSandbox(const std::string& id);  // kNotFound
+  // Stable order: created_at_ms, then id. kInvalidArgument if after_id is not a sandbox of the
+  // tenant (including one purged since the previous page).
+  Result<SandboxPage> listSandboxes(const ListFilter& filter);
+  // All tenants, same order; for start-up re-adoption and the expiry reaper.
+  Result<std::vector<SandboxRecord>> sandboxesInStates(const std::vector<std::string>& states);
+  Result<std::map<std::string, int64_t>> countByState();  // all tenants, for metrics
+  Status purgeDeletedBefore(int64_t updated_before_ms);   // retention of deleted rows
+
+  Status addApiKey(const ApiKeyRecord& key);        // kAlreadyExists if the digest exists
+  Result<std::vector<ApiKeyRecord>> listApiKeys();  // ordered by tenant, created_at_ms, digest
+  Status removeApiKeys(const std::string& tenant);  // kNotFound if the tenant had none
+
+  // Caps the database at its current size plus `extra_pages`, so tests can see what a full
+  // disk does without filling one.
+  Status limitGrowthForTesting(int64_t extra_pages);
+
+ private:
+  StateStore(sqlite3* db, std::string path, int schema_version)
+      : db_(db), path_(std::move(path)), schema_version_(schema_version) {}
+
+  std::mutex mu_;
+  sqlite3* db_;
+  const std::string path_;
+  const int schema_version_;
+};
+
+}  // namespace space::store
