@@ -1,5 +1,5 @@
 # SPACE: two commands on a fresh Debian 12 machine, as root:
-#   make run    install what is missing, build, build or reuse the guest images, run the demo
+#   make run    install what is missing, build, build or reuse the guest images, start spaced
 #   make test   install what is missing, build (also with ASan/UBSan), run every test
 .PHONY: all deps build build-asan images run test test-unit bench format clean
 
@@ -23,7 +23,7 @@ build: deps $(BUILD)/build.ninja
 	ninja -C $(BUILD) -j $(JOBS)
 
 build-asan: deps $(BUILD_ASAN)/build.ninja
-	ninja -C $(BUILD_ASAN) -j $(JOBS) space_unit_tests
+	ninja -C $(BUILD_ASAN) -j $(JOBS) space_unit_tests space_http_tests space_store_tests
 
 # Guest kernel and root filesystem, cached by recipe hash under /var/cache/space/images;
 # $(IMAGES) holds links to the current ones.
@@ -33,8 +33,13 @@ images: build
 	@rootfs_dir=$$(SPACE_AGENT_BIN=$(BUILD)/bin/space-agent images/build-rootfs.sh) && \
 	  ln -sfn "$$rootfs_dir/rootfs.ext4" $(IMAGES)/rootfs.ext4
 
+# Starts spaced in the foreground on embedded defaults (data in $(DATA_DIR), SQLite, template
+# "base" = the images above) and links spacectl into /usr/local/bin when that is writable.
+DATA_DIR ?= /var/lib/space
+LISTEN   ?= 127.0.0.1:8080
 run: build images
-	$(BUILD)/bin/space-vm --log-level info run -- uname -a
+	@if [ -w /usr/local/bin ]; then ln -sfn $(abspath $(BUILD)/bin/spacectl) /usr/local/bin/spacectl; fi
+	SPACE_PRINT_KEY=1 exec $(BUILD)/bin/spaced --listen $(LISTEN) --data-dir $(DATA_DIR)
 
 test-unit: build build-asan
 	cd $(BUILD_ASAN) && ctest -L unit --output-on-failure -j $(JOBS)
@@ -45,6 +50,7 @@ test: test-unit images
 bench: build images
 	bench/boot_bench.sh 10 tcg
 	$(BUILD)/bin/space-agent-bench --runs 200 --file-mib 64
+	$(BUILD)/bin/space-api-bench --creates 20 --execs 200
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')

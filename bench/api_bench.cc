@@ -1,0 +1,169 @@
+// API benchmark: sandbox create (cold boot; snapshots come later) and exec latency through the
+// whole stack: HTTP client -> spaced -> SandboxManager -> agent -> guest. Baselines measured in
+// the same run, on the same images: the VM layer alone (Vm::start, Vm::exec in-process), so the
+// difference is what the daemon, HTTP and the state store add.
+// Usage: space-api-bench [--creates N] [--execs N] [--json]
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/fs.h"
+#include "common/process.h"
+#include "http/client.h"
+#include "vmm/vm.h"
+
+namespace {
+
+using namespace space;
+using nlohmann::json;
+using Ms = std::chrono::duration<double, std::milli>;
+
+struct Stats {
+  double p50, p90, p99, max;
+};
+
+Stats stats(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))]; };
+  return {at(0.50), at(0.90), at(0.99), v.back()};
+}
+
+json statsJson(const Stats& s) { return json{{"p50", s.p50}, {"p90", s.p90}, {"p99", s.p99}, {"max", s.max}}; }
+
+void printRow(const char* name, const Stats& s) {
+  printf("%-44s p50 %8.1f ms  p90 %8.1f  p99 %8.1f  max %8.1f\n", name, s.p50, s.p90, s.p99, s.max);
+}
+
+[[noreturn]] void die(const std::string& what) {
+  fprintf(stderr, "space-api-bench: %s\n", what.c_str());
+  exit(1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int creates = 20;
+  int execs = 200;
+  bool as_json = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--creates") && i + 1 < argc) {
+      creates = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--execs") && i + 1 < argc) {
+      execs = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--json")) {
+      as_json = true;
+    } else {
+      fprintf(stderr, "usage: space-api-bench [--creates N] [--execs N] [--json]\n");
+      return 2;
+    }
+  }
+  const std::string images = SPACE_IMAGES_DIR;
+  auto dir = TempDir::create("/tmp", "api-bench-");
+  if (!dir.ok()) die(dir.error().message);
+
+  // Baseline: the VM layer alone.
+  vmm::VmSpec spec;
+  spec.kernel_path = std::filesystem::canonical(images + "/vmlinux").string();
+  spec.rootfs_path = std::filesystem::canonical(images + "/rootfs.ext4").string();
+  spec.vcpus = 1;
+  spec.memory_mib = 256;
+  vmm::VmStartOptions options;
+  options.run_root = dir->path() + "/direct";
+  std::vector<double> direct_create, direct_exec;
+  std::string accelerator;
+  for (int i = 0; i < creates; ++i) {
+    auto t0 = Clock::now();
+    auto vm = vmm::Vm::start(spec, options);
+    if (!vm.ok()) die(vm.error().message);
+    direct_create.push_back(Ms(Clock::now() - t0).count());
+    accelerator = vmm::acceleratorName((*vm)->accelerator());
+    if (i == 0) {
+      agentproto::CommandSpec t;
+      t.argv = {"true"};
+      for (int j = 0; j < execs; ++j) {
+        auto e0 = Clock::now();
+        auto r = (*vm)->exec(t);
+        if (!r.ok() || r->exit_code != 0) die("direct exec failed");
+        direct_exec.push_back(Ms(Clock::now() - e0).count());
+      }
+    }
+  }
+
+  // The daemon.
+  const std::string data_dir = dir->path() + "/data";
+  auto daemon =
+      ChildProcess::spawn({SPACED_BIN, "--listen", "127.0.0.1:0", "--data-dir", data_dir, "--kernel", spec.kernel_path,
+                           "--rootfs", spec.rootfs_path, "--log-level", "warn", "--on-shutdown", "stop"},
+                          SpawnOptions{dir->path() + "/spaced.log", "", true});
+  if (!daemon.ok()) die(daemon.error().message);
+  std::string url;
+  for (int i = 0; i < 3000 && url.empty(); ++i) {
+    if (auto endpoint = readSmallFile(data_dir + "/spaced.json", 4096); endpoint.ok()) {
+      url = json::parse(endpoint.value())["url"].get<std::string>();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  if (url.empty()) die("spaced did not start");
+  auto key = readSmallFile(data_dir + "/api-key", 4096);
+  if (!key.ok()) die(key.error().message);
+  const std::map<std::string, std::string> auth{{"Authorization", "Bearer " + key->substr(0, key->find('\n'))}};
+  auto client = http::Client::create(url);
+  if (!client.ok()) die(client.error().message);
+
+  std::vector<double> api_create, api_exec, api_delete;
+  std::string keep;
+  for (int i = 0; i < creates; ++i) {
+    auto t0 = Clock::now();
+    auto r = client->request("POST", "/v1/sandboxes", auth, json{{"cpus", 1}, {"memory_mb", 256}}.dump());
+    if (!r.ok() || r->status != 201) die("create failed: " + (r.ok() ? r->body : r.error().message));
+    api_create.push_back(Ms(Clock::now() - t0).count());
+    std::string id = json::parse(r->body)["id"].get<std::string>();
+    if (i == 0) {
+      keep = id;
+      continue;
+    }
+    t0 = Clock::now();
+    auto d = client->request("DELETE", "/v1/sandboxes/" + id, auth);
+    if (!d.ok() || d->status != 204) die("delete failed");
+    api_delete.push_back(Ms(Clock::now() - t0).count());
+  }
+  const std::string body = json{{"argv", {"true"}}}.dump();
+  for (int j = 0; j < execs; ++j) {
+    auto t0 = Clock::now();
+    auto r = client->request("POST", "/v1/sandboxes/" + keep + "/exec", auth, body);
+    if (!r.ok() || r->status != 200) die("exec failed: " + (r.ok() ? r->body : r.error().message));
+    api_exec.push_back(Ms(Clock::now() - t0).count());
+  }
+  ::kill(daemon->pid(), SIGTERM);
+  daemon->waitFor(std::chrono::seconds(60));
+
+  Stats dc = stats(direct_create), ac = stats(api_create), de = stats(direct_exec), ae = stats(api_exec);
+  Stats ad = api_delete.empty() ? Stats{} : stats(api_delete);
+  if (as_json) {
+    json out{{"accelerator", accelerator},
+             {"creates", creates},
+             {"execs", execs},
+             {"baseline_vm_start_ms", statsJson(dc)},
+             {"api_create_ms", statsJson(ac)},
+             {"api_delete_ms", statsJson(ad)},
+             {"baseline_vm_exec_true_ms", statsJson(de)},
+             {"api_exec_true_ms", statsJson(ae)}};
+    printf("%s\n", out.dump().c_str());
+  } else {
+    printf("accelerator %s, %d creates (1 vCPU, 256 MB, cold boot), %d execs\n", accelerator.c_str(), creates, execs);
+    printRow("baseline: Vm::start (in-process)", dc);
+    printRow("POST /v1/sandboxes -> 201 running", ac);
+    printRow("DELETE /v1/sandboxes/{id} -> 204", ad);
+    printRow("baseline: Vm::exec `true` (in-process)", de);
+    printRow("POST /v1/sandboxes/{id}/exec `true` -> 200", ae);
+  }
+  return 0;
+}

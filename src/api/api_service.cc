@@ -1,0 +1,853 @@
+#include "api/api_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include <condition_variable>
+#include <ctime>
+#include <deque>
+#include <mutex>
+#include <set>
+
+#include "agentproto/base64.h"
+#include "agentproto/commands.h"
+#include "api/json_input.h"
+
+namespace space::api {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+struct ApiService::Call {
+  http::Request& req;
+  http::Response& res;
+  std::string tenant;
+  const std::string& id() const { return req.pathParam("id"); }
+};
+
+namespace {
+
+constexpr uint32_t kMaxCpus = 256;
+constexpr int64_t kMaxMemoryMb = 1 << 20;
+constexpr const char* kNdjson = "application/x-ndjson";
+
+// JSON text that tolerates invalid UTF-8 in strings (command output, guest file names): such
+// bytes become U+FFFD instead of failing the whole response.
+std::string dumpJson(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string rfc3339(int64_t ms) {
+  if (ms <= 0) return "";
+  time_t secs = static_cast<time_t>(ms / 1000);
+  struct tm utc {};
+  gmtime_r(&secs, &utc);
+  char buf[40];
+  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &utc);
+  char out[48];
+  snprintf(out, sizeof out, "%s.%03dZ", buf, static_cast<int>(ms % 1000));
+  return out;
+}
+
+json sandboxJson(const store::SandboxRecord& r) {
+  json out{{"id", r.id},
+           {"state", r.state},
+           {"template", r.template_name},
+           {"cpus", r.cpus},
+           {"memory_mb", r.memory_mb},
+           {"created_at", rfc3339(r.created_at_ms)},
+           {"expires_at", rfc3339(r.expires_at_ms)},
+           {"metadata", r.metadata}};
+  if (!r.state_reason.empty()) out["state_reason"] = r.state_reason;
+  return out;
+}
+
+int httpStatus(const Error& e) {
+  if (e.reason == "too_many_sandboxes") return 429;
+  if (e.reason == "insufficient_capacity" || e.reason == "shutting_down") return 503;
+  if (e.reason == "payload_too_large") return 413;
+  if (e.reason == "output_too_large") return 422;
+  switch (e.code) {
+    case ErrorCode::kInvalidArgument: return 400;
+    case ErrorCode::kNotFound: return 404;
+    case ErrorCode::kAlreadyExists: return 409;
+    case ErrorCode::kPermissionDenied: return 403;
+    case ErrorCode::kFailedPrecondition: return 409;
+    case ErrorCode::kResourceExhausted: return 507;  // the guest's disk or memory is full
+    case ErrorCode::kDeadlineExceeded: return 504;
+    case ErrorCode::kUnavailable: return 502;  // the sandbox (its VM or agent) failed us
+    case ErrorCode::kUnimplemented: return 501;
+    case ErrorCode::kCanceled: return 400;
+    case ErrorCode::kInternal: return 500;
+  }
+  return 500;
+}
+
+// The envd FileType enum as short names.
+json entryJson(const json& e) {
+  if (!e.is_object()) return json::object();
+  json out = json::object();
+  auto copy = [&](const char* from, const char* to) {
+    if (e.contains(from)) out[to] = e[from];
+  };
+  copy("name", "name");
+  copy("path", "path");
+  std::string type = e.value("type", std::string());
+  if (e.contains("symlinkTarget")) {
+    out["type"] = "symlink";
+  } else if (type == "FILE_TYPE_FILE") {
+    out["type"] = "file";
+  } else if (type == "FILE_TYPE_DIRECTORY") {
+    out["type"] = "dir";
+  } else {
+    out["type"] = "other";
+  }
+  // Protobuf's JSON mapping sends 64-bit integers as strings.
+  uint64_t size = 0;
+  if (e.contains("size") && e["size"].is_string())
+    size = std::strtoull(e["size"].get<std::string>().c_str(), nullptr, 10);
+  if (e.contains("size") && e["size"].is_number_unsigned()) size = e["size"].get<uint64_t>();
+  out["size"] = size;
+  copy("mode", "mode");
+  copy("permissions", "permissions");
+  copy("owner", "owner");
+  copy("group", "group");
+  copy("modifiedTime", "modified_at");
+  copy("symlinkTarget", "symlink_target");
+  return out;
+}
+
+Result<std::string> requiredQuery(http::Request& req, const char* name) {
+  auto v = req.query(name);
+  if (!v) return makeError(ErrorCode::kInvalidArgument, std::string("query parameter ") + name + " is required");
+  SPACE_TRY(checkPath(*v, name));
+  return *v;
+}
+
+Result<std::optional<int64_t>> queryInt(http::Request& req, const char* name, int64_t min, int64_t max) {
+  auto v = req.query(name);
+  if (!v) return std::optional<int64_t>();
+  char* end = nullptr;
+  errno = 0;
+  long long n = std::strtoll(v->c_str(), &end, 10);
+  if (v->empty() || *end != '\0' || errno != 0 || n < min || n > max) {
+    return makeError(ErrorCode::kInvalidArgument, std::string("query parameter ") + name + ": must be an integer in " +
+                                                      std::to_string(min) + ".." + std::to_string(max));
+  }
+  return std::optional<int64_t>(n);
+}
+
+Result<std::string> queryUser(http::Request& req) {
+  auto user = req.query("user");
+  if (!user) return std::string();
+  if (user->empty() || user->size() > 64 || user->find('\0') != std::string::npos) {
+    return makeError(ErrorCode::kInvalidArgument, "query parameter user: must be a user name of 1..64 bytes");
+  }
+  return *user;
+}
+
+Result<int> pidParam(http::Request& req) {
+  const std::string& text = req.pathParam("pid");
+  char* end = nullptr;
+  long n = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || n < 1 || n > 4194304) {
+    return makeError(ErrorCode::kInvalidArgument, "pid: must be a process id (1..4194304)");
+  }
+  return static_cast<int>(n);
+}
+
+// NDJSON line for one agent process event.
+std::optional<std::string> eventLine(const agentproto::ProcessEvent& ev) {
+  using Kind = agentproto::ProcessEvent::Kind;
+  switch (ev.kind) {
+    case Kind::kStart: return dumpJson(json{{"type", "start"}, {"pid", ev.pid}}) + "\n";
+    case Kind::kStdout:
+    case Kind::kPty: return dumpJson(json{{"type", "stdout"}, {"data", agentproto::base64Encode(ev.data)}}) + "\n";
+    case Kind::kStderr: return dumpJson(json{{"type", "stderr"}, {"data", agentproto::base64Encode(ev.data)}}) + "\n";
+    case Kind::kEnd: {
+      json line{{"type", "exit"}, {"exit_code", ev.end.exit_code}, {"status", ev.end.status}};
+      return dumpJson(line) + "\n";
+    }
+    default: return std::nullopt;
+  }
+}
+
+}  // namespace
+
+const std::vector<ApiService::Route>& ApiService::routeTable() {
+  static const std::vector<Route> kRoutes = {
+      {"GET", "/healthz", &ApiService::healthz, true},
+      {"GET", "/metrics", &ApiService::metrics, false},
+      {"GET", "/v1/openapi.json", &ApiService::openapi, false},
+      {"POST", "/v1/sandboxes", &ApiService::createSandbox, false},
+      {"GET", "/v1/sandboxes", &ApiService::listSandboxes, false},
+      {"GET", "/v1/sandboxes/{id}", &ApiService::getSandbox, false},
+      {"DELETE", "/v1/sandboxes/{id}", &ApiService::deleteSandbox, false},
+      {"POST", "/v1/sandboxes/{id}/timeout", &ApiService::setTimeout, false},
+      {"POST", "/v1/sandboxes/{id}/exec", &ApiService::exec, false},
+      {"GET", "/v1/sandboxes/{id}/processes", &ApiService::listProcesses, false},
+      {"GET", "/v1/sandboxes/{id}/processes/{pid}/stream", &ApiService::attachProcess, false},
+      {"POST", "/v1/sandboxes/{id}/processes/{pid}/signal", &ApiService::signalProcess, false},
+      {"POST", "/v1/sandboxes/{id}/processes/{pid}/stdin", &ApiService::processInput, false},
+      {"GET", "/v1/sandboxes/{id}/files", &ApiService::downloadFile, false},
+      {"PUT", "/v1/sandboxes/{id}/files", &ApiService::uploadFile, false},
+      {"DELETE", "/v1/sandboxes/{id}/files", &ApiService::removeFile, false},
+      {"GET", "/v1/sandboxes/{id}/files/list", &ApiService::listFiles, false},
+      {"POST", "/v1/sandboxes/{id}/files/mkdir", &ApiService::makeDirectory, false},
+      {"POST", "/v1/sandboxes/{id}/files/move", &ApiService::moveFile, false},
+      {"GET", "/v1/sandboxes/{id}/logs", &ApiService::consoleLog, false},
+  };
+  return kRoutes;
+}
+
+std::vector<std::pair<std::string, std::string>> ApiService::routes() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& r : routeTable()) out.emplace_back(r.method, r.pattern);
+  return out;
+}
+
+ApiService::ApiService(sandbox::SandboxManager& manager, KeyRing& keys, ApiLimits limits)
+    : manager_(manager), keys_(keys), limits_(limits) {
+  // The router only matches; handle() runs the route's method with the authenticated tenant.
+  for (const auto& r : routeTable()) router_.add(r.method, r.pattern, http::Handler());
+}
+
+void ApiService::handle(http::Request& req, http::Response& res) {
+  metrics_.countRequest();
+  auto found = router_.match(req.method(), req.rawPath());
+  const Route* route = nullptr;
+  if (found.kind == http::Router::Match::Kind::kFound) {
+    for (const auto& r : routeTable()) {
+      if (found.pattern == r.pattern && req.method() == r.method) route = &r;
+    }
+  }
+  Call call{req, res, ""};
+  // Authentication comes before any answer about routes, so the API's shape is not probed
+  // without a key.
+  if (!route || !route->open) {
+    auto header = req.header("authorization");
+    auto key = header ? bearerToken(*header) : std::nullopt;
+    auto tenant = key ? keys_.authenticate(*key) : std::nullopt;
+    if (!tenant) {
+      metrics_.countError("unauthenticated");
+      res.setHeader("WWW-Authenticate", "Bearer");
+      (void)res.sendError(401, "unauthenticated",
+                          header ? "the API key is not valid" : "missing Authorization: Bearer <api key> header");
+      return;
+    }
+    call.tenant = *tenant;
+  }
+  if (found.kind == http::Router::Match::Kind::kNotFound) {
+    return fail(call, makeError(ErrorCode::kNotFound, "no route for " + req.method() + " " + req.path(), "no_route"));
+  }
+  if (found.kind == http::Router::Match::Kind::kMethodNotAllowed) {
+    std::string allowed;
+    for (const auto& m : found.allowed) allowed += (allowed.empty() ? "" : ", ") + m;
+    res.setHeader("Allow", allowed);
+    metrics_.countError("method_not_allowed");
+    (void)res.sendError(405, "method_not_allowed",
+                        "method " + req.method() + " is not allowed on " + req.path() + " (allowed: " + allowed + ")");
+    return;
+  }
+  req.setPathParams(std::move(found.params));
+  (this->*(route->handler))(call);
+}
+
+void ApiService::fail(Call& c, const Error& error) {
+  std::string code = error.reason.empty() ? errorCodeName(error.code) : error.reason;
+  metrics_.countError(code);
+  if (c.res.started()) {
+    spdlog::warn("api: {} {}: error after the response started: {}", c.req.method(), c.req.path(), error.message);
+    return;  // the server closes the connection: the client sees a cut stream
+  }
+  json body = http::errorBody(code, error.message);
+  // A request refused for the sandbox's state says what that state is.
+  if (error.reason == "invalid_state" && !c.id().empty()) {
+    if (auto rec = manager_.get(c.tenant, c.id()); rec.ok()) body["error"]["state"] = rec->state;
+  }
+  (void)c.res.send(httpStatus(error), "application/json", dumpJson(body));
+}
+
+Result<json> ApiService::readJson(Call& c, size_t max_bytes) {
+  auto body = c.req.readBody(max_bytes);
+  if (!body.ok()) {
+    if (body.error().code == ErrorCode::kResourceExhausted) {
+      return makeError(ErrorCode::kResourceExhausted, body.error().message, "payload_too_large");
+    }
+    return body.error();
+  }
+  return parseJsonBody(body.value());
+}
+
+// --- open and node-wide ----------------------------------------------------------------------
+
+void ApiService::healthz(Call& c) { (void)c.res.sendJson(200, json{{"status", "ok"}}); }
+
+void ApiService::openapi(Call& c) {
+  auto doc = openApiDocument();
+  (void)c.res.send(200, "application/json", doc);
+}
+
+void ApiService::metrics(Call& c) {
+  auto stats = manager_.stats();
+  std::map<std::string, Metrics::Gauge> gauges;
+  auto& by_state = gauges["space_sandboxes"];
+  by_state.help = "Sandboxes on this node by state (deleted: within the retention period).";
+  for (const char* s : {"creating", "running", "paused", "suspended", "failed", "deleted"}) {
+    auto it = stats.by_state.find(s);
+    by_state.values[std::string("state=\"") + s + "\""] = it == stats.by_state.end() ? 0 : it->second;
+  }
+  gauges["space_node_vcpus_reserved"] = {"vCPUs reserved by sandboxes on this node.", {{"", stats.reserved_vcpus}}};
+  gauges["space_node_vcpus_limit"] = {"vCPUs this node may reserve.", {{"", stats.max_total_vcpus}}};
+  gauges["space_node_memory_reserved_mb"] = {"Memory (MB) reserved by sandboxes on this node.",
+                                             {{"", static_cast<double>(stats.reserved_memory_mb)}}};
+  gauges["space_node_memory_limit_mb"] = {"Memory (MB) this node may reserve.",
+                                          {{"", static_cast<double>(stats.max_total_memory_mb)}}};
+  (void)c.res.send(200, "text/plain; version=0.0.4", metrics_.render(gauges));
+}
+
+// --- sandboxes -------------------------------------------------------------------------------
+
+void ApiService::createSandbox(Call& c) {
+  auto started = Clock::now();
+  auto body = readJson(c, limits_.max_json_body);
+  if (!body.ok()) return fail(c, body.error());
+  ObjectReader in(body.value());
+  sandbox::CreateRequest request;
+  request.tenant = c.tenant;
+  auto tpl = in.string("template", 128);
+  auto cpus = in.integer("cpus", 1, kMaxCpus);
+  auto memory = in.integer("memory_mb", 1, kMaxMemoryMb);
+  auto timeout = in.integer("timeout_s", 1, INT32_MAX);
+  auto env = in.stringMap("env", 256);
+  auto metadata = in.stringMap("metadata", 64, 16 * 1024);
+  for (const Status& s :
+       {tpl.ok() ? okStatus() : Status(tpl.error()), cpus.ok() ? okStatus() : Status(cpus.error()),
+        memory.ok() ? okStatus() : Status(memory.error()), timeout.ok() ? okStatus() : Status(timeout.error()),
+        env.ok() ? okStatus() : Status(env.error()), metadata.ok() ? okStatus() : Status(metadata.error()),
+        in.finish()}) {
+    if (!s.ok()) return fail(c, s.error());
+  }
+  if (tpl.value()) request.template_name = *tpl.value();
+  if (cpus.value()) request.cpus = static_cast<uint32_t>(*cpus.value());
+  if (memory.value()) request.memory_mb = static_cast<uint64_t>(*memory.value());
+  if (timeout.value()) request.timeout_s = *timeout.value();
+  if (env.value()) request.env = *env.value();
+  if (metadata.value()) request.metadata = *metadata.value();
+  auto rec = manager_.create(request);
+  if (!rec.ok()) return fail(c, rec.error());
+  metrics_.create_seconds.observe(std::chrono::duration<double>(Clock::now() - started).count());
+  (void)c.res.send(201, "application/json", dumpJson(sandboxJson(rec.value())));
+}
+
+void ApiService::listSandboxes(Call& c) {
+  store::ListFilter filter;
+  filter.tenant = c.tenant;
+  for (const auto& [key, value] : c.req.queryParams()) {
+    if (key == "state") {
+      size_t start = 0;
+      while (start <= value.size()) {
+        size_t comma = value.find(',', start);
+        std::string name = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        auto state = sandbox::parseState(name);
+        if (!state.ok()) return fail(c, makeError(ErrorCode::kInvalidArgument, "state: " + state.error().message));
+        filter.states.push_back(name);
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+    } else if (key == "metadata") {
+      auto eq = value.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        return fail(c, makeError(ErrorCode::kInvalidArgument, "metadata: must be key=value"));
+      }
+      filter.metadata[value.substr(0, eq)] = value.substr(eq + 1);
+    } else if (key != "limit" && key != "cursor") {
+      return fail(c, makeError(ErrorCode::kInvalidArgument, "unknown query parameter \"" + key + "\""));
+    }
+  }
+  auto limit = queryInt(c.req, "limit", 1, 1000);
+  if (!limit.ok()) return fail(c, limit.error());
+  if (limit.value()) filter.limit = static_cast<size_t>(*limit.value());
+  if (auto cursor = c.req.query("cursor")) filter.after_id = *cursor;
+  auto page = manager_.list(filter);
+  if (!page.ok()) return fail(c, page.error());
+  json items = json::array();
+  for (const auto& rec : page->items) items.push_back(sandboxJson(rec));
+  json out{{"sandboxes", items}, {"next_cursor", page->next_cursor.empty() ? json() : json(page->next_cursor)}};
+  (void)c.res.send(200, "application/json", dumpJson(out));
+}
+
+void ApiService::getSandbox(Call& c) {
+  auto rec = manager_.get(c.tenant, c.id());
+  if (!rec.ok()) return fail(c, rec.error());
+  (void)c.res.send(200, "application/json", dumpJson(sandboxJson(rec.value())));
+}
+
+void ApiService::deleteSandbox(Call& c) {
+  auto removed = manager_.remove(c.tenant, c.id());
+  if (!removed.ok()) return fail(c, removed.error());
+  (void)c.res.send(204, "", "");
+}
+
+void ApiService::setTimeout(Call& c) {
+  auto body = readJson(c, limits_.max_json_body);
+  if (!body.ok()) return fail(c, body.error());
+  ObjectReader in(body.value());
+  auto timeout = in.integer("timeout_s", 1, INT32_MAX);
+  if (!timeout.ok()) return fail(c, timeout.error());
+  if (auto done = in.finish(); !done.ok()) return fail(c, done.error());
+  if (!timeout.value()) return fail(c, makeError(ErrorCode::kInvalidArgument, "timeout_s: required"));
+  auto rec = manager_.setTimeout(c.tenant, c.id(), *timeout.value());
+  if (!rec.ok()) return fail(c, rec.error());
+  (void)c.res.send(200, "application/json", dumpJson(sandboxJson(rec.value())));
+}
+
+// --- agent access ----------------------------------------------------------------------------
+
+Result<sandbox::AgentLease> ApiService::lease(Call& c, std::string_view operation) {
+  return manager_.agent(c.tenant, c.id(), operation);
+}
+
+Result<json> ApiService::agentCall(Call&, const sandbox::AgentLease& lease, const std::string& method,
+                                   const json& request, const std::string& user) {
+  agentproto::CallOptions options;
+  options.user = user;
+  auto result = lease.agent->call(method, request, options);
+  if (!result.ok()) return manager_.agentFailed(lease, result.error());
+  return result;
+}
+
+void ApiService::exec(Call& c) {
+  auto started = Clock::now();
+  auto body = readJson(c, limits_.max_exec_body);
+  if (!body.ok()) return fail(c, body.error());
+  ObjectReader in(body.value());
+  auto command = in.string("command", 128 * 1024);
+  auto argv = in.stringArray("argv", 4096, 128 * 1024);
+  auto env = in.stringMap("env", 256);
+  auto cwd = in.string("cwd", 4096);
+  auto user = in.string("user", 64);
+  auto stdin_b64 = in.string("stdin", limits_.max_exec_body);
+  auto timeout = in.integer("timeout_s", 0, 24 * 3600);
+  auto stream = in.boolean("stream");
+  auto stdin_open = in.boolean("stdin_open");
+  if (!stdin_open.ok()) return fail(c, stdin_open.error());
+  for (const Status& s :
+       {command.ok() ? okStatus() : Status(command.error()), argv.ok() ? okStatus() : Status(argv.error()),
+        env.ok() ? okStatus() : Status(env.error()), cwd.ok() ? okStatus() : Status(cwd.error()),
+        user.ok() ? okStatus() : Status(user.error()), stdin_b64.ok() ? okStatus() : Status(stdin_b64.error()),
+        timeout.ok() ? okStatus() : Status(timeout.error()), stream.ok() ? okStatus() : Status(stream.error()),
+        in.finish()}) {
+    if (!s.ok()) return fail(c, s.error());
+  }
+  agentproto::CommandSpec spec;
+  if (command.value().has_value() == argv.value().has_value()) {
+    return fail(c, makeError(ErrorCode::kInvalidArgument, "exactly one of command, argv is required"));
+  }
+  if (command.value()) {
+    if (command.value()->empty()) return fail(c, makeError(ErrorCode::kInvalidArgument, "command: must not be empty"));
+    if (command.value()->find('\0') != std::string::npos) {
+      return fail(c, makeError(ErrorCode::kInvalidArgument, "command: contains a NUL byte"));
+    }
+    spec.command = *command.value();
+  } else {
+    if (argv.value()->empty() || argv.value()->front().empty()) {
+      return fail(c, makeError(ErrorCode::kInvalidArgument, "argv: must name a program"));
+    }
+    spec.argv = *argv.value();
+  }
+  if (env.value()) spec.env = *env.value();
+  if (cwd.value()) {
+    if (auto ok = checkPath(*cwd.value(), "cwd"); !ok.ok()) return fail(c, ok.error());
+    spec.cwd = *cwd.value();
+  }
+  if (user.value()) spec.user = *user.value();
+  if (stdin_b64.value()) {
+    auto data = agentproto::base64Decode(*stdin_b64.value());
+    if (!data) return fail(c, makeError(ErrorCode::kInvalidArgument, "stdin: not valid base64"));
+    spec.stdin_data = std::move(*data);
+  }
+  spec.timeout = std::chrono::seconds(timeout.value() ? *timeout.value() : 60);
+  bool streamed = stream.value().value_or(false);
+  if (auto accept = c.req.header("accept"); accept && accept->find(kNdjson) != std::string::npos) streamed = true;
+  // stdin_open: stdin stays open for .../processes/{pid}/stdin; only useful while streaming.
+  const bool keep_stdin = stdin_open.value().value_or(false);
+  if (keep_stdin && !streamed) {
+    return fail(c, makeError(ErrorCode::kInvalidArgument, "stdin_open: needs a streamed exec (\"stream\": true)"));
+  }
+  if (keep_stdin && !spec.stdin_data) spec.stdin_data = std::string();
+
+  auto agent = lease(c, "exec");
+  if (!agent.ok()) return fail(c, agent.error());
+  if (streamed) {
+    streamProcess(c, agent.value(), "/process.Process/Start", agentproto::startRequest(spec), spec.user, spec.timeout,
+                  spec.stdin_data, !keep_stdin);
+    metrics_.exec_seconds.observe(std::chrono::duration<double>(Clock::now() - started).count());
+    return;
+  }
+  auto result = agentproto::runCommand(*agent->agent, spec, limits_.max_exec_output);
+  if (!result.ok()) return fail(c, manager_.agentFailed(agent.value(), result.error()));
+  metrics_.exec_seconds.observe(std::chrono::duration<double>(Clock::now() - started).count());
+  json out{{"pid", result->pid},
+           {"exit_code", result->exit_code},
+           {"status", result->status},
+           {"stdout", result->stdout_data},
+           {"stderr", result->stderr_data},
+           {"duration_ms", std::chrono::duration_cast<milliseconds>(Clock::now() - started).count()}};
+  (void)c.res.send(200, "application/json", dumpJson(out));
+}
+
+void ApiService::streamProcess(Call& c, const sandbox::AgentLease& lease, const std::string& method,
+                               const json& request, const std::string& user, milliseconds timeout,
+                               const std::optional<std::string>& stdin_data, bool close_stdin) {
+  // Events arrive on the agent client's I/O thread; this (the connection's) thread writes them
+  // to the client. A client slower than the backlog bound loses the stream, not the node's memory.
+  struct Shared {
+    std::mutex m;
+    std::condition_variable cv;
+    std::deque<std::string> lines;
+    size_t backlog = 0;
+    bool over = false;
+    bool overflow = false;
+    int pid = 0;
+    std::optional<Error> end_error;
+  };
+  auto shared = std::make_shared<Shared>();
+  const size_t max_backlog = limits_.max_stream_backlog;
+  agentproto::CallOptions options;
+  options.user = user;
+  options.timeout = timeout;
+  options.local_grace = std::chrono::seconds(5);
+  auto stream = lease.agent->stream(
+      method, request, options,
+      [shared, max_backlog](const json& message) {
+        auto ev = agentproto::decodeProcessEvent(message);
+        std::lock_guard lock(shared->m);
+        if (!ev.ok()) {
+          shared->end_error = ev.error();
+          return;
+        }
+        if (ev->kind == agentproto::ProcessEvent::Kind::kStart) shared->pid = ev->pid;
+        auto line = eventLine(ev.value());
+        if (!line || shared->overflow) return;
+        if (shared->backlog + line->size() > max_backlog) {
+          shared->overflow = true;
+        } else {
+          shared->backlog += line->size();
+          shared->lines.push_back(std::move(*line));
+        }
+        shared->cv.notify_all();
+      },
+      [shared](const Status& end) {
+        std::lock_guard lock(shared->m);
+        if (!end.ok() && !shared->end_error) shared->end_error = end.error();
+        shared->over = true;
+        shared->cv.notify_all();
+      });
+
+  bool stdin_sent = !stdin_data.has_value();
+  bool client_gone = false;
+  while (true) {
+    std::deque<std::string> batch;
+    bool over = false, overflow = false;
+    int pid = 0;
+    {
+      std::unique_lock lock(shared->m);
+      shared->cv.wait_for(lock, milliseconds(1000), [&] {
+        return !shared->lines.empty() || shared->over || shared->overflow || (!stdin_sent && shared->pid);
+      });
+      batch.swap(shared->lines);
+      shared->backlog = 0;
+      over = shared->over;
+      overflow = shared->overflow;
+      pid = shared->pid;
+    }
+    if (!c.res.started() && (!batch.empty() || over)) {
+      // An error before any event (unknown pid, bad cwd) is a plain error response.
+      std::lock_guard lock(shared->m);
+      if (batch.empty() && shared->end_error) return fail(c, manager_.agentFailed(lease, *shared->end_error));
+    }
+    if (!c.res.started() && !batch.empty()) {
+      if (!c.res.begin(200, kNdjson).ok()) client_gone = true;
+    }
+    for (const auto& line : batch) {
+      if (client_gone || !c.res.write(line).ok()) client_gone = true;
+    }
+    if (!stdin_sent && pid) {
+      stdin_sent = true;
+      json sel{{"pid", pid}};
+      if (!stdin_data->empty()) {
+        (void)lease.agent->call("/process.Process/SendInput",
+                                json{{"process", sel}, {"input", {{"stdin", agentproto::base64Encode(*stdin_data)}}}});
+      }
+      if (close_stdin) (void)lease.agent->call("/process.Process/CloseStdin", json{{"process", sel}});
+    }
+    if (client_gone) {
+      // The process keeps running in the guest and can be re-attached.
+      stream->cancel();
+      (void)stream->wait(milliseconds(5000));
+      return;
+    }
+    if (overflow) {
+      stream->cancel();
+      (void)stream->wait(milliseconds(5000));
+      (void)c.res.write(dumpJson(json{{"type", "error"},
+                                      {"error",
+                                       {{"code", "client_too_slow"},
+                                        {"message", "output backlog over " + std::to_string(max_backlog) +
+                                                        " bytes; the process keeps running, re-attach to it"}}}}) +
+                        "\n");
+      (void)c.res.end();
+      return;
+    }
+    if (over) break;
+  }
+  std::optional<Error> end_error;
+  {
+    std::lock_guard lock(shared->m);
+    end_error = shared->end_error;
+  }
+  if (end_error) {
+    Error e = manager_.agentFailed(lease, *end_error);
+    std::string code = e.reason.empty() ? errorCodeName(e.code) : e.reason;
+    metrics_.countError(code);
+    if (!c.res.started()) return fail(c, e);
+    (void)c.res.write(dumpJson(json{{"type", "error"}, {"error", {{"code", code}, {"message", e.message}}}}) + "\n");
+  }
+  if (!c.res.started()) (void)c.res.begin(200, kNdjson);
+  (void)c.res.end();
+}
+
+void ApiService::listProcesses(Call& c) {
+  auto agent = lease(c, "list processes");
+  if (!agent.ok()) return fail(c, agent.error());
+  auto result = agentCall(c, agent.value(), "/process.Process/List", json::object());
+  if (!result.ok()) return fail(c, result.error());
+  json out = json::array();
+  if (result->contains("processes") && (*result)["processes"].is_array()) {
+    for (const auto& p : (*result)["processes"]) {
+      if (!p.is_object()) continue;
+      json cfg = p.value("config", json::object());
+      json entry{{"pid", p.value("pid", 0)},
+                 {"cmd", cfg.value("cmd", "")},
+                 {"args", cfg.value("args", json::array())},
+                 {"cwd", cfg.value("cwd", "")}};
+      if (p.contains("tag")) entry["tag"] = p["tag"];
+      out.push_back(std::move(entry));
+    }
+  }
+  (void)c.res.send(200, "application/json", dumpJson(json{{"processes", out}}));
+}
+
+void ApiService::attachProcess(Call& c) {
+  auto pid = pidParam(c.req);
+  if (!pid.ok()) return fail(c, pid.error());
+  auto agent = lease(c, "attach to a process");
+  if (!agent.ok()) return fail(c, agent.error());
+  streamProcess(c, agent.value(), "/process.Process/Connect", json{{"process", {{"pid", pid.value()}}}}, "",
+                milliseconds(0), std::nullopt, false);
+}
+
+void ApiService::signalProcess(Call& c) {
+  auto pid = pidParam(c.req);
+  if (!pid.ok()) return fail(c, pid.error());
+  auto body = readJson(c, limits_.max_json_body);
+  if (!body.ok()) return fail(c, body.error());
+  ObjectReader in(body.value());
+  auto signal = in.string("signal", 32);
+  if (!signal.ok()) return fail(c, signal.error());
+  if (auto done = in.finish(); !done.ok()) return fail(c, done.error());
+  std::string name = signal.value().value_or("SIGTERM");
+  if (name.rfind("SIG", 0) != 0) name = "SIG" + name;
+  static const std::set<std::string> kAllowed = {"SIGKILL", "SIGTERM", "SIGINT",  "SIGHUP", "SIGQUIT",
+                                                 "SIGUSR1", "SIGUSR2", "SIGSTOP", "SIGCONT"};
+  if (!kAllowed.count(name)) {
+    return fail(
+        c, makeError(ErrorCode::kInvalidArgument,
+                     "signal: one of SIGKILL, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGSTOP, SIGCONT"));
+  }
+  auto agent = lease(c, "signal a process");
+  if (!agent.ok()) return fail(c, agent.error());
+  auto result = agentCall(c, agent.value(), "/process.Process/SendSignal",
+                          json{{"process", {{"pid", pid.value()}}}, {"signal", "SIGNAL_" + name}});
+  if (!result.ok()) return fail(c, result.error());
+  (void)c.res.send(204, "", "");
+}
+
+void ApiService::processInput(Call& c) {
+  auto pid = pidParam(c.req);
+  if (!pid.ok()) return fail(c, pid.error());
+  auto body = readJson(c, limits_.max_exec_body);
+  if (!body.ok()) return fail(c, body.error());
+  ObjectReader in(body.value());
+  auto data = in.string("data", limits_.max_exec_body);
+  auto eof = in.boolean("eof");
+  if (!data.ok()) return fail(c, data.error());
+  if (!eof.ok()) return fail(c, eof.error());
+  if (auto done = in.finish(); !done.ok()) return fail(c, done.error());
+  std::optional<std::string> bytes;
+  if (data.value()) {
+    bytes = agentproto::base64Decode(*data.value());
+    if (!bytes) return fail(c, makeError(ErrorCode::kInvalidArgument, "data: not valid base64"));
+  }
+  auto agent = lease(c, "send input");
+  if (!agent.ok()) return fail(c, agent.error());
+  json sel{{"pid", pid.value()}};
+  if (bytes && !bytes->empty()) {
+    auto sent = agentCall(c, agent.value(), "/process.Process/SendInput",
+                          json{{"process", sel}, {"input", {{"stdin", agentproto::base64Encode(*bytes)}}}});
+    if (!sent.ok()) return fail(c, sent.error());
+  }
+  if (eof.value().value_or(false)) {
+    auto closed = agentCall(c, agent.value(), "/process.Process/CloseStdin", json{{"process", sel}});
+    if (!closed.ok()) return fail(c, closed.error());
+  }
+  (void)c.res.send(204, "", "");
+}
+
+// --- files -----------------------------------------------------------------------------------
+
+void ApiService::downloadFile(Call& c) {
+  auto path = requiredQuery(c.req, "path");
+  if (!path.ok()) return fail(c, path.error());
+  auto user = queryUser(c.req);
+  if (!user.ok()) return fail(c, user.error());
+  auto agent = lease(c, "read files");
+  if (!agent.ok()) return fail(c, agent.error());
+  agentproto::CallOptions options;
+  options.user = user.value();
+  options.timeout = std::chrono::hours(1);
+  bool client_gone = false;
+  // The response starts with the first chunk, so an error before it (no such file, a
+  // directory) is still a proper error response.
+  auto done = agent->agent->download(
+      path.value(),
+      [&](std::string_view chunk) -> Status {
+        if (!c.res.started()) {
+          c.res.setHeader("X-Content-Type-Options", "nosniff");
+          if (!c.res.begin(200, "application/octet-stream").ok()) client_gone = true;
+        }
+        if (client_gone || !c.res.write(chunk).ok()) {
+          client_gone = true;
+          return makeError(ErrorCode::kCanceled, "the client went away");
+        }
+        return okStatus();
+      },
+      options);
+  if (!done.ok()) {
+    if (client_gone) return;
+    return fail(c, manager_.agentFailed(agent.value(), done.error()));
+  }
+  if (!c.res.started()) {
+    (void)c.res.send(200, "application/octet-stream", "");
+    return;
+  }
+  (void)c.res.end();
+}
+
+void ApiService::uploadFile(Call& c) {
+  auto path = requiredQuery(c.req, "path");
+  if (!path.ok()) return fail(c, path.error());
+  auto user = queryUser(c.req);
+  if (!user.ok()) return fail(c, user.error());
+  auto agent = lease(c, "write files");
+  if (!agent.ok()) return fail(c, agent.error());
+  agentproto::CallOptions options;
+  options.user = user.value();
+  options.timeout = std::chrono::hours(1);
+  std::optional<Error> body_error;
+  auto result = agent->agent->upload(
+      path.value(),
+      [&](char* out, size_t max) -> Result<size_t> {
+        auto n = c.req.readSome(out, max);
+        if (!n.ok()) body_error = n.error();
+        return n;
+      },
+      options);
+  if (!result.ok()) {
+    if (body_error) return fail(c, makeError(ErrorCode::kInvalidArgument, "request body: " + body_error->message));
+    return fail(c, manager_.agentFailed(agent.value(), result.error()));
+  }
+  json entry = result->is_array() && !result->empty() ? (*result)[0] : result.value();
+  (void)c.res.send(200, "application/json", dumpJson(entryJson(entry)));
+}
+
+void ApiService::removeFile(Call& c) {
+  auto path = requiredQuery(c.req, "path");
+  if (!path.ok()) return fail(c, path.error());
+  auto user = queryUser(c.req);
+  if (!user.ok()) return fail(c, user.error());
+  auto agent = lease(c, "remove files");
+  if (!agent.ok()) return fail(c, agent.error());
+  auto result =
+      agentCall(c, agent.value(), "/filesystem.Filesystem/Remove", json{{"path", path.value()}}, user.value());
+  if (!result.ok()) return fail(c, result.error());
+  (void)c.res.send(204, "", "");
+}
+
+void ApiService::listFiles(Call& c) {
+  auto path = requiredQuery(c.req, "path");
+  if (!path.ok()) return fail(c, path.error());
+  auto user = queryUser(c.req);
+  if (!user.ok()) return fail(c, user.error());
+  auto depth = queryInt(c.req, "depth", 1, 64);
+  if (!depth.ok()) return fail(c, depth.error());
+  auto agent = lease(c, "list files");
+  if (!agent.ok()) return fail(c, agent.error());
+  auto result = agentCall(c, agent.value(), "/filesystem.Filesystem/ListDir",
+                          json{{"path", path.value()}, {"depth", depth.value().value_or(1)}}, user.value());
+  if (!result.ok()) return fail(c, result.error());
+  json entries = json::array();
+  if (result->contains("entries") && (*result)["entries"].is_array()) {
+    for (const auto& e : (*result)["entries"]) entries.push_back(entryJson(e));
+  }
+  (void)c.res.send(200, "application/json", dumpJson(json{{"entries", entries}}));
+}
+
+void ApiService::makeDirectory(Call& c) {
+  auto body = readJson(c, limits_.max_json_body);
+  if (!body.ok()) return fail(c, body.error());
+  ObjectReader in(body.value());
+  auto path = in.string("path", 4096);
+  auto user = in.string("user", 64);
+  if (!path.ok()) return fail(c, path.error());
+  if (!user.ok()) return fail(c, user.error());
+  if (auto done = in.finish(); !done.ok()) return fail(c, done.error());
+  if (auto ok = checkPath(path.value().value_or(""), "path"); !ok.ok()) return fail(c, ok.error());
+  auto agent = lease(c, "make directories");
+  if (!agent.ok()) return fail(c, agent.error());
+  auto result = agentCall(c, agent.value(), "/filesystem.Filesystem/MakeDir", json{{"path", *path.value()}},
+                          user.value().value_or(""));
+  if (!result.ok()) return fail(c, result.error());
+  (void)c.res.send(201, "application/json", dumpJson(entryJson(result->value("entry", json::object()))));
+}
+
+void ApiService::moveFile(Call& c) {
+  auto body = readJson(c, limits_.max_json_body);
+  if (!body.ok()) return fail(c, body.error());
+  ObjectReader in(body.value());
+  auto source = in.string("source", 4096);
+  auto destination = in.string("destination", 4096);
+  auto user = in.string("user", 64);
+  for (const Status& s :
+       {source.ok() ? okStatus() : Status(source.error()), destination.ok() ? okStatus() : Status(destination.error()),
+        user.ok() ? okStatus() : Status(user.error()), in.finish()}) {
+    if (!s.ok()) return fail(c, s.error());
+  }
+  if (auto ok = checkPath(source.value().value_or(""), "source"); !ok.ok()) return fail(c, ok.error());
+  if (auto ok = checkPath(destination.value().value_or(""), "destination"); !ok.ok()) return fail(c, ok.error());
+  auto agent = lease(c, "move files");
+  if (!agent.ok()) return fail(c, agent.error());
+  auto result =
+      agentCall(c, agent.value(), "/filesystem.Filesystem/Move",
+                json{{"source", *source.value()}, {"destination", *destination.value()}}, user.value().value_or(""));
+  if (!result.ok()) return fail(c, result.error());
+  (void)c.res.send(200, "application/json", dumpJson(entryJson(result->value("entry", json::object()))));
+}
+
+void ApiService::consoleLog(Call& c) {
+  auto tail = queryInt(c.req, "tail_bytes", 1, static_cast<int64_t>(limits_.max_console_bytes));
+  if (!tail.ok()) return fail(c, tail.error());
+  auto text = manager_.consoleLog(c.tenant, c.id(), static_cast<size_t>(tail.value().value_or(64 * 1024)));
+  if (!text.ok()) return fail(c, text.error());
+  (void)c.res.send(200, "text/plain; charset=utf-8", text.value());
+}
+
+}  // namespace space::api

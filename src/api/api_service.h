@@ -1,0 +1,92 @@
+// ApiService: the /v1 REST API of spaced over a SandboxManager. It turns HTTP requests into
+// manager and agent calls and their results into JSON (errors: {"error":{"code","message"}}
+// with a status that fits the code). Every route except /healthz needs `Authorization: Bearer
+// <key>`; the key's tenant scopes everything, and another tenant's sandbox is "not found".
+// docs/api.md describes the API; docs/openapi.json is its contract (a test compares the
+// routes below with it).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "api/auth.h"
+#include "api/metrics.h"
+#include "http/message.h"
+#include "http/router.h"
+#include "sandbox/manager.h"
+
+namespace space::api {
+
+struct ApiLimits {
+  size_t max_json_body = 1 << 20;       // create, timeout, file operations
+  size_t max_exec_body = 24 << 20;      // exec (carries stdin)
+  size_t max_exec_output = 64 << 20;    // non-streamed exec: stdout + stderr kept in memory
+  size_t max_stream_backlog = 8 << 20;  // streamed output waiting for a slow client
+  size_t max_console_bytes = 1 << 20;
+};
+
+// The served OpenAPI document (docs/openapi.json, embedded at build time).
+std::string_view openApiDocument();
+
+class ApiService {
+ public:
+  ApiService(sandbox::SandboxManager& manager, KeyRing& keys, ApiLimits limits = {});
+  ApiService(const ApiService&) = delete;
+  ApiService& operator=(const ApiService&) = delete;
+
+  // The server's handler: authentication, then routing.
+  void handle(http::Request& request, http::Response& response);
+  // Every (method, pattern) the API serves, for the OpenAPI consistency test.
+  static std::vector<std::pair<std::string, std::string>> routes();
+
+ private:
+  struct Call;  // one authenticated request
+  using Method = void (ApiService::*)(Call&);
+  struct Route {
+    const char* method;
+    const char* pattern;
+    Method handler;
+    bool open;  // served without a key
+  };
+  static const std::vector<Route>& routeTable();
+
+  void healthz(Call& c);
+  void metrics(Call& c);
+  void openapi(Call& c);
+  void createSandbox(Call& c);
+  void listSandboxes(Call& c);
+  void getSandbox(Call& c);
+  void deleteSandbox(Call& c);
+  void setTimeout(Call& c);
+  void exec(Call& c);
+  void listProcesses(Call& c);
+  void attachProcess(Call& c);
+  void signalProcess(Call& c);
+  void processInput(Call& c);
+  void downloadFile(Call& c);
+  void uploadFile(Call& c);
+  void removeFile(Call& c);
+  void listFiles(Call& c);
+  void makeDirectory(Call& c);
+  void moveFile(Call& c);
+  void consoleLog(Call& c);
+
+  void fail(Call& c, const Error& error);
+  Result<nlohmann::json> readJson(Call& c, size_t max_bytes);
+  Result<sandbox::AgentLease> lease(Call& c, std::string_view operation);
+  Result<nlohmann::json> agentCall(Call& c, const sandbox::AgentLease& lease, const std::string& method,
+                                   const nlohmann::json& request, const std::string& user = {});
+  void streamProcess(Call& c, const sandbox::AgentLease& lease, const std::string& method,
+                     const nlohmann::json& request, const std::string& user, std::chrono::milliseconds timeout,
+                     const std::optional<std::string>& stdin_data, bool close_stdin);
+
+  sandbox::SandboxManager& manager_;
+  KeyRing& keys_;
+  ApiLimits limits_;
+  Metrics metrics_;
+  http::Router router_;
+};
+
+}  // namespace space::api

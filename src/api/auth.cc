@@ -1,0 +1,114 @@
+#include "api/auth.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+
+#include <cstdio>
+
+namespace space::api {
+
+namespace {
+
+void sha256(std::string_view data, unsigned char out[32]) {
+  unsigned int len = 0;
+  if (EVP_Digest(data.data(), data.size(), out, &len, EVP_sha256(), nullptr) != 1 || len != 32) abort();
+}
+
+std::string hex(const unsigned char* bytes, size_t n) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    out += kDigits[bytes[i] >> 4];
+    out += kDigits[bytes[i] & 15];
+  }
+  return out;
+}
+
+bool unhex(const std::string& text, unsigned char out[32]) {
+  if (text.size() != 64) return false;
+  for (size_t i = 0; i < 32; ++i) {
+    unsigned value = 0;
+    if (sscanf(text.c_str() + 2 * i, "%2x", &value) != 1) return false;
+    out[i] = static_cast<unsigned char>(value);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string generateApiKey() {
+  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  std::string key = "sk_";
+  while (key.size() < 43) {
+    unsigned char b = 0;
+    if (RAND_bytes(&b, 1) != 1) abort();  // no entropy: nothing safe to do
+    if (b >= 248) continue;               // 248 = 4 * 62: rejection keeps the characters uniform
+    key += kAlphabet[b % 62];
+  }
+  return key;
+}
+
+std::string apiKeyDigest(std::string_view key) {
+  unsigned char digest[32];
+  sha256(key, digest);
+  return hex(digest, sizeof digest);
+}
+
+std::optional<std::string> bearerToken(std::string_view authorization) {
+  constexpr std::string_view kScheme = "Bearer ";
+  if (authorization.size() <= kScheme.size()) return std::nullopt;
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(authorization[i])) !=
+        std::tolower(static_cast<unsigned char>(kScheme[i]))) {
+      return std::nullopt;
+    }
+  }
+  std::string_view key = authorization.substr(kScheme.size());
+  while (!key.empty() && key.front() == ' ') key.remove_prefix(1);
+  while (!key.empty() && key.back() == ' ') key.remove_suffix(1);
+  if (key.empty() || key.size() > 256) return std::nullopt;
+  return std::string(key);
+}
+
+Status KeyRing::load() {
+  auto keys = store_.listApiKeys();
+  if (!keys.ok()) return keys.error();
+  std::vector<Entry> entries;
+  for (const auto& k : keys.value()) {
+    Entry e;
+    e.tenant = k.tenant;
+    if (!unhex(k.key_sha256_hex, e.digest)) continue;
+    entries.push_back(std::move(e));
+  }
+  std::lock_guard lock(mu_);
+  entries_ = std::move(entries);
+  last_load_ = std::chrono::steady_clock::now();
+  return okStatus();
+}
+
+std::optional<std::string> KeyRing::find(const unsigned char* digest) {
+  std::lock_guard lock(mu_);
+  std::optional<std::string> tenant;
+  for (const auto& e : entries_) {
+    // Every entry is compared, match or not.
+    if (CRYPTO_memcmp(e.digest, digest, 32) == 0) tenant = e.tenant;
+  }
+  return tenant;
+}
+
+std::optional<std::string> KeyRing::authenticate(std::string_view key) {
+  unsigned char digest[32];
+  sha256(key, digest);
+  auto since_load = [this] {
+    std::lock_guard lock(mu_);
+    return std::chrono::steady_clock::now() - last_load_;
+  };
+  // Revocations (spaced tenant rm) take effect within kRefresh even for keys still cached.
+  if (since_load() > kRefresh) (void)load();
+  if (auto tenant = find(digest)) return tenant;
+  if (since_load() < std::chrono::seconds(1) || !load().ok()) return std::nullopt;
+  return find(digest);
+}
+
+}  // namespace space::api

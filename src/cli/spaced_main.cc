@@ -1,0 +1,267 @@
+// spaced: the SPACE host daemon. Owns the sandboxes of this node (microVMs), keeps their state
+// in SQLite under the data directory, and serves the REST API (docs/api.md).
+//
+//   spaced [--listen 127.0.0.1:8080] [--data-dir /var/lib/space] [--api-key KEY] ...
+//   spaced tenant add NAME | tenant ls | tenant rm NAME
+//
+// Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 1 when it cannot start, 2 for usage.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "api/api_service.h"
+#include "api/auth.h"
+#include "common/fs.h"
+#include "common/log.h"
+#include "http/server.h"
+#include "sandbox/manager.h"
+#include "store/state_store.h"
+
+namespace {
+
+using namespace space;
+
+constexpr const char* kDefaultTenant = "default";
+
+std::string defaultImagePath(const char* env, const std::string& name) {
+  if (const char* v = getenv(env); v != nullptr && *v != '\0') return v;
+  std::error_code ec;
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return name;
+  // The build's images/ directory (links into the image cache), next to bin/.
+  return (exe.parent_path().parent_path() / "images" / name).string();
+}
+
+int fatal(const std::string& message) {
+  spdlog::error("spaced: {}", message);
+  std::cerr << "spaced: " << message << "\n";
+  return 1;
+}
+
+Result<std::unique_ptr<store::StateStore>> openStore(const std::string& data_dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(data_dir, ec);
+  if (ec) return makeError(ErrorCode::kInternal, "create data dir " + data_dir + ": " + ec.message());
+  // Keys, sockets and guest consoles live here: not for other users' eyes.
+  ::chmod(data_dir.c_str(), 0700);
+  return store::StateStore::open(data_dir + "/state.db");
+}
+
+// The default tenant's key: --api-key if given (it then replaces the tenant's other keys),
+// else the one kept in <data-dir>/api-key, else a new one written there (mode 0600).
+Result<std::string> bootstrapKey(store::StateStore& store, const std::string& data_dir, const std::string& given) {
+  const std::string key_file = data_dir + "/api-key";
+  std::string key = given;
+  if (key.empty()) {
+    auto existing = readSmallFile(key_file, 4096);
+    if (existing.ok()) {
+      key = existing.value();
+      while (!key.empty() && (key.back() == '\n' || key.back() == ' ')) key.pop_back();
+    }
+  }
+  const bool generated = key.empty();
+  if (generated) key = api::generateApiKey();
+  if (key.size() < 16 || key.size() > 256 || key.find_first_of(" \t\r\n") != std::string::npos) {
+    return makeError(ErrorCode::kInvalidArgument, "the API key must be 16..256 characters without spaces");
+  }
+  const std::string digest = api::apiKeyDigest(key);
+  auto keys = store.listApiKeys();
+  if (!keys.ok()) return keys.error();
+  bool known = false;
+  for (const auto& k : keys.value()) known = known || (k.key_sha256_hex == digest && k.tenant == kDefaultTenant);
+  if (!given.empty() && !known) (void)store.removeApiKeys(kDefaultTenant);
+  if (!known) {
+    store::ApiKeyRecord rec{kDefaultTenant, digest, given.empty() ? "generated" : "--api-key", 0};
+    SPACE_TRY(store.addApiKey(rec));
+  }
+  if (generated || !given.empty()) SPACE_TRY(writeFileAtomic(key_file, key + "\n", 0600));
+  if (generated) spdlog::info("spaced: generated an API key for tenant \"{}\" ({})", kDefaultTenant, key_file);
+  return key;
+}
+
+int tenantCommand(const std::string& action, const std::string& data_dir, const std::string& name, bool json) {
+  auto store = openStore(data_dir);
+  if (!store.ok()) return fatal(store.error().message);
+  auto& db = *store.value();
+  if (action == "add") {
+    std::string key = api::generateApiKey();
+    auto added = db.addApiKey(store::ApiKeyRecord{name, api::apiKeyDigest(key), "spaced tenant add", 0});
+    if (!added.ok()) return fatal(added.error().message);
+    if (json) {
+      std::cout << nlohmann::json{{"tenant", name}, {"api_key", key}}.dump() << "\n";
+    } else {
+      std::cout << key << "\n";
+      std::cerr << "spaced: new API key for tenant \"" << name << "\" (shown once; only its digest is kept)\n";
+    }
+    return 0;
+  }
+  if (action == "rm") {
+    auto removed = db.removeApiKeys(name);
+    if (!removed.ok()) return fatal(removed.error().message);
+    std::cerr << "spaced: removed the API keys of tenant \"" << name << "\"\n";
+    return 0;
+  }
+  auto keys = db.listApiKeys();
+  if (!keys.ok()) return fatal(keys.error().message);
+  std::map<std::string, int> per_tenant;
+  for (const auto& k : keys.value()) ++per_tenant[k.tenant];
+  if (json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& [tenant, n] : per_tenant) out.push_back({{"tenant", tenant}, {"keys", n}});
+    std::cout << out.dump() << "\n";
+  } else {
+    std::printf("%-24s %s\n", "TENANT", "KEYS");
+    for (const auto& [tenant, n] : per_tenant) std::printf("%-24s %d\n", tenant.c_str(), n);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "spaced: the SPACE daemon. Runs sandboxes (microVMs) on this node and serves the REST API.\n"
+      "Example: spaced --listen 127.0.0.1:8080 --data-dir /var/lib/space\n"
+      "Then:    spacectl run --rm -- uname -a"};
+  std::string listen = "127.0.0.1:8080";
+  std::string data_dir = "/var/lib/space";
+  std::string api_key;
+  std::string log_level = "info";
+  bool log_json = false;
+  std::string accel = "auto";
+  std::string on_shutdown = "keep";
+  sandbox::ManagerConfig config;
+  sandbox::Template base{"base", defaultImagePath("SPACE_KERNEL", "vmlinux"),
+                         defaultImagePath("SPACE_ROOTFS", "rootfs.ext4")};
+  double boot_timeout_s = 60;
+
+  app.add_option("--listen", listen, "address to serve the API on (ip:port; port 0 picks one)")->capture_default_str();
+  app.add_option("--data-dir", data_dir, "state database, API key, sandbox files")->capture_default_str();
+  app.add_option("--api-key", api_key,
+                 "API key of tenant \"default\"; a key not known yet replaces that tenant's other keys. "
+                 "Default: the one kept in <data-dir>/api-key, generated on first start");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")->capture_default_str();
+  app.add_flag("--log-json", log_json, "log one JSON object per line (stderr)");
+  app.add_option("--kernel", base.kernel_path, "guest kernel of template \"base\"; env SPACE_KERNEL")
+      ->capture_default_str();
+  app.add_option("--rootfs", base.rootfs_path, "root filesystem of template \"base\"; env SPACE_ROOTFS")
+      ->capture_default_str();
+  app.add_option("--accel", accel, "auto (KVM on real hardware KVM, else TCG), kvm, tcg")->capture_default_str();
+  app.add_option("--boot-timeout", boot_timeout_s, "seconds a sandbox may take to boot")->capture_default_str();
+  app.add_option("--max-sandboxes", config.max_sandboxes, "sandboxes this node runs at most")->capture_default_str();
+  app.add_option("--max-vcpus", config.max_total_vcpus, "vCPUs all sandboxes may have together (0: 4 x host CPUs)")
+      ->capture_default_str();
+  app.add_option("--max-memory-mb", config.max_total_memory_mb,
+                 "memory all sandboxes may have together (0: 80% of host memory)")
+      ->capture_default_str();
+  app.add_option("--max-sandbox-memory-mb", config.max_memory_mb, "memory one sandbox may have")->capture_default_str();
+  app.add_option("--default-timeout", config.default_timeout_s, "sandbox lifetime (s) when a request gives none")
+      ->capture_default_str();
+  app.add_option("--max-timeout", config.max_timeout_s, "longest sandbox lifetime (s) a request may ask for")
+      ->capture_default_str();
+  app.add_option("--on-shutdown", on_shutdown,
+                 "on SIGTERM: keep (sandboxes keep running; the next start re-adopts them) or stop (power them off)")
+      ->check(CLI::IsMember({"keep", "stop"}))
+      ->capture_default_str();
+
+  auto* tenant = app.add_subcommand("tenant", "manage tenants and their API keys (works on --data-dir directly)");
+  tenant->require_subcommand(1);
+  tenant->fallthrough();  // --data-dir may follow the subcommand
+  std::string tenant_name;
+  bool tenant_json = false;
+  auto* tenant_add = tenant->add_subcommand("add", "create an API key for a tenant and print it");
+  tenant_add->add_option("name", tenant_name, "tenant name")->required();
+  tenant_add->add_flag("--json", tenant_json, "print {\"tenant\",\"api_key\"}");
+  tenant_add->fallthrough();
+  auto* tenant_rm = tenant->add_subcommand("rm", "revoke every API key of a tenant");
+  tenant_rm->add_option("name", tenant_name, "tenant name")->required();
+  tenant_rm->fallthrough();
+  auto* tenant_ls = tenant->add_subcommand("ls", "list tenants and how many keys each has");
+  tenant_ls->add_flag("--json", tenant_json, "JSON output");
+  tenant_ls->fallthrough();
+
+  CLI11_PARSE(app, argc, argv);
+  if (auto st = initLogging(log_level, log_json); !st.ok()) {
+    std::cerr << "spaced: " << st.error().message << "\n";
+    return 2;
+  }
+  if (tenant->parsed()) {
+    if (tenant_name.empty() && !tenant_ls->parsed()) return fatal("tenant name required");
+    if (!tenant_ls->parsed() && (tenant_name.size() > 64 || tenant_name.find_first_of(" \t\n/") != std::string::npos)) {
+      return fatal("tenant names are 1..64 characters without spaces or '/'");
+    }
+    return tenantCommand(tenant_add->parsed()  ? "add"
+                         : tenant_rm->parsed() ? "rm"
+                                               : "ls",
+                         data_dir, tenant_name, tenant_json);
+  }
+
+  auto parsed_accel = vmm::parseAccelerator(accel);
+  if (!parsed_accel.ok()) return fatal(parsed_accel.error().message);
+  // Resolve the image links now: a sandbox's disk overlay names its base image by path, and the
+  // links move when the images are rebuilt.
+  std::error_code ec;
+  for (std::string* path : {&base.kernel_path, &base.rootfs_path}) {
+    auto real = std::filesystem::canonical(*path, ec);
+    if (ec) return fatal("template \"base\": " + *path + ": " + ec.message() + " (build the images: make images)");
+    *path = real.string();
+  }
+
+  // Signals are taken by sigwait in this thread only; every thread started later inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto store = openStore(data_dir);
+  if (!store.ok()) return fatal(store.error().message);
+  auto key = bootstrapKey(*store.value(), data_dir, api_key);
+  if (!key.ok()) return fatal(key.error().message);
+  api::KeyRing keys(*store.value());
+  if (auto loaded = keys.load(); !loaded.ok()) return fatal(loaded.error().message);
+
+  config.data_dir = data_dir;
+  config.templates["base"] = base;
+  config.accelerator = parsed_accel.value();
+  config.boot_timeout = std::chrono::milliseconds(static_cast<int64_t>(boot_timeout_s * 1000));
+  auto manager = sandbox::SandboxManager::start(config, *store.value());
+  if (!manager.ok()) return fatal(manager.error().message);
+
+  api::ApiService service(*manager.value(), keys);
+  auto server = http::Server::start(listen, [&](http::Request& rq, http::Response& rs) { service.handle(rq, rs); });
+  if (!server.ok()) {
+    manager.value()->shutdown(sandbox::ShutdownMode::kKeepRunning);
+    return fatal(server.error().message);
+  }
+  const std::string url = "http://" + server.value()->address();
+  // Where clients on this host (spacectl, tests) find the daemon.
+  nlohmann::json endpoint{{"url", url}, {"pid", getpid()}};
+  if (auto written = writeFileAtomic(data_dir + "/spaced.json", endpoint.dump() + "\n", 0600); !written.ok()) {
+    spdlog::warn("spaced: cannot write {}/spaced.json: {}", data_dir, written.error().message);
+  }
+  spdlog::info("spaced: serving {} (data dir {}, accelerator {}, on SIGTERM: {})", url, data_dir, accel, on_shutdown);
+  if (isatty(STDOUT_FILENO) || getenv("SPACE_PRINT_KEY")) {
+    std::printf("spaced is up.\n  API:     %s\n  API key: %s  (also in %s/api-key)\n  Try:     ", url.c_str(),
+                key->c_str(), data_dir.c_str());
+    std::printf("SPACE_API=%s SPACE_API_KEY=%s spacectl run --rm -- uname -a\n", url.c_str(), key->c_str());
+    std::fflush(stdout);
+  }
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  spdlog::info("spaced: {} received; shutting down", strsignal(sig));
+  server.value()->stop(std::chrono::seconds(10));
+  manager.value()->shutdown(on_shutdown == "stop" ? sandbox::ShutdownMode::kStop : sandbox::ShutdownMode::kKeepRunning);
+  std::filesystem::remove(data_dir + "/spaced.json", ec);
+  spdlog::info("spaced: stopped");
+  return 0;
+}

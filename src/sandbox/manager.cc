@@ -1,0 +1,572 @@
+#include "sandbox/manager.h"
+
+#include <dirent.h>
+#include <openssl/rand.h>
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "common/process.h"
+#include "vmm/vm_spec.h"
+
+namespace space::sandbox {
+
+using std::chrono::milliseconds;
+
+struct SandboxManager::Live {
+  std::mutex control;  // serialises lifecycle operations (and QMP use) on this sandbox
+  std::string id;
+  std::string tenant;
+  uint32_t cpus = 0;
+  uint64_t memory_mb = 0;
+  std::atomic<int64_t> expires_at_ms{0};
+  // Guarded by `control`.
+  SandboxState state = SandboxState::kCreating;
+  std::unique_ptr<vmm::Vm> vm;
+  bool finished = false;  // ended (deleted/failed) and out of live_
+};
+
+int64_t nowMs() {
+  return std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string newSandboxId() {
+  static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  unsigned char bytes[20];
+  if (RAND_bytes(bytes, sizeof bytes) != 1) abort();  // no entropy: nothing safe to do
+  std::string id = "sb_";
+  // 36 does not divide 256; the bias (at most 1/256 per character) does not matter for ids,
+  // which need to be unique and unguessable, not uniform.
+  for (unsigned char b : bytes) id += kAlphabet[b % 36];
+  return id;
+}
+
+namespace {
+
+std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+Error notFound(const std::string& id) {
+  return makeError(ErrorCode::kNotFound, "sandbox " + id + " not found", "sandbox_not_found");
+}
+
+// The last non-empty line of the console: usually what the guest said before it died.
+std::string lastConsoleLine(const vmm::Vm& vm) {
+  std::string tail = vm.consoleTail(2048);
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r')) tail.pop_back();
+  auto at = tail.find_last_of('\n');
+  std::string line = at == std::string::npos ? tail : tail.substr(at + 1);
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  return line;
+}
+
+Result<uint64_t> hostMemoryMb() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemTotal:") return kib / 1024;
+  }
+  return makeError(ErrorCode::kInternal, "MemTotal missing from /proc/meminfo");
+}
+
+}  // namespace
+
+std::string SandboxManager::sandboxDir(const std::string& id) const { return config_.data_dir + "/sandboxes/" + id; }
+
+Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig config, store::StateStore& store) {
+  std::error_code ec;
+  std::filesystem::create_directories(config.data_dir + "/sandboxes", ec);
+  if (ec) return makeError(ErrorCode::kInternal, "create " + config.data_dir + "/sandboxes: " + ec.message());
+  // Absolute and canonical: QEMU's command line names these paths, and the orphan sweep
+  // recognises our QEMU processes by them.
+  config.data_dir = std::filesystem::canonical(config.data_dir).string();
+  if (config.default_timeout_s < 1 || config.default_timeout_s > config.max_timeout_s) {
+    return makeError(ErrorCode::kInvalidArgument, "the default timeout (" + std::to_string(config.default_timeout_s) +
+                                                      " s) must be within 1..max timeout (" +
+                                                      std::to_string(config.max_timeout_s) + " s)");
+  }
+  auto capacity = vmm::probeHostCapacity();
+  if (!capacity.ok()) return capacity.error();
+  if (config.max_total_vcpus == 0) config.max_total_vcpus = 4 * capacity->max_vcpus;
+  if (config.max_total_memory_mb == 0) {
+    auto total = hostMemoryMb();
+    if (!total.ok()) return total.error();
+    config.max_total_memory_mb = total.value() * 8 / 10;
+  }
+  std::unique_ptr<SandboxManager> manager(new SandboxManager(std::move(config), store));
+  SPACE_TRY(manager->recover());
+  manager->housekeeper_ = std::thread([m = manager.get()] { m->housekeeping(); });
+  return manager;
+}
+
+SandboxManager::~SandboxManager() { shutdown(ShutdownMode::kKeepRunning); }
+
+// --- start-up recovery ---------------------------------------------------------------------
+
+Status SandboxManager::recover() {
+  auto rows = store_.sandboxesInStates({"creating", "running", "paused"});
+  if (!rows.ok()) return rows.error();
+  int adopted = 0, failed = 0;
+  for (auto& row : rows.value()) {
+    std::string reason;
+    std::unique_ptr<vmm::Vm> vm;
+    if (row.state == "creating") {
+      reason = "spaced restarted while the sandbox was being created";
+    } else if (row.vm_pid <= 0 || row.run_dir.empty()) {
+      reason = "no VM was recorded for it";
+    } else {
+      auto accel = vmm::parseAccelerator(row.accelerator);
+      vmm::VmAdoptSpec spec{row.run_dir, static_cast<pid_t>(row.vm_pid), row.vm_identity,
+                            accel.ok() ? accel.value() : vmm::Accelerator::kTcg};
+      auto found = vmm::Vm::adopt(spec);
+      if (found.ok()) {
+        vm = std::move(found.value());
+      } else {
+        reason = "its VM was lost while spaced was down: " + firstLine(found.error().message);
+      }
+    }
+    if (vm) {
+      auto live = std::make_shared<Live>();
+      live->id = row.id;
+      live->tenant = row.tenant;
+      live->cpus = row.cpus;
+      live->memory_mb = row.memory_mb;
+      live->expires_at_ms = row.expires_at_ms;
+      live->state = row.state == "paused" ? SandboxState::kPaused : SandboxState::kRunning;
+      live->vm = std::move(vm);
+      reserved_vcpus_ += row.cpus;
+      reserved_memory_mb_ += row.memory_mb;
+      live_[row.id] = std::move(live);
+      ++adopted;
+      continue;
+    }
+    row.state = stateName(SandboxState::kFailed);
+    row.state_reason = reason;
+    row.vm_pid = 0;
+    SPACE_TRY(store_.updateSandbox(row));
+    spdlog::warn("sandbox {}: failed: {}", row.id, reason);
+    ++failed;
+  }
+
+  // Orphans: QEMU processes under our sandboxes directory that no live sandbox owns (e.g. one
+  // that was booting when the previous daemon died), then directories nobody owns.
+  const std::string prefix = config_.data_dir + "/sandboxes/";
+  std::set<pid_t> owned;
+  for (auto& [id, live] : live_) owned.insert(live->vm->pid());
+  int killed = 0;
+  if (DIR* proc = opendir("/proc")) {
+    while (dirent* entry = readdir(proc)) {
+      char* end = nullptr;
+      long pid = strtol(entry->d_name, &end, 10);
+      if (*end != '\0' || pid <= 0 || pid == getpid() || owned.count(static_cast<pid_t>(pid))) continue;
+      auto cmdline = processCmdline(static_cast<pid_t>(pid));
+      if (!cmdline.ok() || cmdline->find("qemu-system") == std::string::npos) continue;
+      if (cmdline->find(prefix) == std::string::npos) continue;
+      if (auto orphan = ChildProcess::adopt(static_cast<pid_t>(pid)); orphan.ok()) {
+        orphan->kill();
+        ++killed;
+      }
+    }
+    closedir(proc);
+  }
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(prefix, ec)) {
+    if (live_.count(entry.path().filename().string())) continue;
+    std::filesystem::remove_all(entry.path(), ec);
+    ++removed;
+  }
+  spdlog::info("sandboxes: recovered: {} re-adopted, {} failed, {} orphaned QEMU killed, {} stale dirs removed",
+               adopted, failed, killed, removed);
+  return okStatus();
+}
+
+// --- create / get / list ---------------------------------------------------------------------
+
+Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request) {
+  auto tpl = config_.templates.find(request.template_name);
+  if (tpl == config_.templates.end()) {
+    return makeError(ErrorCode::kNotFound, "template \"" + request.template_name + "\" not found",
+                     "template_not_found");
+  }
+  const uint32_t cpus = request.cpus ? request.cpus : config_.default_cpus;
+  const uint64_t memory_mb = request.memory_mb ? request.memory_mb : config_.default_memory_mb;
+  const int64_t timeout_s = request.timeout_s >= 0 ? request.timeout_s : config_.default_timeout_s;
+  if (memory_mb < vmm::kMinMemoryMib || memory_mb > config_.max_memory_mb) {
+    return makeError(ErrorCode::kInvalidArgument, "memory_mb = " + std::to_string(memory_mb) + ": must be within " +
+                                                      std::to_string(vmm::kMinMemoryMib) + ".." +
+                                                      std::to_string(config_.max_memory_mb));
+  }
+  if (timeout_s < 1 || timeout_s > config_.max_timeout_s) {
+    return makeError(ErrorCode::kInvalidArgument, "timeout_s = " + std::to_string(timeout_s) + ": must be within 1.." +
+                                                      std::to_string(config_.max_timeout_s));
+  }
+
+  // Checked before anything is recorded: a request the host can never satisfy leaves no trace.
+  auto host = vmm::probeHostCapacity();
+  if (!host.ok()) return host.error();
+  {
+    vmm::VmSpec probe;
+    probe.kernel_path = tpl->second.kernel_path;
+    probe.rootfs_path = tpl->second.rootfs_path;
+    probe.vcpus = cpus;
+    probe.memory_mib = memory_mb;
+    if (auto fits = vmm::validateSpec(probe, host.value()); !fits.ok()) {
+      const Error& e = fits.error();
+      if (e.code == ErrorCode::kResourceExhausted) {
+        return makeError(e.code, "not enough free memory on this node: " + e.message, "insufficient_capacity");
+      }
+      return e;
+    }
+  }
+
+  auto live = std::make_shared<Live>();
+  live->tenant = request.tenant;
+  live->cpus = cpus;
+  live->memory_mb = memory_mb;
+  std::unique_lock control(live->control);  // held through boot: other requests on it wait
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return makeError(ErrorCode::kUnavailable, "spaced is shutting down", "shutting_down");
+    if (live_.size() >= config_.max_sandboxes) {
+      return makeError(ErrorCode::kResourceExhausted,
+                       "this node already runs its maximum of " + std::to_string(config_.max_sandboxes) + " sandboxes",
+                       "too_many_sandboxes");
+    }
+    if (reserved_vcpus_ + cpus > config_.max_total_vcpus) {
+      return makeError(ErrorCode::kResourceExhausted,
+                       "not enough vCPU capacity: " + std::to_string(cpus) + " requested, " +
+                           std::to_string(config_.max_total_vcpus - reserved_vcpus_) + " of " +
+                           std::to_string(config_.max_total_vcpus) + " free on this node",
+                       "insufficient_capacity");
+    }
+    if (reserved_memory_mb_ + memory_mb > config_.max_total_memory_mb) {
+      return makeError(ErrorCode::kResourceExhausted,
+                       "not enough memory: " + std::to_string(memory_mb) + " MB requested, " +
+                           std::to_string(config_.max_total_memory_mb - reserved_memory_mb_) + " of " +
+                           std::to_string(config_.max_total_memory_mb) + " MB free on this node",
+                       "insufficient_capacity");
+    }
+    live->id = newSandboxId();
+    reserved_vcpus_ += cpus;
+    reserved_memory_mb_ += memory_mb;
+    live_[live->id] = live;
+  }
+  auto release = [&] {
+    std::lock_guard lock(mu_);
+    live_.erase(live->id);
+    reserved_vcpus_ -= cpus;
+    reserved_memory_mb_ -= memory_mb;
+    live->finished = true;
+  };
+
+  store::SandboxRecord rec;
+  rec.id = live->id;
+  rec.tenant = request.tenant;
+  rec.state = stateName(SandboxState::kCreating);
+  rec.template_name = request.template_name;
+  rec.cpus = cpus;
+  rec.memory_mb = memory_mb;
+  rec.created_at_ms = nowMs();
+  rec.expires_at_ms = rec.created_at_ms + timeout_s * 1000;
+  rec.metadata = request.metadata;
+  rec.env = request.env;
+  rec.run_dir = sandboxDir(rec.id);
+  if (auto inserted = store_.insertSandbox(rec); !inserted.ok()) {
+    release();
+    return inserted.error();
+  }
+  live->expires_at_ms = rec.expires_at_ms;
+
+  auto fail = [&](const Error& e) -> Error {
+    live->vm.reset();  // kills QEMU and removes its files, if any
+    rec.state = stateName(SandboxState::kFailed);
+    rec.state_reason = firstLine(e.message);
+    rec.vm_pid = 0;
+    if (auto saved = store_.updateSandbox(rec); !saved.ok()) {
+      spdlog::error("sandbox {}: cannot record failure: {}", rec.id, saved.error().message);
+    }
+    release();
+    spdlog::warn("sandbox {}: create failed: {}", rec.id, e.message);
+    return makeError(e.code == ErrorCode::kInvalidArgument ? e.code : ErrorCode::kUnavailable,
+                     "sandbox " + rec.id + " failed to start: " + firstLine(e.message),
+                     e.code == ErrorCode::kInvalidArgument ? e.reason : "sandbox_start_failed");
+  };
+
+  vmm::VmSpec spec;
+  spec.kernel_path = tpl->second.kernel_path;
+  spec.rootfs_path = tpl->second.rootfs_path;
+  spec.vcpus = cpus;
+  spec.memory_mib = memory_mb;
+  spec.accelerator = config_.accelerator;
+  spec.boot_timeout = config_.boot_timeout;
+  vmm::VmStartOptions options;
+  options.run_dir = rec.run_dir;
+  auto started = Clock::now();
+  auto vm = vmm::Vm::start(spec, options);
+  if (!vm.ok()) return fail(vm.error());
+  live->vm = std::move(vm.value());
+  if (!request.env.empty()) {
+    nlohmann::json vars = nlohmann::json::object();
+    for (const auto& [k, v] : request.env) vars[k] = v;
+    auto configured = live->vm->agent().call("/agent.Agent/Configure", {{"envVars", vars}});
+    if (!configured.ok()) return fail(configured.error());
+  }
+  rec.state = stateName(SandboxState::kRunning);
+  rec.vm_pid = live->vm->pid();
+  rec.vm_identity = live->vm->identity();
+  rec.accelerator = vmm::acceleratorName(live->vm->accelerator());
+  if (auto saved = store_.updateSandbox(rec); !saved.ok()) return fail(saved.error());
+  live->state = SandboxState::kRunning;
+  spdlog::info("sandbox {}: running (tenant {}, {} vCPU, {} MB, boot {} ms, expires in {} s)", rec.id, rec.tenant, cpus,
+               memory_mb, std::chrono::duration_cast<milliseconds>(Clock::now() - started).count(), timeout_s);
+  return store_.getSandbox(rec.id);
+}
+
+Result<store::SandboxRecord> SandboxManager::getOwned(const std::string& tenant, const std::string& id) {
+  auto rec = store_.getSandbox(id);
+  if (!rec.ok()) {
+    if (rec.error().code == ErrorCode::kNotFound) return notFound(id);
+    return rec.error();
+  }
+  // Another tenant's sandbox does not exist for this caller.
+  if (rec->tenant != tenant) return notFound(id);
+  return rec;
+}
+
+Result<store::SandboxRecord> SandboxManager::get(const std::string& tenant, const std::string& id) {
+  return getOwned(tenant, id);
+}
+
+Result<store::SandboxPage> SandboxManager::list(const store::ListFilter& filter) {
+  return store_.listSandboxes(filter);
+}
+
+Result<std::shared_ptr<SandboxManager::Live>> SandboxManager::findLive(const std::string& tenant,
+                                                                       const std::string& id) {
+  std::lock_guard lock(mu_);
+  auto it = live_.find(id);
+  if (it == live_.end() || it->second->tenant != tenant) return notFound(id);
+  return it->second;
+}
+
+// --- ending sandboxes ------------------------------------------------------------------------
+
+Status SandboxManager::finish(const std::shared_ptr<Live>& live, SandboxState to, const std::string& reason) {
+  SPACE_TRY(checkTransition(live->state, to, to == SandboxState::kDeleted ? "delete" : "fail"));
+  auto rec = store_.getSandbox(live->id);
+  if (!rec.ok()) return rec.error();
+  live->vm.reset();  // the work first (QEMU gone, files removed), then the record
+  rec->state = stateName(to);
+  rec->state_reason = reason;
+  rec->vm_pid = 0;
+  auto saved = store_.updateSandbox(rec.value());
+  live->state = to;
+  live->finished = true;
+  {
+    std::lock_guard lock(mu_);
+    live_.erase(live->id);
+    reserved_vcpus_ -= live->cpus;
+    reserved_memory_mb_ -= live->memory_mb;
+  }
+  if (to == SandboxState::kFailed) {
+    spdlog::warn("sandbox {}: failed: {}", live->id, reason);
+  } else {
+    spdlog::info("sandbox {}: {} ({})", live->id, stateName(to), reason);
+  }
+  return saved;
+}
+
+Status SandboxManager::remove(const std::string& tenant, const std::string& id) {
+  auto live = findLive(tenant, id);
+  if (live.ok()) {
+    std::lock_guard control(live.value()->control);
+    // It may have ended while we waited for the lock (timeout, failure): then fall through.
+    if (!live.value()->finished) return finish(live.value(), SandboxState::kDeleted, "deleted by request");
+  }
+  auto rec = getOwned(tenant, id);
+  if (!rec.ok()) return rec.error();
+  auto from = parseState(rec->state);
+  if (!from.ok()) return from.error();
+  SPACE_TRY(checkTransition(from.value(), SandboxState::kDeleted, "delete"));
+  rec->state = stateName(SandboxState::kDeleted);
+  // Keep why it had failed: a deleted record is still read for its history.
+  rec->state_reason = rec->state_reason.empty() ? "deleted by request"
+                                                : "deleted by request (was " + std::string(stateName(from.value())) +
+                                                      ": " + rec->state_reason + ")";
+  SPACE_TRY(store_.updateSandbox(rec.value()));
+  spdlog::info("sandbox {}: deleted (was {})", id, stateName(from.value()));
+  return okStatus();
+}
+
+Result<store::SandboxRecord> SandboxManager::setTimeout(const std::string& tenant, const std::string& id,
+                                                        int64_t timeout_s) {
+  if (timeout_s < 1 || timeout_s > config_.max_timeout_s) {
+    return makeError(ErrorCode::kInvalidArgument, "timeout_s = " + std::to_string(timeout_s) + ": must be within 1.." +
+                                                      std::to_string(config_.max_timeout_s));
+  }
+  auto live = findLive(tenant, id);
+  if (!live.ok()) {
+    auto rec = getOwned(tenant, id);
+    if (!rec.ok()) return rec.error();
+    return makeError(ErrorCode::kFailedPrecondition, "sandbox is " + rec->state + "; cannot set its timeout",
+                     "invalid_state");
+  }
+  std::lock_guard control(live.value()->control);
+  auto rec = store_.getSandbox(id);
+  if (!rec.ok()) return rec.error();
+  if (live.value()->finished) {
+    return makeError(ErrorCode::kFailedPrecondition, "sandbox is " + rec->state + "; cannot set its timeout",
+                     "invalid_state");
+  }
+  rec->expires_at_ms = nowMs() + timeout_s * 1000;
+  SPACE_TRY(store_.updateSandbox(rec.value()));
+  live.value()->expires_at_ms = rec->expires_at_ms;
+  return store_.getSandbox(id);
+}
+
+// --- agent access ----------------------------------------------------------------------------
+
+Result<AgentLease> SandboxManager::agent(const std::string& tenant, const std::string& id, std::string_view operation) {
+  auto live = findLive(tenant, id);
+  if (!live.ok()) {
+    auto rec = getOwned(tenant, id);
+    if (!rec.ok()) return rec.error();
+    auto state = parseState(rec->state);
+    if (!state.ok()) return state.error();
+    auto needed = requireState(state.value(), SandboxState::kRunning, operation);
+    if (!needed.ok()) return needed.error();
+    return makeError(ErrorCode::kUnavailable, "sandbox " + id + " is between states; retry");
+  }
+  std::lock_guard control(live.value()->control);
+  SPACE_TRY(requireState(live.value()->state, SandboxState::kRunning, operation));
+  return AgentLease{id, live.value()->vm->sharedAgent()};
+}
+
+Error SandboxManager::agentFailed(const AgentLease& lease, const Error& error) {
+  if (error.code != ErrorCode::kUnavailable) return error;
+  std::shared_ptr<Live> live;
+  {
+    std::lock_guard lock(mu_);
+    auto it = live_.find(lease.sandbox_id);
+    if (it != live_.end()) live = it->second;
+  }
+  if (!live) return makeError(ErrorCode::kUnavailable, "sandbox " + lease.sandbox_id + " ended: " + error.message);
+  std::lock_guard control(live->control);
+  if (live->finished || !live->vm || live->vm->processRunning()) return error;
+  auto exit = live->vm->exitStatus();
+  std::string reason = "its VM stopped (QEMU " + (exit ? exit->describe() : std::string("exited")) + ")";
+  if (auto line = lastConsoleLine(*live->vm); !line.empty()) reason += "; console: " + line;
+  (void)finish(live, SandboxState::kFailed, reason);
+  return makeError(ErrorCode::kUnavailable, "sandbox " + lease.sandbox_id + " failed: " + reason, "sandbox_failed");
+}
+
+Result<std::string> SandboxManager::consoleLog(const std::string& tenant, const std::string& id, size_t max_bytes) {
+  auto live = findLive(tenant, id);
+  if (!live.ok()) {
+    auto rec = getOwned(tenant, id);
+    if (!rec.ok()) return rec.error();
+    return makeError(ErrorCode::kFailedPrecondition, "sandbox is " + rec->state + "; its console is gone",
+                     "invalid_state");
+  }
+  std::lock_guard control(live.value()->control);
+  if (!live.value()->vm) return makeError(ErrorCode::kFailedPrecondition, "sandbox has no VM yet");
+  return live.value()->vm->consoleTail(max_bytes);
+}
+
+ManagerStats SandboxManager::stats() {
+  ManagerStats s;
+  if (auto counts = store_.countByState(); counts.ok()) s.by_state = counts.value();
+  std::lock_guard lock(mu_);
+  s.reserved_vcpus = reserved_vcpus_;
+  s.reserved_memory_mb = reserved_memory_mb_;
+  s.max_total_vcpus = config_.max_total_vcpus;
+  s.max_total_memory_mb = config_.max_total_memory_mb;
+  return s;
+}
+
+// --- background work -------------------------------------------------------------------------
+
+void SandboxManager::checkOne(const std::string& id, int64_t now_ms) {
+  std::shared_ptr<Live> live;
+  {
+    std::lock_guard lock(mu_);
+    auto it = live_.find(id);
+    if (it == live_.end()) return;
+    live = it->second;
+  }
+  // A sandbox busy with a lifecycle operation (booting, being deleted) is checked next round.
+  std::unique_lock control(live->control, std::try_to_lock);
+  if (!control.owns_lock() || live->finished || live->state == SandboxState::kCreating) return;
+  if (now_ms >= live->expires_at_ms) {
+    (void)finish(live, SandboxState::kDeleted, "timeout: its timeout_s expired");
+    return;
+  }
+  if (live->vm && !live->vm->processRunning()) {
+    auto exit = live->vm->exitStatus();
+    std::string reason = "its VM stopped (QEMU " + (exit ? exit->describe() : std::string("exited")) + ")";
+    if (auto line = lastConsoleLine(*live->vm); !line.empty()) reason += "; console: " + line;
+    (void)finish(live, SandboxState::kFailed, reason);
+  }
+}
+
+void SandboxManager::housekeeping() {
+  auto last_purge = Clock::time_point{};
+  std::unique_lock wake(wake_mu_);
+  while (!stopping_) {
+    wake.unlock();
+    std::vector<std::string> ids;
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& [id, live] : live_) ids.push_back(id);
+    }
+    const int64_t now = nowMs();
+    for (const auto& id : ids) checkOne(id, now);
+    if (Clock::now() - last_purge > std::chrono::minutes(5)) {
+      last_purge = Clock::now();
+      auto cutoff = now - std::chrono::duration_cast<milliseconds>(config_.deleted_retention).count();
+      if (auto purged = store_.purgeDeletedBefore(cutoff); !purged.ok()) {
+        spdlog::warn("sandboxes: purge of old deleted records failed: {}", purged.error().message);
+      }
+    }
+    wake.lock();
+    wake_.wait_for(wake, config_.housekeeping_interval, [this] { return stopping_; });
+  }
+}
+
+void SandboxManager::shutdown(ShutdownMode mode) {
+  {
+    std::lock_guard wake(wake_mu_);
+    std::lock_guard lock(mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (housekeeper_.joinable()) housekeeper_.join();
+  std::vector<std::shared_ptr<Live>> all;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, live] : live_) all.push_back(live);
+  }
+  int kept = 0, stopped = 0;
+  for (auto& live : all) {
+    std::lock_guard control(live->control);
+    if (live->finished || !live->vm) continue;
+    if (mode == ShutdownMode::kKeepRunning) {
+      live->vm->detach();
+      live->vm.reset();
+      ++kept;
+    } else {
+      (void)live->vm->shutdown(milliseconds(5000));
+      (void)finish(live, SandboxState::kDeleted, "spaced stopped");
+      ++stopped;
+    }
+  }
+  spdlog::info("sandboxes: shut down ({} left running for the next start, {} stopped)", kept, stopped);
+}
+
+}  // namespace space::sandbox

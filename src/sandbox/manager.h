@@ -1,0 +1,156 @@
+// SandboxManager: owns the sandboxes of one node. It records every sandbox in the state store,
+// boots and destroys their VMs, enforces the node's limits, kills sandboxes whose hard timeout
+// passed, notices VMs that died, and on start finds the sandboxes an earlier daemon left
+// running (re-adopting their VMs, or marking them failed with the reason).
+//
+// Ordering rule (crash safety): a state is recorded after the work it describes, except
+// `creating`, which is recorded before the VM exists so a crash mid-boot is found on restart.
+// Every state change goes through lifecycle.h's checkTransition.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/result.h"
+#include "sandbox/lifecycle.h"
+#include "store/state_store.h"
+#include "vmm/vm.h"
+
+namespace space::sandbox {
+
+// What a sandbox boots from. (Templates become snapshots with the snapshot work; for now a
+// template is a kernel and a root filesystem image.)
+struct Template {
+  std::string name;
+  std::string kernel_path;
+  std::string rootfs_path;
+};
+
+struct ManagerConfig {
+  std::string data_dir;  // sandboxes/<id>/ holds each VM's files
+  std::map<std::string, Template> templates;
+  vmm::Accelerator accelerator = vmm::Accelerator::kAuto;
+  std::chrono::milliseconds boot_timeout{60000};
+
+  // Node limits; a request beyond them is refused, never overcommitted.
+  uint32_t max_sandboxes = 64;
+  uint32_t max_total_vcpus = 0;      // 0: 4 x host CPUs (vCPUs are time-shared threads)
+  uint64_t max_total_memory_mb = 0;  // 0: 80% of host memory at start
+  uint64_t max_memory_mb = 8192;     // per sandbox
+
+  uint32_t default_cpus = 2;
+  uint64_t default_memory_mb = 512;
+  int64_t default_timeout_s = 300;
+  int64_t max_timeout_s = 24 * 3600;
+
+  // How long deleted sandboxes stay visible (GET shows why they ended).
+  std::chrono::seconds deleted_retention{24 * 3600};
+  // How often the background thread checks expiries and VM health.
+  std::chrono::milliseconds housekeeping_interval{500};
+};
+
+struct CreateRequest {
+  std::string tenant;
+  std::string template_name = "base";
+  uint32_t cpus = 0;       // 0: default
+  uint64_t memory_mb = 0;  // 0: default
+  int64_t timeout_s = -1;  // -1: default
+  std::map<std::string, std::string> env;
+  std::map<std::string, std::string> metadata;
+};
+
+// A running sandbox's agent, for processes and files. Holding it does not keep the VM alive:
+// if the sandbox is deleted meanwhile, calls fail with `unavailable`.
+struct AgentLease {
+  std::string sandbox_id;
+  std::shared_ptr<agentproto::AgentClient> agent;
+};
+
+enum class ShutdownMode {
+  kKeepRunning,  // VMs keep running; the next daemon re-adopts them
+  kStop,         // VMs are powered off; their sandboxes are recorded as deleted
+};
+
+// Counters the metrics endpoint reads.
+struct ManagerStats {
+  std::map<std::string, int64_t> by_state;
+  uint32_t reserved_vcpus = 0;
+  uint64_t reserved_memory_mb = 0;
+  uint32_t max_total_vcpus = 0;
+  uint64_t max_total_memory_mb = 0;
+};
+
+class SandboxManager {
+ public:
+  // Re-adopts or fails the sandboxes left by an earlier daemon, removes orphaned VM files and
+  // processes, then starts the background thread.
+  static Result<std::unique_ptr<SandboxManager>> start(ManagerConfig config, store::StateStore& store);
+  ~SandboxManager();  // shutdown(kKeepRunning) unless shutdown() ran
+  SandboxManager(const SandboxManager&) = delete;
+  SandboxManager& operator=(const SandboxManager&) = delete;
+
+  // Boots a sandbox and returns it running. Errors: kInvalidArgument (request), kNotFound
+  // (template), kResourceExhausted (node limits), kUnavailable (the VM failed to boot; the
+  // sandbox is then recorded as failed and its id named in the message).
+  Result<store::SandboxRecord> create(const CreateRequest& request);
+  // kNotFound for unknown ids and for other tenants' sandboxes.
+  Result<store::SandboxRecord> get(const std::string& tenant, const std::string& id);
+  Result<store::SandboxPage> list(const store::ListFilter& filter);
+  // Kills the VM, removes its files, records `deleted` (reason "deleted by request").
+  Status remove(const std::string& tenant, const std::string& id);
+  // Sets the hard timeout to now + timeout_s.
+  Result<store::SandboxRecord> setTimeout(const std::string& tenant, const std::string& id, int64_t timeout_s);
+
+  // The agent of a running sandbox (kFailedPrecondition naming the state otherwise).
+  Result<AgentLease> agent(const std::string& tenant, const std::string& id, std::string_view operation);
+  // A call through a lease failed with `unavailable`: checks whether the VM died, and if so
+  // records the sandbox as failed. Returns the error to give the client.
+  Error agentFailed(const AgentLease& lease, const Error& error);
+  // The tail of the guest console.
+  Result<std::string> consoleLog(const std::string& tenant, const std::string& id, size_t max_bytes);
+
+  ManagerStats stats();
+  const ManagerConfig& config() const { return config_; }
+
+  void shutdown(ShutdownMode mode);
+
+  struct Live;
+
+ private:
+  SandboxManager(ManagerConfig config, store::StateStore& store) : config_(std::move(config)), store_(store) {}
+  Status recover();
+  void housekeeping();
+  void checkOne(const std::string& id, int64_t now_ms);
+  // Ends a sandbox that holds a VM: destroys the VM, records `to` with `reason`, frees its reservation.
+  Status finish(const std::shared_ptr<Live>& live, SandboxState to, const std::string& reason);
+  Result<std::shared_ptr<Live>> findLive(const std::string& tenant, const std::string& id);
+  Result<store::SandboxRecord> getOwned(const std::string& tenant, const std::string& id);
+  std::string sandboxDir(const std::string& id) const;
+
+  ManagerConfig config_;
+  store::StateStore& store_;
+
+  std::mutex mu_;  // guards live_ and the reservations
+  std::map<std::string, std::shared_ptr<Live>> live_;
+  uint32_t reserved_vcpus_ = 0;
+  uint64_t reserved_memory_mb_ = 0;
+
+  std::mutex wake_mu_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  bool shut_down_ = false;
+  std::thread housekeeper_;
+};
+
+// "sb_" + 20 random lowercase alphanumerics.
+std::string newSandboxId();
+int64_t nowMs();
+
+}  // namespace space::sandbox

@@ -1,0 +1,530 @@
+// End-to-end tests of the daemon: a real `spaced` process, real microVMs (TCG here), driven
+// over HTTP like any client. Each test starts its own daemon on a fresh data directory.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "agentproto/base64.h"
+#include "common/fs.h"
+#include "common/process.h"
+#include "http/client.h"
+#include "http/url.h"
+
+namespace space {
+namespace {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using Clock = std::chrono::steady_clock;
+
+const std::string kImages = SPACE_IMAGES_DIR;
+
+// QEMU processes whose command line names `dir` (live ones: zombies are not running VMs).
+std::vector<pid_t> qemuProcessesUnder(const std::string& dir) {
+  std::vector<pid_t> out;
+  DIR* proc = opendir("/proc");
+  if (!proc) return out;
+  while (dirent* e = readdir(proc)) {
+    char* end = nullptr;
+    long pid = strtol(e->d_name, &end, 10);
+    if (*end != '\0' || pid <= 0) continue;
+    auto cmdline = processCmdline(static_cast<pid_t>(pid));
+    if (!cmdline.ok() || cmdline->find("qemu-system") == std::string::npos) continue;
+    if (cmdline->find(dir) == std::string::npos) continue;
+    auto stat = readSmallFile("/proc/" + std::to_string(pid) + "/stat", 4096);
+    if (stat.ok()) {
+      auto close = stat->rfind(')');
+      if (close != std::string::npos && close + 2 < stat->size() && (*stat)[close + 2] == 'Z') continue;
+    }
+    out.push_back(static_cast<pid_t>(pid));
+  }
+  closedir(proc);
+  return out;
+}
+
+class Daemon {
+ public:
+  // Starts spaced on `data_dir` and waits until it serves. Unless told otherwise, it powers its
+  // sandboxes off when stopped, so a test leaves no VM behind.
+  static std::unique_ptr<Daemon> start(const std::string& data_dir, std::vector<std::string> extra = {}) {
+    if (std::find(extra.begin(), extra.end(), "--on-shutdown") == extra.end()) {
+      extra.insert(extra.end(), {"--on-shutdown", "stop"});
+    }
+    std::unique_ptr<Daemon> d(new Daemon());
+    d->data_dir_ = data_dir;
+    std::vector<std::string> argv = {SPACED_BIN,           "--listen", "127.0.0.1:0",
+                                     "--data-dir",         data_dir,   "--kernel",
+                                     kImages + "/vmlinux", "--rootfs", kImages + "/rootfs.ext4",
+                                     "--log-level",        "debug"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    std::filesystem::remove(data_dir + "/spaced.json");
+    auto p = ChildProcess::spawn(argv, SpawnOptions{data_dir + ".log", "", true});
+    EXPECT_TRUE(p.ok());
+    if (!p.ok()) return nullptr;
+    d->process_.emplace(std::move(p.value()));
+    auto deadline = Clock::now() + seconds(60);
+    while (Clock::now() < deadline) {
+      auto endpoint = readSmallFile(data_dir + "/spaced.json", 4096);
+      if (endpoint.ok()) {
+        d->url_ = json::parse(endpoint.value())["url"].get<std::string>();
+        break;
+      }
+      if (d->process_->tryWait()) break;
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    EXPECT_FALSE(d->url_.empty()) << "spaced did not come up:\n" << d->log();
+    if (d->url_.empty()) return nullptr;
+    auto key = readSmallFile(data_dir + "/api-key", 4096);
+    EXPECT_TRUE(key.ok());
+    d->key_ = key.ok() ? key.value().substr(0, key.value().find('\n')) : "";
+    return d;
+  }
+
+  ~Daemon() {
+    if (process_ && !process_->reaped()) stop(SIGTERM);
+  }
+
+  ExitStatus stop(int sig) {
+    ::kill(process_->pid(), sig);
+    auto status = process_->waitFor(seconds(60));
+    if (!status) return process_->kill();
+    return *status;
+  }
+
+  std::string log() const {
+    auto tail = readFileTail(data_dir_ + ".log", 8192);
+    return tail.ok() ? tail.value() : "";
+  }
+
+  http::ClientResponse call(const std::string& method, const std::string& target, const std::string& body = "",
+                            const std::string& key = "\x01") const {
+    auto client = http::Client::create(url_);
+    EXPECT_TRUE(client.ok());
+    std::map<std::string, std::string> headers;
+    const std::string& k = key == "\x01" ? key_ : key;
+    if (!k.empty()) headers["Authorization"] = "Bearer " + k;
+    if (!body.empty()) headers["Content-Type"] = "application/json";
+    auto r = client->request(method, target, headers, body, seconds(120));
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+    return r.ok() ? r.value() : http::ClientResponse{};
+  }
+  json callJson(const std::string& method, const std::string& target, const json& body, int want_status,
+                const std::string& key = "\x01") const {
+    auto r = call(method, target, body.is_null() ? "" : body.dump(), key);
+    EXPECT_EQ(r.status, want_status) << method << " " << target << ": " << r.body;
+    if (r.body.empty()) return json();
+    return json::parse(r.body, nullptr, false);
+  }
+  std::string create(const json& body = json{{"cpus", 1}, {"memory_mb", 256}}) const {
+    json sb = callJson("POST", "/v1/sandboxes", body, 201);
+    return sb.value("id", "");
+  }
+
+  const std::string& url() const { return url_; }
+  const std::string& key() const { return key_; }
+  pid_t pid() const { return process_->pid(); }
+
+ private:
+  Daemon() = default;
+  std::string data_dir_, url_, key_;
+  std::optional<ChildProcess> process_;
+};
+
+class SpacedTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    // Short: VM sockets live under it and Unix socket paths are limited to 107 bytes.
+    auto dir = TempDir::create("/tmp", "spaced-");
+    ASSERT_TRUE(dir.ok());
+    dir_.emplace(std::move(dir.value()));
+    data_dir_ = dir_->path() + "/data";
+  }
+  void TearDown() override {
+    daemon_.reset();
+    // Whatever happened, no VM of this test may outlive it.
+    for (pid_t pid : qemuProcessesUnder(dir_->path())) {
+      ADD_FAILURE() << "leftover QEMU " << pid;
+      ::kill(pid, SIGKILL);
+    }
+  }
+  std::string sandboxDir(const std::string& id) const { return data_dir_ + "/sandboxes/" + id; }
+
+  std::optional<TempDir> dir_;
+  std::string data_dir_;
+  std::unique_ptr<Daemon> daemon_;
+};
+
+json execJson(const Daemon& d, const std::string& id, const json& body, int want = 200) {
+  return d.callJson("POST", "/v1/sandboxes/" + id + "/exec", body, want);
+}
+
+TEST_F(SpacedTest, SandboxLifecycleExecAndFiles) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  EXPECT_EQ(d.call("GET", "/healthz", "", "").status, 200);
+
+  json sb = d.callJson("POST", "/v1/sandboxes",
+                       json{{"template", "base"},
+                            {"cpus", 1},
+                            {"memory_mb", 256},
+                            {"timeout_s", 600},
+                            {"env", {{"GREETING", "hello"}}},
+                            {"metadata", {{"task", "t1"}}}},
+                       201);
+  const std::string id = sb.value("id", "");
+  ASSERT_EQ(id.substr(0, 3), "sb_");
+  EXPECT_EQ(sb["state"], "running");
+  EXPECT_EQ(sb["cpus"], 1);
+  EXPECT_EQ(sb["memory_mb"], 256);
+  EXPECT_EQ(sb["metadata"]["task"], "t1");
+  EXPECT_FALSE(sb.value("created_at", "").empty());
+  EXPECT_FALSE(sb.value("expires_at", "").empty());
+  EXPECT_TRUE(std::filesystem::exists(sandboxDir(id) + "/qmp.sock"));
+
+  EXPECT_EQ(d.callJson("GET", "/v1/sandboxes/" + id, nullptr, 200)["state"], "running");
+  json listed = d.callJson("GET", "/v1/sandboxes?metadata=task%3Dt1&state=running", nullptr, 200);
+  ASSERT_EQ(listed["sandboxes"].size(), 1u);
+  EXPECT_EQ(listed["sandboxes"][0]["id"], id);
+  EXPECT_EQ(d.callJson("GET", "/v1/sandboxes?metadata=task%3Dother", nullptr, 200)["sandboxes"].size(), 0u);
+
+  // exec: shell command, sandbox env, exit code, stderr, stdin, argv, cwd.
+  json out = execJson(d, id, json{{"command", "uname -r; echo $GREETING; echo oops >&2; exit 3"}});
+  EXPECT_EQ(out["exit_code"], 3);
+  EXPECT_NE(out["stdout"].get<std::string>().find("-space\nhello\n"), std::string::npos) << out;
+  EXPECT_EQ(out["stderr"], "oops\n");
+  EXPECT_GE(out["duration_ms"].get<int>(), 0);
+  out = execJson(d, id, json{{"argv", {"cat"}}, {"stdin", agentproto::base64Encode("piped")}});
+  EXPECT_EQ(out["stdout"], "piped");
+  out = execJson(d, id, json{{"command", "pwd; id -un"}, {"cwd", "/tmp"}, {"user", "root"}});
+  EXPECT_EQ(out["stdout"], "/tmp\nroot\n");
+
+  // Streamed exec: NDJSON start, output, exit.
+  {
+    auto client = http::Client::create(d.url());
+    ASSERT_TRUE(client.ok());
+    std::string stream;
+    auto r = client->requestStreaming(
+        "POST", "/v1/sandboxes/" + id + "/exec", {{"Authorization", "Bearer " + d.key()}},
+        json{{"command", "echo one; sleep 0.2; echo two >&2"}, {"stream", true}}.dump(),
+        [](const http::ClientResponse& head) {
+          EXPECT_EQ(head.status, 200);
+          EXPECT_EQ(head.headers.at("content-type"), "application/x-ndjson");
+          return okStatus();
+        },
+        [&](std::string_view chunk) {
+          stream += chunk;
+          return okStatus();
+        });
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    std::vector<json> lines;
+    size_t start = 0;
+    for (size_t nl; (nl = stream.find('\n', start)) != std::string::npos; start = nl + 1) {
+      lines.push_back(json::parse(stream.substr(start, nl - start)));
+    }
+    ASSERT_GE(lines.size(), 4u) << stream;
+    EXPECT_EQ(lines.front()["type"], "start");
+    EXPECT_GT(lines.front()["pid"].get<int>(), 1);
+    EXPECT_EQ(lines.back()["type"], "exit");
+    EXPECT_EQ(lines.back()["exit_code"], 0);
+    std::string out_bytes, err_bytes;
+    for (const auto& l : lines) {
+      if (l["type"] == "stdout") out_bytes += agentproto::base64Decode(l["data"].get<std::string>()).value();
+      if (l["type"] == "stderr") err_bytes += agentproto::base64Decode(l["data"].get<std::string>()).value();
+    }
+    EXPECT_EQ(out_bytes, "one\n");
+    EXPECT_EQ(err_bytes, "two\n");
+  }
+
+  // Processes: a background process shows in the list and can be signalled.
+  out = execJson(d, id, json{{"command", "setsid sleep 300 >/dev/null 2>&1 & echo $!"}});
+  json procs = d.callJson("GET", "/v1/sandboxes/" + id + "/processes", nullptr, 200);
+  ASSERT_TRUE(procs["processes"].is_array());
+  d.callJson("POST", "/v1/sandboxes/" + id + "/processes/999999/signal", json{{"signal", "SIGTERM"}}, 404);
+  d.callJson("POST", "/v1/sandboxes/" + id + "/processes/12/signal", json{{"signal", "SIGBOGUS"}}, 400);
+
+  // Files: upload, download, list, mkdir, move, remove.
+  const std::string files = "/v1/sandboxes/" + id + "/files";
+  std::string blob;
+  for (int i = 0; i < 300000; ++i) blob += static_cast<char>(i * 7 % 251);
+  {
+    auto client = http::Client::create(d.url());
+    auto put = client->request("PUT", files + "?path=" + http::urlEncode("/home/user/data/blob.bin"),
+                               {{"Authorization", "Bearer " + d.key()}}, blob, seconds(60));
+    ASSERT_TRUE(put.ok());
+    EXPECT_EQ(put->status, 200) << put->body;
+    json entry = json::parse(put->body);
+    EXPECT_EQ(entry["size"], blob.size());
+    EXPECT_EQ(entry["type"], "file");
+  }
+  auto got = d.call("GET", files + "?path=/home/user/data/blob.bin");
+  EXPECT_EQ(got.status, 200);
+  EXPECT_TRUE(got.body == blob) << "downloaded " << got.body.size() << " bytes";
+  EXPECT_EQ(d.callJson("POST", files + "/mkdir", json{{"path", "/home/user/data/sub"}}, 201)["type"], "dir");
+  d.callJson("POST", files + "/mkdir", json{{"path", "/home/user/data/sub"}}, 409);
+  d.callJson("POST", files + "/move",
+             json{{"source", "/home/user/data/blob.bin"}, {"destination", "/home/user/data/sub/moved.bin"}}, 200);
+  json entries = d.callJson("GET", files + "/list?path=/home/user/data&depth=2", nullptr, 200)["entries"];
+  std::set<std::string> paths;
+  for (const auto& e : entries) paths.insert(e["path"].get<std::string>());
+  EXPECT_TRUE(paths.count("/home/user/data/sub/moved.bin")) << entries;
+  EXPECT_FALSE(paths.count("/home/user/data/blob.bin"));
+  EXPECT_EQ(d.call("DELETE", files + "?path=/home/user/data/sub/moved.bin").status, 204);
+  EXPECT_EQ(d.call("GET", files + "?path=/home/user/data/sub/moved.bin").status, 404);
+  EXPECT_EQ(d.call("GET", files + "?path=/home/user/data").status, 400);  // a directory
+
+  // Console log and metrics.
+  auto logs = d.call("GET", "/v1/sandboxes/" + id + "/logs?tail_bytes=100000");
+  EXPECT_EQ(logs.status, 200);
+  EXPECT_NE(logs.body.find("Linux version"), std::string::npos);
+  auto metrics = d.call("GET", "/metrics");
+  EXPECT_EQ(metrics.status, 200);
+  EXPECT_NE(metrics.body.find("space_sandboxes{state=\"running\"} 1"), std::string::npos) << metrics.body;
+  EXPECT_NE(metrics.body.find("space_sandbox_create_seconds_count 1"), std::string::npos);
+  EXPECT_NE(metrics.body.find("space_exec_seconds_count"), std::string::npos);
+  auto openapi = d.call("GET", "/v1/openapi.json");
+  EXPECT_EQ(openapi.status, 200);
+  EXPECT_FALSE(json::parse(openapi.body, nullptr, false).is_discarded());
+
+  // Delete: 204, then the record says deleted, the VM and its files are gone, and further
+  // requests are refused with the state.
+  EXPECT_EQ(d.call("DELETE", "/v1/sandboxes/" + id).status, 204);
+  json gone = d.callJson("GET", "/v1/sandboxes/" + id, nullptr, 200);
+  EXPECT_EQ(gone["state"], "deleted");
+  EXPECT_FALSE(std::filesystem::exists(sandboxDir(id)));
+  EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+  json refused = d.callJson("DELETE", "/v1/sandboxes/" + id, nullptr, 409);
+  EXPECT_EQ(refused["error"]["state"], "deleted");
+  refused = execJson(d, id, json{{"command", "true"}}, 409);
+  EXPECT_EQ(refused["error"]["code"], "invalid_state");
+  EXPECT_EQ(d.callJson("GET", "/v1/sandboxes", nullptr, 200)["sandboxes"].size(), 0u);
+}
+
+TEST_F(SpacedTest, BadInputIsRefusedAndChangesNothing) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  // Authentication first.
+  EXPECT_EQ(d.call("GET", "/v1/sandboxes", "", "").status, 401);
+  EXPECT_EQ(d.call("GET", "/v1/sandboxes", "", "sk_wrong_key_wrong_key_wrong").status, 401);
+  EXPECT_EQ(d.call("GET", "/v1/nothing-here", "", "").status, 401);
+  EXPECT_EQ(d.call("GET", "/v1/nothing-here").status, 404);
+  EXPECT_EQ(d.call("PATCH", "/v1/sandboxes").status, 405);
+
+  // Create requests that must not create anything.
+  auto code_of = [](const json& j) { return j.is_object() ? j["error"].value("code", "") : ""; };
+  EXPECT_EQ(code_of(json::parse(d.call("POST", "/v1/sandboxes", "{\"cpus\":").body)), "invalid_argument");
+  json e = d.callJson("POST", "/v1/sandboxes", json{{"cpus", "two"}}, 400);
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("cpus"), std::string::npos);
+  e = d.callJson("POST", "/v1/sandboxes", json{{"cpu", 2}}, 400);
+  EXPECT_EQ(e["error"]["message"], "unknown field \"cpu\"");
+  d.callJson("POST", "/v1/sandboxes", json{{"memory_mb", 1 << 30}}, 400);
+  d.callJson("POST", "/v1/sandboxes", json{{"memory_mb", 64}}, 400);
+  d.callJson("POST", "/v1/sandboxes", json{{"timeout_s", 0}}, 400);
+  d.callJson("POST", "/v1/sandboxes", json{{"timeout_s", 10 * 24 * 3600}}, 400);
+  d.callJson("POST", "/v1/sandboxes", json{{"cpus", 4096}}, 400);
+  e = d.callJson("POST", "/v1/sandboxes", json{{"template", "nope"}}, 404);
+  EXPECT_EQ(e["error"]["code"], "template_not_found");
+  std::string huge = "{\"metadata\":{\"k\":\"" + std::string(2 << 20, 'x') + "\"}}";
+  EXPECT_EQ(d.call("POST", "/v1/sandboxes", huge).status, 413);
+  EXPECT_EQ(d.callJson("GET", "/v1/sandboxes", nullptr, 200)["sandboxes"].size(), 0u);
+  EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+
+  // Unknown ids.
+  e = d.callJson("GET", "/v1/sandboxes/sb_doesnotexist", nullptr, 404);
+  EXPECT_EQ(e["error"]["code"], "sandbox_not_found");
+  d.callJson("DELETE", "/v1/sandboxes/sb_doesnotexist", nullptr, 404);
+  d.callJson("POST", "/v1/sandboxes/sb_doesnotexist/exec", json{{"command", "true"}}, 404);
+  d.callJson("GET", "/v1/sandboxes?state=bogus", nullptr, 400);
+  d.callJson("GET", "/v1/sandboxes?limit=0", nullptr, 400);
+
+  // Requests on a running sandbox.
+  const std::string id = d.create();
+  ASSERT_FALSE(id.empty());
+  const std::string files = "/v1/sandboxes/" + id + "/files";
+  EXPECT_EQ(d.call("GET", files + "?path=%2Ftmp%2Fa%00b").status, 400);             // NUL byte
+  EXPECT_EQ(d.call("GET", files + "?path=" + std::string(5000, 'a')).status, 400);  // over-long
+  EXPECT_EQ(d.call("GET", files).status, 400);                                      // no path
+  execJson(d, id, json{{"command", "true"}, {"argv", {"true"}}}, 400);
+  execJson(d, id, json{{"stdin", "***"}, {"command", "cat"}}, 400);
+  execJson(d, id, json{{"command", "true"}, {"timeout", 5}}, 400);
+  d.callJson("POST", "/v1/sandboxes/" + id + "/timeout", json{{"timeout_s", -1}}, 400);
+  // None of it harmed the sandbox.
+  EXPECT_EQ(execJson(d, id, json{{"command", "echo ok"}})["stdout"], "ok\n");
+}
+
+TEST_F(SpacedTest, TenantsSeeOnlyTheirOwnSandboxes) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  // A second tenant, added while the daemon runs.
+  auto out_file = dir_->path() + "/tenant.json";
+  auto add = ChildProcess::spawn({SPACED_BIN, "tenant", "add", "bob", "--json", "--data-dir", data_dir_},
+                                 SpawnOptions{out_file, dir_->path() + "/tenant.err", true});
+  ASSERT_TRUE(add.ok());
+  auto added = add->waitFor(seconds(30));
+  ASSERT_TRUE(added && added->exit_code == 0);
+  auto text = readSmallFile(out_file, 4096);
+  ASSERT_TRUE(text.ok());
+  const std::string bob = json::parse(text.value())["api_key"].get<std::string>();
+
+  const std::string id = d.create();
+  ASSERT_FALSE(id.empty());
+  std::this_thread::sleep_for(milliseconds(1100));  // the key ring reloads at most once a second
+  EXPECT_EQ(d.callJson("GET", "/v1/sandboxes/" + id, nullptr, 404, bob)["error"]["code"], "sandbox_not_found");
+  EXPECT_EQ(d.callJson("GET", "/v1/sandboxes", nullptr, 200, bob)["sandboxes"].size(), 0u);
+  d.callJson("DELETE", "/v1/sandboxes/" + id, nullptr, 404, bob);
+  d.callJson("POST", "/v1/sandboxes/" + id + "/exec", json{{"command", "true"}}, 404, bob);
+  EXPECT_EQ(d.call("GET", "/v1/sandboxes/" + id + "/files?path=/etc/hostname", "", bob).status, 404);
+  // Still there for its owner.
+  EXPECT_EQ(d.callJson("GET", "/v1/sandboxes/" + id, nullptr, 200)["state"], "running");
+  EXPECT_EQ(d.callJson("GET", "/v1/sandboxes", nullptr, 200)["sandboxes"].size(), 1u);
+}
+
+TEST_F(SpacedTest, TimeoutKillsTheSandbox) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string id = d.create(json{{"cpus", 1}, {"memory_mb", 256}, {"timeout_s", 2}});
+  ASSERT_FALSE(id.empty());
+  // Extending works; then a short timeout ends it.
+  json extended = d.callJson("POST", "/v1/sandboxes/" + id + "/timeout", json{{"timeout_s", 1}}, 200);
+  EXPECT_EQ(extended["state"], "running");
+  auto deadline = Clock::now() + seconds(20);
+  json sb;
+  while (Clock::now() < deadline) {
+    sb = d.callJson("GET", "/v1/sandboxes/" + id, nullptr, 200);
+    if (sb["state"] != "running") break;
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  EXPECT_EQ(sb["state"], "deleted");
+  EXPECT_NE(sb.value("state_reason", "").find("timeout"), std::string::npos) << sb;
+  EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+  EXPECT_FALSE(std::filesystem::exists(sandboxDir(id)));
+}
+
+TEST_F(SpacedTest, RestartReadoptsRunningSandboxes) {
+  daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+  ASSERT_TRUE(daemon_);
+  const std::string kept = daemon_->create(json{{"cpus", 1}, {"memory_mb", 256}, {"timeout_s", 900}});
+  const std::string lost = daemon_->create(json{{"cpus", 1}, {"memory_mb", 256}});
+  ASSERT_FALSE(kept.empty());
+  ASSERT_FALSE(lost.empty());
+  json before = daemon_->callJson("GET", "/v1/sandboxes/" + kept, nullptr, 200);
+  execJson(*daemon_, kept, json{{"command", "echo state > /tmp/mark; setsid sleep 600 >/dev/null 2>&1 &"}});
+
+  // Graceful stop: VMs keep running.
+  EXPECT_EQ(daemon_->stop(SIGTERM).exit_code, 0);
+  EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 2u);
+  // One VM dies while no daemon watches.
+  for (pid_t pid : qemuProcessesUnder(sandboxDir(lost))) ::kill(pid, SIGKILL);
+
+  daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+  ASSERT_TRUE(daemon_);
+  json after = daemon_->callJson("GET", "/v1/sandboxes/" + kept, nullptr, 200);
+  EXPECT_EQ(after["state"], "running");
+  EXPECT_EQ(after["expires_at"], before["expires_at"]);  // the timeout survived
+  EXPECT_EQ(execJson(*daemon_, kept, json{{"command", "cat /tmp/mark"}})["stdout"], "state\n");
+  json failed = daemon_->callJson("GET", "/v1/sandboxes/" + lost, nullptr, 200);
+  EXPECT_EQ(failed["state"], "failed");
+  EXPECT_NE(failed.value("state_reason", "").find("lost"), std::string::npos) << failed;
+  EXPECT_FALSE(std::filesystem::exists(sandboxDir(lost)));
+
+  // A crash (kill -9) of the daemon: the same again.
+  daemon_->stop(SIGKILL);
+  daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+  ASSERT_TRUE(daemon_);
+  EXPECT_EQ(execJson(*daemon_, kept, json{{"command", "cat /tmp/mark"}})["stdout"], "state\n");
+  EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + kept).status, 204);
+  EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+
+  // --on-shutdown stop powers sandboxes off and records them deleted.
+  daemon_->stop(SIGTERM);
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  const std::string stopped = daemon_->create();
+  ASSERT_FALSE(stopped.empty());
+  EXPECT_EQ(daemon_->stop(SIGTERM).exit_code, 0);
+  EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  EXPECT_EQ(daemon_->callJson("GET", "/v1/sandboxes/" + stopped, nullptr, 200)["state"], "deleted");
+}
+
+TEST_F(SpacedTest, NodeLimitsRefuseInsteadOfOvercommitting) {
+  daemon_ = Daemon::start(data_dir_, {"--max-sandboxes", "2", "--max-vcpus", "2", "--max-memory-mb", "768"});
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  ASSERT_FALSE(d.create(json{{"cpus", 1}, {"memory_mb", 256}}).empty());
+  json e = d.callJson("POST", "/v1/sandboxes", json{{"cpus", 2}, {"memory_mb", 256}}, 503);
+  EXPECT_EQ(e["error"]["code"], "insufficient_capacity");
+  e = d.callJson("POST", "/v1/sandboxes", json{{"cpus", 1}, {"memory_mb", 600}}, 503);
+  EXPECT_EQ(e["error"]["code"], "insufficient_capacity");
+  ASSERT_FALSE(d.create(json{{"cpus", 1}, {"memory_mb", 256}}).empty());
+  e = d.callJson("POST", "/v1/sandboxes", json{{"cpus", 1}, {"memory_mb", 128}}, 429);
+  EXPECT_EQ(e["error"]["code"], "too_many_sandboxes");
+  EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 2u);
+}
+
+TEST_F(SpacedTest, ExecOnADeadVmFailsClearlyAndMarksTheSandboxFailed) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string id = d.create();
+  ASSERT_FALSE(id.empty());
+  auto qemu = qemuProcessesUnder(sandboxDir(id));
+  ASSERT_EQ(qemu.size(), 1u);
+  ::kill(qemu[0], SIGKILL);
+  json e = execJson(d, id, json{{"command", "true"}}, 502);
+  // Either this exec noticed the death, or the health check did first: both end in `failed`.
+  std::string code = e["error"].value("code", "");
+  EXPECT_TRUE(code == "sandbox_failed" || code == "unavailable") << e;
+  json sb;
+  auto deadline = Clock::now() + seconds(10);
+  while (Clock::now() < deadline) {
+    sb = d.callJson("GET", "/v1/sandboxes/" + id, nullptr, 200);
+    if (sb["state"] == "failed") break;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_EQ(sb["state"], "failed");
+  EXPECT_NE(sb.value("state_reason", "").find("VM stopped"), std::string::npos) << sb;
+  EXPECT_FALSE(std::filesystem::exists(sandboxDir(id)));
+  EXPECT_EQ(d.call("DELETE", "/v1/sandboxes/" + id).status, 204);
+}
+
+TEST_F(SpacedTest, SpacectlRunRemovesItsSandbox) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  const std::string out = dir_->path() + "/spacectl.out";
+  const std::string err = dir_->path() + "/spacectl.err";
+  setenv("SPACE_API", daemon_->url().c_str(), 1);
+  setenv("SPACE_API_KEY", daemon_->key().c_str(), 1);
+  auto run =
+      ChildProcess::spawn({SPACECTL_BIN, "run", "--rm", "--cpus", "1", "--memory", "256", "--", "uname -a; exit 7"},
+                          SpawnOptions{out, err, true});
+  ASSERT_TRUE(run.ok());
+  auto status = run->waitFor(seconds(120));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->exit_code, 7);  // the remote command's exit code
+  auto text = readSmallFile(out, 1 << 20);
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find("Linux"), std::string::npos);
+  EXPECT_NE(text->find("-space"), std::string::npos) << *text << readSmallFile(err, 1 << 20).value();
+  json all = daemon_->callJson("GET", "/v1/sandboxes?state=deleted", nullptr, 200);
+  ASSERT_EQ(all["sandboxes"].size(), 1u);
+  EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+  unsetenv("SPACE_API");
+  unsetenv("SPACE_API_KEY");
+}
+
+}  // namespace
+}  // namespace space

@@ -1,0 +1,153 @@
+// Pure parts of the API layer: strict JSON input, API keys, metrics text, and the OpenAPI
+// document against the route table.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "api/api_service.h"
+#include "api/auth.h"
+#include "api/json_input.h"
+#include "api/metrics.h"
+#include "common/fs.h"
+#include "store/state_store.h"
+
+namespace space::api {
+namespace {
+
+using nlohmann::json;
+
+TEST(JsonInput, RejectsMalformedAndNonObjects) {
+  EXPECT_FALSE(parseJsonBody("{\"a\":").ok());
+  EXPECT_FALSE(parseJsonBody("[1,2]").ok());
+  EXPECT_FALSE(parseJsonBody("\"text\"").ok());
+  auto empty = parseJsonBody("  \n");
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE(empty->is_object());
+}
+
+TEST(JsonInput, TypesRangesAndUnknownFields) {
+  json body = json::parse(R"({"cpus": 2, "memory_mb": "512", "flag": true, "extra": 1})");
+  ObjectReader in(body);
+  auto cpus = in.integer("cpus", 1, 64);
+  ASSERT_TRUE(cpus.ok());
+  EXPECT_EQ(cpus.value().value(), 2);
+  auto memory = in.integer("memory_mb", 1, 1024);
+  ASSERT_FALSE(memory.ok());
+  EXPECT_EQ(memory.error().message, "memory_mb: must be an integer in 1..1024");
+  auto flag = in.boolean("flag");
+  ASSERT_TRUE(flag.ok());
+  auto missing = in.string("template");
+  ASSERT_TRUE(missing.ok());
+  EXPECT_FALSE(missing.value().has_value());
+  auto done = in.finish();
+  ASSERT_FALSE(done.ok());
+  EXPECT_EQ(done.error().message, "unknown field \"extra\"");
+}
+
+TEST(JsonInput, IntegerBounds) {
+  json body = json::parse(R"({"a": 0, "b": 18446744073709551615, "c": 1.5, "d": 65})");
+  ObjectReader in(body);
+  EXPECT_FALSE(in.integer("a", 1, 64).ok());
+  EXPECT_FALSE(in.integer("b", 1, 64).ok());
+  EXPECT_FALSE(in.integer("c", 1, 64).ok());
+  EXPECT_FALSE(in.integer("d", 1, 64).ok());
+}
+
+TEST(JsonInput, StringMapsAndArrays) {
+  json body = json::parse(R"({"env": {"A": "1", "B": 2}, "meta": {"k": "v"}, "argv": ["ls", "-l"], "bad": ["x", 1]})");
+  ObjectReader in(body);
+  auto env = in.stringMap("env", 10);
+  ASSERT_FALSE(env.ok());
+  EXPECT_EQ(env.error().message, "env.B: must be a string");
+  auto meta = in.stringMap("meta", 10);
+  ASSERT_TRUE(meta.ok());
+  EXPECT_EQ(meta.value()->at("k"), "v");
+  EXPECT_FALSE(in.stringMap("meta", 0).ok());  // over the entry limit
+  auto argv = in.stringArray("argv", 10);
+  ASSERT_TRUE(argv.ok());
+  EXPECT_EQ(argv.value()->size(), 2u);
+  EXPECT_FALSE(in.stringArray("bad", 10).ok());
+  EXPECT_TRUE(in.finish().ok());
+}
+
+TEST(JsonInput, NulBytesAndPaths) {
+  json body = json{{"env", {{"A", std::string("x\0y", 3)}}}};
+  ObjectReader in(body);
+  EXPECT_FALSE(in.stringMap("env", 10).ok());
+  EXPECT_FALSE(checkPath(std::string("/a\0b", 4), "path").ok());
+  EXPECT_FALSE(checkPath(std::string(5000, 'a'), "path").ok());
+  EXPECT_FALSE(checkPath("", "path").ok());
+  EXPECT_TRUE(checkPath("../relative/is/the/guest's/business", "path").ok());
+}
+
+TEST(ApiKeys, GeneratedKeysAndBearerParsing) {
+  std::string a = generateApiKey(), b = generateApiKey();
+  EXPECT_EQ(a.size(), 43u);
+  EXPECT_EQ(a.substr(0, 3), "sk_");
+  EXPECT_NE(a, b);
+  EXPECT_EQ(apiKeyDigest("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(bearerToken("Bearer sk_123").value(), "sk_123");
+  EXPECT_EQ(bearerToken("bearer   sk_123 ").value(), "sk_123");
+  EXPECT_FALSE(bearerToken("Basic dXNlcjo=").has_value());
+  EXPECT_FALSE(bearerToken("Bearer ").has_value());
+  EXPECT_FALSE(bearerToken("Bearer " + std::string(300, 'k')).has_value());
+}
+
+TEST(ApiKeys, KeyRingMapsKeysToTenantsAndReloads) {
+  auto dir = TempDir::create(testing::TempDir(), "keys-");
+  ASSERT_TRUE(dir.ok());
+  auto db = store::StateStore::open(dir->path() + "/state.db");
+  ASSERT_TRUE(db.ok()) << db.error().message;
+  const std::string alice = generateApiKey(), bob = generateApiKey();
+  ASSERT_TRUE(db.value()->addApiKey({"alice", apiKeyDigest(alice), "", 0}).ok());
+  KeyRing ring(*db.value());
+  ASSERT_TRUE(ring.load().ok());
+  EXPECT_EQ(ring.authenticate(alice).value_or(""), "alice");
+  EXPECT_FALSE(ring.authenticate(bob).has_value());
+  EXPECT_FALSE(ring.authenticate(alice.substr(0, 42)).has_value());
+  // A key added later (spaced tenant add) is found without a restart, after the reload pause.
+  ASSERT_TRUE(db.value()->addApiKey({"bob", apiKeyDigest(bob), "", 0}).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  EXPECT_EQ(ring.authenticate(bob).value_or(""), "bob");
+}
+
+TEST(Metrics, PrometheusText) {
+  Metrics m;
+  m.create_seconds.observe(0.02);
+  m.create_seconds.observe(3);
+  m.countError("not_found");
+  m.countRequest();
+  std::string text = m.render({{"space_sandboxes", {"help", {{"state=\"running\"", 2}}}}});
+  EXPECT_NE(text.find("# TYPE space_sandboxes gauge\nspace_sandboxes{state=\"running\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("space_sandbox_create_seconds_bucket{le=\"0.025000000000000001\"} 1\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("space_sandbox_create_seconds_bucket{le=\"+Inf\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("space_sandbox_create_seconds_count 2\n"), std::string::npos);
+  EXPECT_NE(text.find("space_api_errors_total{code=\"not_found\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("space_api_requests_total 1\n"), std::string::npos);
+}
+
+// The OpenAPI document served at /v1/openapi.json describes exactly the routes served.
+TEST(OpenApi, DocumentMatchesRoutes) {
+  json doc = json::parse(openApiDocument(), nullptr, false);
+  ASSERT_FALSE(doc.is_discarded()) << "docs/openapi.json is not valid JSON";
+  ASSERT_EQ(doc.value("openapi", "").substr(0, 2), "3.");
+  std::set<std::pair<std::string, std::string>> documented, served;
+  for (const auto& [path, item] : doc["paths"].items()) {
+    for (const auto& [method, op] : item.items()) {
+      if (method == "parameters" || method == "summary" || method == "description") continue;
+      std::string upper = method;
+      for (auto& ch : upper) ch = static_cast<char>(toupper(ch));
+      documented.insert({upper, path});
+    }
+  }
+  for (const auto& route : ApiService::routes()) served.insert(route);
+  for (const auto& r : served) EXPECT_TRUE(documented.count(r)) << "not documented: " << r.first << " " << r.second;
+  for (const auto& r : documented)
+    EXPECT_TRUE(served.count(r)) << "documented, not served: " << r.first << " " << r.second;
+}
+
+}  // namespace
+}  // namespace space::api
