@@ -309,6 +309,61 @@ TEST_F(SpacedTest, SandboxLifecycleExecAndFiles) {
   EXPECT_EQ(d.callJson("GET", "/v1/sandboxes", nullptr, 200)["sandboxes"].size(), 0u);
 }
 
+TEST_F(SpacedTest, ProcessesOutliveTheirStreamAndCanBeReattached) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string id = d.create();
+  ASSERT_FALSE(id.empty());
+  auto client = http::Client::create(d.url());
+  ASSERT_TRUE(client.ok());
+  const std::map<std::string, std::string> auth{{"Authorization", "Bearer " + d.key()}};
+
+  // Start `cat` with stdin kept open, read the start event, then drop the connection.
+  int pid = 0;
+  auto first = client->requestStreaming(
+      "POST", "/v1/sandboxes/" + id + "/exec", auth,
+      json{{"argv", {"cat"}}, {"stream", true}, {"stdin_open", true}}.dump(),
+      [](const http::ClientResponse&) { return okStatus(); },
+      [&](std::string_view chunk) -> Status {
+        auto line = json::parse(chunk.substr(0, chunk.find('\n')), nullptr, false);
+        if (line.is_object() && line["type"] == "start") pid = line["pid"].get<int>();
+        return makeError(ErrorCode::kCanceled, "detach");
+      });
+  EXPECT_FALSE(first.ok());  // we aborted it
+  ASSERT_GT(pid, 1);
+
+  // Still running, listed, and re-attachable: input sent now comes out of the new stream.
+  json procs = d.callJson("GET", "/v1/sandboxes/" + id + "/processes", nullptr, 200)["processes"];
+  bool listed = false;
+  for (const auto& p : procs) listed = listed || (p["pid"] == pid && p["cmd"] == "cat");
+  EXPECT_TRUE(listed) << procs;
+  std::string stream;
+  std::thread attach([&] {
+    auto r = client->requestStreaming(
+        "GET", "/v1/sandboxes/" + id + "/processes/" + std::to_string(pid) + "/stream", auth, "",
+        [](const http::ClientResponse& head) {
+          EXPECT_EQ(head.status, 200);
+          return okStatus();
+        },
+        [&](std::string_view chunk) {
+          stream += chunk;
+          return okStatus();
+        },
+        seconds(60));
+    EXPECT_TRUE(r.ok()) << r.error().message;
+  });
+  std::this_thread::sleep_for(milliseconds(500));  // let the stream attach before the input
+  d.callJson("POST", "/v1/sandboxes/" + id + "/processes/" + std::to_string(pid) + "/stdin",
+             json{{"data", agentproto::base64Encode("hello again\n")}, {"eof", true}}, 204);
+  attach.join();
+  EXPECT_NE(stream.find(json{{"type", "stdout"}, {"data", agentproto::base64Encode("hello again\n")}}.dump()),
+            std::string::npos)
+      << stream;
+  EXPECT_NE(stream.find("\"type\":\"exit\""), std::string::npos) << stream;
+  d.callJson("GET", "/v1/sandboxes/" + id + "/processes/" + std::to_string(pid) + "/stream", nullptr, 404);
+}
+
 TEST_F(SpacedTest, BadInputIsRefusedAndChangesNothing) {
   daemon_ = Daemon::start(data_dir_);
   ASSERT_TRUE(daemon_);
