@@ -65,7 +65,8 @@ Result<ProcessEvent> decodeProcessEvent(const Json& message) {
   return out;
 }
 
-Result<CommandResult> runCommand(AgentClient& agent, const CommandSpec& spec, size_t max_output) {
+Result<CommandResult> runCommand(AgentClient& agent, const CommandSpec& spec, size_t max_output,
+                                 const std::function<bool()>& abandon) {
   auto started = Clock::now();
   std::mutex m;
   std::condition_variable cv;
@@ -145,7 +146,12 @@ Result<CommandResult> runCommand(AgentClient& agent, const CommandSpec& spec, si
       if (!closed.ok()) return closed.error();
     }
   }
-  auto end = stream->wait(wait_limit);
+  const auto wait_until = Clock::now() + wait_limit;
+  auto end = stream->wait(abandon ? std::chrono::milliseconds(1000) : wait_limit);
+  while (abandon && !stream->done() && Clock::now() < wait_until) {
+    if (abandon()) return makeError(ErrorCode::kCanceled, "abandoned while the command ran");
+    end = stream->wait(std::chrono::milliseconds(1000));
+  }
   if (!end.ok()) return end.error();
   std::lock_guard<std::mutex> lock(m);
   if (failure) return *failure;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -53,7 +54,9 @@ struct CommandResult {
 };
 
 // Starts the command, feeds stdin (if any), collects output until the process ends.
-// `max_output` bounds stdout + stderr kept in memory.
-Result<CommandResult> runCommand(AgentClient& agent, const CommandSpec& spec, size_t max_output = 64 << 20);
+// `max_output` bounds stdout + stderr kept in memory. `abandon`, if set, is asked about once a
+// second; when it says true the wait ends with kCanceled (the process keeps running).
+Result<CommandResult> runCommand(AgentClient& agent, const CommandSpec& spec, size_t max_output = 64 << 20,
+                                 const std::function<bool()>& abandon = {});
 
 }  // namespace space::agentproto

@@ -482,8 +482,12 @@ void ApiService::exec(Call& c) {
     metrics_.exec_seconds.observe(std::chrono::duration<double>(Clock::now() - started).count());
     return;
   }
-  auto result = agentproto::runCommand(*agent->agent, spec, limits_.max_exec_output);
-  if (!result.ok()) return fail(c, manager_.agentFailed(agent.value(), result.error()));
+  auto result =
+      agentproto::runCommand(*agent->agent, spec, limits_.max_exec_output, [&c] { return c.res.clientGone(); });
+  if (!result.ok()) {
+    if (result.error().code == ErrorCode::kCanceled && c.res.clientGone()) return;  // nobody to answer
+    return fail(c, manager_.agentFailed(agent.value(), result.error()));
+  }
   metrics_.exec_seconds.observe(std::chrono::duration<double>(Clock::now() - started).count());
   json out{{"pid", result->pid},
            {"exit_code", result->exit_code},
@@ -573,12 +577,20 @@ void ApiService::streamProcess(Call& c, const sandbox::AgentLease& lease, const 
     if (!stdin_sent && pid) {
       stdin_sent = true;
       json sel{{"pid", pid}};
+      Result<json> fed = json::object();
       if (!stdin_data->empty()) {
-        (void)lease.agent->call("/process.Process/SendInput",
+        fed = lease.agent->call("/process.Process/SendInput",
                                 json{{"process", sel}, {"input", {{"stdin", agentproto::base64Encode(*stdin_data)}}}});
       }
-      if (close_stdin) (void)lease.agent->call("/process.Process/CloseStdin", json{{"process", sel}});
+      if (fed.ok() && close_stdin) fed = lease.agent->call("/process.Process/CloseStdin", json{{"process", sel}});
+      if (!fed.ok()) {
+        // The process must not run on as if its input had arrived: stop it and say why.
+        (void)lease.agent->call("/process.Process/SendSignal", json{{"process", sel}, {"signal", "SIGNAL_SIGKILL"}});
+        std::lock_guard lock(shared->m);
+        if (!shared->end_error) shared->end_error = makeError(fed.error().code, "stdin: " + fed.error().message);
+      }
     }
+    if (!client_gone && c.res.clientGone()) client_gone = true;
     if (client_gone) {
       // The process keeps running in the guest and can be re-attached.
       stream->cancel();
@@ -606,9 +618,9 @@ void ApiService::streamProcess(Call& c, const sandbox::AgentLease& lease, const 
   }
   if (end_error) {
     Error e = manager_.agentFailed(lease, *end_error);
+    if (!c.res.started()) return fail(c, e);
     std::string code = e.reason.empty() ? errorCodeName(e.code) : e.reason;
     metrics_.countError(code);
-    if (!c.res.started()) return fail(c, e);
     (void)c.res.write(dumpJson(json{{"type", "error"}, {"error", {{"code", code}, {"message", e.message}}}}) + "\n");
   }
   if (!c.res.started()) (void)c.res.begin(200, kNdjson);

@@ -20,9 +20,11 @@
 namespace space::api {
 
 struct ApiLimits {
-  size_t max_json_body = 1 << 20;       // create, timeout, file operations
-  size_t max_exec_body = 24 << 20;      // exec (carries stdin)
-  size_t max_exec_output = 64 << 20;    // non-streamed exec: stdout + stderr kept in memory
+  size_t max_json_body = 1 << 20;  // create, timeout, file operations
+  // Exec bodies (they carry stdin) and non-streamed output are held in memory, several times
+  // over while being encoded: kept moderate; larger data goes through files or streams.
+  size_t max_exec_body = 16 << 20;
+  size_t max_exec_output = 16 << 20;
   size_t max_stream_backlog = 8 << 20;  // streamed output waiting for a slow client
   size_t max_console_bytes = 1 << 20;
 };

@@ -5,8 +5,10 @@
 //   spaced tenant add NAME | tenant ls | tenant rm NAME
 //
 // Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 1 when it cannot start, 2 for usage.
+#include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,6 +22,7 @@
 #include "api/auth.h"
 #include "common/fs.h"
 #include "common/log.h"
+#include "common/unix_socket.h"
 #include "http/server.h"
 #include "sandbox/manager.h"
 #include "store/state_store.h"
@@ -224,6 +227,12 @@ int main(int argc, char** argv) {
 
   auto store = openStore(data_dir);
   if (!store.ok()) return fatal(store.error().message);
+  // One daemon per data dir: a second one would re-adopt (and on failure kill) the first one's
+  // VMs. The lock lives as long as this process.
+  UniqueFd lock(::open((data_dir + "/spaced.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!lock.valid() || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    return fatal("another spaced is using " + data_dir + " (" + data_dir + "/spaced.lock is locked)");
+  }
   auto key = bootstrapKey(*store.value(), data_dir, api_key);
   if (!key.ok()) return fatal(key.error().message);
   api::KeyRing keys(*store.value());

@@ -47,6 +47,8 @@ class Exchange {
   Status writeStreamHead(int status, std::string_view content_type);
   Status writeChunk(std::string_view chunk);
   Status writeStreamEnd();
+  // The client hung up (or the server is stopping): see Response::clientGone.
+  bool clientGone() const;
 
   // For the server once the handler returned.
   // The response the server sends when the handler did not: set when reading the body failed

@@ -1,5 +1,7 @@
 #include "http/message.h"
 
+#include <poll.h>
+
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/chunk_encode.hpp>
 #include <boost/beast/http/empty_body.hpp>
@@ -181,6 +183,8 @@ Status Response::begin(int status, std::string_view content_type) {
   status_ = status;
   return exchange_->writeStreamHead(status, content_type);
 }
+
+bool Response::clientGone() const { return exchange_ == nullptr || exchange_->clientGone(); }
 
 Status Response::write(std::string_view chunk) {
   if (!streaming_ || ended_) return makeError(ErrorCode::kFailedPrecondition, "write() outside begin()..end()");
@@ -370,6 +374,13 @@ Status Exchange::writeChunk(std::string_view chunk) {
   }
   if (ec) return ioFailure("streaming the response", ec);
   return okStatus();
+}
+
+bool Exchange::clientGone() const {
+  if (io_failed_ || stopping_.load()) return true;
+  pollfd p{stream_.fd(), POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) < 0) return false;
+  return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
 Status Exchange::writeStreamEnd() {

@@ -107,6 +107,12 @@ class Response {
   Status write(std::string_view chunk);
   Status end();
 
+  // True once the client has hung up or the server is stopping, without writing anything: for
+  // handlers that wait on something else (a silent process, a long command) and would only
+  // notice a departed client at their next write. A client that half-closes its sending side
+  // counts as gone.
+  bool clientGone() const;
+
   // Whether the status line went out (by send or begin): afterwards only write/end make sense.
   bool started() const { return started_; }
   // The status sent, 0 before.

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <set>
 
 #include "common/process.h"
@@ -44,6 +45,9 @@ std::string newSandboxId() {
 }
 
 namespace {
+
+constexpr size_t kConsoleMaxBytes = 8 << 20;
+constexpr size_t kConsoleKeepBytes = 1 << 20;
 
 std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
 
@@ -110,18 +114,27 @@ Status SandboxManager::recover() {
   auto rows = store_.sandboxesInStates({"creating", "running", "paused"});
   if (!rows.ok()) return rows.error();
   int adopted = 0, failed = 0;
-  for (auto& row : rows.value()) {
+  // Adoptions run in parallel: each may wait up to its timeout for a guest that does not
+  // answer, and the API is not served until recovery is done.
+  std::vector<std::future<Result<std::unique_ptr<vmm::Vm>>>> adoptions(rows->size());
+  for (size_t i = 0; i < rows->size(); ++i) {
+    const auto& row = rows.value()[i];
+    if (row.state == "creating" || row.vm_pid <= 0 || row.run_dir.empty()) continue;
+    auto accel = vmm::parseAccelerator(row.accelerator);
+    vmm::VmAdoptSpec spec{row.run_dir, static_cast<pid_t>(row.vm_pid), row.vm_identity,
+                          accel.ok() ? accel.value() : vmm::Accelerator::kTcg};
+    adoptions[i] = std::async(std::launch::async, [spec] { return vmm::Vm::adopt(spec); });
+  }
+  for (size_t i = 0; i < rows->size(); ++i) {
+    auto& row = rows.value()[i];
     std::string reason;
     std::unique_ptr<vmm::Vm> vm;
     if (row.state == "creating") {
       reason = "spaced restarted while the sandbox was being created";
-    } else if (row.vm_pid <= 0 || row.run_dir.empty()) {
+    } else if (!adoptions[i].valid()) {
       reason = "no VM was recorded for it";
     } else {
-      auto accel = vmm::parseAccelerator(row.accelerator);
-      vmm::VmAdoptSpec spec{row.run_dir, static_cast<pid_t>(row.vm_pid), row.vm_identity,
-                            accel.ok() ? accel.value() : vmm::Accelerator::kTcg};
-      auto found = vmm::Vm::adopt(spec);
+      auto found = adoptions[i].get();
       if (found.ok()) {
         vm = std::move(found.value());
       } else {
@@ -162,13 +175,18 @@ Status SandboxManager::recover() {
       char* end = nullptr;
       long pid = strtol(entry->d_name, &end, 10);
       if (*end != '\0' || pid <= 0 || pid == getpid() || owned.count(static_cast<pid_t>(pid))) continue;
+      // Pidfd first, then the check, then the signal through the pidfd: a pid reused meanwhile
+      // fails the check and is left alone.
+      auto orphan = ChildProcess::adopt(static_cast<pid_t>(pid));
+      if (!orphan.ok()) continue;
       auto cmdline = processCmdline(static_cast<pid_t>(pid));
-      if (!cmdline.ok() || cmdline->find("qemu-system") == std::string::npos) continue;
-      if (cmdline->find(prefix) == std::string::npos) continue;
-      if (auto orphan = ChildProcess::adopt(static_cast<pid_t>(pid)); orphan.ok()) {
-        orphan->kill();
-        ++killed;
+      if (!cmdline.ok() || cmdline->find("qemu-system") == std::string::npos ||
+          cmdline->find(prefix) == std::string::npos) {
+        orphan->disown();
+        continue;
       }
+      orphan->kill();
+      ++killed;
     }
     closedir(proc);
   }
@@ -261,6 +279,7 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     reserved_vcpus_ -= cpus;
     reserved_memory_mb_ -= memory_mb;
     live->finished = true;
+    live->state = SandboxState::kFailed;
   };
 
   store::SandboxRecord rec;
@@ -473,7 +492,11 @@ Result<std::string> SandboxManager::consoleLog(const std::string& tenant, const 
                      "invalid_state");
   }
   std::lock_guard control(live.value()->control);
-  if (!live.value()->vm) return makeError(ErrorCode::kFailedPrecondition, "sandbox has no VM yet");
+  if (live.value()->finished || !live.value()->vm) {
+    return makeError(ErrorCode::kFailedPrecondition,
+                     std::string("sandbox is ") + stateName(live.value()->state) + "; its console is gone",
+                     "invalid_state");
+  }
   return live.value()->vm->consoleTail(max_bytes);
 }
 
@@ -505,6 +528,7 @@ void SandboxManager::checkOne(const std::string& id, int64_t now_ms) {
     (void)finish(live, SandboxState::kDeleted, "timeout: its timeout_s expired");
     return;
   }
+  if (live->vm) live->vm->trimConsole(kConsoleMaxBytes, kConsoleKeepBytes);
   if (live->vm && !live->vm->processRunning()) {
     auto exit = live->vm->exitStatus();
     std::string reason = "its VM stopped (QEMU " + (exit ? exit->describe() : std::string("exited")) + ")";

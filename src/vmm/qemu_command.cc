@@ -45,7 +45,9 @@ std::vector<std::string> buildQemuArgv(const VmSpec& spec, const VmPaths& paths,
   add({"-smp", std::to_string(spec.vcpus), "-m", std::to_string(spec.memory_mib) + "M"});
   add({"-kernel", spec.kernel_path, "-append", kernelCmdline(spec)});
 
-  add({"-chardev", "file,id=console,path=" + paths.console_log, "-serial", "chardev:console"});
+  // append=on: QEMU writes at the end of the file whatever its size, so the owner can trim it
+  // (Vm::trimConsole) while QEMU runs; the guest decides how much it prints.
+  add({"-chardev", "file,id=console,path=" + paths.console_log + ",append=on", "-serial", "chardev:console"});
 
   std::string disk = spec.disk_mode == DiskMode::kOverlay ? paths.disk : spec.rootfs_path;
   std::string format = spec.disk_mode == DiskMode::kOverlay ? "qcow2" : "raw";

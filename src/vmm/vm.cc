@@ -1,7 +1,10 @@
 #include "vmm/vm.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <mutex>
@@ -69,18 +72,20 @@ Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
   vm->accelerator_ = spec.accelerator;
   vm->paths_ = VmPaths::inRunDir(spec.run_dir);
   auto deadline = Clock::now() + spec.timeout;
-  // Is the pid still our QEMU? Only then may it be signalled: a reused pid belongs to a stranger.
+  auto gone = [&] {
+    TempDir::adopt(spec.run_dir).remove();
+    return makeError(ErrorCode::kNotFound, "its QEMU process (pid " + std::to_string(spec.pid) + ") is gone");
+  };
+  // The pidfd first, then the identity check: the pidfd pins one process, so a pid reused in
+  // between is caught by the check instead of being signalled later. A stranger is never touched.
+  auto process = ChildProcess::adopt(spec.pid);
+  if (!process.ok()) return gone();
   auto started = processStartTime(spec.pid);
   auto cmdline = processCmdline(spec.pid);
   if (!started.ok() || started.value() != spec.identity || !cmdline.ok() ||
-      cmdline->find(vm->paths_.qmp_socket) == std::string::npos) {
-    TempDir::adopt(spec.run_dir).remove();
-    return makeError(ErrorCode::kNotFound, "its QEMU process (pid " + std::to_string(spec.pid) + ") is gone");
-  }
-  auto process = ChildProcess::adopt(spec.pid);
-  if (!process.ok()) {
-    TempDir::adopt(spec.run_dir).remove();
-    return process.error();
+      cmdline->find(vm->paths_.qmp_socket) == std::string::npos || process->tryWait()) {
+    process->disown();
+    return gone();
   }
   // From here the Vm owns process and files: an early return kills and removes them.
   vm->run_dir_.emplace(TempDir::adopt(spec.run_dir));
@@ -225,6 +230,21 @@ std::string Vm::consoleTail(size_t max_bytes) const {
   if (paths_.console_log.empty()) return {};
   auto tail = readFileTail(paths_.console_log, max_bytes);
   return tail.ok() ? tail.value() : std::string();
+}
+
+void Vm::trimConsole(size_t max_bytes, size_t keep_bytes) {
+  struct stat st {};
+  if (paths_.console_log.empty() || ::stat(paths_.console_log.c_str(), &st) != 0) return;
+  if (static_cast<size_t>(st.st_size) <= max_bytes) return;
+  auto tail = readFileTail(paths_.console_log, keep_bytes);
+  if (!tail.ok()) return;
+  // QEMU appends (O_APPEND): after the truncation its next write lands after our copy of the
+  // tail, at worst between truncate and our write (a few bytes out of order, nothing lost).
+  UniqueFd fd(::open(paths_.console_log.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC));
+  if (!fd.valid() || ::ftruncate(fd.get(), 0) != 0) return;
+  const std::string note = "\n[space: console trimmed to its last " + std::to_string(keep_bytes) + " bytes]\n";
+  (void)!::write(fd.get(), note.data(), note.size());
+  (void)!::write(fd.get(), tail->data(), tail->size());
 }
 
 bool Vm::processRunning() { return process_ && !process_->tryWait(); }

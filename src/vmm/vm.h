@@ -83,6 +83,9 @@ class Vm {
 
   // Last bytes of the guest console.
   std::string consoleTail(size_t max_bytes = 4096) const;
+  // Bounds the console file: once it exceeds `max_bytes`, only its last `keep_bytes` stay.
+  // (A guest printing without end would otherwise fill the host's disk.)
+  void trimConsole(size_t max_bytes, size_t keep_bytes);
 
   Accelerator accelerator() const { return accelerator_; }
   const BootTiming& bootTiming() const { return timing_; }

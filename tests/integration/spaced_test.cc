@@ -445,6 +445,23 @@ TEST_F(SpacedTest, TenantsSeeOnlyTheirOwnSandboxes) {
   EXPECT_EQ(d.callJson("GET", "/v1/sandboxes", nullptr, 200)["sandboxes"].size(), 1u);
 }
 
+TEST_F(SpacedTest, OneDaemonPerDataDir) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  const std::string log = dir_->path() + "/second.log";
+  auto second = ChildProcess::spawn({SPACED_BIN, "--listen", "127.0.0.1:0", "--data-dir", data_dir_, "--kernel",
+                                     kImages + "/vmlinux", "--rootfs", kImages + "/rootfs.ext4"},
+                                    SpawnOptions{log, "", true});
+  ASSERT_TRUE(second.ok());
+  auto status = second->waitFor(seconds(30));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->exit_code, 1);
+  auto text = readSmallFile(log, 1 << 20);
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find("another spaced is using"), std::string::npos) << *text;
+  EXPECT_EQ(daemon_->call("GET", "/healthz", "", "").status, 200);  // the first one is unharmed
+}
+
 TEST_F(SpacedTest, TimeoutKillsTheSandbox) {
   daemon_ = Daemon::start(data_dir_);
   ASSERT_TRUE(daemon_);

@@ -40,7 +40,7 @@ TEST(QemuCommand, MicrovmWithoutDefaults) {
   EXPECT_TRUE(hasPair(argv, "-qmp", "unix:/run/v/qmp.sock,server=on,wait=off"));
   EXPECT_TRUE(hasPair(argv, "-device", "virtio-rng-device,rng=rng"));
   EXPECT_TRUE(hasPair(argv, "-device", "virtserialport,chardev=agent,name=space.agent"));
-  EXPECT_TRUE(hasPair(argv, "-chardev", "file,id=console,path=/run/v/console.log"));
+  EXPECT_TRUE(hasPair(argv, "-chardev", "file,id=console,path=/run/v/console.log,append=on"));
 }
 
 TEST(QemuCommand, TcgAndKvm) {
