@@ -357,7 +357,10 @@ void ApiService::listSandboxes(Call& c) {
       if (eq == std::string::npos || eq == 0) {
         return fail(c, makeError(ErrorCode::kInvalidArgument, "metadata: must be key=value"));
       }
-      filter.metadata[value.substr(0, eq)] = value.substr(eq + 1);
+      if (!filter.metadata.emplace(value.substr(0, eq), value.substr(eq + 1)).second) {
+        return fail(
+            c, makeError(ErrorCode::kInvalidArgument, "metadata: key \"" + value.substr(0, eq) + "\" given twice"));
+      }
     } else if (key != "limit" && key != "cursor") {
       return fail(c, makeError(ErrorCode::kInvalidArgument, "unknown query parameter \"" + key + "\""));
     }
