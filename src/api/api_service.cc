@@ -181,6 +181,8 @@ const std::vector<ApiService::Route>& ApiService::routeTable() {
       {"GET", "/v1/sandboxes/{id}", &ApiService::getSandbox, false},
       {"DELETE", "/v1/sandboxes/{id}", &ApiService::deleteSandbox, false},
       {"POST", "/v1/sandboxes/{id}/timeout", &ApiService::setTimeout, false},
+      {"POST", "/v1/sandboxes/{id}/pause", &ApiService::pauseSandbox, false},
+      {"POST", "/v1/sandboxes/{id}/resume", &ApiService::resumeSandbox, false},
       {"POST", "/v1/sandboxes/{id}/exec", &ApiService::exec, false},
       {"GET", "/v1/sandboxes/{id}/processes", &ApiService::listProcesses, false},
       {"GET", "/v1/sandboxes/{id}/processes/{pid}/stream", &ApiService::attachProcess, false},
@@ -398,6 +400,24 @@ void ApiService::setTimeout(Call& c) {
   if (auto done = in.finish(); !done.ok()) return fail(c, done.error());
   if (!timeout.value()) return fail(c, makeError(ErrorCode::kInvalidArgument, "timeout_s: required"));
   auto rec = manager_.setTimeout(c.tenant, c.id(), *timeout.value());
+  if (!rec.ok()) return fail(c, rec.error());
+  (void)c.res.send(200, "application/json", dumpJson(sandboxJson(rec.value())));
+}
+
+void ApiService::pauseSandbox(Call& c) {
+  auto body = readJson(c, limits_.max_json_body);  // no fields yet; refuses unknown ones
+  if (!body.ok()) return fail(c, body.error());
+  if (auto done = ObjectReader(body.value()).finish(); !done.ok()) return fail(c, done.error());
+  auto rec = manager_.pause(c.tenant, c.id());
+  if (!rec.ok()) return fail(c, rec.error());
+  (void)c.res.send(200, "application/json", dumpJson(sandboxJson(rec.value())));
+}
+
+void ApiService::resumeSandbox(Call& c) {
+  auto body = readJson(c, limits_.max_json_body);
+  if (!body.ok()) return fail(c, body.error());
+  if (auto done = ObjectReader(body.value()).finish(); !done.ok()) return fail(c, done.error());
+  auto rec = manager_.resume(c.tenant, c.id());
   if (!rec.ok()) return fail(c, rec.error());
   (void)c.res.send(200, "application/json", dumpJson(sandboxJson(rec.value())));
 }

@@ -62,6 +62,8 @@ class ApiService {
   void getSandbox(Call& c);
   void deleteSandbox(Call& c);
   void setTimeout(Call& c);
+  void pauseSandbox(Call& c);
+  void resumeSandbox(Call& c);
   void exec(Call& c);
   void listProcesses(Call& c);
   void attachProcess(Call& c);

@@ -595,6 +595,18 @@ int cmdTimeout(const Api& api, const std::string& id, int64_t seconds, bool as_j
   return 0;
 }
 
+// pause / resume: the sandbox's new state, or its JSON.
+int cmdRunState(const Api& api, const std::string& id, const char* action, bool as_json) {
+  auto sandbox = api.call("POST", sandboxPath(id) + "/" + action, json::object());
+  if (!sandbox.ok()) return fail(sandbox.error());
+  if (as_json) {
+    printJson(*sandbox);
+  } else {
+    std::cout << id << " " << text(field(*sandbox, "state")) << "\n";
+  }
+  return 0;
+}
+
 int cmdLogs(const Api& api, const std::string& id, int64_t tail_bytes, bool as_json) {
   Query query;
   if (tail_bytes > 0) query.add("tail_bytes", std::to_string(tail_bytes));
@@ -1034,6 +1046,7 @@ constexpr const char* kDescription =
     "  spacectl ls --metadata owner=me --all\n"
     "  spacectl ls --json | jq -r '.sandboxes[].id'   --json: the API's JSON, for scripts\n"
     "  spacectl timeout $id 3600                      keep it for another hour\n"
+    "  spacectl pause $id; spacectl resume $id        stop its vCPUs for a while, keep everything\n"
     "  spacectl rm $id\n"
     "\n"
     "The daemon: --api, env SPACE_API, else the url spaced wrote to <data-dir>/spaced.json, else\n"
@@ -1159,6 +1172,13 @@ int main(int argc, char** argv) {
                             [&](const Api& api) { return cmdTimeout(api, id, seconds, as_json); });
   c_timeout->add_option("id", id, "sandbox id")->required();
   c_timeout->add_option("seconds", seconds, "seconds from now")->required()->check(kSeconds);
+
+  auto* c_pause = command("pause", "pause a sandbox: its vCPUs stop, memory stays (resume with spacectl resume)",
+                          [&](const Api& api) { return cmdRunState(api, id, "pause", as_json); });
+  c_pause->add_option("id", id, "sandbox id")->required();
+  auto* c_resume = command("resume", "resume a paused sandbox",
+                           [&](const Api& api) { return cmdRunState(api, id, "resume", as_json); });
+  c_resume->add_option("id", id, "sandbox id")->required();
 
   auto* c_ps = command("ps", "list the processes running in a sandbox",
                        [&](const Api& api) { return cmdProcesses(api, id, as_json); });

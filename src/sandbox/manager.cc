@@ -421,6 +421,59 @@ Status SandboxManager::remove(const std::string& tenant, const std::string& id) 
   return okStatus();
 }
 
+Result<store::SandboxRecord> SandboxManager::pause(const std::string& tenant, const std::string& id) {
+  return changeRunState(tenant, id, SandboxState::kPaused);
+}
+
+Result<store::SandboxRecord> SandboxManager::resume(const std::string& tenant, const std::string& id) {
+  return changeRunState(tenant, id, SandboxState::kRunning);
+}
+
+Result<store::SandboxRecord> SandboxManager::changeRunState(const std::string& tenant, const std::string& id,
+                                                            SandboxState to) {
+  const char* operation = to == SandboxState::kPaused ? "pause" : "resume";
+  auto live = findLive(tenant, id);
+  if (!live.ok()) {
+    auto rec = getOwned(tenant, id);
+    if (!rec.ok()) return rec.error();
+    auto from = parseState(rec->state);
+    if (!from.ok()) return from.error();
+    SPACE_TRY(checkTransition(from.value(), to, operation));
+    return makeError(ErrorCode::kUnavailable, "sandbox " + id + " is between states; retry");
+  }
+  auto& sandbox = *live.value();
+  std::lock_guard control(sandbox.control);
+  if (sandbox.finished) {
+    auto rec = store_.getSandbox(id);
+    if (!rec.ok()) return rec.error();
+    return makeError(ErrorCode::kFailedPrecondition, "sandbox is " + rec->state + "; cannot " + operation,
+                     "invalid_state");
+  }
+  // resume of a running sandbox (or pause of a paused one) is a no-op, not an error: the
+  // caller's intent already holds, and retries after a lost response stay harmless.
+  if (sandbox.state == to) return store_.getSandbox(id);
+  SPACE_TRY(checkTransition(sandbox.state, to, operation));
+  auto done = to == SandboxState::kPaused ? sandbox.vm->pause() : sandbox.vm->resume();
+  if (!done.ok()) {
+    if (!sandbox.vm->processRunning()) {
+      auto exit = sandbox.vm->exitStatus();
+      std::string reason = "its VM stopped (QEMU " + (exit ? exit->describe() : std::string("exited")) + ")";
+      (void)finish(live.value(), SandboxState::kFailed, reason);
+      return makeError(ErrorCode::kUnavailable, "sandbox " + id + " failed: " + reason, "sandbox_failed");
+    }
+    return makeError(done.error().code,
+                     std::string("cannot ") + operation + " sandbox " + id + ": " + done.error().message);
+  }
+  auto rec = store_.getSandbox(id);
+  if (!rec.ok()) return rec.error();
+  rec->state = stateName(to);
+  rec->state_reason.clear();
+  SPACE_TRY(store_.updateSandbox(rec.value()));
+  sandbox.state = to;
+  spdlog::info("sandbox {}: {}", id, stateName(to));
+  return store_.getSandbox(id);
+}
+
 Result<store::SandboxRecord> SandboxManager::setTimeout(const std::string& tenant, const std::string& id,
                                                         int64_t timeout_s) {
   if (timeout_s < 1 || timeout_s > config_.max_timeout_s) {

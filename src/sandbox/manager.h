@@ -105,6 +105,11 @@ class SandboxManager {
   Result<store::SandboxPage> list(const store::ListFilter& filter);
   // Kills the VM, removes its files, records `deleted` (reason "deleted by request").
   Status remove(const std::string& tenant, const std::string& id);
+  // running -> paused: the vCPUs stop, memory stays resident (QMP stop). The hard timeout
+  // keeps running while paused.
+  Result<store::SandboxRecord> pause(const std::string& tenant, const std::string& id);
+  // paused -> running (QMP cont; re-attaches the agent if needed, e.g. after a daemon restart).
+  Result<store::SandboxRecord> resume(const std::string& tenant, const std::string& id);
   // Sets the hard timeout to now + timeout_s.
   Result<store::SandboxRecord> setTimeout(const std::string& tenant, const std::string& id, int64_t timeout_s);
 
@@ -132,6 +137,8 @@ class SandboxManager {
   Status finish(const std::shared_ptr<Live>& live, SandboxState to, const std::string& reason);
   Result<std::shared_ptr<Live>> findLive(const std::string& tenant, const std::string& id);
   Result<store::SandboxRecord> getOwned(const std::string& tenant, const std::string& id);
+  // pause/resume: moves a live sandbox between running and paused.
+  Result<store::SandboxRecord> changeRunState(const std::string& tenant, const std::string& id, SandboxState to);
   std::string sandboxDir(const std::string& id) const;
 
   ManagerConfig config_;

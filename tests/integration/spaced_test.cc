@@ -445,6 +445,50 @@ TEST_F(SpacedTest, TenantsSeeOnlyTheirOwnSandboxes) {
   EXPECT_EQ(d.callJson("GET", "/v1/sandboxes", nullptr, 200)["sandboxes"].size(), 1u);
 }
 
+TEST_F(SpacedTest, PauseAndResumeKeepProcessesAcrossADaemonRestart) {
+  daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+  ASSERT_TRUE(daemon_);
+  const std::string id = daemon_->create();
+  ASSERT_FALSE(id.empty());
+  const std::string sb = "/v1/sandboxes/" + id;
+  // The ticker records its own pid: the same process must be there after pause, restart, resume.
+  execJson(*daemon_, id,
+           json{{"command",
+                 "setsid sh -c 'echo $$ > /tmp/ticker.pid; while :; do echo t >> /tmp/ticks; sleep 0.05; done' "
+                 ">/dev/null 2>&1 &"}});
+  std::this_thread::sleep_for(milliseconds(300));
+  const std::string ticker = execJson(*daemon_, id, json{{"command", "cat /tmp/ticker.pid"}})["stdout"];
+
+  EXPECT_EQ(daemon_->callJson("POST", sb + "/pause", nullptr, 200)["state"], "paused");
+  EXPECT_EQ(daemon_->callJson("POST", sb + "/pause", nullptr, 200)["state"], "paused");  // idempotent
+  EXPECT_EQ(daemon_->callJson("GET", sb, nullptr, 200)["state"], "paused");
+  json refused = execJson(*daemon_, id, json{{"command", "true"}}, 409);
+  EXPECT_EQ(refused["error"]["code"], "invalid_state");
+  EXPECT_EQ(refused["error"]["state"], "paused");
+  daemon_->callJson("POST", sb + "/pause", json{{"force", true}}, 400);  // no such field
+
+  // A restart finds it paused; resume re-attaches the agent; the process lived through it all.
+  EXPECT_EQ(daemon_->stop(SIGTERM).exit_code, 0);
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  EXPECT_EQ(daemon_->callJson("GET", sb, nullptr, 200)["state"], "paused");
+  EXPECT_EQ(daemon_->callJson("POST", sb + "/resume", nullptr, 200)["state"], "running");
+  EXPECT_EQ(daemon_->callJson("POST", sb + "/resume", nullptr, 200)["state"], "running");
+  int before = std::stoi(execJson(*daemon_, id, json{{"command", "wc -l < /tmp/ticks"}})["stdout"].get<std::string>());
+  std::this_thread::sleep_for(milliseconds(600));
+  json after = execJson(*daemon_, id,
+                        json{{"command", "wc -l < /tmp/ticks; kill -0 $(cat /tmp/ticker.pid) && cat /tmp/ticker.pid"}});
+  EXPECT_GT(std::stoi(after["stdout"].get<std::string>()), before);
+  EXPECT_FALSE(ticker.empty());
+  EXPECT_NE(after["stdout"].get<std::string>().find(ticker), std::string::npos) << after << " ticker " << ticker;
+
+  // A paused sandbox can be deleted; a deleted one cannot be paused.
+  EXPECT_EQ(daemon_->callJson("POST", sb + "/pause", nullptr, 200)["state"], "paused");
+  EXPECT_EQ(daemon_->call("DELETE", sb).status, 204);
+  EXPECT_EQ(daemon_->callJson("POST", sb + "/resume", nullptr, 409)["error"]["state"], "deleted");
+  EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+}
+
 TEST_F(SpacedTest, OneDaemonPerDataDir) {
   daemon_ = Daemon::start(data_dir_);
   ASSERT_TRUE(daemon_);
