@@ -1,7 +1,8 @@
-// API benchmark: sandbox create (cold boot; snapshots come later) and exec latency through the
-// whole stack: HTTP client -> spaced -> SandboxManager -> agent -> guest. Baselines measured in
-// the same run, on the same images: the VM layer alone (Vm::start, Vm::exec in-process), so the
-// difference is what the daemon, HTTP and the state store add.
+// API benchmark: sandbox create and exec latency through the whole stack: HTTP client -> spaced
+// -> SandboxManager -> agent -> guest. spaced restores sandboxes from a template snapshot
+// (built by the first create, which is not counted). Baselines measured in the same run, on the
+// same images: a cold boot (Vm::start in-process), the restore alone (Vm::start from the same
+// template snapshot in-process: QEMU -incoming, no daemon) and exec in-process.
 // Usage: space-api-bench [--creates N] [--execs N] [--json]
 #include <signal.h>
 
@@ -118,18 +119,23 @@ int main(int argc, char** argv) {
   auto client = http::Client::create(url);
   if (!client.ok()) die(client.error().message);
 
-  std::vector<double> api_create, api_exec, api_delete;
+  std::vector<double> api_create, api_exec, api_delete, api_first_exec;
   std::string keep;
+  {  // the first create builds the template snapshot: not part of the measurement
+    auto first = client->request("POST", "/v1/sandboxes", auth, json{{"cpus", 1}, {"memory_mb", 256}}.dump(),
+                                 std::chrono::seconds(180));
+    if (!first.ok() || first->status != 201) die("first create failed: " + (first.ok() ? first->body : ""));
+    keep = json::parse(first->body)["id"].get<std::string>();
+  }
   for (int i = 0; i < creates; ++i) {
     auto t0 = Clock::now();
     auto r = client->request("POST", "/v1/sandboxes", auth, json{{"cpus", 1}, {"memory_mb", 256}}.dump());
     if (!r.ok() || r->status != 201) die("create failed: " + (r.ok() ? r->body : r.error().message));
     api_create.push_back(Ms(Clock::now() - t0).count());
     std::string id = json::parse(r->body)["id"].get<std::string>();
-    if (i == 0) {
-      keep = id;
-      continue;
-    }
+    auto e = client->request("POST", "/v1/sandboxes/" + id + "/exec", auth, json{{"argv", {"true"}}}.dump());
+    if (!e.ok() || e->status != 200) die("first exec failed");
+    api_first_exec.push_back(Ms(Clock::now() - t0).count());
     t0 = Clock::now();
     auto d = client->request("DELETE", "/v1/sandboxes/" + id, auth);
     if (!d.ok() || d->status != 204) die("delete failed");
@@ -145,22 +151,52 @@ int main(int argc, char** argv) {
   ::kill(daemon->pid(), SIGTERM);
   daemon->waitFor(std::chrono::seconds(60));
 
+  // Floor: the same template snapshot restored in-process, no daemon.
+  std::vector<double> direct_restore, direct_restore_running;
+  std::string snap;
+  for (const auto& e : std::filesystem::directory_iterator(data_dir + "/templates")) {
+    if (e.path().filename().string().rfind("base-", 0) == 0) snap = e.path().string();
+  }
+  if (snap.empty()) die("no template snapshot was built");
+  vmm::VmSpec restore_spec = spec;
+  restore_spec.rootfs_path = snap + "/disk.qcow2";
+  restore_spec.rootfs_format = "qcow2";
+  restore_spec.memory_file = snap + "/memory";
+  restore_spec.memory_private = true;
+  for (int i = 0; i < creates; ++i) {
+    vmm::VmStartOptions o;
+    o.run_root = dir->path() + "/restore";
+    o.restore_from = snap + "/state";
+    auto t0 = Clock::now();
+    auto vm = vmm::Vm::start(restore_spec, o);
+    if (!vm.ok()) die(vm.error().message);
+    direct_restore.push_back(Ms(Clock::now() - t0).count());
+    direct_restore_running.push_back(static_cast<double>((*vm)->bootTiming().to_running.count()));
+  }
+
   Stats dc = stats(direct_create), ac = stats(api_create), de = stats(direct_exec), ae = stats(api_exec);
   Stats ad = api_delete.empty() ? Stats{} : stats(api_delete);
+  Stats dr = stats(direct_restore), drr = stats(direct_restore_running), afe = stats(api_first_exec);
   if (as_json) {
     json out{{"accelerator", accelerator},
              {"creates", creates},
              {"execs", execs},
              {"baseline_vm_start_ms", statsJson(dc)},
              {"api_create_ms", statsJson(ac)},
+             {"api_create_first_exec_ms", statsJson(afe)},
+             {"baseline_vm_restore_ms", statsJson(dr)},
+             {"baseline_vm_restore_running_ms", statsJson(drr)},
              {"api_delete_ms", statsJson(ad)},
              {"baseline_vm_exec_true_ms", statsJson(de)},
              {"api_exec_true_ms", statsJson(ae)}};
     printf("%s\n", out.dump().c_str());
   } else {
-    printf("accelerator %s, %d creates (1 vCPU, 256 MB, cold boot), %d execs\n", accelerator.c_str(), creates, execs);
-    printRow("baseline: Vm::start (in-process)", dc);
+    printf("accelerator %s, %d creates (1 vCPU, 256 MB), %d execs\n", accelerator.c_str(), creates, execs);
+    printRow("baseline: cold boot, Vm::start in-process", dc);
+    printRow("baseline: restore, Vm::start in-process", dr);
+    printRow("  of which QEMU spawn -> guest running", drr);
     printRow("POST /v1/sandboxes -> 201 running", ac);
+    printRow("POST /v1/sandboxes + first exec `true`", afe);
     printRow("DELETE /v1/sandboxes/{id} -> 204", ad);
     printRow("baseline: Vm::exec `true` (in-process)", de);
     printRow("POST /v1/sandboxes/{id}/exec `true` -> 200", ae);

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/random.h>
 #include <net/if.h>
 #include <signal.h>
 #include <sys/ioctl.h>
@@ -11,6 +12,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -18,6 +20,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace space::agent {
 
@@ -104,6 +107,35 @@ void shutdownGuest() {
   // microvm has no ACPI power-off; a reset makes QEMU (-no-reboot) exit.
   reboot(RB_AUTOBOOT);
   _exit(1);
+}
+
+std::string applyIdentity(const std::string& hostname, int64_t unix_time_ms, const std::string& entropy) {
+  std::string failed;
+  if (!hostname.empty() && ::sethostname(hostname.data(), hostname.size()) != 0) {
+    failed += std::string("sethostname: ") + strerror(errno) + "; ";
+  }
+  if (unix_time_ms > 0) {
+    timespec ts{static_cast<time_t>(unix_time_ms / 1000), static_cast<long>(unix_time_ms % 1000) * 1000000};
+    if (::clock_settime(CLOCK_REALTIME, &ts) != 0) failed += std::string("clock_settime: ") + strerror(errno) + "; ";
+  }
+  if (!entropy.empty()) {
+    int fd = ::open("/dev/urandom", O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+      failed += std::string("open /dev/urandom: ") + strerror(errno) + "; ";
+    } else {
+      // RNDADDENTROPY credits the bytes (the host's CSPRNG output); RNDRESEEDCRNG makes the
+      // CRNG use them now rather than at its next scheduled reseed.
+      std::vector<char> req(sizeof(rand_pool_info) + entropy.size());
+      auto* info = reinterpret_cast<rand_pool_info*>(req.data());
+      info->entropy_count = static_cast<int>(entropy.size() * 8);
+      info->buf_size = static_cast<int>(entropy.size());
+      memcpy(info->buf, entropy.data(), entropy.size());
+      if (::ioctl(fd, RNDADDENTROPY, info) != 0) failed += std::string("RNDADDENTROPY: ") + strerror(errno) + "; ";
+      if (::ioctl(fd, RNDRESEEDCRNG) != 0) failed += std::string("RNDRESEEDCRNG: ") + strerror(errno) + "; ";
+      ::close(fd);
+    }
+  }
+  return failed;
 }
 
 }  // namespace space::agent

@@ -22,6 +22,7 @@
 #include "agent/guest_init.h"
 #include "agent/process_service.h"
 #include "agent/users.h"
+#include "agentproto/base64.h"
 
 namespace {
 
@@ -115,7 +116,36 @@ int main(int argc, char** argv) {
         env[k] = v.get<std::string>();
       }
     }
-    processes.setSandboxEnv(std::move(env));
+    std::string hostname;
+    int64_t time_ms = 0;
+    std::string entropy;
+    if (req.contains("hostname")) {
+      const Json& h = req["hostname"];
+      if (!h.is_string() || h.get_ref<const std::string&>().empty() || h.get_ref<const std::string&>().size() > 64 ||
+          h.get_ref<const std::string&>().find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") !=
+              std::string::npos) {
+        return rpcError(RpcCode::kInvalidArgument, "hostname must be 1..64 of [a-z0-9-]");
+      }
+      hostname = h.get<std::string>();
+    }
+    if (req.contains("timeMs")) {
+      if (!req["timeMs"].is_number_integer() || req["timeMs"].get<int64_t>() <= 0) {
+        return rpcError(RpcCode::kInvalidArgument, "timeMs must be a positive integer");
+      }
+      time_ms = req["timeMs"].get<int64_t>();
+    }
+    if (req.contains("entropy")) {
+      auto bytes = req["entropy"].is_string() ? space::agentproto::base64Decode(req["entropy"].get<std::string>())
+                                              : std::nullopt;
+      if (!bytes || bytes->empty() || bytes->size() > 512) {
+        return rpcError(RpcCode::kInvalidArgument, "entropy must be 1..512 bytes of base64");
+      }
+      entropy = std::move(*bytes);
+    }
+    if (req.contains("envVars")) processes.setSandboxEnv(std::move(env));
+    if (auto failed = applyIdentity(hostname, time_ms, entropy); !failed.empty()) {
+      return rpcError(RpcCode::kInternal, "identity: " + failed);
+    }
     return Json::object();
   });
   router.unary("/agent.Agent/Shutdown", [&](const Json&, const CallContext&) -> UnaryResult {

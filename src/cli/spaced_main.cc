@@ -169,6 +169,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-timeout", config.max_timeout_s, "longest sandbox lifetime (s) a request may ask for")
       ->capture_default_str();
+  bool no_snapshots = false;
+  app.add_flag("--no-snapshots", no_snapshots,
+               "boot every sandbox instead of restoring its template's snapshot (slower; for comparison)");
   app.add_option("--on-shutdown", on_shutdown,
                  "on SIGTERM: keep (sandboxes keep running; the next start re-adopts them) or stop (power them off)")
       ->check(CLI::IsMember({"keep", "stop"}))
@@ -242,6 +245,7 @@ int main(int argc, char** argv) {
   config.templates["base"] = base;
   config.accelerator = parsed_accel.value();
   config.boot_timeout = std::chrono::milliseconds(static_cast<int64_t>(boot_timeout_s * 1000));
+  config.use_snapshots = !no_snapshots;
   auto manager = sandbox::SandboxManager::start(config, *store.value());
   if (!manager.ok()) return fatal(manager.error().message);
 

@@ -9,7 +9,9 @@
 #include <future>
 #include <set>
 
+#include "agentproto/base64.h"
 #include "common/process.h"
+#include "vmm/accelerator.h"
 #include "vmm/vm_spec.h"
 
 namespace space::sandbox {
@@ -48,6 +50,21 @@ namespace {
 
 constexpr size_t kConsoleMaxBytes = 8 << 20;
 constexpr size_t kConsoleKeepBytes = 1 << 20;
+
+// Sandbox ids have '_', which hostnames may not.
+std::string hostnameFor(const std::string& id) {
+  std::string name = id;
+  for (char& c : name) {
+    if (c == '_') c = '-';
+  }
+  return name;
+}
+
+std::string freshEntropy() {
+  unsigned char bytes[64];
+  if (RAND_bytes(bytes, sizeof bytes) != 1) abort();  // no entropy: nothing safe to do
+  return agentproto::base64Encode(std::string(reinterpret_cast<char*>(bytes), sizeof bytes));
+}
 
 std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
 
@@ -100,7 +117,10 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
     if (!total.ok()) return total.error();
     config.max_total_memory_mb = total.value() * 8 / 10;
   }
+  std::filesystem::create_directories(config.data_dir + "/templates", ec);
+  if (ec) return makeError(ErrorCode::kInternal, "create " + config.data_dir + "/templates: " + ec.message());
   std::unique_ptr<SandboxManager> manager(new SandboxManager(std::move(config), store));
+  manager->templates_ = std::make_unique<snapshot::TemplateCache>(manager->config_.data_dir + "/templates");
   SPACE_TRY(manager->recover());
   manager->housekeeper_ = std::thread([m = manager.get()] { m->housekeeping(); });
   return manager;
@@ -167,6 +187,7 @@ Status SandboxManager::recover() {
   // Orphans: QEMU processes under our sandboxes directory that no live sandbox owns (e.g. one
   // that was booting when the previous daemon died), then directories nobody owns.
   const std::string prefix = config_.data_dir + "/sandboxes/";
+  const std::string build_prefix = config_.data_dir + "/templates/.build-";  // a template build cut short
   std::set<pid_t> owned;
   for (auto& [id, live] : live_) owned.insert(live->vm->pid());
   int killed = 0;
@@ -181,7 +202,7 @@ Status SandboxManager::recover() {
       if (!orphan.ok()) continue;
       auto cmdline = processCmdline(static_cast<pid_t>(pid));
       if (!cmdline.ok() || cmdline->find("qemu-system") == std::string::npos ||
-          cmdline->find(prefix) == std::string::npos) {
+          (cmdline->find(prefix) == std::string::npos && cmdline->find(build_prefix) == std::string::npos)) {
         orphan->disown();
         continue;
       }
@@ -196,6 +217,12 @@ Status SandboxManager::recover() {
     if (live_.count(entry.path().filename().string())) continue;
     std::filesystem::remove_all(entry.path(), ec);
     ++removed;
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(config_.data_dir + "/templates", ec)) {
+    if (entry.path().filename().string().rfind(".build-", 0) == 0) {
+      std::filesystem::remove_all(entry.path(), ec);
+      ++removed;
+    }
   }
   spdlog::info("sandboxes: recovered: {} re-adopted, {} failed, {} orphaned QEMU killed, {} stale dirs removed",
                adopted, failed, killed, removed);
@@ -325,23 +352,44 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   vmm::VmStartOptions options;
   options.run_dir = rec.run_dir;
   auto started = Clock::now();
+  bool restored = false;
+  if (config_.use_snapshots) {
+    auto accel = vmm::chooseAccelerator(config_.accelerator, vmm::probeKvm());
+    if (!accel.ok()) return fail(accel.error());
+    snapshot::TemplateKey key{tpl->second.name, tpl->second.kernel_path, tpl->second.rootfs_path, cpus,
+                              memory_mb,        accel->accelerator,      spec.qemu_binary};
+    auto snap = templates_->ensure(key, config_.boot_timeout);
+    if (!snap.ok()) return fail(snap.error());
+    spec.accelerator = accel->accelerator;
+    spec.rootfs_path = snap->disk;
+    spec.rootfs_format = "qcow2";
+    spec.memory_file = snap->memory_file;
+    spec.memory_private = true;
+    options.restore_from = snap->state_file;
+    restored = true;
+  }
   auto vm = vmm::Vm::start(spec, options);
   if (!vm.ok()) return fail(vm.error());
   live->vm = std::move(vm.value());
+  // Its own identity before anyone sees it running: a restored clone still has the template's
+  // hostname, a clock stopped at the snapshot and the template's random state.
+  nlohmann::json configure{{"hostname", hostnameFor(rec.id)}, {"timeMs", nowMs()}, {"entropy", freshEntropy()}};
   if (!request.env.empty()) {
     nlohmann::json vars = nlohmann::json::object();
     for (const auto& [k, v] : request.env) vars[k] = v;
-    auto configured = live->vm->agent().call("/agent.Agent/Configure", {{"envVars", vars}});
-    if (!configured.ok()) return fail(configured.error());
+    configure["envVars"] = vars;
   }
+  auto configured = live->vm->agent().call("/agent.Agent/Configure", configure);
+  if (!configured.ok()) return fail(configured.error());
   rec.state = stateName(SandboxState::kRunning);
   rec.vm_pid = live->vm->pid();
   rec.vm_identity = live->vm->identity();
   rec.accelerator = vmm::acceleratorName(live->vm->accelerator());
   if (auto saved = store_.updateSandbox(rec); !saved.ok()) return fail(saved.error());
   live->state = SandboxState::kRunning;
-  spdlog::info("sandbox {}: running (tenant {}, {} vCPU, {} MB, boot {} ms, expires in {} s)", rec.id, rec.tenant, cpus,
-               memory_mb, std::chrono::duration_cast<milliseconds>(Clock::now() - started).count(), timeout_s);
+  spdlog::info("sandbox {}: running (tenant {}, {} vCPU, {} MB, {} {} ms, expires in {} s)", rec.id, rec.tenant, cpus,
+               memory_mb, restored ? "restored in" : "booted in",
+               std::chrono::duration_cast<milliseconds>(Clock::now() - started).count(), timeout_s);
   return store_.getSandbox(rec.id);
 }
 

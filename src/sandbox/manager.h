@@ -20,6 +20,7 @@
 
 #include "common/result.h"
 #include "sandbox/lifecycle.h"
+#include "snapshot/template_cache.h"
 #include "store/state_store.h"
 #include "vmm/vm.h"
 
@@ -38,6 +39,9 @@ struct ManagerConfig {
   std::map<std::string, Template> templates;
   vmm::Accelerator accelerator = vmm::Accelerator::kAuto;
   std::chrono::milliseconds boot_timeout{60000};
+  // Create sandboxes by restoring a template snapshot (built on first use per size) instead of
+  // booting. Off: every create is a cold boot (for comparison and debugging).
+  bool use_snapshots = true;
 
   // Node limits; a request beyond them is refused, never overcommitted.
   uint32_t max_sandboxes = 64;
@@ -143,6 +147,7 @@ class SandboxManager {
 
   ManagerConfig config_;
   store::StateStore& store_;
+  std::unique_ptr<snapshot::TemplateCache> templates_;
 
   std::mutex mu_;  // guards live_ and the reservations
   std::map<std::string, std::shared_ptr<Live>> live_;

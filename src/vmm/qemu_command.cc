@@ -35,7 +35,9 @@ std::vector<std::string> buildQemuArgv(const VmSpec& spec, const VmPaths& paths,
   add({"-name", "space-vm,debug-threads=on"});
   // No ACPI, no option ROMs: the kernel finds its virtio-mmio devices on the command line
   // QEMU appends, and boots straight from its PVH entry point.
-  add({"-machine", "microvm,acpi=off,x-option-roms=off,isa-serial=on,rtc=on"});
+  std::string machine = "microvm,acpi=off,x-option-roms=off,isa-serial=on,rtc=on";
+  if (!spec.memory_file.empty()) machine += ",memory-backend=mem";
+  add({"-machine", machine});
   add({"-nodefaults", "-no-user-config", "-nographic", "-no-reboot"});
   if (accelerator == Accelerator::kKvm) {
     add({"-accel", "kvm", "-cpu", "host"});
@@ -43,6 +45,10 @@ std::vector<std::string> buildQemuArgv(const VmSpec& spec, const VmPaths& paths,
     add({"-accel", "tcg,thread=multi", "-cpu", "max"});
   }
   add({"-smp", std::to_string(spec.vcpus), "-m", std::to_string(spec.memory_mib) + "M"});
+  if (!spec.memory_file.empty()) {
+    add({"-object", "memory-backend-file,id=mem,size=" + std::to_string(spec.memory_mib) +
+                        "M,mem-path=" + spec.memory_file + ",share=" + (spec.memory_private ? "off" : "on")});
+  }
   add({"-kernel", spec.kernel_path, "-append", kernelCmdline(spec)});
 
   // append=on: QEMU writes at the end of the file whatever its size, so the owner can trim it
@@ -62,6 +68,7 @@ std::vector<std::string> buildQemuArgv(const VmSpec& spec, const VmPaths& paths,
 
   add({"-qmp", "unix:" + paths.qmp_socket + ",server=on,wait=off"});
   add({"-pidfile", paths.pid_file});
+  if (spec.incoming) add({"-incoming", "defer"});
   // QEMU's own seccomp filter: the process that runs guest code may not exec, raise privileges,
   // or use obsolete syscalls.
   add({"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"});

@@ -3,11 +3,15 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <thread>
 
 #include "vmm/accelerator.h"
 
@@ -15,6 +19,7 @@ namespace space::vmm {
 
 namespace {
 
+using nlohmann::json;
 using std::chrono::milliseconds;
 
 milliseconds since(Clock::time_point t) { return std::chrono::duration_cast<milliseconds>(Clock::now() - t); }
@@ -26,9 +31,10 @@ void logAcceleratorOnce(const AcceleratorChoice& choice) {
                  [&] { spdlog::info("vmm: accelerator {} ({})", acceleratorName(choice.accelerator), choice.reason); });
 }
 
-Status createOverlay(const std::string& base, const std::string& overlay, const std::string& log) {
+Status createOverlay(const std::string& base, const std::string& format, const std::string& overlay,
+                     const std::string& log) {
   std::string abs_base = std::filesystem::absolute(base).string();
-  auto img = ChildProcess::spawn({"qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", abs_base, overlay},
+  auto img = ChildProcess::spawn({"qemu-img", "create", "-q", "-f", "qcow2", "-F", format, "-b", abs_base, overlay},
                                  SpawnOptions{log, "", true});
   if (!img.ok()) return img.error();
   auto status = img->waitFor(std::chrono::seconds(30));
@@ -125,9 +131,13 @@ Status Vm::boot(const VmSpec& spec, const VmStartOptions& options) {
   paths_ = VmPaths::inRunDir(run_dir_->path());
   const std::string qemu_log = paths_.run_dir + "/qemu.log";
 
-  if (spec.disk_mode == DiskMode::kOverlay) SPACE_TRY(createOverlay(spec.rootfs_path, paths_.disk, qemu_log));
+  if (spec.disk_mode == DiskMode::kOverlay) {
+    SPACE_TRY(createOverlay(spec.rootfs_path, spec.rootfs_format, paths_.disk, qemu_log));
+  }
 
-  auto argv = buildQemuArgv(spec, paths_, accelerator_);
+  VmSpec effective = spec;
+  if (!options.restore_from.empty()) effective.incoming = true;
+  auto argv = buildQemuArgv(effective, paths_, accelerator_);
   auto spawned_at = Clock::now();
   auto deadline = spawned_at + spec.boot_timeout;
   auto child = ChildProcess::spawn(argv, SpawnOptions{qemu_log, "", true});
@@ -149,7 +159,11 @@ Status Vm::boot(const VmSpec& spec, const VmStartOptions& options) {
     }
   }
   timing_.to_qmp = since(spawned_at);
-
+  if (!options.restore_from.empty()) {
+    auto loaded = loadState(options.restore_from, deadline);
+    if (!loaded.ok()) return bootFailure("restore failed: " + loaded.error().message);
+    timing_.to_running = since(spawned_at);
+  }
   return waitForAgent(spawned_at, deadline);
 }
 
@@ -299,6 +313,134 @@ Status Vm::shutdown(milliseconds timeout) {
   if (!process_->waitFor(milliseconds(2000))) process_->kill();
   return makeError(ErrorCode::kDeadlineExceeded,
                    "guest did not power off within " + std::to_string(timeout.count()) + " ms; QEMU was stopped");
+}
+
+namespace {
+
+json ignoreSharedCapability() {
+  // x-ignore-shared: RAM in a shared memory-backend file is not streamed (the file is the RAM).
+  return json{{"capabilities", json::array({json{{"capability", "x-ignore-shared"}, {"state", true}}})}};
+}
+
+Result<UniqueFd> listenUnix(const std::string& path) {
+  if (path.size() >= sizeof(sockaddr_un::sun_path))
+    return makeError(ErrorCode::kInvalidArgument, "path too long: " + path);
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return makeError(ErrorCode::kInternal, std::string("socket: ") + strerror(errno));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  ::unlink(path.c_str());
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd.get(), 1) != 0) {
+    return makeError(ErrorCode::kInternal, "listen on " + path + ": " + strerror(errno));
+  }
+  return fd;
+}
+
+// Polls query-migrate until the migration ends; its error if it failed.
+Status waitMigration(QmpClient& qmp, Clock::time_point deadline) {
+  while (true) {
+    auto info = qmp.execute("query-migrate", nullptr, std::chrono::milliseconds(pollTimeoutMs(deadline) + 1));
+    if (!info.ok()) return info.error();
+    std::string status = info->value("status", "");
+    if (status == "completed") return okStatus();
+    if (status == "failed" || status == "cancelled") {
+      return makeError(ErrorCode::kInternal,
+                       "migration " + status + ": " + info->value("error-desc", "no reason given"));
+    }
+    if (Clock::now() >= deadline) return makeError(ErrorCode::kDeadlineExceeded, "migration still " + status);
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+}
+
+}  // namespace
+
+Status Vm::saveState(const std::string& state_file, milliseconds timeout) {
+  if (!processRunning()) return makeError(ErrorCode::kUnavailable, "VM is not running");
+  auto deadline = Clock::now() + timeout;
+  SPACE_TRY(qmp_->execute("migrate-set-capabilities", ignoreSharedCapability()));
+  SPACE_TRY(qmp_->execute("stop"));
+  // QEMU may not exec (its seccomp sandbox), so the stream comes to us over a socket.
+  const std::string sock = paths_.run_dir + "/save.sock";
+  auto listener = listenUnix(sock);
+  if (!listener.ok()) return listener.error();
+  SPACE_TRY(qmp_->execute("migrate", json{{"uri", "unix:" + sock}}));
+  pollfd p{listener->get(), POLLIN, 0};
+  if (::poll(&p, 1, pollTimeoutMs(deadline)) <= 0)
+    return makeError(ErrorCode::kDeadlineExceeded, "QEMU did not connect to save its state");
+  UniqueFd conn(::accept4(listener->get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ::unlink(sock.c_str());
+  if (!conn.valid()) return makeError(ErrorCode::kInternal, std::string("accept: ") + strerror(errno));
+  const std::string tmp = state_file + ".tmp";
+  UniqueFd out(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!out.valid()) return makeError(ErrorCode::kInternal, "create " + tmp + ": " + strerror(errno));
+  auto fail = [&](Error e) {
+    ::unlink(tmp.c_str());
+    (void)qmp_->execute("migrate_cancel");
+    return e;
+  };
+  char buf[65536];
+  while (true) {
+    pollfd in{conn.get(), POLLIN, 0};
+    if (::poll(&in, 1, pollTimeoutMs(deadline)) <= 0)
+      return fail(makeError(ErrorCode::kDeadlineExceeded, "saving state timed out"));
+    ssize_t n = ::read(conn.get(), buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return fail(makeError(ErrorCode::kInternal, std::string("read state: ") + strerror(errno)));
+    }
+    if (::write(out.get(), buf, static_cast<size_t>(n)) != n) {
+      Error e = makeError(errno == ENOSPC ? ErrorCode::kResourceExhausted : ErrorCode::kInternal,
+                          "write " + tmp + ": " + strerror(errno));
+      return fail(e);
+    }
+  }
+  auto migrated = waitMigration(*qmp_, deadline);
+  if (!migrated.ok()) return fail(migrated.error());
+  if (::fsync(out.get()) != 0) return fail(makeError(ErrorCode::kInternal, "fsync " + tmp + ": " + strerror(errno)));
+  out.reset();
+  if (::rename(tmp.c_str(), state_file.c_str()) != 0) {
+    return fail(makeError(ErrorCode::kInternal, "rename " + tmp + ": " + strerror(errno)));
+  }
+  return okStatus();
+}
+
+Status Vm::loadState(const std::string& state_file, Clock::time_point deadline) {
+  auto state = readSmallFile(state_file, 256 << 20);
+  if (!state.ok()) return state.error();
+  SPACE_TRY(qmp_->execute("migrate-set-capabilities", ignoreSharedCapability()));
+  const std::string sock = paths_.run_dir + "/incoming.sock";
+  SPACE_TRY(qmp_->execute("migrate-incoming", json{{"uri", "unix:" + sock}}));
+  {
+    auto fd = connectUnix(sock, deadline);
+    if (!fd.ok()) return fd.error();
+    SPACE_TRY(writeAll(fd->get(), state.value(), deadline));
+  }  // closing ends the stream
+  SPACE_TRY(waitMigration(*qmp_, deadline));
+  // QEMU starts the guest by itself after an incoming migration unless told not to; a guest
+  // left paused is started here.
+  while (true) {
+    auto status = queryStatus();
+    if (!status.ok()) return status.error();
+    if (status.value() == "running") break;
+    if (status.value() == "paused" || status.value() == "postmigrate") {
+      SPACE_TRY(qmp_->execute("cont"));
+      break;
+    }
+    if (Clock::now() >= deadline) return makeError(ErrorCode::kDeadlineExceeded, "guest still " + status.value());
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  ::unlink(sock.c_str());
+  return okStatus();
+}
+
+void Vm::quit() {
+  if (processRunning()) {
+    if (qmp_) (void)qmp_->execute("quit", nullptr, milliseconds(1000));
+    if (!process_->waitFor(milliseconds(5000))) process_->kill();
+  }
+  agent_ = agentproto::AgentClient::disconnected("the VM was stopped");
 }
 
 void Vm::detach() {

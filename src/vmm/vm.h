@@ -26,14 +26,18 @@ struct VmStartOptions {
   // If set, the VM's run directory is exactly this path (created; must not exist yet), so an
   // owner can find it again by name. Otherwise a fresh `<run_root>/vm-XXXXXX`.
   std::string run_dir;
+  // If set, the guest is restored from this device-state file (saved by Vm::saveState) instead
+  // of booted: the spec must name the snapshot's memory file (normally private) and disk.
+  std::string restore_from;
   // Overrides the probed host capacity (tests use it to check validation without a big host).
   std::optional<HostCapacity> host_capacity;
 };
 
 struct BootTiming {
-  std::chrono::milliseconds to_qmp{0};    // QEMU spawned -> QMP answering
-  std::chrono::milliseconds to_ready{0};  // QEMU spawned -> the agent answered the handshake
-  double guest_uptime_at_init_s = 0;      // guest kernel's own clock when the agent answered
+  std::chrono::milliseconds to_qmp{0};      // QEMU spawned -> QMP answering
+  std::chrono::milliseconds to_ready{0};    // QEMU spawned -> the agent answered the handshake
+  std::chrono::milliseconds to_running{0};  // restore only: QEMU spawned -> guest running again
+  double guest_uptime_at_init_s = 0;        // guest kernel's own clock when the agent answered
 };
 
 enum class RunState { kRunning, kPaused, kOther };
@@ -78,6 +82,14 @@ class Vm {
   // Asks the guest to sync and power off, waits for QEMU to exit; falls back to QMP quit and kill.
   Status shutdown(std::chrono::milliseconds timeout);
 
+  // Saves the guest's device state (CPU, devices; RAM only if it is not in a shared memory
+  // file) to `state_file`, crash-safely (temp, fsync, rename). The VM is stopped (paused)
+  // afterwards and its disk flushed: with a shared memory file, that file, the disk and the
+  // state file together are a snapshot.
+  Status saveState(const std::string& state_file, std::chrono::milliseconds timeout);
+  // Makes QEMU exit (QMP quit, then kill); the run directory stays until the Vm is destroyed.
+  void quit();
+
   // Leaves QEMU running and its files in place for a later adopt(); this object becomes empty.
   void detach();
 
@@ -102,6 +114,7 @@ class Vm {
   Vm() = default;
   Status boot(const VmSpec& spec, const VmStartOptions& options);
   Status waitForAgent(Clock::time_point spawned, Clock::time_point deadline);
+  Status loadState(const std::string& state_file, Clock::time_point deadline);
   std::optional<Error> checkAlive();
   Error bootFailure(const std::string& what);
   void destroy();

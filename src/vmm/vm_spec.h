@@ -22,12 +22,20 @@ enum class DiskMode {
 };
 
 struct VmSpec {
-  std::string kernel_path;  // uncompressed ELF vmlinux with a PVH note
-  std::string rootfs_path;  // ext4 image
+  std::string kernel_path;            // uncompressed ELF vmlinux with a PVH note
+  std::string rootfs_path;            // ext4 image (or, for a restored VM, the snapshot's qcow2 disk)
+  std::string rootfs_format = "raw";  // "raw" or "qcow2": the overlay's backing format
   DiskMode disk_mode = DiskMode::kOverlay;
   uint32_t vcpus = 2;
   uint64_t memory_mib = 512;
   Accelerator accelerator = Accelerator::kAuto;
+  // Guest RAM in a file (memory-backend-file) instead of anonymous memory. Shared: the file is
+  // the RAM (a snapshot then needs only device state). Private: a copy-on-write mapping of the
+  // file, which stays unchanged (a restored clone).
+  std::string memory_file;
+  bool memory_private = false;
+  // Start with `-incoming defer`: the guest comes from a snapshot (Vm::restore), not a boot.
+  bool incoming = false;
   // Appended after SPACE's own kernel arguments (later ones win, e.g. init=).
   std::string extra_cmdline;
   std::chrono::milliseconds boot_timeout{60000};

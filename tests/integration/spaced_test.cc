@@ -283,9 +283,11 @@ TEST_F(SpacedTest, SandboxLifecycleExecAndFiles) {
   EXPECT_EQ(d.call("GET", files + "?path=/home/user/data").status, 400);  // a directory
 
   // Console log and metrics.
+  // (A restored sandbox's console starts empty: the boot happened in its template.)
+  execJson(d, id, json{{"command", "echo console-marker-42 > /dev/console"}, {"user", "root"}});
   auto logs = d.call("GET", "/v1/sandboxes/" + id + "/logs?tail_bytes=100000");
   EXPECT_EQ(logs.status, 200);
-  EXPECT_NE(logs.body.find("Linux version"), std::string::npos);
+  EXPECT_NE(logs.body.find("console-marker-42"), std::string::npos) << logs.body;
   auto metrics = d.call("GET", "/metrics");
   EXPECT_EQ(metrics.status, 200);
   EXPECT_NE(metrics.body.find("space_sandboxes{state=\"running\"} 1"), std::string::npos) << metrics.body;
@@ -487,6 +489,47 @@ TEST_F(SpacedTest, PauseAndResumeKeepProcessesAcrossADaemonRestart) {
   EXPECT_EQ(daemon_->call("DELETE", sb).status, 204);
   EXPECT_EQ(daemon_->callJson("POST", sb + "/resume", nullptr, 409)["error"]["state"], "deleted");
   EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+}
+
+TEST_F(SpacedTest, SandboxesAreRestoredFromATemplateWithTheirOwnIdentity) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2; ++i) ids.push_back(d.create());
+  ASSERT_FALSE(ids[0].empty());
+  ASSERT_FALSE(ids[1].empty());
+  // One template snapshot for the size, made on first use.
+  int templates = 0;
+  for (const auto& e : std::filesystem::directory_iterator(data_dir_ + "/templates")) {
+    if (e.path().filename().string().rfind("base-", 0) == 0) {
+      ++templates;
+      EXPECT_TRUE(std::filesystem::exists(e.path() / "meta.json"));
+      EXPECT_TRUE(std::filesystem::exists(e.path() / "state"));
+    }
+  }
+  EXPECT_EQ(templates, 1);
+  const std::string probe =
+      "hostname; cat /proc/sys/kernel/random/uuid; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; "
+      "date +%s";
+  std::vector<std::vector<std::string>> seen;
+  for (const auto& id : ids) {
+    std::string out = execJson(d, id, json{{"command", probe}})["stdout"];
+    std::vector<std::string> lines;
+    for (size_t start = 0, nl; (nl = out.find('\n', start)) != std::string::npos; start = nl + 1) {
+      lines.push_back(out.substr(start, nl - start));
+    }
+    ASSERT_EQ(lines.size(), 4u) << out;
+    std::string host = id;
+    std::replace(host.begin(), host.end(), '_', '-');
+    EXPECT_EQ(lines[0], host);
+    // The clock was set at restore, not left at the template's snapshot time.
+    const long now = static_cast<long>(time(nullptr));
+    EXPECT_LE(std::labs(std::stol(lines[3]) - now), 5) << "guest clock " << lines[3] << " host " << now;
+    seen.push_back(lines);
+  }
+  EXPECT_NE(seen[0][1], seen[1][1]) << "clones share their random state";
+  EXPECT_NE(seen[0][2], seen[1][2]) << "clones share their random state";
 }
 
 TEST_F(SpacedTest, OneDaemonPerDataDir) {

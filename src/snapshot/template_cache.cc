@@ -1,0 +1,170 @@
+#include "snapshot/template_cache.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "common/fs.h"
+#include "vmm/vm.h"
+
+namespace space::snapshot {
+
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+std::string sha256Hex(const std::string& data) {
+  unsigned char digest[32];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha256(), nullptr);
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned i = 0; i < len; ++i) {
+    out += kDigits[digest[i] >> 4];
+    out += kDigits[digest[i] & 15];
+  }
+  return out;
+}
+
+// Size and modification time: a file replaced in place (a user's own image) changes the key.
+Result<json> fileIdentity(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return makeError(ErrorCode::kNotFound, "cannot stat " + path);
+  return json{
+      {"path", path}, {"size", st.st_size}, {"mtime_ns", st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec}};
+}
+
+Result<std::string> qemuPath(const std::string& binary) {
+  if (binary.find('/') != std::string::npos) return binary;
+  const char* path = getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t colon = dirs.find(':', start);
+    std::string candidate =
+        dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start) + "/" + binary;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  return makeError(ErrorCode::kNotFound, binary + " not found in PATH");
+}
+
+Result<json> keyJson(const TemplateKey& key) {
+  auto kernel = fileIdentity(key.kernel_path);
+  if (!kernel.ok()) return kernel.error();
+  auto rootfs = fileIdentity(key.rootfs_path);
+  if (!rootfs.ok()) return rootfs.error();
+  auto qemu_path = qemuPath(key.qemu_binary);
+  if (!qemu_path.ok()) return qemu_path.error();
+  auto qemu = fileIdentity(qemu_path.value());
+  if (!qemu.ok()) return qemu.error();
+  return json{{"format_version", kSnapshotFormatVersion},
+              {"template", key.name},
+              {"kernel", kernel.value()},
+              {"rootfs", rootfs.value()},
+              {"qemu", qemu.value()},
+              {"vcpus", key.vcpus},
+              {"memory_mib", key.memory_mib},
+              {"accelerator", vmm::acceleratorName(key.accelerator)},
+              // The CPU model the guest saw: what buildQemuArgv gives each accelerator.
+              {"cpu_model", key.accelerator == vmm::Accelerator::kKvm ? "host" : "max"}};
+}
+
+TemplateSnapshot snapshotIn(const std::string& dir, json meta) {
+  return TemplateSnapshot{dir, dir + "/memory", dir + "/disk.qcow2", dir + "/state", std::move(meta)};
+}
+
+Status fsyncPath(const std::string& path, int flags) {
+  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return makeError(ErrorCode::kInternal, "open " + path + ": " + strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) return makeError(ErrorCode::kInternal, "fsync " + path + ": " + strerror(err));
+  return okStatus();
+}
+
+}  // namespace
+
+Result<std::string> TemplateCache::dirName(const TemplateKey& key) {
+  auto k = keyJson(key);
+  if (!k.ok()) return k.error();
+  return key.name + "-" + sha256Hex(k->dump()).substr(0, 16);
+}
+
+Result<TemplateSnapshot> TemplateCache::ensure(const TemplateKey& key, std::chrono::milliseconds boot_timeout) {
+  auto name = dirName(key);
+  if (!name.ok()) return name.error();
+  const std::string dir = root_ + "/" + name.value();
+  std::shared_ptr<std::mutex> lock;
+  {
+    std::lock_guard guard(mu_);
+    auto& slot = locks_[name.value()];
+    if (!slot) slot = std::make_shared<std::mutex>();
+    lock = slot;
+  }
+  std::lock_guard build_lock(*lock);
+  // Published snapshots are complete (rename is the last step), so existing means usable.
+  if (auto meta = readSmallFile(dir + "/meta.json", 1 << 20); meta.ok()) {
+    json parsed = json::parse(meta.value(), nullptr, false);
+    if (!parsed.is_discarded() && parsed.value("format_version", 0) == kSnapshotFormatVersion) {
+      return snapshotIn(dir, std::move(parsed));
+    }
+    spdlog::warn("templates: {} has an unreadable or old meta.json; rebuilding", dir);
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  return build(key, dir, boot_timeout);
+}
+
+Result<TemplateSnapshot> TemplateCache::build(const TemplateKey& key, const std::string& final_dir,
+                                              std::chrono::milliseconds boot_timeout) {
+  auto started = Clock::now();
+  auto meta = keyJson(key);
+  if (!meta.ok()) return meta.error();
+  auto tmp = TempDir::create(root_, ".build-");
+  if (!tmp.ok()) return tmp.error();
+  const std::string dir = tmp->path();
+
+  vmm::VmSpec spec;
+  spec.kernel_path = key.kernel_path;
+  spec.rootfs_path = key.rootfs_path;
+  spec.vcpus = key.vcpus;
+  spec.memory_mib = key.memory_mib;
+  spec.accelerator = key.accelerator;
+  spec.boot_timeout = boot_timeout;
+  spec.qemu_binary = key.qemu_binary;
+  spec.memory_file = dir + "/memory";  // shared: the guest's RAM lands in the snapshot directly
+  vmm::VmStartOptions options;
+  options.run_dir = dir + "/vm";
+  {
+    auto vm = vmm::Vm::start(spec, options);
+    if (!vm.ok()) return makeError(vm.error().code, "template " + key.name + ": boot failed: " + vm.error().message);
+    SPACE_TRY((*vm)->saveState(dir + "/state", std::chrono::seconds(60)));
+    (*vm)->quit();
+    std::error_code ec;
+    fs::rename(options.run_dir + "/disk.qcow2", dir + "/disk.qcow2", ec);
+    if (ec) return makeError(ErrorCode::kInternal, "keep the template's disk: " + ec.message());
+  }  // the VM's run directory goes with it
+  for (const char* file : {"/memory", "/disk.qcow2", "/state"}) SPACE_TRY(fsyncPath(dir + file, O_RDONLY));
+  (*meta)["created_at_ms"] =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  SPACE_TRY(writeFileAtomic(dir + "/meta.json", meta->dump(2) + "\n", 0600));
+  std::error_code ec;
+  fs::rename(dir, final_dir, ec);
+  if (ec) return makeError(ErrorCode::kInternal, "publish " + final_dir + ": " + ec.message());
+  tmp->release();
+  SPACE_TRY(fsyncPath(root_, O_RDONLY | O_DIRECTORY));
+  spdlog::info("templates: built {} in {} ms", final_dir,
+               std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started).count());
+  return snapshotIn(final_dir, std::move(meta.value()));
+}
+
+}  // namespace space::snapshot
