@@ -1,29 +1,15 @@
 #include "api/auth.h"
 
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
 #include <openssl/rand.h>
 
 #include <cstdio>
 
+#include "common/digest.h"
+
 namespace space::api {
 
 namespace {
-
-void sha256(std::string_view data, unsigned char out[32]) {
-  unsigned int len = 0;
-  if (EVP_Digest(data.data(), data.size(), out, &len, EVP_sha256(), nullptr) != 1 || len != 32) abort();
-}
-
-std::string hex(const unsigned char* bytes, size_t n) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  for (size_t i = 0; i < n; ++i) {
-    out += kDigits[bytes[i] >> 4];
-    out += kDigits[bytes[i] & 15];
-  }
-  return out;
-}
 
 bool unhex(const std::string& text, unsigned char out[32]) {
   if (text.size() != 64) return false;
@@ -49,11 +35,7 @@ std::string generateApiKey() {
   return key;
 }
 
-std::string apiKeyDigest(std::string_view key) {
-  unsigned char digest[32];
-  sha256(key, digest);
-  return hex(digest, sizeof digest);
-}
+std::string apiKeyDigest(std::string_view key) { return sha256Hex(key); }
 
 std::optional<std::string> bearerToken(std::string_view authorization) {
   constexpr std::string_view kScheme = "Bearer ";
@@ -98,8 +80,8 @@ std::optional<std::string> KeyRing::find(const unsigned char* digest) {
 }
 
 std::optional<std::string> KeyRing::authenticate(std::string_view key) {
-  unsigned char digest[32];
-  sha256(key, digest);
+  const auto digest_bytes = sha256(key);
+  const unsigned char* digest = digest_bytes.data();
   auto since_load = [this] {
     std::lock_guard lock(mu_);
     return std::chrono::steady_clock::now() - last_load_;

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "cli/default_images.h"
 #include "common/log.h"
 #include "vmm/vm.h"
 
@@ -16,15 +17,6 @@ namespace {
 
 using namespace space;
 using namespace space::vmm;
-
-// Default images: the build's images/ directory (symlinks into the image cache), next to bin/.
-std::string defaultImagePath(const char* env, const std::string& name) {
-  if (const char* v = getenv(env); v != nullptr && *v != '\0') return v;
-  std::error_code ec;
-  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return name;
-  return (exe.parent_path().parent_path() / "images" / name).string();
-}
 
 }  // namespace
 
@@ -39,8 +31,8 @@ int main(int argc, char** argv) {
   app.add_flag("--log-json", log_json, "log one JSON object per line (stderr)");
 
   VmSpec spec;
-  spec.kernel_path = defaultImagePath("SPACE_KERNEL", "vmlinux");
-  spec.rootfs_path = defaultImagePath("SPACE_ROOTFS", "rootfs.ext4");
+  spec.kernel_path = cli::defaultImagePath("SPACE_KERNEL", "vmlinux");
+  spec.rootfs_path = cli::defaultImagePath("SPACE_ROOTFS", "rootfs.ext4");
   std::string accel = "auto";
   double boot_timeout_s = 60;
   double exec_timeout_s = 60;

@@ -20,6 +20,7 @@
 
 #include "api/api_service.h"
 #include "api/auth.h"
+#include "cli/default_images.h"
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/unix_socket.h"
@@ -32,15 +33,6 @@ namespace {
 using namespace space;
 
 constexpr const char* kDefaultTenant = "default";
-
-std::string defaultImagePath(const char* env, const std::string& name) {
-  if (const char* v = getenv(env); v != nullptr && *v != '\0') return v;
-  std::error_code ec;
-  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return name;
-  // The build's images/ directory (links into the image cache), next to bin/.
-  return (exe.parent_path().parent_path() / "images" / name).string();
-}
 
 int fatal(const std::string& message) {
   spdlog::error("spaced: {}", message);
@@ -141,8 +133,8 @@ int main(int argc, char** argv) {
   std::string accel = "auto";
   std::string on_shutdown = "keep";
   sandbox::ManagerConfig config;
-  sandbox::Template base{"base", defaultImagePath("SPACE_KERNEL", "vmlinux"),
-                         defaultImagePath("SPACE_ROOTFS", "rootfs.ext4")};
+  sandbox::Template base{"base", cli::defaultImagePath("SPACE_KERNEL", "vmlinux"),
+                         cli::defaultImagePath("SPACE_ROOTFS", "rootfs.ext4")};
   double boot_timeout_s = 60;
 
   app.add_option("--listen", listen, "address to serve the API on (ip:port; port 0 picks one)")->capture_default_str();

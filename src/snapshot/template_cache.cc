@@ -1,13 +1,13 @@
 #include "snapshot/template_cache.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 
+#include "common/digest.h"
 #include "common/fs.h"
 #include "vmm/vm.h"
 
@@ -17,19 +17,6 @@ namespace {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-std::string sha256Hex(const std::string& data) {
-  unsigned char digest[32];
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha256(), nullptr);
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned i = 0; i < len; ++i) {
-    out += kDigits[digest[i] >> 4];
-    out += kDigits[digest[i] & 15];
-  }
-  return out;
-}
 
 // Size and modification time: a file replaced in place (a user's own image) changes the key.
 Result<json> fileIdentity(const std::string& path) {
