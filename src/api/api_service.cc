@@ -183,6 +183,7 @@ const std::vector<ApiService::Route>& ApiService::routeTable() {
       {"POST", "/v1/sandboxes/{id}/timeout", &ApiService::setTimeout, false},
       {"POST", "/v1/sandboxes/{id}/pause", &ApiService::pauseSandbox, false},
       {"POST", "/v1/sandboxes/{id}/resume", &ApiService::resumeSandbox, false},
+      {"POST", "/v1/sandboxes/{id}/suspend", &ApiService::suspendSandbox, false},
       {"POST", "/v1/sandboxes/{id}/exec", &ApiService::exec, false},
       {"GET", "/v1/sandboxes/{id}/processes", &ApiService::listProcesses, false},
       {"GET", "/v1/sandboxes/{id}/processes/{pid}/stream", &ApiService::attachProcess, false},
@@ -422,10 +423,22 @@ void ApiService::resumeSandbox(Call& c) {
   (void)c.res.send(200, "application/json", dumpJson(sandboxJson(rec.value())));
 }
 
+void ApiService::suspendSandbox(Call& c) {
+  auto body = readJson(c, limits_.max_json_body);
+  if (!body.ok()) return fail(c, body.error());
+  if (auto done = ObjectReader(body.value()).finish(); !done.ok()) return fail(c, done.error());
+  auto rec = manager_.suspend(c.tenant, c.id());
+  if (!rec.ok()) return fail(c, rec.error());
+  (void)c.res.send(200, "application/json", dumpJson(sandboxJson(rec.value())));
+}
+
 // --- agent access ----------------------------------------------------------------------------
 
 Result<sandbox::AgentLease> ApiService::lease(Call& c, std::string_view operation) {
-  return manager_.agent(c.tenant, c.id(), operation);
+  auto lease = manager_.agent(c.tenant, c.id(), operation);
+  // Said on the response: the call found the sandbox suspended and resumed it first.
+  if (lease.ok() && lease->resumed) c.res.setHeader("X-Space-Resumed", "true");
+  return lease;
 }
 
 Result<json> ApiService::agentCall(Call&, const sandbox::AgentLease& lease, const std::string& method,

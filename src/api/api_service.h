@@ -64,6 +64,7 @@ class ApiService {
   void setTimeout(Call& c);
   void pauseSandbox(Call& c);
   void resumeSandbox(Call& c);
+  void suspendSandbox(Call& c);
   void exec(Call& c);
   void listProcesses(Call& c);
   void attachProcess(Call& c);

@@ -1176,7 +1176,10 @@ int main(int argc, char** argv) {
   auto* c_pause = command("pause", "pause a sandbox: its vCPUs stop, memory stays (resume with spacectl resume)",
                           [&](const Api& api) { return cmdRunState(api, id, "pause", as_json); });
   c_pause->add_option("id", id, "sandbox id")->required();
-  auto* c_resume = command("resume", "resume a paused sandbox",
+  auto* c_suspend = command("suspend", "suspend a sandbox: its memory and state go to disk, its VM exits",
+                            [&](const Api& api) { return cmdRunState(api, id, "suspend", as_json); });
+  c_suspend->add_option("id", id, "sandbox id")->required();
+  auto* c_resume = command("resume", "resume a paused or suspended sandbox",
                            [&](const Api& api) { return cmdRunState(api, id, "resume", as_json); });
   c_resume->add_option("id", id, "sandbox id")->required();
 

@@ -48,6 +48,7 @@ std::string newSandboxId() {
 
 namespace {
 
+constexpr const char* kSuspendedState = "/suspended.state";
 constexpr size_t kConsoleMaxBytes = 8 << 20;
 constexpr size_t kConsoleKeepBytes = 1 << 20;
 
@@ -134,12 +135,17 @@ Status SandboxManager::recover() {
   auto rows = store_.sandboxesInStates({"creating", "running", "paused"});
   if (!rows.ok()) return rows.error();
   int adopted = 0, failed = 0;
+  std::set<std::string> suspended_ids;
+  if (auto suspended = store_.sandboxesInStates({"suspended"}); suspended.ok()) {
+    for (const auto& s : suspended.value()) suspended_ids.insert(s.id);
+  }
   // Adoptions run in parallel: each may wait up to its timeout for a guest that does not
   // answer, and the API is not served until recovery is done.
   std::vector<std::future<Result<std::unique_ptr<vmm::Vm>>>> adoptions(rows->size());
   for (size_t i = 0; i < rows->size(); ++i) {
     const auto& row = rows.value()[i];
     if (row.state == "creating" || row.vm_pid <= 0 || row.run_dir.empty()) continue;
+    if (std::filesystem::exists(row.run_dir + kSuspendedState)) continue;  // a suspend cut short
     auto accel = vmm::parseAccelerator(row.accelerator);
     vmm::VmAdoptSpec spec{row.run_dir, static_cast<pid_t>(row.vm_pid), row.vm_identity,
                           accel.ok() ? accel.value() : vmm::Accelerator::kTcg};
@@ -149,12 +155,35 @@ Status SandboxManager::recover() {
     auto& row = rows.value()[i];
     std::string reason;
     std::unique_ptr<vmm::Vm> vm;
+    if (row.state != "creating" && !row.run_dir.empty() && std::filesystem::exists(row.run_dir + kSuspendedState)) {
+      // The guest was saved but the suspension not recorded: finish it. Its QEMU, if still
+      // there, is stopped by the orphan sweep below.
+      row.state = stateName(SandboxState::kSuspended);
+      row.state_reason.clear();
+      row.vm_pid = 0;
+      SPACE_TRY(store_.updateSandbox(row));
+      suspended_ids.insert(row.id);
+      spdlog::info("sandbox {}: suspended (recorded at restart)", row.id);
+      continue;
+    }
     if (row.state == "creating") {
       reason = "spaced restarted while the sandbox was being created";
     } else if (!adoptions[i].valid()) {
       reason = "no VM was recorded for it";
     } else {
       auto found = adoptions[i].get();
+      std::error_code ec;
+      std::filesystem::remove(row.run_dir + kSuspendedState + ".tmp", ec);  // a suspend cut short
+      if (found.ok() && row.state == "running") {
+        // Recorded running but stopped: a suspend or pause was cut short before it was
+        // recorded. Continue the guest, as the record says.
+        auto status = found.value()->queryStatus();
+        if (status.ok() && status.value() != "running") {
+          if (auto resumed = found.value()->resume(); !resumed.ok()) {
+            found = makeError(resumed.error().code, "cannot continue it: " + resumed.error().message);
+          }
+        }
+      }
       if (found.ok()) {
         vm = std::move(found.value());
       } else {
@@ -214,7 +243,8 @@ Status SandboxManager::recover() {
   int removed = 0;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(prefix, ec)) {
-    if (live_.count(entry.path().filename().string())) continue;
+    if (live_.count(entry.path().filename().string()) || suspended_ids.count(entry.path().filename().string()))
+      continue;
     std::filesystem::remove_all(entry.path(), ec);
     ++removed;
   }
@@ -459,6 +489,10 @@ Status SandboxManager::remove(const std::string& tenant, const std::string& id) 
   auto from = parseState(rec->state);
   if (!from.ok()) return from.error();
   SPACE_TRY(checkTransition(from.value(), SandboxState::kDeleted, "delete"));
+  if (from.value() == SandboxState::kSuspended) {
+    std::error_code ec;
+    std::filesystem::remove_all(rec->run_dir, ec);  // the files first, then the record
+  }
   rec->state = stateName(SandboxState::kDeleted);
   // Keep why it had failed: a deleted record is still read for its history.
   rec->state_reason = rec->state_reason.empty() ? "deleted by request"
@@ -474,7 +508,172 @@ Result<store::SandboxRecord> SandboxManager::pause(const std::string& tenant, co
 }
 
 Result<store::SandboxRecord> SandboxManager::resume(const std::string& tenant, const std::string& id) {
+  if (!findLive(tenant, id).ok()) {
+    auto rec = getOwned(tenant, id);
+    if (!rec.ok()) return rec.error();
+    if (rec->state == stateName(SandboxState::kSuspended)) return resumeSuspended(rec.value());
+  }
   return changeRunState(tenant, id, SandboxState::kRunning);
+}
+
+Result<store::SandboxRecord> SandboxManager::suspend(const std::string& tenant, const std::string& id) {
+  auto live = findLive(tenant, id);
+  if (!live.ok()) {
+    auto rec = getOwned(tenant, id);
+    if (!rec.ok()) return rec.error();
+    if (rec->state == stateName(SandboxState::kSuspended)) return rec;  // already: idempotent
+    auto from = parseState(rec->state);
+    if (!from.ok()) return from.error();
+    SPACE_TRY(checkTransition(from.value(), SandboxState::kSuspended, "suspend"));
+    return makeError(ErrorCode::kUnavailable, "sandbox " + id + " is between states; retry");
+  }
+  auto& sandbox = *live.value();
+  std::lock_guard control(sandbox.control);
+  auto rec = store_.getSandbox(id);
+  if (!rec.ok()) return rec.error();
+  if (sandbox.finished) {
+    if (rec->state == stateName(SandboxState::kSuspended)) return rec;
+    return makeError(ErrorCode::kFailedPrecondition, "sandbox is " + rec->state + "; cannot suspend", "invalid_state");
+  }
+  SPACE_TRY(checkTransition(sandbox.state, SandboxState::kSuspended, "suspend"));
+  const bool was_running = sandbox.state == SandboxState::kRunning;
+  auto started = Clock::now();
+  // saveState writes a temp file and renames it when complete: a failure (disk full) leaves no
+  // partial state, and the guest is continued as it was.
+  auto saved = sandbox.vm->saveState(rec->run_dir + kSuspendedState, std::chrono::minutes(5));
+  if (!saved.ok()) {
+    if (was_running) (void)sandbox.vm->resume();
+    if (!sandbox.vm->processRunning()) {
+      (void)finish(live.value(), SandboxState::kFailed, "its VM stopped while suspending");
+      return makeError(ErrorCode::kUnavailable, "sandbox " + id + " failed while suspending", "sandbox_failed");
+    }
+    return makeError(saved.error().code, "cannot suspend sandbox " + id + ": " + saved.error().message +
+                                             (was_running ? " (it keeps running)" : " (it stays paused)"));
+  }
+  sandbox.vm->quit();
+  sandbox.vm->detach();  // keep the run dir: it holds the disk and the saved state
+  sandbox.vm.reset();
+  rec->state = stateName(SandboxState::kSuspended);
+  rec->state_reason.clear();
+  rec->vm_pid = 0;
+  rec->vm_identity.clear();
+  auto recorded = store_.updateSandbox(rec.value());
+  sandbox.state = SandboxState::kSuspended;
+  sandbox.finished = true;
+  {
+    std::lock_guard lock(mu_);
+    live_.erase(id);
+    reserved_vcpus_ -= sandbox.cpus;
+    reserved_memory_mb_ -= sandbox.memory_mb;
+  }
+  if (!recorded.ok()) return recorded.error();  // recovery finds the saved state and records it
+  spdlog::info("sandbox {}: suspended in {} ms", id,
+               std::chrono::duration_cast<milliseconds>(Clock::now() - started).count());
+  return store_.getSandbox(id);
+}
+
+Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::SandboxRecord& suspended) {
+  auto tpl = config_.templates.find(suspended.template_name);
+  if (tpl == config_.templates.end()) {
+    return makeError(ErrorCode::kNotFound, "template \"" + suspended.template_name + "\" not found",
+                     "template_not_found");
+  }
+  auto live = std::make_shared<Live>();
+  live->id = suspended.id;
+  live->tenant = suspended.tenant;
+  live->cpus = suspended.cpus;
+  live->memory_mb = suspended.memory_mb;
+  live->expires_at_ms = suspended.expires_at_ms;
+  std::unique_lock control(live->control);
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return makeError(ErrorCode::kUnavailable, "spaced is shutting down", "shutting_down");
+    if (live_.count(suspended.id)) {
+      return makeError(ErrorCode::kUnavailable, "sandbox " + suspended.id + " is being resumed; retry");
+    }
+    if (live_.size() >= config_.max_sandboxes) {
+      return makeError(ErrorCode::kResourceExhausted,
+                       "this node already runs its maximum of " + std::to_string(config_.max_sandboxes) + " sandboxes",
+                       "too_many_sandboxes");
+    }
+    if (reserved_vcpus_ + live->cpus > config_.max_total_vcpus ||
+        reserved_memory_mb_ + live->memory_mb > config_.max_total_memory_mb) {
+      return makeError(ErrorCode::kResourceExhausted, "not enough free capacity on this node to resume it",
+                       "insufficient_capacity");
+    }
+    reserved_vcpus_ += live->cpus;
+    reserved_memory_mb_ += live->memory_mb;
+    live_[live->id] = live;
+  }
+  auto unreserve = [&] {
+    std::lock_guard lock(mu_);
+    live_.erase(live->id);
+    reserved_vcpus_ -= live->cpus;
+    reserved_memory_mb_ -= live->memory_mb;
+    live->finished = true;
+    live->state = SandboxState::kSuspended;
+  };
+  vmm::VmSpec spec;
+  spec.kernel_path = tpl->second.kernel_path;
+  spec.rootfs_path = suspended.run_dir + "/disk.qcow2";  // the disk is in place; named for validation
+  spec.vcpus = suspended.cpus;
+  spec.memory_mib = suspended.memory_mb;
+  auto accel = vmm::parseAccelerator(suspended.accelerator);
+  spec.accelerator = accel.ok() ? accel.value() : config_.accelerator;
+  spec.boot_timeout = config_.boot_timeout;
+  vmm::VmStartOptions options;
+  options.run_dir = suspended.run_dir;
+  options.reuse_run_dir = true;
+  options.restore_from = suspended.run_dir + kSuspendedState;
+  auto started = Clock::now();
+  auto vm = vmm::Vm::start(spec, options);
+  if (!vm.ok()) {
+    unreserve();
+    // The saved state and disk are untouched: the sandbox stays suspended and can be retried.
+    return makeError(vm.error().code == ErrorCode::kInvalidArgument ? vm.error().code : ErrorCode::kUnavailable,
+                     "cannot resume sandbox " + suspended.id + ": " + firstLine(vm.error().message));
+  }
+  live->vm = std::move(vm.value());
+  // The clock stood still while suspended.
+  auto configured = live->vm->agent().call("/agent.Agent/Configure",
+                                           nlohmann::json{{"timeMs", nowMs()}, {"entropy", freshEntropy()}});
+  if (!configured.ok())
+    spdlog::warn("sandbox {}: resumed, but its clock was not set: {}", suspended.id, configured.error().message);
+  store::SandboxRecord rec = suspended;
+  rec.state = stateName(SandboxState::kRunning);
+  rec.vm_pid = live->vm->pid();
+  rec.vm_identity = live->vm->identity();
+  rec.accelerator = vmm::acceleratorName(live->vm->accelerator());
+  if (auto saved = store_.updateSandbox(rec); !saved.ok()) {
+    live->vm->quit();
+    live->vm->detach();  // keep the suspended files: the record still says suspended
+    live->vm.reset();
+    unreserve();
+    return saved.error();
+  }
+  std::error_code ec;
+  std::filesystem::remove(suspended.run_dir + kSuspendedState, ec);
+  live->state = SandboxState::kRunning;
+  spdlog::info("sandbox {}: resumed from suspension in {} ms", suspended.id,
+               std::chrono::duration_cast<milliseconds>(Clock::now() - started).count());
+  return store_.getSandbox(suspended.id);
+}
+
+void SandboxManager::expireSuspended(int64_t now_ms) {
+  auto rows = store_.sandboxesInStates({"suspended"});
+  if (!rows.ok()) return;
+  for (auto& rec : rows.value()) {
+    if (rec.expires_at_ms > now_ms) continue;
+    {
+      std::lock_guard lock(mu_);
+      if (live_.count(rec.id)) continue;  // being resumed
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(rec.run_dir, ec);
+    rec.state = stateName(SandboxState::kDeleted);
+    rec.state_reason = "timeout: its timeout_s expired (while suspended)";
+    if (store_.updateSandbox(rec).ok()) spdlog::info("sandbox {}: deleted ({})", rec.id, rec.state_reason);
+  }
 }
 
 Result<store::SandboxRecord> SandboxManager::changeRunState(const std::string& tenant, const std::string& id,
@@ -557,6 +756,13 @@ Result<AgentLease> SandboxManager::agent(const std::string& tenant, const std::s
     if (!rec.ok()) return rec.error();
     auto state = parseState(rec->state);
     if (!state.ok()) return state.error();
+    if (state.value() == SandboxState::kSuspended) {
+      auto resumed = resumeSuspended(rec.value());
+      if (!resumed.ok()) return resumed.error();
+      auto lease = agent(tenant, id, operation);
+      if (lease.ok()) lease->resumed = true;
+      return lease;
+    }
     auto needed = requireState(state.value(), SandboxState::kRunning, operation);
     if (!needed.ok()) return needed.error();
     return makeError(ErrorCode::kUnavailable, "sandbox " + id + " is between states; retry");
@@ -640,6 +846,7 @@ void SandboxManager::checkOne(const std::string& id, int64_t now_ms) {
 
 void SandboxManager::housekeeping() {
   auto last_purge = Clock::time_point{};
+  auto last_suspended_check = Clock::time_point{};
   std::unique_lock wake(wake_mu_);
   while (!stopping_) {
     wake.unlock();
@@ -650,6 +857,10 @@ void SandboxManager::housekeeping() {
     }
     const int64_t now = nowMs();
     for (const auto& id : ids) checkOne(id, now);
+    if (Clock::now() - last_suspended_check > std::chrono::seconds(2)) {
+      last_suspended_check = Clock::now();
+      expireSuspended(now);
+    }
     if (Clock::now() - last_purge > std::chrono::minutes(5)) {
       last_purge = Clock::now();
       auto cutoff = now - std::chrono::duration_cast<milliseconds>(config_.deleted_retention).count();

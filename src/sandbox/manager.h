@@ -75,6 +75,7 @@ struct CreateRequest {
 struct AgentLease {
   std::string sandbox_id;
   std::shared_ptr<agentproto::AgentClient> agent;
+  bool resumed = false;  // the sandbox was suspended and this request resumed it
 };
 
 enum class ShutdownMode {
@@ -112,8 +113,13 @@ class SandboxManager {
   // running -> paused: the vCPUs stop, memory stays resident (QMP stop). The hard timeout
   // keeps running while paused.
   Result<store::SandboxRecord> pause(const std::string& tenant, const std::string& id);
-  // paused -> running (QMP cont; re-attaches the agent if needed, e.g. after a daemon restart).
+  // paused -> running (QMP cont; re-attaches the agent if needed, e.g. after a daemon restart);
+  // suspended -> running (restores the saved guest into a new QEMU; needs the node's capacity).
   Result<store::SandboxRecord> resume(const std::string& tenant, const std::string& id);
+  // running|paused -> suspended: device state and RAM saved next to its disk, QEMU exits, no
+  // host memory or reservation is held. On failure (e.g. disk full) nothing partial is kept
+  // and the sandbox keeps running. Exec and file calls resume a suspended sandbox on demand.
+  Result<store::SandboxRecord> suspend(const std::string& tenant, const std::string& id);
   // Sets the hard timeout to now + timeout_s.
   Result<store::SandboxRecord> setTimeout(const std::string& tenant, const std::string& id, int64_t timeout_s);
 
@@ -141,6 +147,8 @@ class SandboxManager {
   Status finish(const std::shared_ptr<Live>& live, SandboxState to, const std::string& reason);
   Result<std::shared_ptr<Live>> findLive(const std::string& tenant, const std::string& id);
   Result<store::SandboxRecord> getOwned(const std::string& tenant, const std::string& id);
+  Result<store::SandboxRecord> resumeSuspended(const store::SandboxRecord& rec);
+  void expireSuspended(int64_t now_ms);
   // pause/resume: moves a live sandbox between running and paused.
   Result<store::SandboxRecord> changeRunState(const std::string& tenant, const std::string& id, SandboxState to);
   std::string sandboxDir(const std::string& id) const;

@@ -35,8 +35,9 @@ std::vector<std::string> buildQemuArgv(const VmSpec& spec, const VmPaths& paths,
   add({"-name", "space-vm,debug-threads=on"});
   // No ACPI, no option ROMs: the kernel finds its virtio-mmio devices on the command line
   // QEMU appends, and boots straight from its PVH entry point.
-  std::string machine = "microvm,acpi=off,x-option-roms=off,isa-serial=on,rtc=on";
-  if (!spec.memory_file.empty()) machine += ",memory-backend=mem";
+  // RAM is always the memory backend "mem" (a file or anonymous): migration streams name RAM
+  // blocks by id, so a guest saved from any kind of VM restores into any other.
+  std::string machine = "microvm,acpi=off,x-option-roms=off,isa-serial=on,rtc=on,memory-backend=mem";
   add({"-machine", machine});
   add({"-nodefaults", "-no-user-config", "-nographic", "-no-reboot"});
   if (accelerator == Accelerator::kKvm) {
@@ -48,6 +49,8 @@ std::vector<std::string> buildQemuArgv(const VmSpec& spec, const VmPaths& paths,
   if (!spec.memory_file.empty()) {
     add({"-object", "memory-backend-file,id=mem,size=" + std::to_string(spec.memory_mib) +
                         "M,mem-path=" + spec.memory_file + ",share=" + (spec.memory_private ? "off" : "on")});
+  } else {
+    add({"-object", "memory-backend-ram,id=mem,size=" + std::to_string(spec.memory_mib) + "M"});
   }
   add({"-kernel", spec.kernel_path, "-append", kernelCmdline(spec)});
 

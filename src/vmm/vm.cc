@@ -70,6 +70,7 @@ Result<std::unique_ptr<Vm>> Vm::start(const VmSpec& spec, const VmStartOptions& 
   vm->accelerator_ = choice->accelerator;
   auto booted = vm->boot(spec, options);
   if (!booted.ok()) return booted.error();  // ~Vm removes whatever boot() created
+  if (options.reuse_run_dir) vm->run_dir_.emplace(TempDir::adopt(options.run_dir));
   return vm;
 }
 
@@ -103,7 +104,7 @@ Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
   vm->qmp_.emplace(std::move(qmp.value()));
   auto status = vm->queryStatus();
   if (!status.ok()) return makeError(status.error().code, "QEMU's monitor: " + status.error().message);
-  if (status.value() == "paused") {
+  if (status.value() == "paused" || status.value() == "postmigrate") {
     // A stopped guest cannot answer the handshake; resume() attaches the agent.
     vm->agent_ = agentproto::AgentClient::disconnected("the VM is paused");
   } else if (status.value() == "running") {
@@ -125,13 +126,20 @@ Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
 }
 
 Status Vm::boot(const VmSpec& spec, const VmStartOptions& options) {
-  auto dir = options.run_dir.empty() ? TempDir::create(options.run_root, "vm-") : TempDir::createAt(options.run_dir);
-  if (!dir.ok()) return dir.error();
-  run_dir_.emplace(std::move(dir.value()));
-  paths_ = VmPaths::inRunDir(run_dir_->path());
+  if (options.reuse_run_dir) {
+    paths_ = VmPaths::inRunDir(options.run_dir);
+    if (!std::filesystem::exists(paths_.disk)) {
+      return makeError(ErrorCode::kNotFound, "no disk to resume from in " + options.run_dir);
+    }
+  } else {
+    auto dir = options.run_dir.empty() ? TempDir::create(options.run_root, "vm-") : TempDir::createAt(options.run_dir);
+    if (!dir.ok()) return dir.error();
+    run_dir_.emplace(std::move(dir.value()));
+    paths_ = VmPaths::inRunDir(run_dir_->path());
+  }
   const std::string qemu_log = paths_.run_dir + "/qemu.log";
 
-  if (spec.disk_mode == DiskMode::kOverlay) {
+  if (spec.disk_mode == DiskMode::kOverlay && !options.reuse_run_dir) {
     SPACE_TRY(createOverlay(spec.rootfs_path, spec.rootfs_format, paths_.disk, qemu_log));
   }
 
@@ -407,15 +415,23 @@ Status Vm::saveState(const std::string& state_file, milliseconds timeout) {
 }
 
 Status Vm::loadState(const std::string& state_file, Clock::time_point deadline) {
-  auto state = readSmallFile(state_file, 256 << 20);
-  if (!state.ok()) return state.error();
+  UniqueFd in(::open(state_file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!in.valid()) return makeError(ErrorCode::kNotFound, "open " + state_file + ": " + strerror(errno));
   SPACE_TRY(qmp_->execute("migrate-set-capabilities", ignoreSharedCapability()));
   const std::string sock = paths_.run_dir + "/incoming.sock";
   SPACE_TRY(qmp_->execute("migrate-incoming", json{{"uri", "unix:" + sock}}));
   {
     auto fd = connectUnix(sock, deadline);
     if (!fd.ok()) return fd.error();
-    SPACE_TRY(writeAll(fd->get(), state.value(), deadline));
+    // Streamed: a suspended guest's state holds its RAM (up to the VM's memory size).
+    std::string chunk(1 << 20, '\0');
+    while (true) {
+      ssize_t n = ::read(in.get(), chunk.data(), chunk.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return makeError(ErrorCode::kInternal, "read " + state_file + ": " + strerror(errno));
+      if (n == 0) break;
+      SPACE_TRY(writeAll(fd->get(), chunk.substr(0, static_cast<size_t>(n)), deadline));
+    }
   }  // closing ends the stream
   SPACE_TRY(waitMigration(*qmp_, deadline));
   // QEMU starts the guest by itself after an incoming migration unless told not to; a guest

@@ -29,6 +29,10 @@ struct VmStartOptions {
   // If set, the guest is restored from this device-state file (saved by Vm::saveState) instead
   // of booted: the spec must name the snapshot's memory file (normally private) and disk.
   std::string restore_from;
+  // The run directory exists already and holds the VM's disk (disk.qcow2), e.g. a suspended
+  // VM's. It becomes the Vm's (removed with it) only once the start succeeded: a failed
+  // resume must not lose the suspended guest.
+  bool reuse_run_dir = false;
   // Overrides the probed host capacity (tests use it to check validation without a big host).
   std::optional<HostCapacity> host_capacity;
 };

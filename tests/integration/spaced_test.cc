@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
@@ -530,6 +531,91 @@ TEST_F(SpacedTest, SandboxesAreRestoredFromATemplateWithTheirOwnIdentity) {
   }
   EXPECT_NE(seen[0][1], seen[1][1]) << "clones share their random state";
   EXPECT_NE(seen[0][2], seen[1][2]) << "clones share their random state";
+}
+
+TEST_F(SpacedTest, SuspendReleasesTheVmAndExecResumesItOnDemand) {
+  daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+  ASSERT_TRUE(daemon_);
+  const std::string id = daemon_->create(json{{"cpus", 1}, {"memory_mb", 256}, {"env", {{"KEPT", "yes"}}}});
+  ASSERT_FALSE(id.empty());
+  const std::string sb = "/v1/sandboxes/" + id;
+  execJson(*daemon_, id,
+           json{{"command",
+                 "echo on-disk > /home/user/file.txt; setsid sh -c 'echo $$ > /tmp/ticker.pid; while :; do "
+                 "sleep 0.05; done' >/dev/null 2>&1 &"}});
+  std::this_thread::sleep_for(milliseconds(300));
+  const std::string ticker = execJson(*daemon_, id, json{{"command", "cat /tmp/ticker.pid"}})["stdout"];
+  ASSERT_FALSE(ticker.empty());
+
+  EXPECT_EQ(daemon_->callJson("POST", sb + "/suspend", nullptr, 200)["state"], "suspended");
+  EXPECT_EQ(daemon_->callJson("POST", sb + "/suspend", nullptr, 200)["state"], "suspended");  // idempotent
+  EXPECT_TRUE(qemuProcessesUnder(sandboxDir(id)).empty()) << "a suspended sandbox holds no QEMU";
+  EXPECT_TRUE(std::filesystem::exists(sandboxDir(id) + "/suspended.state"));
+  auto metrics = daemon_->call("GET", "/metrics");
+  EXPECT_NE(metrics.body.find("space_node_memory_reserved_mb 0"), std::string::npos) << metrics.body;
+  EXPECT_EQ(daemon_->callJson("POST", sb + "/pause", nullptr, 409)["error"]["state"], "suspended");
+
+  // A restart keeps it suspended (nothing to adopt, nothing removed).
+  EXPECT_EQ(daemon_->stop(SIGTERM).exit_code, 0);
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  EXPECT_EQ(daemon_->callJson("GET", sb, nullptr, 200)["state"], "suspended");
+
+  // An exec resumes it on demand and says so; processes, files and env survived.
+  auto client = http::Client::create(daemon_->url());
+  auto r = client->request("POST", sb + "/exec", {{"Authorization", "Bearer " + daemon_->key()}},
+                           json{{"command",
+                                 "cat /home/user/file.txt; kill -0 $(cat /tmp/ticker.pid) && "
+                                 "cat /tmp/ticker.pid; echo $KEPT"}}
+                               .dump(),
+                           seconds(120));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->headers["x-space-resumed"], "true");
+  EXPECT_EQ(json::parse(r->body)["stdout"], "on-disk\n" + ticker + "yes\n");
+  EXPECT_EQ(daemon_->callJson("GET", sb, nullptr, 200)["state"], "running");
+  EXPECT_FALSE(std::filesystem::exists(sandboxDir(id) + "/suspended.state"));
+  auto again = client->request("POST", sb + "/exec", {{"Authorization", "Bearer " + daemon_->key()}},
+                               json{{"command", "true"}}.dump());
+  EXPECT_EQ(again->headers.count("x-space-resumed"), 0u);
+
+  // Suspend, resume explicitly, then suspend and delete: the files go with it.
+  EXPECT_EQ(daemon_->callJson("POST", sb + "/suspend", nullptr, 200)["state"], "suspended");
+  EXPECT_EQ(daemon_->callJson("POST", sb + "/resume", nullptr, 200)["state"], "running");
+  EXPECT_EQ(daemon_->callJson("POST", sb + "/suspend", nullptr, 200)["state"], "suspended");
+  EXPECT_EQ(daemon_->call("DELETE", sb).status, 204);
+  EXPECT_FALSE(std::filesystem::exists(sandboxDir(id)));
+}
+
+// kill -9 of spaced at several points of a suspend: after a restart the sandbox is either
+// running or suspended, usable either way (an exec works), and nothing leaks.
+TEST_F(SpacedTest, KillDuringSuspendLeavesAUsableSandbox) {
+  for (int delay_ms : {0, 150, 400, 800, 1600}) {
+    SCOPED_TRACE("kill after " + std::to_string(delay_ms) + " ms");
+    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+    ASSERT_TRUE(daemon_);
+    const std::string id = daemon_->create();
+    ASSERT_FALSE(id.empty());
+    execJson(*daemon_, id, json{{"command", "echo kept > /home/user/kept.txt"}});
+    std::thread suspender([&] {
+      auto client = http::Client::create(daemon_->url());
+      (void)client->request("POST", "/v1/sandboxes/" + id + "/suspend", {{"Authorization", "Bearer " + daemon_->key()}},
+                            "", seconds(60));
+    });
+    std::this_thread::sleep_for(milliseconds(delay_ms));
+    daemon_->stop(SIGKILL);
+    suspender.join();
+    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+    ASSERT_TRUE(daemon_);
+    std::string state = daemon_->callJson("GET", "/v1/sandboxes/" + id, nullptr, 200)["state"];
+    EXPECT_TRUE(state == "running" || state == "suspended") << state;
+    std::cout << "[ info     ] killed " << delay_ms << " ms into a suspend: " << state << "\n";
+    EXPECT_EQ(execJson(*daemon_, id, json{{"command", "cat /home/user/kept.txt"}})["stdout"], "kept\n");
+    EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 1u);
+    EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + id).status, 204);
+    EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+    daemon_->stop(SIGTERM);
+  }
 }
 
 TEST_F(SpacedTest, OneDaemonPerDataDir) {

@@ -36,6 +36,7 @@ TEST(QemuCommand, MicrovmWithoutDefaults) {
   EXPECT_TRUE(has(argv, "-no-reboot"));
   EXPECT_TRUE(hasPair(argv, "-smp", "3"));
   EXPECT_TRUE(hasPair(argv, "-m", "768M"));
+  EXPECT_TRUE(hasPair(argv, "-object", "memory-backend-ram,id=mem,size=768M"));
   EXPECT_TRUE(hasPair(argv, "-kernel", "/img/vmlinux"));
   EXPECT_TRUE(hasPair(argv, "-qmp", "unix:/run/v/qmp.sock,server=on,wait=off"));
   EXPECT_TRUE(hasPair(argv, "-device", "virtio-rng-device,rng=rng"));
