@@ -30,7 +30,7 @@ VmSpec spec() {
 TEST(QemuCommand, MicrovmWithoutDefaults) {
   auto argv = buildQemuArgv(spec(), VmPaths::inRunDir("/run/v"), Accelerator::kTcg);
   EXPECT_EQ(argv[0], "qemu-system-x86_64");
-  EXPECT_TRUE(hasPair(argv, "-machine", "microvm,acpi=off,x-option-roms=off,isa-serial=on,rtc=on"));
+  EXPECT_TRUE(hasPair(argv, "-machine", "microvm,acpi=off,x-option-roms=off,isa-serial=on,rtc=on,memory-backend=mem"));
   EXPECT_TRUE(has(argv, "-nodefaults"));
   EXPECT_TRUE(has(argv, "-no-user-config"));
   EXPECT_TRUE(has(argv, "-no-reboot"));
