@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "percentiles.h"  // next to this file
 #include "vmm/vm.h"
 
 namespace {
@@ -17,15 +18,8 @@ using namespace space;
 using std::chrono::duration;
 using Ms = duration<double, std::milli>;
 
-struct Stats {
-  double p50, p90, p99, max;
-};
-
-Stats stats(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))]; };
-  return {at(0.50), at(0.90), at(0.99), v.back()};
-}
+using bench::Stats;
+using bench::stats;
 
 std::string imagePath(const char* env, const char* name) {
   if (const char* v = getenv(env); v != nullptr && *v != '\0') return v;

@@ -18,6 +18,7 @@
 #include "common/fs.h"
 #include "common/process.h"
 #include "http/client.h"
+#include "percentiles.h"  // next to this file
 #include "vmm/vm.h"
 
 namespace {
@@ -26,15 +27,8 @@ using namespace space;
 using nlohmann::json;
 using Ms = std::chrono::duration<double, std::milli>;
 
-struct Stats {
-  double p50, p90, p99, max;
-};
-
-Stats stats(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))]; };
-  return {at(0.50), at(0.90), at(0.99), v.back()};
-}
+using bench::Stats;
+using bench::stats;
 
 json statsJson(const Stats& s) { return json{{"p50", s.p50}, {"p90", s.p90}, {"p99", s.p99}, {"max", s.max}}; }
 

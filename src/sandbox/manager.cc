@@ -147,8 +147,12 @@ Status SandboxManager::recover() {
     if (row.state == "creating" || row.vm_pid <= 0 || row.run_dir.empty()) continue;
     if (std::filesystem::exists(row.run_dir + kSuspendedState)) continue;  // a suspend cut short
     auto accel = vmm::parseAccelerator(row.accelerator);
-    vmm::VmAdoptSpec spec{row.run_dir, static_cast<pid_t>(row.vm_pid), row.vm_identity,
-                          accel.ok() ? accel.value() : vmm::Accelerator::kTcg};
+    vmm::VmAdoptSpec spec{row.run_dir,
+                          static_cast<pid_t>(row.vm_pid),
+                          row.vm_identity,
+                          accel.ok() ? accel.value() : vmm::Accelerator::kTcg,
+                          std::chrono::seconds(10),
+                          row.memory_mb};
     adoptions[i] = std::async(std::launch::async, [spec] { return vmm::Vm::adopt(spec); });
   }
   for (size_t i = 0; i < rows->size(); ++i) {
@@ -259,6 +263,46 @@ Status SandboxManager::recover() {
   return okStatus();
 }
 
+// --- node limits ---------------------------------------------------------------------------
+
+Status SandboxManager::reserve(const std::shared_ptr<Live>& live) {
+  std::lock_guard lock(mu_);
+  if (stopping_) return makeError(ErrorCode::kUnavailable, "spaced is shutting down", "shutting_down");
+  if (live_.count(live->id)) {
+    return makeError(ErrorCode::kUnavailable, "sandbox " + live->id + " is changing state; retry");
+  }
+  if (live_.size() >= config_.max_sandboxes) {
+    return makeError(ErrorCode::kResourceExhausted,
+                     "this node already runs its maximum of " + std::to_string(config_.max_sandboxes) + " sandboxes",
+                     "too_many_sandboxes");
+  }
+  if (reserved_vcpus_ + live->cpus > config_.max_total_vcpus) {
+    return makeError(ErrorCode::kResourceExhausted,
+                     "not enough vCPU capacity: " + std::to_string(live->cpus) + " requested, " +
+                         std::to_string(config_.max_total_vcpus - reserved_vcpus_) + " of " +
+                         std::to_string(config_.max_total_vcpus) + " free on this node",
+                     "insufficient_capacity");
+  }
+  if (reserved_memory_mb_ + live->memory_mb > config_.max_total_memory_mb) {
+    return makeError(ErrorCode::kResourceExhausted,
+                     "not enough memory: " + std::to_string(live->memory_mb) + " MB requested, " +
+                         std::to_string(config_.max_total_memory_mb - reserved_memory_mb_) + " of " +
+                         std::to_string(config_.max_total_memory_mb) + " MB free on this node",
+                     "insufficient_capacity");
+  }
+  reserved_vcpus_ += live->cpus;
+  reserved_memory_mb_ += live->memory_mb;
+  live_[live->id] = live;
+  return okStatus();
+}
+
+void SandboxManager::unreserve(const Live& live) {
+  std::lock_guard lock(mu_);
+  live_.erase(live.id);
+  reserved_vcpus_ -= live.cpus;
+  reserved_memory_mb_ -= live.memory_mb;
+}
+
 // --- create / get / list ---------------------------------------------------------------------
 
 Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request) {
@@ -302,39 +346,11 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   live->tenant = request.tenant;
   live->cpus = cpus;
   live->memory_mb = memory_mb;
+  live->id = newSandboxId();
   std::unique_lock control(live->control);  // held through boot: other requests on it wait
-  {
-    std::lock_guard lock(mu_);
-    if (stopping_) return makeError(ErrorCode::kUnavailable, "spaced is shutting down", "shutting_down");
-    if (live_.size() >= config_.max_sandboxes) {
-      return makeError(ErrorCode::kResourceExhausted,
-                       "this node already runs its maximum of " + std::to_string(config_.max_sandboxes) + " sandboxes",
-                       "too_many_sandboxes");
-    }
-    if (reserved_vcpus_ + cpus > config_.max_total_vcpus) {
-      return makeError(ErrorCode::kResourceExhausted,
-                       "not enough vCPU capacity: " + std::to_string(cpus) + " requested, " +
-                           std::to_string(config_.max_total_vcpus - reserved_vcpus_) + " of " +
-                           std::to_string(config_.max_total_vcpus) + " free on this node",
-                       "insufficient_capacity");
-    }
-    if (reserved_memory_mb_ + memory_mb > config_.max_total_memory_mb) {
-      return makeError(ErrorCode::kResourceExhausted,
-                       "not enough memory: " + std::to_string(memory_mb) + " MB requested, " +
-                           std::to_string(config_.max_total_memory_mb - reserved_memory_mb_) + " of " +
-                           std::to_string(config_.max_total_memory_mb) + " MB free on this node",
-                       "insufficient_capacity");
-    }
-    live->id = newSandboxId();
-    reserved_vcpus_ += cpus;
-    reserved_memory_mb_ += memory_mb;
-    live_[live->id] = live;
-  }
+  SPACE_TRY(reserve(live));
   auto release = [&] {
-    std::lock_guard lock(mu_);
-    live_.erase(live->id);
-    reserved_vcpus_ -= cpus;
-    reserved_memory_mb_ -= memory_mb;
+    unreserve(*live);
     live->finished = true;
     live->state = SandboxState::kFailed;
   };
@@ -381,6 +397,7 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   spec.boot_timeout = config_.boot_timeout;
   vmm::VmStartOptions options;
   options.run_dir = rec.run_dir;
+  options.host_capacity = host.value();  // probed above: once per create
   auto started = Clock::now();
   bool restored = false;
   if (config_.use_snapshots) {
@@ -463,12 +480,7 @@ Status SandboxManager::finish(const std::shared_ptr<Live>& live, SandboxState to
   auto saved = store_.updateSandbox(rec.value());
   live->state = to;
   live->finished = true;
-  {
-    std::lock_guard lock(mu_);
-    live_.erase(live->id);
-    reserved_vcpus_ -= live->cpus;
-    reserved_memory_mb_ -= live->memory_mb;
-  }
+  unreserve(*live);
   if (to == SandboxState::kFailed) {
     spdlog::warn("sandbox {}: failed: {}", live->id, reason);
   } else {
@@ -560,12 +572,7 @@ Result<store::SandboxRecord> SandboxManager::suspend(const std::string& tenant, 
   auto recorded = store_.updateSandbox(rec.value());
   sandbox.state = SandboxState::kSuspended;
   sandbox.finished = true;
-  {
-    std::lock_guard lock(mu_);
-    live_.erase(id);
-    reserved_vcpus_ -= sandbox.cpus;
-    reserved_memory_mb_ -= sandbox.memory_mb;
-  }
+  unreserve(sandbox);
   if (!recorded.ok()) return recorded.error();  // recovery finds the saved state and records it
   spdlog::info("sandbox {}: suspended in {} ms", id,
                std::chrono::duration_cast<milliseconds>(Clock::now() - started).count());
@@ -585,31 +592,9 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
   live->memory_mb = suspended.memory_mb;
   live->expires_at_ms = suspended.expires_at_ms;
   std::unique_lock control(live->control);
-  {
-    std::lock_guard lock(mu_);
-    if (stopping_) return makeError(ErrorCode::kUnavailable, "spaced is shutting down", "shutting_down");
-    if (live_.count(suspended.id)) {
-      return makeError(ErrorCode::kUnavailable, "sandbox " + suspended.id + " is being resumed; retry");
-    }
-    if (live_.size() >= config_.max_sandboxes) {
-      return makeError(ErrorCode::kResourceExhausted,
-                       "this node already runs its maximum of " + std::to_string(config_.max_sandboxes) + " sandboxes",
-                       "too_many_sandboxes");
-    }
-    if (reserved_vcpus_ + live->cpus > config_.max_total_vcpus ||
-        reserved_memory_mb_ + live->memory_mb > config_.max_total_memory_mb) {
-      return makeError(ErrorCode::kResourceExhausted, "not enough free capacity on this node to resume it",
-                       "insufficient_capacity");
-    }
-    reserved_vcpus_ += live->cpus;
-    reserved_memory_mb_ += live->memory_mb;
-    live_[live->id] = live;
-  }
+  SPACE_TRY(reserve(live));
   auto unreserve = [&] {
-    std::lock_guard lock(mu_);
-    live_.erase(live->id);
-    reserved_vcpus_ -= live->cpus;
-    reserved_memory_mb_ -= live->memory_mb;
+    this->unreserve(*live);
     live->finished = true;
     live->state = SandboxState::kSuspended;
   };

@@ -148,6 +148,10 @@ class SandboxManager {
   Result<std::shared_ptr<Live>> findLive(const std::string& tenant, const std::string& id);
   Result<store::SandboxRecord> getOwned(const std::string& tenant, const std::string& id);
   Result<store::SandboxRecord> resumeSuspended(const store::SandboxRecord& rec);
+  // The node's limits, in one place: counts the sandbox in (live_ and the reservations) if it
+  // fits, else the refusal (429/503 reasons). unreserve() undoes it.
+  Status reserve(const std::shared_ptr<Live>& live);
+  void unreserve(const Live& live);
   void expireSuspended(int64_t now_ms);
   // pause/resume: moves a live sandbox between running and paused.
   Result<store::SandboxRecord> changeRunState(const std::string& tenant, const std::string& id, SandboxState to);

@@ -98,6 +98,7 @@ Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
   vm->run_dir_.emplace(TempDir::adopt(spec.run_dir));
   vm->process_.emplace(std::move(process.value()));
   vm->identity_ = spec.identity;
+  vm->memory_mib_ = spec.memory_mib;
 
   auto qmp = QmpClient::connect(vm->paths_.qmp_socket, deadline);
   if (!qmp.ok()) return makeError(qmp.error().code, "cannot re-attach QEMU's monitor: " + qmp.error().message);
@@ -138,6 +139,7 @@ Status Vm::boot(const VmSpec& spec, const VmStartOptions& options) {
     paths_ = VmPaths::inRunDir(run_dir_->path());
   }
   const std::string qemu_log = paths_.run_dir + "/qemu.log";
+  memory_mib_ = spec.memory_mib;
 
   if (spec.disk_mode == DiskMode::kOverlay && !options.reuse_run_dir) {
     SPACE_TRY(createOverlay(spec.rootfs_path, spec.rootfs_format, paths_.disk, qemu_log));
@@ -387,6 +389,9 @@ Status Vm::saveState(const std::string& state_file, milliseconds timeout) {
     (void)qmp_->execute("migrate_cancel");
     return e;
   };
+  // RAM (when not in a shared file) plus device state, which is kilobytes; unknown size: 64 GiB.
+  const uint64_t max_bytes = memory_mib_ ? (memory_mib_ + 64) << 20 : uint64_t{64} << 30;
+  uint64_t total = 0;
   char buf[65536];
   while (true) {
     pollfd in{conn.get(), POLLIN, 0};
@@ -397,6 +402,11 @@ Status Vm::saveState(const std::string& state_file, milliseconds timeout) {
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       return fail(makeError(ErrorCode::kInternal, std::string("read state: ") + strerror(errno)));
+    }
+    total += static_cast<uint64_t>(n);
+    if (total > max_bytes) {
+      return fail(makeError(ErrorCode::kResourceExhausted,
+                            "QEMU's state stream exceeds " + std::to_string(max_bytes) + " bytes; refused"));
     }
     if (::write(out.get(), buf, static_cast<size_t>(n)) != n) {
       Error e = makeError(errno == ENOSPC ? ErrorCode::kResourceExhausted : ErrorCode::kInternal,

@@ -53,6 +53,7 @@ struct VmAdoptSpec {
   std::string identity;  // Vm::identity() as recorded then
   Accelerator accelerator = Accelerator::kTcg;
   std::chrono::milliseconds timeout{10000};
+  uint64_t memory_mib = 0;  // the guest's RAM size: bounds what saveState accepts from QEMU
 };
 
 class Vm {
@@ -89,7 +90,8 @@ class Vm {
   // Saves the guest's device state (CPU, devices; RAM only if it is not in a shared memory
   // file) to `state_file`, crash-safely (temp, fsync, rename). The VM is stopped (paused)
   // afterwards and its disk flushed: with a shared memory file, that file, the disk and the
-  // state file together are a snapshot.
+  // state file together are a snapshot. QEMU runs guest code: a stream larger than the guest's
+  // RAM plus device state is refused rather than allowed to fill the disk.
   Status saveState(const std::string& state_file, std::chrono::milliseconds timeout);
   // Makes QEMU exit (QMP quit, then kill); the run directory stays until the Vm is destroyed.
   void quit();
@@ -131,6 +133,7 @@ class Vm {
   std::shared_ptr<agentproto::AgentClient> agent_;
   BootTiming timing_;
   std::string identity_;
+  uint64_t memory_mib_ = 0;
 };
 
 }  // namespace space::vmm
