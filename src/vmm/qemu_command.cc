@@ -72,6 +72,7 @@ std::vector<std::string> buildQemuArgv(const VmSpec& spec, const VmPaths& paths,
   add({"-qmp", "unix:" + paths.qmp_socket + ",server=on,wait=off"});
   add({"-pidfile", paths.pid_file});
   if (spec.incoming) add({"-incoming", "defer"});
+  if (spec.start_paused) add({"-S"});
   // QEMU's own seccomp filter: the process that runs guest code may not exec, raise privileges,
   // or use obsolete syscalls.
   add({"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"});

@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <atomic>
 #include <mutex>
 #include <thread>
 
@@ -147,6 +148,10 @@ Status Vm::boot(const VmSpec& spec, const VmStartOptions& options) {
 
   VmSpec effective = spec;
   if (!options.restore_from.empty()) effective.incoming = true;
+  if (options.stay_paused) {
+    if (options.restore_from.empty()) return makeError(ErrorCode::kInvalidArgument, "stay_paused needs restore_from");
+    effective.start_paused = true;
+  }
   auto argv = buildQemuArgv(effective, paths_, accelerator_);
   auto spawned_at = Clock::now();
   auto deadline = spawned_at + spec.boot_timeout;
@@ -170,9 +175,14 @@ Status Vm::boot(const VmSpec& spec, const VmStartOptions& options) {
   }
   timing_.to_qmp = since(spawned_at);
   if (!options.restore_from.empty()) {
-    auto loaded = loadState(options.restore_from, deadline);
+    auto loaded = loadState(options.restore_from, deadline, /*start=*/!options.stay_paused,
+                            options.restore_ignore_shared);
     if (!loaded.ok()) return bootFailure("restore failed: " + loaded.error().message);
     timing_.to_running = since(spawned_at);
+    if (options.stay_paused) {
+      agent_ = agentproto::AgentClient::disconnected("the restored VM was left paused");
+      return okStatus();
+    }
   }
   return waitForAgent(spawned_at, deadline);
 }
@@ -327,9 +337,10 @@ Status Vm::shutdown(milliseconds timeout) {
 
 namespace {
 
-json ignoreSharedCapability() {
+json ignoreSharedCapability(bool on) {
   // x-ignore-shared: RAM in a shared memory-backend file is not streamed (the file is the RAM).
-  return json{{"capabilities", json::array({json{{"capability", "x-ignore-shared"}, {"state", true}}})}};
+  // Both ends must agree: it changes the stream's format.
+  return json{{"capabilities", json::array({json{{"capability", "x-ignore-shared"}, {"state", on}}})}};
 }
 
 Result<UniqueFd> listenUnix(const std::string& path) {
@@ -365,10 +376,10 @@ Status waitMigration(QmpClient& qmp, Clock::time_point deadline) {
 
 }  // namespace
 
-Status Vm::saveState(const std::string& state_file, milliseconds timeout) {
+Status Vm::saveState(const std::string& state_file, milliseconds timeout, bool ignore_shared) {
   if (!processRunning()) return makeError(ErrorCode::kUnavailable, "VM is not running");
   auto deadline = Clock::now() + timeout;
-  SPACE_TRY(qmp_->execute("migrate-set-capabilities", ignoreSharedCapability()));
+  SPACE_TRY(qmp_->execute("migrate-set-capabilities", ignoreSharedCapability(ignore_shared)));
   SPACE_TRY(qmp_->execute("stop"));
   // QEMU may not exec (its seccomp sandbox), so the stream comes to us over a socket.
   const std::string sock = paths_.run_dir + "/save.sock";
@@ -424,10 +435,10 @@ Status Vm::saveState(const std::string& state_file, milliseconds timeout) {
   return okStatus();
 }
 
-Status Vm::loadState(const std::string& state_file, Clock::time_point deadline) {
+Status Vm::loadState(const std::string& state_file, Clock::time_point deadline, bool start, bool ignore_shared) {
   UniqueFd in(::open(state_file.c_str(), O_RDONLY | O_CLOEXEC));
   if (!in.valid()) return makeError(ErrorCode::kNotFound, "open " + state_file + ": " + strerror(errno));
-  SPACE_TRY(qmp_->execute("migrate-set-capabilities", ignoreSharedCapability()));
+  SPACE_TRY(qmp_->execute("migrate-set-capabilities", ignoreSharedCapability(ignore_shared)));
   const std::string sock = paths_.run_dir + "/incoming.sock";
   SPACE_TRY(qmp_->execute("migrate-incoming", json{{"uri", "unix:" + sock}}));
   {
@@ -450,14 +461,82 @@ Status Vm::loadState(const std::string& state_file, Clock::time_point deadline) 
     auto status = queryStatus();
     if (!status.ok()) return status.error();
     if (status.value() == "running") break;
-    if (status.value() == "paused" || status.value() == "postmigrate") {
-      SPACE_TRY(qmp_->execute("cont"));
+    if (status.value() == "paused" || status.value() == "postmigrate" || status.value() == "prelaunch") {
+      if (start) SPACE_TRY(qmp_->execute("cont"));
       break;
     }
     if (Clock::now() >= deadline) return makeError(ErrorCode::kDeadlineExceeded, "guest still " + status.value());
     std::this_thread::sleep_for(milliseconds(1));
   }
   ::unlink(sock.c_str());
+  return okStatus();
+}
+
+Status Vm::freezeDisk(const std::string& layer_path) {
+  if (!processRunning()) return makeError(ErrorCode::kUnavailable, "VM is not running");
+  auto status = queryStatus();
+  if (!status.ok()) return status.error();
+  if (status.value() == "running") return makeError(ErrorCode::kFailedPrecondition, "freezeDisk needs a stopped VM");
+  // The guest's disk as QEMU sees it now: its top node (a previous freeze moved it) and size.
+  auto blocks = qmp_->execute("query-block");
+  if (!blocks.ok()) return blocks.error();
+  std::string top_node;
+  uint64_t virtual_size = 0;
+  for (const auto& b : *blocks) {
+    if (!b.is_object() || !b.contains("inserted")) continue;
+    const auto& inserted = b["inserted"];
+    top_node = inserted.value("node-name", "");
+    if (inserted.contains("image")) virtual_size = inserted["image"].value("virtual-size", uint64_t{0});
+    break;
+  }
+  if (top_node.empty() || virtual_size == 0) return makeError(ErrorCode::kInternal, "QEMU reports no root disk");
+
+  // 1. The current overlay becomes the layer: a second name for the same file, no copy.
+  if (::link(paths_.disk.c_str(), layer_path.c_str()) != 0) {
+    return makeError(errno == ENOSPC ? ErrorCode::kResourceExhausted : ErrorCode::kInternal,
+                     "link " + paths_.disk + " -> " + layer_path + ": " + strerror(errno));
+  }
+  const std::string next = paths_.run_dir + "/disk.next.qcow2";
+  auto undo = [&](Error e) {
+    ::unlink(next.c_str());
+    ::unlink(layer_path.c_str());
+    return e;
+  };
+  // 2. A new, empty overlay naming the layer as its backing file. -u: the layer is still
+  // QEMU's open, writable image, so qemu-img must not open it (it would fail on QEMU's lock).
+  {
+    const std::string log = paths_.run_dir + "/qemu.log";
+    auto img = ChildProcess::spawn({"qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", layer_path, "-u",
+                                    next, std::to_string(virtual_size)},
+                                   SpawnOptions{log, "", true});
+    if (!img.ok()) return undo(img.error());
+    auto exited = img->waitFor(std::chrono::seconds(30));
+    if (!exited || exited->signaled || exited->exit_code != 0) {
+      if (!exited) img->kill();
+      auto tail = readFileTail(log, 1024);
+      return undo(makeError(ErrorCode::kInternal,
+                            "qemu-img create (new overlay) failed: " + (tail.ok() ? tail.value() : std::string())));
+    }
+  }
+  // 3. QEMU switches the guest's disk onto it; the old top node becomes its read-only backing.
+  static std::atomic<uint64_t> serial{0};
+  const std::string node = "root-" + std::to_string(getpid()) + "-" + std::to_string(++serial);
+  json add{{"driver", "qcow2"},
+           {"node-name", node},
+           {"file", json{{"driver", "file"}, {"filename", next}, {"aio", "threads"}}},
+           {"backing", nullptr}};
+  if (auto added = qmp_->execute("blockdev-add", add); !added.ok()) return undo(added.error());
+  if (auto switched = qmp_->execute("blockdev-snapshot", json{{"node", top_node}, {"overlay", node}});
+      !switched.ok()) {
+    (void)qmp_->execute("blockdev-del", json{{"node-name", node}});
+    return undo(switched.error());
+  }
+  // 4. The new overlay takes the disk's name, for the next QEMU (after a suspend) and for owners
+  // that find the disk by path. QEMU holds both files open; names do not matter to it. A crash
+  // before this rename leaves disk.next.qcow2 as the live disk: recovery finishes the rename.
+  if (::rename(next.c_str(), paths_.disk.c_str()) != 0) {
+    return makeError(ErrorCode::kInternal, "rename " + next + ": " + strerror(errno));
+  }
   return okStatus();
 }
 

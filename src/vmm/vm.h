@@ -33,6 +33,11 @@ struct VmStartOptions {
   // VM's. It becomes the Vm's (removed with it) only once the start succeeded: a failed
   // resume must not lose the suspended guest.
   bool reuse_run_dir = false;
+  // Restore only: the guest is loaded but left stopped (it never runs, no agent is attached),
+  // so that its state can be saved again, e.g. into a snapshot of its own.
+  bool stay_paused = false;
+  // Must match how restore_from was saved (see Vm::saveState).
+  bool restore_ignore_shared = true;
   // Overrides the probed host capacity (tests use it to check validation without a big host).
   std::optional<HostCapacity> host_capacity;
 };
@@ -92,7 +97,15 @@ class Vm {
   // afterwards and its disk flushed: with a shared memory file, that file, the disk and the
   // state file together are a snapshot. QEMU runs guest code: a stream larger than the guest's
   // RAM plus device state is refused rather than allowed to fill the disk.
-  Status saveState(const std::string& state_file, std::chrono::milliseconds timeout);
+  // `ignore_shared` false streams every RAM block, shared or not: the stream then carries the
+  // whole guest and can be loaded into a VM whose RAM is a (new) shared file.
+  Status saveState(const std::string& state_file, std::chrono::milliseconds timeout, bool ignore_shared = true);
+  // Freezes the disk as it is now into `layer_path` and moves the running guest onto a new,
+  // empty copy-on-write overlay over it, so `layer_path` never changes again and snapshots and
+  // their children can share it. No data is copied: the current overlay file becomes the layer
+  // (a hard link on the same filesystem) and a new overlay takes its place at paths().disk.
+  // The VM must be stopped (after saveState or pause) so that the layer is consistent.
+  Status freezeDisk(const std::string& layer_path);
   // Makes QEMU exit (QMP quit, then kill); the run directory stays until the Vm is destroyed.
   void quit();
 
@@ -120,7 +133,7 @@ class Vm {
   Vm() = default;
   Status boot(const VmSpec& spec, const VmStartOptions& options);
   Status waitForAgent(Clock::time_point spawned, Clock::time_point deadline);
-  Status loadState(const std::string& state_file, Clock::time_point deadline);
+  Status loadState(const std::string& state_file, Clock::time_point deadline, bool start, bool ignore_shared);
   std::optional<Error> checkAlive();
   Error bootFailure(const std::string& what);
   void destroy();

@@ -36,6 +36,9 @@ struct VmSpec {
   bool memory_private = false;
   // Start with `-incoming defer`: the guest comes from a snapshot (Vm::restore), not a boot.
   bool incoming = false;
+  // Start with the vCPUs stopped (-S): with `incoming`, the restored guest never runs until
+  // told to (a snapshot being re-saved must not execute and diverge from its disk).
+  bool start_paused = false;
   // Appended after SPACE's own kernel arguments (later ones win, e.g. init=).
   std::string extra_cmdline;
   std::chrono::milliseconds boot_timeout{60000};

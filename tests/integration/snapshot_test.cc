@@ -7,6 +7,8 @@
 #include <fstream>
 
 #include "common/fs.h"
+#include "snapshot/layers.h"
+#include "snapshot/sandbox_snapshot.h"
 #include "vmm/vm.h"
 
 namespace space::vmm {
@@ -88,6 +90,91 @@ TEST_F(SnapshotTest, RestoredClonesResumeTheSavedGuestAndDivergeCopyOnWrite) {
   EXPECT_EQ(std::filesystem::last_write_time(snap + "/memory"), memory_before);
   clones.clear();
   EXPECT_FALSE(std::filesystem::exists(dir_->path() + "/clone0"));
+}
+
+// A snapshot of a running guest whose RAM is private (every sandbox restored from a template):
+// the sandbox keeps running on a new overlay, children restored from the snapshot see its
+// memory and files, and nobody sees anyone else's later writes.
+TEST_F(SnapshotTest, ASnapshotOfARunningGuestBranchesIntoIndependentChildren) {
+  const std::string snaps = dir_->path() + "/snapshots";
+  const std::string layers = dir_->path() + "/layers";
+  std::filesystem::create_directories(snaps);
+  std::filesystem::create_directories(layers);
+  VmSpec spec;
+  spec.kernel_path = imagePath("vmlinux");
+  spec.rootfs_path = imagePath("rootfs.ext4");
+  spec.vcpus = 1;
+  spec.memory_mib = 256;
+  VmStartOptions options;
+  options.run_dir = dir_->path() + "/parent";
+  auto parent = Vm::start(spec, options);
+  ASSERT_TRUE(parent.ok()) << parent.error().message;
+  auto setup = (*parent)->exec(
+      "echo before > /home/user/shared.txt; setsid sh -c 'echo $$ > /tmp/ticker.pid; while :; do sleep 0.05; done' "
+      ">/dev/null 2>&1 & sleep 0.2; cat /tmp/ticker.pid");
+  ASSERT_TRUE(setup.ok()) << setup.error().message;
+  const std::string ticker = setup->stdout_data;
+
+  snapshot::TakeSnapshotRequest req;
+  req.id = "snap_test";
+  req.snapshots_dir = snaps;
+  req.layers_dir = layers;
+  req.kernel_path = spec.kernel_path;
+  req.vcpus = spec.vcpus;
+  req.memory_mib = spec.memory_mib;
+  req.accelerator = (*parent)->accelerator();
+  auto snap = snapshot::takeSnapshot(**parent, /*was_running=*/true, req);
+  ASSERT_TRUE(snap.ok()) << snap.error().message;
+  EXPECT_FALSE(std::filesystem::exists(snaps + "/.build-snap_test"));
+  EXPECT_LT(std::filesystem::file_size(snap->state_file), 1u << 20) << "RAM must be in the memory file";
+  // The parent runs on, on a new overlay over the frozen layer.
+  auto status = (*parent)->queryStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status.value(), "running");
+  auto backing = snapshot::qcow2BackingFile((*parent)->paths().disk);
+  ASSERT_TRUE(backing.ok()) << backing.error().message;
+  EXPECT_EQ(backing.value(), snap->disk);
+  auto after = (*parent)->exec("echo parent-after > /home/user/shared.txt && sync && cat /tmp/ticker.pid");
+  ASSERT_TRUE(after.ok()) << after.error().message;
+  EXPECT_EQ(after->stdout_data, ticker);
+
+  VmSpec child_spec = spec;
+  child_spec.rootfs_path = snap->disk;
+  child_spec.rootfs_format = "qcow2";
+  child_spec.memory_file = snap->memory_file;
+  child_spec.memory_private = true;
+  std::vector<std::unique_ptr<Vm>> children;
+  for (int i = 0; i < 2; ++i) {
+    VmStartOptions child_options;
+    child_options.run_dir = dir_->path() + "/child" + std::to_string(i);
+    child_options.restore_from = snap->state_file;
+    auto child = Vm::start(child_spec, child_options);
+    ASSERT_TRUE(child.ok()) << child.error().message;
+    children.push_back(std::move(child.value()));
+  }
+  for (int i = 0; i < 2; ++i) {
+    auto r = children[i]->exec("kill -0 $(cat /tmp/ticker.pid) && cat /tmp/ticker.pid /home/user/shared.txt && echo " +
+                               std::to_string(i) + " > /home/user/shared.txt && sync");
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->exit_code, 0) << r->stderr_data;
+    EXPECT_EQ(r->stdout_data, ticker + "before\n");
+  }
+  for (int i = 0; i < 2; ++i) {
+    auto r = children[i]->exec("cat /home/user/shared.txt");
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->stdout_data, std::to_string(i) + "\n");
+  }
+  auto mine = (*parent)->exec("cat /home/user/shared.txt");
+  ASSERT_TRUE(mine.ok());
+  EXPECT_EQ(mine->stdout_data, "parent-after\n");
+
+  // Every layer is reachable from the disks standing on it; none from nothing.
+  std::vector<std::string> roots{(*parent)->paths().disk};
+  for (auto& c : children) roots.push_back(c->paths().disk);
+  auto keep = snapshot::reachableLayers(roots);
+  EXPECT_TRUE(keep.count(snap->disk));
+  EXPECT_EQ(snapshot::sweepLayers(layers, keep), 0);
+  EXPECT_EQ(snapshot::sweepLayers(layers, {}), 1);  // nothing standing on it: it goes
 }
 
 TEST_F(SnapshotTest, ACorruptStateFileFailsTheRestoreCleanly) {

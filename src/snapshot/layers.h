@@ -1,0 +1,29 @@
+// Disk layers: frozen qcow2 images shared by snapshots and the sandboxes branched from them.
+// A layer is referenced by qcow2 backing-file names (a sandbox's overlay names the layer it
+// sits on, a layer names the one below it) and by snapshots' metadata. Nothing counts
+// references by hand: the sweep follows the names from the live roots and removes the
+// layers nobody reaches, so a deleted snapshot's layer stays exactly as long as some disk
+// still stands on it.
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+
+namespace space::snapshot {
+
+// The backing file named in a qcow2 header ("" if none). Reads only the header (bounded):
+// these are files our own QEMU wrote, but a guest can never make the name exceed 1023 bytes
+// (QEMU's own limit) without it being refused here.
+Result<std::string> qcow2BackingFile(const std::string& path);
+
+// Every file reachable from `roots` by following backing-file names (roots included).
+// Missing files and cycles end a chain; they are not errors (a root may be mid-removal).
+std::set<std::string> reachableLayers(const std::vector<std::string>& roots);
+
+// Removes the files in `layers_dir` not in `keep`; returns how many.
+int sweepLayers(const std::string& layers_dir, const std::set<std::string>& keep);
+
+}  // namespace space::snapshot

@@ -1,0 +1,51 @@
+// Snapshots of running sandboxes: an immutable saved point (memory, device state, disk) that
+// new sandboxes are restored from exactly like from a template, so branching costs what a
+// create costs and copies nothing.
+//
+// A sandbox restored from a template keeps its RAM in a private (copy-on-write) mapping, which
+// is not a file anyone can map again. So a snapshot is taken in two steps: the sandbox streams
+// its RAM and device state out (it is stopped only for this and for freezing its disk), then a
+// helper QEMU that never runs the guest loads that stream into a new shared memory file and
+// saves its device state again, now without RAM. The result has the template's layout:
+// `memory` (mapped privately by each child), `state` (kilobytes), and a frozen disk layer.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "common/result.h"
+#include "vmm/vm.h"
+
+namespace space::snapshot {
+
+struct SnapshotFiles {
+  std::string dir;
+  std::string memory_file;
+  std::string state_file;
+  std::string disk;  // the frozen layer (in the layers directory, shared with children)
+  uint64_t size_bytes = 0;
+};
+
+struct TakeSnapshotRequest {
+  std::string id;             // names the directory and the layer
+  std::string snapshots_dir;  // published snapshots: <snapshots_dir>/<id>/
+  std::string layers_dir;     // frozen disks: <layers_dir>/<id>.qcow2
+  std::string kernel_path;    // what the sandbox's QEMU was started with
+  uint32_t vcpus = 0;
+  uint64_t memory_mib = 0;
+  vmm::Accelerator accelerator = vmm::Accelerator::kTcg;
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+// Takes a snapshot of `vm`, which is running (`was_running`) or paused, and leaves it as it
+// was: continued even when the snapshot fails. Visible only when complete: built in
+// <snapshots_dir>/.build-<id> and renamed; on failure nothing of it is left except, once the
+// disk was frozen, the layer (which the sandbox's own disk now stands on). ENOSPC is
+// kResourceExhausted.
+Result<SnapshotFiles> takeSnapshot(vmm::Vm& vm, bool was_running, const TakeSnapshotRequest& request);
+
+// The files of the published snapshot in `dir` (as takeSnapshot returned them).
+SnapshotFiles snapshotFilesIn(const std::string& dir, const std::string& disk);
+
+}  // namespace space::snapshot
