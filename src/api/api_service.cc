@@ -54,9 +54,48 @@ json sandboxJson(const store::SandboxRecord& r) {
            {"memory_mb", r.memory_mb},
            {"created_at", rfc3339(r.created_at_ms)},
            {"expires_at", rfc3339(r.expires_at_ms)},
-           {"metadata", r.metadata}};
+           {"metadata", r.metadata},
+           {"timeout_s", r.timeout_s},
+           {"idle_suspend_s", r.idle_suspend_s},
+           {"on_timeout", r.on_timeout.empty() ? "delete" : r.on_timeout}};
   if (!r.state_reason.empty()) out["state_reason"] = r.state_reason;
+  if (!r.source_snapshot.empty()) out["snapshot"] = r.source_snapshot;
   return out;
+}
+
+json snapshotJson(const store::SnapshotRecord& s) {
+  return json{{"id", s.id},
+              {"name", s.name},
+              {"sandbox_id", s.sandbox_id},
+              {"template", s.template_name},
+              {"cpus", s.cpus},
+              {"memory_mb", s.memory_mb},
+              {"created_at", rfc3339(s.created_at_ms)},
+              {"size_bytes", s.size_bytes},
+              {"metadata", s.metadata}};
+}
+
+// The settings create and branch share: how long the sandbox lives and what it starts with.
+Status readSandboxSettings(ObjectReader& in, sandbox::CreateRequest& request) {
+  auto timeout = in.integer("timeout_s", 1, INT32_MAX);
+  if (!timeout.ok()) return timeout.error();
+  auto env = in.stringMap("env", 256);
+  if (!env.ok()) return env.error();
+  auto metadata = in.stringMap("metadata", 64, 16 * 1024);
+  if (!metadata.ok()) return metadata.error();
+  auto idle = in.integer("idle_suspend_s", 0, INT32_MAX);
+  if (!idle.ok()) return idle.error();
+  auto on_timeout = in.string("on_timeout", 16);
+  if (!on_timeout.ok()) return on_timeout.error();
+  if (on_timeout.value() && *on_timeout.value() != "delete" && *on_timeout.value() != "suspend") {
+    return makeError(ErrorCode::kInvalidArgument, "on_timeout: must be \"delete\" or \"suspend\"");
+  }
+  if (timeout.value()) request.timeout_s = *timeout.value();
+  if (env.value()) request.env = *env.value();
+  if (metadata.value()) request.metadata = *metadata.value();
+  if (idle.value()) request.idle_suspend_s = *idle.value();
+  if (on_timeout.value()) request.on_timeout = *on_timeout.value();
+  return okStatus();
 }
 
 int httpStatus(const Error& e) {
@@ -196,6 +235,11 @@ const std::vector<ApiService::Route>& ApiService::routeTable() {
       {"POST", "/v1/sandboxes/{id}/files/mkdir", &ApiService::makeDirectory, false},
       {"POST", "/v1/sandboxes/{id}/files/move", &ApiService::moveFile, false},
       {"GET", "/v1/sandboxes/{id}/logs", &ApiService::consoleLog, false},
+      {"POST", "/v1/sandboxes/{id}/snapshots", &ApiService::createSnapshot, false},
+      {"GET", "/v1/snapshots", &ApiService::listSnapshots, false},
+      {"GET", "/v1/snapshots/{id}", &ApiService::getSnapshot, false},
+      {"DELETE", "/v1/snapshots/{id}", &ApiService::deleteSnapshot, false},
+      {"POST", "/v1/snapshots/{id}/branch", &ApiService::branchSnapshot, false},
   };
   return kRoutes;
 }
@@ -316,24 +360,23 @@ void ApiService::createSandbox(Call& c) {
   sandbox::CreateRequest request;
   request.tenant = c.tenant;
   auto tpl = in.string("template", 128);
+  auto snapshot = in.string("snapshot", 128);
   auto cpus = in.integer("cpus", 1, kMaxCpus);
   auto memory = in.integer("memory_mb", 1, kMaxMemoryMb);
-  auto timeout = in.integer("timeout_s", 1, INT32_MAX);
-  auto env = in.stringMap("env", 256);
-  auto metadata = in.stringMap("metadata", 64, 16 * 1024);
   for (const Status& s :
-       {tpl.ok() ? okStatus() : Status(tpl.error()), cpus.ok() ? okStatus() : Status(cpus.error()),
-        memory.ok() ? okStatus() : Status(memory.error()), timeout.ok() ? okStatus() : Status(timeout.error()),
-        env.ok() ? okStatus() : Status(env.error()), metadata.ok() ? okStatus() : Status(metadata.error()),
-        in.finish()}) {
+       {tpl.ok() ? okStatus() : Status(tpl.error()), snapshot.ok() ? okStatus() : Status(snapshot.error()),
+        cpus.ok() ? okStatus() : Status(cpus.error()), memory.ok() ? okStatus() : Status(memory.error()),
+        readSandboxSettings(in, request), in.finish()}) {
     if (!s.ok()) return fail(c, s.error());
   }
+  if (tpl.value() && snapshot.value()) {
+    return fail(c, makeError(ErrorCode::kInvalidArgument,
+                             "template and snapshot: give one (a snapshot already names its template)"));
+  }
   if (tpl.value()) request.template_name = *tpl.value();
+  if (snapshot.value()) request.snapshot_id = *snapshot.value();
   if (cpus.value()) request.cpus = static_cast<uint32_t>(*cpus.value());
   if (memory.value()) request.memory_mb = static_cast<uint64_t>(*memory.value());
-  if (timeout.value()) request.timeout_s = *timeout.value();
-  if (env.value()) request.env = *env.value();
-  if (metadata.value()) request.metadata = *metadata.value();
   auto rec = manager_.create(request);
   if (!rec.ok()) return fail(c, rec.error());
   metrics_.create_seconds.observe(std::chrono::duration<double>(Clock::now() - started).count());
@@ -430,6 +473,92 @@ void ApiService::suspendSandbox(Call& c) {
   auto rec = manager_.suspend(c.tenant, c.id());
   if (!rec.ok()) return fail(c, rec.error());
   (void)c.res.send(200, "application/json", dumpJson(sandboxJson(rec.value())));
+}
+
+// --- snapshots -------------------------------------------------------------------------------
+
+void ApiService::createSnapshot(Call& c) {
+  auto body = readJson(c, limits_.max_json_body);
+  if (!body.ok()) return fail(c, body.error());
+  ObjectReader in(body.value());
+  auto name = in.string("name", 128);
+  auto metadata = in.stringMap("metadata", 64, 16 * 1024);
+  for (const Status& s : {name.ok() ? okStatus() : Status(name.error()),
+                          metadata.ok() ? okStatus() : Status(metadata.error()), in.finish()}) {
+    if (!s.ok()) return fail(c, s.error());
+  }
+  sandbox::SnapshotRequest request;
+  request.tenant = c.tenant;
+  request.sandbox_id = c.id();
+  if (name.value()) {
+    for (unsigned char ch : *name.value()) {
+      if (ch < 0x20 || ch == 0x7f) {
+        return fail(c, makeError(ErrorCode::kInvalidArgument, "name: must not contain control characters"));
+      }
+    }
+    request.name = *name.value();
+  }
+  if (metadata.value()) {
+    for (const auto& [k, v] : *metadata.value()) request.metadata[k] = v;
+  }
+  auto snap = manager_.snapshot(request);
+  if (!snap.ok()) return fail(c, snap.error());
+  (void)c.res.send(201, "application/json", dumpJson(snapshotJson(snap.value())));
+}
+
+void ApiService::listSnapshots(Call& c) {
+  store::SnapshotFilter filter;
+  filter.tenant = c.tenant;
+  for (const auto& [key, value] : c.req.queryParams()) {
+    if (key == "sandbox_id") {
+      filter.sandbox_id = value;
+    } else if (key != "limit" && key != "cursor") {
+      return fail(c, makeError(ErrorCode::kInvalidArgument, "unknown query parameter \"" + key + "\""));
+    }
+  }
+  auto limit = queryInt(c.req, "limit", 1, 1000);
+  if (!limit.ok()) return fail(c, limit.error());
+  if (limit.value()) filter.limit = static_cast<size_t>(*limit.value());
+  if (auto cursor = c.req.query("cursor")) filter.after_id = *cursor;
+  auto page = manager_.listSnapshots(filter);
+  if (!page.ok()) return fail(c, page.error());
+  json items = json::array();
+  for (const auto& snap : page->items) items.push_back(snapshotJson(snap));
+  json out{{"snapshots", items}, {"next_cursor", page->next_cursor.empty() ? json() : json(page->next_cursor)}};
+  (void)c.res.send(200, "application/json", dumpJson(out));
+}
+
+void ApiService::getSnapshot(Call& c) {
+  auto snap = manager_.getSnapshot(c.tenant, c.id());
+  if (!snap.ok()) return fail(c, snap.error());
+  (void)c.res.send(200, "application/json", dumpJson(snapshotJson(snap.value())));
+}
+
+void ApiService::deleteSnapshot(Call& c) {
+  auto removed = manager_.deleteSnapshot(c.tenant, c.id());
+  if (!removed.ok()) return fail(c, removed.error());
+  (void)c.res.send(204, "", "");
+}
+
+void ApiService::branchSnapshot(Call& c) {
+  auto started = Clock::now();
+  auto body = readJson(c, limits_.max_json_body);
+  if (!body.ok()) return fail(c, body.error());
+  ObjectReader in(body.value());
+  sandbox::CreateRequest request;
+  request.tenant = c.tenant;
+  request.snapshot_id = c.id();
+  auto count = in.integer("count", 1, manager_.config().max_branch);
+  for (const Status& s :
+       {count.ok() ? okStatus() : Status(count.error()), readSandboxSettings(in, request), in.finish()}) {
+    if (!s.ok()) return fail(c, s.error());
+  }
+  auto children = manager_.branch(request, count.value() ? static_cast<uint32_t>(*count.value()) : 1);
+  if (!children.ok()) return fail(c, children.error());
+  json items = json::array();
+  for (const auto& rec : children.value()) items.push_back(sandboxJson(rec));
+  metrics_.create_seconds.observe(std::chrono::duration<double>(Clock::now() - started).count());
+  (void)c.res.send(201, "application/json", dumpJson(json{{"sandboxes", items}}));
 }
 
 // --- agent access ----------------------------------------------------------------------------

@@ -77,6 +77,11 @@ class ApiService {
   void makeDirectory(Call& c);
   void moveFile(Call& c);
   void consoleLog(Call& c);
+  void createSnapshot(Call& c);
+  void listSnapshots(Call& c);
+  void getSnapshot(Call& c);
+  void deleteSnapshot(Call& c);
+  void branchSnapshot(Call& c);
 
   void fail(Call& c, const Error& error);
   Result<nlohmann::json> readJson(Call& c, size_t max_bytes);

@@ -47,6 +47,10 @@ constexpr const char* kFallbackUrl = "http://127.0.0.1:8080";
 constexpr milliseconds kRequestTimeout = std::chrono::seconds(60);
 // Creating a sandbox boots a VM, which without KVM (TCG) takes a while.
 constexpr milliseconds kCreateTimeout = std::chrono::minutes(5);
+// Saving a guest's memory and disk; the daemon itself gives up after 5 minutes.
+constexpr milliseconds kSnapshotTimeout = std::chrono::minutes(6);
+// A branch starts its children a few at a time (4), each as long as a create.
+constexpr int kBranchParallel = 4;
 // What the daemon may take beyond a command's own timeout before we stop waiting for it.
 constexpr milliseconds kExecSlack = std::chrono::seconds(30);
 constexpr int64_t kDaemonExecTimeoutS = 60;  // the daemon's default when a request names none
@@ -152,6 +156,28 @@ std::string metadataText(const json& metadata, size_t max_chars) {
 }
 
 std::string memoryText(const json& mb) { return mb.is_number() ? dumpJson(mb) + "MB" : "-"; }
+
+// 1.5GiB, 300MiB, 12KiB, 80B.
+std::string bytesText(const json& bytes) {
+  if (!bytes.is_number_integer()) return "-";
+  double n = static_cast<double>(bytes.get<int64_t>());
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  size_t unit = 0;
+  while (n >= 1024 && unit + 1 < std::size(units)) n /= 1024, ++unit;
+  char out[32];
+  std::snprintf(out, sizeof out, unit == 0 || n >= 10 ? "%.0f%s" : "%.1f%s", n, units[unit]);
+  return out;
+}
+
+// A number of seconds in the largest unit that says it exactly: 300s, 90m, 6h, 7d.
+std::string secondsText(const json& seconds) {
+  if (!seconds.is_number_integer()) return "-";
+  int64_t s = seconds.get<int64_t>();
+  if (s > 0 && s % 86400 == 0) return std::to_string(s / 86400) + "d";
+  if (s > 0 && s % 3600 == 0) return std::to_string(s / 3600) + "h";
+  if (s > 0 && s % 60 == 0) return std::to_string(s / 60) + "m";
+  return std::to_string(s) + "s";
+}
 
 // Left-aligned columns; the last one is not padded, so long metadata does not pad every line.
 void printTable(const std::vector<std::vector<std::string>>& rows) {
@@ -324,6 +350,8 @@ Result<Endpoint> resolveEndpoint(GlobalOptions g) {
 
 std::string sandboxPath(const std::string& id) { return "/v1/sandboxes/" + http::urlEncode(id); }
 
+std::string snapshotPath(const std::string& id) { return "/v1/snapshots/" + http::urlEncode(id); }
+
 // A query string of encoded values: names are ours, values come from the user.
 class Query {
  public:
@@ -441,13 +469,21 @@ class Api {
 
 // --- sandboxes -------------------------------------------------------------------------------
 
-struct CreateOptions {
-  std::string template_name;
-  int cpus = 0;
-  int64_t memory_mb = 0;
+// What create, run and branch share: how long the sandbox lives and what it starts with.
+struct SandboxSettings {
   int64_t timeout_s = 0;
+  int64_t idle_suspend_s = -1;  // -1: the daemon's default
+  std::string on_timeout;
   std::vector<std::string> env;
   std::vector<std::string> metadata;
+};
+
+struct CreateOptions {
+  std::string template_name;
+  std::string snapshot;
+  int cpus = 0;
+  int64_t memory_mb = 0;
+  SandboxSettings settings;
 };
 
 // CLI11 validator: a usage error (exit 2) rather than a request the daemon would refuse.
@@ -459,6 +495,7 @@ const CLI::Validator kKeyValue(
     "KEY=VALUE");
 
 const CLI::Range kSeconds(int64_t(1), int64_t(INT32_MAX));
+constexpr int64_t kMaxIdleSuspendS = 30 * 24 * 3600;
 
 json pairs(const std::vector<std::string>& items) {
   json out = json::object();
@@ -469,14 +506,22 @@ json pairs(const std::vector<std::string>& items) {
   return out;
 }
 
-json createRequest(const CreateOptions& o) {
+json settingsRequest(const SandboxSettings& o) {
   json request = json::object();
-  if (!o.template_name.empty()) request["template"] = o.template_name;
-  if (o.cpus > 0) request["cpus"] = o.cpus;
-  if (o.memory_mb > 0) request["memory_mb"] = o.memory_mb;
   if (o.timeout_s > 0) request["timeout_s"] = o.timeout_s;
+  if (o.idle_suspend_s >= 0) request["idle_suspend_s"] = o.idle_suspend_s;
+  if (!o.on_timeout.empty()) request["on_timeout"] = o.on_timeout;
   if (!o.env.empty()) request["env"] = pairs(o.env);
   if (!o.metadata.empty()) request["metadata"] = pairs(o.metadata);
+  return request;
+}
+
+json createRequest(const CreateOptions& o) {
+  json request = settingsRequest(o.settings);
+  if (!o.template_name.empty()) request["template"] = o.template_name;
+  if (!o.snapshot.empty()) request["snapshot"] = o.snapshot;
+  if (o.cpus > 0) request["cpus"] = o.cpus;
+  if (o.memory_mb > 0) request["memory_mb"] = o.memory_mb;
   return request;
 }
 
@@ -491,6 +536,18 @@ std::vector<std::string> sandboxRow(const json& s) {
           metadataText(field(s, "metadata"), 60)};
 }
 
+// "5m, then suspend": the timeout it was created (or last set) with and what its expiry does.
+std::string timeoutText(const json& s) {
+  if (!field(s, "timeout_s").is_number_integer()) return "-";
+  std::string then = text(field(s, "on_timeout"));
+  return secondsText(field(s, "timeout_s")) + (then.empty() ? "" : ", then " + then);
+}
+
+std::string idleSuspendText(const json& seconds) {
+  if (!seconds.is_number_integer()) return "-";
+  return seconds.get<int64_t>() == 0 ? "never" : "after " + secondsText(seconds) + " idle";
+}
+
 void printSandbox(const json& s) {
   std::vector<std::vector<std::string>> rows = {
       {"ID:", text(field(s, "id"))},
@@ -502,7 +559,11 @@ void printSandbox(const json& s) {
       {"Expires:", field(s, "expires_at").is_string() && !text(field(s, "expires_at")).empty()
                        ? text(field(s, "expires_at")) + " (" + relativeTime(field(s, "expires_at")) + ")"
                        : "-"},
+      {"Timeout:", timeoutText(s)},
+      {"Idle suspend:", idleSuspendText(field(s, "idle_suspend_s"))},
       {"Metadata:", metadataText(field(s, "metadata"), 4096)}};
+  // Right after its template: what it was started from.
+  if (field(s, "snapshot").is_string()) rows.insert(rows.begin() + 3, {"Snapshot:", text(field(s, "snapshot"))});
   if (field(s, "state_reason").is_string()) rows.push_back({"Reason:", text(field(s, "state_reason"))});
   printTable(rows);
 }
@@ -567,10 +628,12 @@ int cmdGet(const Api& api, const std::string& id, bool as_json) {
   return 0;
 }
 
-int cmdRemove(const Api& api, const std::vector<std::string>& ids, bool as_json) {
+// rm and snapshot rm: each id in turn, whatever happened to the ones before.
+int cmdRemove(const Api& api, const std::vector<std::string>& ids, std::string (*path)(const std::string&),
+              bool as_json) {
   json deleted = json::array(), failed = json::array();
   for (const auto& id : ids) {
-    auto done = api.call("DELETE", sandboxPath(id));
+    auto done = api.call("DELETE", path(id));
     if (done.ok()) {
       deleted.push_back(id);
       if (!as_json) std::cout << id << "\n" << std::flush;
@@ -618,6 +681,110 @@ int cmdLogs(const Api& api, const std::string& id, int64_t tail_bytes, bool as_j
   }
   auto written = writeAll(STDOUT_FILENO, log->body, "the log to stdout");
   return written.ok() ? 0 : fail(written.error());
+}
+
+// --- snapshots -------------------------------------------------------------------------------
+
+struct SnapshotOptions {
+  std::string name;
+  std::vector<std::string> metadata;
+};
+
+int cmdSnapshotCreate(const Api& api, const std::string& sandbox_id, const SnapshotOptions& o, bool as_json) {
+  json request = json::object();
+  if (!o.name.empty()) request["name"] = o.name;
+  if (!o.metadata.empty()) request["metadata"] = pairs(o.metadata);
+  auto snapshot = api.call("POST", sandboxPath(sandbox_id) + "/snapshots", request, kSnapshotTimeout);
+  if (!snapshot.ok()) return fail(snapshot.error());
+  if (as_json) {
+    printJson(*snapshot);
+  } else {
+    std::cout << text(field(*snapshot, "id")) << "\n";
+  }
+  return 0;
+}
+
+struct SnapshotListOptions {
+  std::string sandbox_id;
+  int limit = 0;
+  bool all = false;
+};
+
+int cmdSnapshotList(const Api& api, const SnapshotListOptions& o, bool as_json) {
+  json snapshots = json::array();
+  std::string cursor;
+  do {
+    Query query;
+    if (!o.sandbox_id.empty()) query.add("sandbox_id", o.sandbox_id);
+    if (o.limit > 0) query.add("limit", std::to_string(o.limit));
+    if (!cursor.empty()) query.add("cursor", cursor);
+    auto page = api.call("GET", query.on("/v1/snapshots"));
+    if (!page.ok()) return fail(page.error());
+    for (const auto& s : field(*page, "snapshots")) snapshots.push_back(s);
+    cursor = field(*page, "next_cursor").is_string() ? field(*page, "next_cursor").get<std::string>() : "";
+  } while (o.all && !cursor.empty());
+
+  if (as_json) {
+    printJson(json{{"snapshots", snapshots}, {"next_cursor", cursor.empty() ? json() : json(cursor)}});
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows = {
+      {"ID", "NAME", "SANDBOX", "TEMPLATE", "CPUS", "MEMORY", "SIZE", "CREATED", "METADATA"}};
+  for (const auto& s : snapshots) {
+    std::string name = text(field(s, "name"));
+    rows.push_back({text(field(s, "id")), name.empty() ? "-" : name, text(field(s, "sandbox_id")),
+                    text(field(s, "template")), text(field(s, "cpus")), memoryText(field(s, "memory_mb")),
+                    bytesText(field(s, "size_bytes")), relativeTime(field(s, "created_at")),
+                    metadataText(field(s, "metadata"), 60)});
+  }
+  printTable(rows);
+  if (!cursor.empty()) std::cerr << "spacectl: more snapshots follow; --all lists every page\n";
+  return 0;
+}
+
+int cmdSnapshotGet(const Api& api, const std::string& id, bool as_json) {
+  auto snapshot = api.call("GET", snapshotPath(id));
+  if (!snapshot.ok()) return fail(snapshot.error());
+  if (as_json) {
+    printJson(*snapshot);
+    return 0;
+  }
+  const json& s = *snapshot;
+  std::string name = text(field(s, "name"));
+  printTable({{"ID:", text(field(s, "id"))},
+              {"Name:", name.empty() ? "-" : name},
+              {"Sandbox:", text(field(s, "sandbox_id"))},
+              {"Template:", text(field(s, "template"))},
+              {"CPUs:", text(field(s, "cpus"))},
+              {"Memory:", memoryText(field(s, "memory_mb"))},
+              {"Size:", bytesText(field(s, "size_bytes")) + " (" + text(field(s, "size_bytes")) + " bytes)"},
+              {"Created:", text(field(s, "created_at")) + " (" + relativeTime(field(s, "created_at")) + ")"},
+              {"Metadata:", metadataText(field(s, "metadata"), 4096)}});
+  return 0;
+}
+
+struct BranchOptions {
+  int count = 1;
+  SandboxSettings settings;
+};
+
+int cmdBranch(const Api& api, const std::string& snapshot_id, const BranchOptions& o, bool as_json) {
+  json request = settingsRequest(o.settings);
+  if (o.count != 1) request["count"] = o.count;
+  // The daemon answers once every child runs (or, if one fails, once the others are deleted).
+  OnSignal reaction([](int sig) {
+    std::cerr << "\nspacectl: interrupted; sandboxes the branch started may be left behind (spacectl ls)\n";
+    _exit(128 + sig);
+  });
+  auto branched = api.call("POST", snapshotPath(snapshot_id) + "/branch", request,
+                           kCreateTimeout * ((o.count + kBranchParallel - 1) / kBranchParallel));
+  if (!branched.ok()) return fail(branched.error());
+  if (as_json) {
+    printJson(*branched);
+  } else {
+    for (const auto& s : field(*branched, "sandboxes")) std::cout << text(field(s, "id")) << "\n";
+  }
+  return 0;
 }
 
 // --- processes -------------------------------------------------------------------------------
@@ -1047,6 +1214,9 @@ constexpr const char* kDescription =
     "  spacectl ls --json | jq -r '.sandboxes[].id'   --json: the API's JSON, for scripts\n"
     "  spacectl timeout $id 3600                      keep it for another hour\n"
     "  spacectl pause $id; spacectl resume $id        stop its vCPUs for a while, keep everything\n"
+    "  snap=$(spacectl snapshot create $id --name warm)   save it as it is now (it keeps running)\n"
+    "  spacectl branch $snap -n 4                     four sandboxes that start from that point\n"
+    "  spacectl create --idle-suspend 600 --on-timeout suspend\n"
     "  spacectl rm $id\n"
     "\n"
     "The daemon: --api, env SPACE_API, else the url spaced wrote to <data-dir>/spaced.json, else\n"
@@ -1055,19 +1225,40 @@ constexpr const char* kDescription =
     "Exit codes: 0 ok; exec/run: the remote command's (128+N if signal N killed it);\n"
     "1 API or connection error; 2 usage error; 130 interrupted (Ctrl-C).\n";
 
-void addCreateOptions(CLI::App* sub, CreateOptions& o) {
-  sub->add_option("--template", o.template_name, "sandbox template (daemon default: base)");
-  sub->add_option("--cpus", o.cpus, "vCPUs (daemon default)")->check(CLI::Range(1, 256));
-  sub->add_option("--memory", o.memory_mb, "memory in MB (daemon default)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
-  sub->add_option("--timeout", o.timeout_s, "seconds the sandbox lives; extend with `spacectl timeout`")
+// What every new sandbox may be given: create, run and branch.
+void addSettingsOptions(CLI::App* sub, SandboxSettings& o) {
+  sub->add_option("--timeout", o.timeout_s,
+                  "seconds until its timeout deletes it (or suspends it: --on-timeout; daemon default 300); "
+                  "extend with `spacectl timeout`")
       ->check(kSeconds);
+  sub->add_option("--idle-suspend", o.idle_suspend_s,
+                  "suspend it after this many seconds without API, exec or file activity (0: never; daemon "
+                  "default 21600 = 6 h); spacectl resume, exec or a file call resumes it")
+      ->check(CLI::Range(int64_t(0), kMaxIdleSuspendS));
+  sub->add_option("--on-timeout", o.on_timeout,
+                  "what its timeout does: delete (default), or suspend: kept suspended (7 days by default), "
+                  "its timeout starting again when resumed")
+      ->check(CLI::IsMember({"delete", "suspend"}));
   sub->add_option("--env", o.env, "environment variable for every command in the sandbox (repeatable)")
       ->check(kKeyValue)
       ->allow_extra_args(false);
   sub->add_option("--metadata", o.metadata, "label to find it by, e.g. owner=me (repeatable)")
       ->check(kKeyValue)
       ->allow_extra_args(false);
+}
+
+void addCreateOptions(CLI::App* sub, CreateOptions& o) {
+  auto* tpl = sub->add_option("--template", o.template_name, "sandbox template (daemon default: base)");
+  sub->add_option("--snapshot", o.snapshot,
+                  "start from this snapshot (snap_..., see spacectl snapshot) instead of a template: its disk, "
+                  "memory and processes as they were, with the snapshot's template, CPUs and memory")
+      ->excludes(tpl);
+  sub->add_option("--cpus", o.cpus, "vCPUs (daemon default; with --snapshot: the snapshot's, or equal to it)")
+      ->check(CLI::Range(1, 256));
+  sub->add_option("--memory", o.memory_mb,
+                  "memory in MB (daemon default; with --snapshot: the snapshot's, or equal to it)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  addSettingsOptions(sub, o.settings);
 }
 
 void addExecOptions(CLI::App* sub, ExecOptions& o) {
@@ -1094,11 +1285,14 @@ int main(int argc, char** argv) {
   bool as_json = false;
   app.add_flag("--json", as_json, "print the API's JSON (one document) instead of text; also after the subcommand");
   std::vector<std::pair<CLI::App*, std::function<int(const Api&)>>> commands;
-  auto command = [&](const char* name, const char* help, std::function<int(const Api&)> run) {
-    auto* sub = app.add_subcommand(name, help);
+  auto nested = [&](CLI::App* parent, const char* name, const char* help, std::function<int(const Api&)> run) {
+    auto* sub = parent->add_subcommand(name, help);
     sub->add_flag("--json", as_json, "print the API's JSON (one document) instead of text");
     commands.emplace_back(sub, std::move(run));
     return sub;
+  };
+  auto command = [&](const char* name, const char* help, std::function<int(const Api&)> run) {
+    return nested(&app, name, help, std::move(run));
   };
   std::string id, user, from, to, signal = "SIGTERM";
   std::vector<std::string> ids;
@@ -1108,6 +1302,9 @@ int main(int argc, char** argv) {
   CreateOptions create;
   ListOptions list;
   ExecOptions exec;
+  SnapshotOptions snapshot;
+  SnapshotListOptions snapshot_list;
+  BranchOptions branch;
 
   auto* c_create = command("create", "create a sandbox and print its id",
                            [&](const Api& api) { return cmdCreate(api, create, as_json); });
@@ -1129,7 +1326,7 @@ int main(int argc, char** argv) {
   c_get->add_option("id", id, "sandbox id")->required();
 
   auto* c_rm = command("rm", "delete sandboxes (exit 1 if any could not be deleted)",
-                       [&](const Api& api) { return cmdRemove(api, ids, as_json); });
+                       [&](const Api& api) { return cmdRemove(api, ids, sandboxPath, as_json); });
   c_rm->add_option("ids", ids, "sandbox ids")->required();
 
   auto* c_exec = command("exec", "run a command in a sandbox, its output streamed as it runs",
@@ -1168,10 +1365,59 @@ int main(int argc, char** argv) {
   c_logs->add_option("--tail-bytes", tail_bytes, "only the last N bytes (daemon default 64 KiB)")
       ->check(CLI::Range(int64_t(1), int64_t(INT32_MAX)));
 
-  auto* c_timeout = command("timeout", "set how long from now a sandbox lives",
-                            [&](const Api& api) { return cmdTimeout(api, id, seconds, as_json); });
+  auto* c_timeout =
+      command("timeout", "set a sandbox's timeout to SECONDS from now (it then is deleted, or suspended: --on-timeout)",
+              [&](const Api& api) { return cmdTimeout(api, id, seconds, as_json); });
   c_timeout->add_option("id", id, "sandbox id")->required();
   c_timeout->add_option("seconds", seconds, "seconds from now")->required()->check(kSeconds);
+
+  auto* c_snapshot = app.add_subcommand(
+      "snapshot", "save a sandbox as it is now (disk, memory, processes), list and delete the snapshots");
+  c_snapshot->add_flag("--json", as_json, "print the API's JSON (one document) instead of text");
+  c_snapshot->require_subcommand(1);
+  c_snapshot->footer(
+      "A snapshot starts new sandboxes: spacectl branch SNAP_ID (several at once) or spacectl create --snapshot.\n"
+      "They share its disk copy-on-write, so each sees its own writes only.");
+
+  auto* c_snap_create =
+      nested(c_snapshot, "create", "snapshot a running or paused sandbox (it stays so) and print the snapshot's id",
+             [&](const Api& api) { return cmdSnapshotCreate(api, id, snapshot, as_json); });
+  c_snap_create->add_option("id", id, "sandbox id")->required();
+  c_snap_create->add_option("--name", snapshot.name, "a name to recognise it by (at most 128 characters)");
+  c_snap_create->add_option("--metadata", snapshot.metadata, "label, e.g. stage=warm (repeatable)")
+      ->check(kKeyValue)
+      ->allow_extra_args(false);
+  c_snap_create->footer("Example: snap=$(spacectl snapshot create sb_x --name deps-installed)");
+
+  auto* c_snap_ls = nested(c_snapshot, "ls", "list snapshots, oldest first",
+                           [&](const Api& api) { return cmdSnapshotList(api, snapshot_list, as_json); });
+  c_snap_ls->add_option("--sandbox", snapshot_list.sandbox_id, "only the snapshots of this sandbox");
+  c_snap_ls->add_option("--limit", snapshot_list.limit, "snapshots per page (1..1000, daemon default 100)")
+      ->check(CLI::Range(1, 1000));
+  c_snap_ls->add_flag("--all", snapshot_list.all, "follow next_cursor through every page");
+
+  auto* c_snap_get =
+      nested(c_snapshot, "get", "show one snapshot", [&](const Api& api) { return cmdSnapshotGet(api, id, as_json); });
+  c_snap_get->add_option("id", id, "snapshot id (snap_...)")->required();
+
+  auto* c_snap_rm = nested(c_snapshot, "rm",
+                           "delete snapshots; sandboxes started from them keep working (exit 1 if any could not be "
+                           "deleted)",
+                           [&](const Api& api) { return cmdRemove(api, ids, snapshotPath, as_json); });
+  c_snap_rm->add_option("ids", ids, "snapshot ids")->required();
+
+  auto* c_branch = command("branch", "start sandboxes from a snapshot, all or none, and print their ids (one per line)",
+                           [&](const Api& api) { return cmdBranch(api, id, branch, as_json); });
+  c_branch->add_option("id", id, "snapshot id (snap_...)")->required();
+  c_branch->add_option("-n,--count", branch.count, "how many sandboxes (at most 64, or spaced's --max-branch)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  addSettingsOptions(c_branch, branch.settings);
+  c_branch->footer(
+      "Each sandbox continues from the snapshot with its own copy-on-write disk (a write in one is invisible\n"
+      "to the others), hostname, clock and fresh randomness; CPUs and memory are the snapshot's.\n"
+      "If one fails to start, the others are deleted and the error is reported.\n"
+      "Example: spacectl branch snap_x -n 8 --timeout 600 --metadata run=7");
 
   auto* c_pause = command("pause", "pause a sandbox: its vCPUs stop, memory stays (resume with spacectl resume)",
                           [&](const Api& api) { return cmdRunState(api, id, "pause", as_json); });
@@ -1179,8 +1425,9 @@ int main(int argc, char** argv) {
   auto* c_suspend = command("suspend", "suspend a sandbox: its memory and state go to disk, its VM exits",
                             [&](const Api& api) { return cmdRunState(api, id, "suspend", as_json); });
   c_suspend->add_option("id", id, "sandbox id")->required();
-  auto* c_resume = command("resume", "resume a paused or suspended sandbox",
-                           [&](const Api& api) { return cmdRunState(api, id, "resume", as_json); });
+  auto* c_resume =
+      command("resume", "resume a paused or suspended sandbox (one its timeout suspended gets the timeout again)",
+              [&](const Api& api) { return cmdRunState(api, id, "resume", as_json); });
   c_resume->add_option("id", id, "sandbox id")->required();
 
   auto* c_ps = command("ps", "list the processes running in a sandbox",

@@ -157,11 +157,35 @@ int main(int argc, char** argv) {
                  "memory all sandboxes may have together (0: 80% of host memory)")
       ->capture_default_str();
   app.add_option("--max-sandbox-memory-mb", config.max_memory_mb, "memory one sandbox may have")->capture_default_str();
+  app.add_option("--default-cpus", config.default_cpus, "vCPUs of a sandbox when a request gives none")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  app.add_option("--default-memory-mb", config.default_memory_mb, "memory (MB) of a sandbox when a request gives none")
+      ->capture_default_str()
+      ->check(CLI::Range(128, 1 << 20));
   app.add_option("--default-timeout", config.default_timeout_s, "sandbox lifetime (s) when a request gives none")
       ->capture_default_str();
   app.add_option("--max-timeout", config.max_timeout_s, "longest sandbox lifetime (s) a request may ask for")
       ->capture_default_str();
   bool no_snapshots = false;
+  app.add_option("--idle-suspend", config.idle_suspend_s,
+                 "suspend a sandbox after this many seconds without API, exec or file activity, unless its "
+                 "create request says otherwise (0: never)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{30} * 24 * 3600));
+  int64_t retention_s = config.suspended_retention.count();
+  app.add_option("--suspended-retention", retention_s,
+                 "seconds a sandbox suspended by its timeout (on_timeout=suspend) is kept before it is deleted")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{60}, int64_t{365} * 24 * 3600));
+  app.add_option("--warm-pool", config.warm_pool_size,
+                 "QEMU processes kept started and waiting to become sandboxes of the default size, so a create "
+                 "only loads the guest (0: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
+  app.add_option("--max-branch", config.max_branch, "children one branch request may create")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   app.add_flag("--no-snapshots", no_snapshots,
                "boot every sandbox instead of restoring its template's snapshot (slower; for comparison)");
   app.add_option("--on-shutdown", on_shutdown,
@@ -238,6 +262,7 @@ int main(int argc, char** argv) {
   config.accelerator = parsed_accel.value();
   config.boot_timeout = std::chrono::milliseconds(static_cast<int64_t>(boot_timeout_s * 1000));
   config.use_snapshots = !no_snapshots;
+  config.suspended_retention = std::chrono::seconds(retention_s);
   auto manager = sandbox::SandboxManager::start(config, *store.value());
   if (!manager.ok()) return fatal(manager.error().message);
 

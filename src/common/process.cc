@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "common/fs.h"
 
@@ -183,6 +184,15 @@ Result<std::string> processCmdline(pid_t pid) {
   auto text = readSmallFile("/proc/" + std::to_string(pid) + "/cmdline", 1 << 20);
   if (!text.ok()) return makeError(ErrorCode::kNotFound, "process " + std::to_string(pid) + " is gone");
   return text;
+}
+
+bool processHasOpen(pid_t pid, const std::string& path) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    std::error_code link_ec;
+    if (std::filesystem::read_symlink(entry.path(), link_ec).string() == path) return true;
+  }
+  return false;
 }
 
 Result<std::string> processStartTime(pid_t pid) {

@@ -75,5 +75,7 @@ class ChildProcess {
 Result<std::string> processStartTime(pid_t pid);
 // The process's argv, NUL-separated as in /proc/<pid>/cmdline.
 Result<std::string> processCmdline(pid_t pid);
+// Whether the process has `path` open (one of its /proc/<pid>/fd links names it).
+bool processHasOpen(pid_t pid, const std::string& path);
 
 }  // namespace space

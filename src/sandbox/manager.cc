@@ -11,6 +11,8 @@
 
 #include "agentproto/base64.h"
 #include "common/process.h"
+#include "snapshot/layers.h"
+#include "snapshot/sandbox_snapshot.h"
 #include "vmm/accelerator.h"
 #include "vmm/vm_spec.h"
 
@@ -25,6 +27,11 @@ struct SandboxManager::Live {
   uint32_t cpus = 0;
   uint64_t memory_mb = 0;
   std::atomic<int64_t> expires_at_ms{0};
+  int64_t timeout_s = 0;
+  int64_t idle_suspend_s = 0;
+  std::string on_timeout = "delete";
+  std::atomic<int64_t> last_active_ms{0};
+  std::atomic<int> active_calls{0};  // leases alive: exec streams, file transfers
   // Guarded by `control`.
   SandboxState state = SandboxState::kCreating;
   std::unique_ptr<vmm::Vm> vm;
@@ -35,16 +42,23 @@ int64_t nowMs() {
   return std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string newSandboxId() {
+namespace {
+
+std::string newId(const char* prefix) {
   static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
   unsigned char bytes[20];
   if (RAND_bytes(bytes, sizeof bytes) != 1) abort();  // no entropy: nothing safe to do
-  std::string id = "sb_";
+  std::string id = prefix;
   // 36 does not divide 256; the bias (at most 1/256 per character) does not matter for ids,
   // which need to be unique and unguessable, not uniform.
   for (unsigned char b : bytes) id += kAlphabet[b % 36];
   return id;
 }
+
+}  // namespace
+
+std::string newSandboxId() { return newId("sb_"); }
+std::string newSnapshotId() { return newId("snap_"); }
 
 namespace {
 
@@ -73,6 +87,12 @@ Error notFound(const std::string& id) {
   return makeError(ErrorCode::kNotFound, "sandbox " + id + " not found", "sandbox_not_found");
 }
 
+Error snapshotNotFound(const std::string& id) {
+  return makeError(ErrorCode::kNotFound, "snapshot " + id + " not found", "snapshot_not_found");
+}
+
+constexpr const char* kTimeoutSuspendReason = "timeout: suspended (on_timeout is suspend)";
+
 // The last non-empty line of the console: usually what the guest said before it died.
 std::string lastConsoleLine(const vmm::Vm& vm) {
   std::string tail = vm.consoleTail(2048);
@@ -98,6 +118,24 @@ Result<uint64_t> hostMemoryMb() {
 
 std::string SandboxManager::sandboxDir(const std::string& id) const { return config_.data_dir + "/sandboxes/" + id; }
 
+std::string SandboxManager::snapshotDir(const std::string& snapshot_id) const {
+  return config_.data_dir + "/snapshots/" + snapshot_id;
+}
+
+std::shared_ptr<SandboxManager::Live> SandboxManager::liveFromRecord(const store::SandboxRecord& rec) const {
+  auto live = std::make_shared<Live>();
+  live->id = rec.id;
+  live->tenant = rec.tenant;
+  live->cpus = rec.cpus;
+  live->memory_mb = rec.memory_mb;
+  live->expires_at_ms = rec.expires_at_ms;
+  live->timeout_s = rec.timeout_s;
+  live->idle_suspend_s = rec.idle_suspend_s;
+  live->on_timeout = rec.on_timeout.empty() ? "delete" : rec.on_timeout;
+  live->last_active_ms = nowMs();
+  return live;
+}
+
 Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig config, store::StateStore& store) {
   std::error_code ec;
   std::filesystem::create_directories(config.data_dir + "/sandboxes", ec);
@@ -118,16 +156,59 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
     if (!total.ok()) return total.error();
     config.max_total_memory_mb = total.value() * 8 / 10;
   }
-  std::filesystem::create_directories(config.data_dir + "/templates", ec);
-  if (ec) return makeError(ErrorCode::kInternal, "create " + config.data_dir + "/templates: " + ec.message());
+  for (const char* sub : {"/templates", "/snapshots", "/layers"}) {
+    std::filesystem::create_directories(config.data_dir + sub, ec);
+    if (ec) return makeError(ErrorCode::kInternal, "create " + config.data_dir + sub + ": " + ec.message());
+  }
+  if (config.idle_suspend_s < 0 || config.idle_suspend_s > config.max_idle_suspend_s) {
+    return makeError(ErrorCode::kInvalidArgument, "the idle suspend time (" + std::to_string(config.idle_suspend_s) +
+                                                      " s) must be within 0..." +
+                                                      std::to_string(config.max_idle_suspend_s) + " s");
+  }
   std::unique_ptr<SandboxManager> manager(new SandboxManager(std::move(config), store));
   manager->templates_ = std::make_unique<snapshot::TemplateCache>(manager->config_.data_dir + "/templates");
   SPACE_TRY(manager->recover());
   manager->housekeeper_ = std::thread([m = manager.get()] { m->housekeeping(); });
+  if (manager->config_.use_snapshots && manager->config_.warm_pool_size > 0 &&
+      manager->config_.templates.count("base")) {
+    manager->pool_ =
+        std::make_unique<WarmPool>(manager->config_.warm_pool_size, [m = manager.get()] { return m->makeWarmVm(); });
+  }
   return manager;
 }
 
 SandboxManager::~SandboxManager() { shutdown(ShutdownMode::kKeepRunning); }
+
+Result<WarmVm> SandboxManager::makeWarmVm() {
+  const Template& tpl = config_.templates.at("base");
+  auto accel = vmm::chooseAccelerator(config_.accelerator, vmm::probeKvm());
+  if (!accel.ok()) return accel.error();
+  snapshot::TemplateKey key{
+      tpl.name,           tpl.kernel_path,     tpl.rootfs_path, config_.default_cpus, config_.default_memory_mb,
+      accel->accelerator, "qemu-system-x86_64"};
+  auto snap = templates_->ensure(key, config_.boot_timeout);
+  if (!snap.ok()) return snap.error();
+  vmm::VmSpec spec;
+  spec.kernel_path = tpl.kernel_path;
+  spec.rootfs_path = snap->disk;
+  spec.rootfs_format = "qcow2";
+  spec.memory_file = snap->memory_file;
+  spec.memory_private = true;
+  spec.vcpus = config_.default_cpus;
+  spec.memory_mib = config_.default_memory_mb;
+  spec.accelerator = accel->accelerator;
+  spec.boot_timeout = config_.boot_timeout;
+  WarmVm warm;
+  warm.sandbox_id = newSandboxId();
+  warm.snapshot_dir = snap->dir;
+  warm.state_file = snap->state_file;
+  vmm::VmStartOptions options;
+  options.run_dir = sandboxDir(warm.sandbox_id);
+  auto vm = vmm::Vm::prepare(spec, options);
+  if (!vm.ok()) return vm.error();
+  warm.vm = std::move(vm.value());
+  return warm;
+}
 
 // --- start-up recovery ---------------------------------------------------------------------
 
@@ -195,12 +276,17 @@ Status SandboxManager::recover() {
       }
     }
     if (vm) {
-      auto live = std::make_shared<Live>();
-      live->id = row.id;
-      live->tenant = row.tenant;
-      live->cpus = row.cpus;
-      live->memory_mb = row.memory_mb;
-      live->expires_at_ms = row.expires_at_ms;
+      // A snapshot cut short after QEMU moved to the new overlay but before it was renamed.
+      const std::string next = row.run_dir + "/disk.next.qcow2";
+      if (std::filesystem::exists(next)) {
+        std::error_code ec;
+        if (processHasOpen(vm->pid(), next)) {
+          std::filesystem::rename(next, row.run_dir + "/disk.qcow2", ec);
+        } else {
+          std::filesystem::remove(next, ec);
+        }
+      }
+      auto live = liveFromRecord(row);
       live->state = row.state == "paused" ? SandboxState::kPaused : SandboxState::kRunning;
       live->vm = std::move(vm);
       reserved_vcpus_ += row.cpus;
@@ -220,7 +306,8 @@ Status SandboxManager::recover() {
   // Orphans: QEMU processes under our sandboxes directory that no live sandbox owns (e.g. one
   // that was booting when the previous daemon died), then directories nobody owns.
   const std::string prefix = config_.data_dir + "/sandboxes/";
-  const std::string build_prefix = config_.data_dir + "/templates/.build-";  // a template build cut short
+  const std::string build_prefix = config_.data_dir + "/templates/.build-";           // a template build cut short
+  const std::string snapshot_build_prefix = config_.data_dir + "/snapshots/.build-";  // a snapshot cut short
   std::set<pid_t> owned;
   for (auto& [id, live] : live_) owned.insert(live->vm->pid());
   int killed = 0;
@@ -235,7 +322,8 @@ Status SandboxManager::recover() {
       if (!orphan.ok()) continue;
       auto cmdline = processCmdline(static_cast<pid_t>(pid));
       if (!cmdline.ok() || cmdline->find("qemu-system") == std::string::npos ||
-          (cmdline->find(prefix) == std::string::npos && cmdline->find(build_prefix) == std::string::npos)) {
+          (cmdline->find(prefix) == std::string::npos && cmdline->find(build_prefix) == std::string::npos &&
+           cmdline->find(snapshot_build_prefix) == std::string::npos)) {
         orphan->disown();
         continue;
       }
@@ -258,6 +346,17 @@ Status SandboxManager::recover() {
       ++removed;
     }
   }
+  // Snapshots: directories the store does not know (cut short, or published but not recorded).
+  std::set<std::string> recorded_snapshots;
+  auto snapshots = store_.allSnapshots();
+  if (!snapshots.ok()) return snapshots.error();
+  for (const auto& snap : snapshots.value()) recorded_snapshots.insert(snap.id);
+  for (const auto& entry : std::filesystem::directory_iterator(config_.data_dir + "/snapshots", ec)) {
+    if (recorded_snapshots.count(entry.path().filename().string())) continue;
+    std::filesystem::remove_all(entry.path(), ec);
+    ++removed;
+  }
+  collectLayers();
   spdlog::info("sandboxes: recovered: {} re-adopted, {} failed, {} orphaned QEMU killed, {} stale dirs removed",
                adopted, failed, killed, removed);
   return okStatus();
@@ -306,14 +405,31 @@ void SandboxManager::unreserve(const Live& live) {
 // --- create / get / list ---------------------------------------------------------------------
 
 Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request) {
-  auto tpl = config_.templates.find(request.template_name);
-  if (tpl == config_.templates.end()) {
-    return makeError(ErrorCode::kNotFound, "template \"" + request.template_name + "\" not found",
-                     "template_not_found");
+  // What it restores: a snapshot of the caller's (which names its template and size), or a template.
+  std::optional<store::SnapshotRecord> from_snapshot;
+  std::string template_name = request.template_name;
+  uint32_t cpus = request.cpus ? request.cpus : config_.default_cpus;
+  uint64_t memory_mb = request.memory_mb ? request.memory_mb : config_.default_memory_mb;
+  if (!request.snapshot_id.empty()) {
+    auto snap = getSnapshot(request.tenant, request.snapshot_id);
+    if (!snap.ok()) return snap.error();
+    if ((request.cpus && request.cpus != snap->cpus) || (request.memory_mb && request.memory_mb != snap->memory_mb)) {
+      return makeError(ErrorCode::kInvalidArgument, "snapshot " + snap->id + " has " + std::to_string(snap->cpus) +
+                                                        " vCPUs and " + std::to_string(snap->memory_mb) +
+                                                        " MB; a sandbox restored from it has the same");
+    }
+    template_name = snap->template_name;
+    cpus = snap->cpus;
+    memory_mb = snap->memory_mb;
+    from_snapshot = std::move(snap.value());
   }
-  const uint32_t cpus = request.cpus ? request.cpus : config_.default_cpus;
-  const uint64_t memory_mb = request.memory_mb ? request.memory_mb : config_.default_memory_mb;
+  auto tpl = config_.templates.find(template_name);
+  if (tpl == config_.templates.end()) {
+    return makeError(ErrorCode::kNotFound, "template \"" + template_name + "\" not found", "template_not_found");
+  }
   const int64_t timeout_s = request.timeout_s >= 0 ? request.timeout_s : config_.default_timeout_s;
+  const int64_t idle_suspend_s = request.idle_suspend_s >= 0 ? request.idle_suspend_s : config_.idle_suspend_s;
+  const std::string on_timeout = request.on_timeout.empty() ? "delete" : request.on_timeout;
   if (memory_mb < vmm::kMinMemoryMib || memory_mb > config_.max_memory_mb) {
     return makeError(ErrorCode::kInvalidArgument, "memory_mb = " + std::to_string(memory_mb) + ": must be within " +
                                                       std::to_string(vmm::kMinMemoryMib) + ".." +
@@ -322,6 +438,14 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   if (timeout_s < 1 || timeout_s > config_.max_timeout_s) {
     return makeError(ErrorCode::kInvalidArgument, "timeout_s = " + std::to_string(timeout_s) + ": must be within 1.." +
                                                       std::to_string(config_.max_timeout_s));
+  }
+  if (idle_suspend_s > config_.max_idle_suspend_s) {
+    return makeError(ErrorCode::kInvalidArgument, "idle_suspend_s = " + std::to_string(idle_suspend_s) +
+                                                      ": must be within 0.." +
+                                                      std::to_string(config_.max_idle_suspend_s) + " (0: never)");
+  }
+  if (on_timeout != "delete" && on_timeout != "suspend") {
+    return makeError(ErrorCode::kInvalidArgument, "on_timeout = \"" + on_timeout + "\": must be delete or suspend");
   }
 
   // Checked before anything is recorded: a request the host can never satisfy leaves no trace.
@@ -342,36 +466,43 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     }
   }
 
-  auto live = std::make_shared<Live>();
-  live->tenant = request.tenant;
-  live->cpus = cpus;
-  live->memory_mb = memory_mb;
-  live->id = newSandboxId();
+  // A VM started ahead of need, if one fits: the request then only loads the guest's state.
+  std::optional<WarmVm> warm;
+  if (pool_ && !from_snapshot && template_name == "base" && cpus == config_.default_cpus &&
+      memory_mb == config_.default_memory_mb) {
+    warm = pool_->take();
+  }
+  store::SandboxRecord rec;
+  rec.id = warm ? warm->sandbox_id : newSandboxId();
+  rec.tenant = request.tenant;
+  rec.state = stateName(SandboxState::kCreating);
+  rec.template_name = template_name;
+  rec.cpus = cpus;
+  rec.memory_mb = memory_mb;
+  rec.created_at_ms = nowMs();
+  rec.expires_at_ms = rec.created_at_ms + timeout_s * 1000;
+  rec.timeout_s = timeout_s;
+  rec.idle_suspend_s = idle_suspend_s;
+  rec.on_timeout = on_timeout;
+  rec.source_snapshot = request.snapshot_id;
+  rec.metadata = request.metadata;
+  rec.env = request.env;
+  rec.run_dir = sandboxDir(rec.id);
+  auto live = liveFromRecord(rec);
   std::unique_lock control(live->control);  // held through boot: other requests on it wait
-  SPACE_TRY(reserve(live));
+  if (auto reserved = reserve(live); !reserved.ok()) {
+    if (warm) pool_->put(std::move(*warm));
+    return reserved.error();
+  }
   auto release = [&] {
     unreserve(*live);
     live->finished = true;
     live->state = SandboxState::kFailed;
   };
-
-  store::SandboxRecord rec;
-  rec.id = live->id;
-  rec.tenant = request.tenant;
-  rec.state = stateName(SandboxState::kCreating);
-  rec.template_name = request.template_name;
-  rec.cpus = cpus;
-  rec.memory_mb = memory_mb;
-  rec.created_at_ms = nowMs();
-  rec.expires_at_ms = rec.created_at_ms + timeout_s * 1000;
-  rec.metadata = request.metadata;
-  rec.env = request.env;
-  rec.run_dir = sandboxDir(rec.id);
   if (auto inserted = store_.insertSandbox(rec); !inserted.ok()) {
     release();
     return inserted.error();
   }
-  live->expires_at_ms = rec.expires_at_ms;
 
   auto fail = [&](const Error& e) -> Error {
     live->vm.reset();  // kills QEMU and removes its files, if any
@@ -383,9 +514,10 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     }
     release();
     spdlog::warn("sandbox {}: create failed: {}", rec.id, e.message);
-    return makeError(e.code == ErrorCode::kInvalidArgument ? e.code : ErrorCode::kUnavailable,
+    const bool client_error = e.code == ErrorCode::kInvalidArgument || e.code == ErrorCode::kFailedPrecondition;
+    return makeError(client_error ? e.code : ErrorCode::kUnavailable,
                      "sandbox " + rec.id + " failed to start: " + firstLine(e.message),
-                     e.code == ErrorCode::kInvalidArgument ? e.reason : "sandbox_start_failed");
+                     client_error ? e.reason : "sandbox_start_failed");
   };
 
   vmm::VmSpec spec;
@@ -399,25 +531,54 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   options.run_dir = rec.run_dir;
   options.host_capacity = host.value();  // probed above: once per create
   auto started = Clock::now();
-  bool restored = false;
-  if (config_.use_snapshots) {
+  const char* how = "booted in";
+  std::shared_lock<std::shared_mutex> storage;  // keeps the snapshot's files while QEMU opens them
+  if (from_snapshot || config_.use_snapshots) {
     auto accel = vmm::chooseAccelerator(config_.accelerator, vmm::probeKvm());
     if (!accel.ok()) return fail(accel.error());
-    snapshot::TemplateKey key{tpl->second.name, tpl->second.kernel_path, tpl->second.rootfs_path, cpus,
-                              memory_mb,        accel->accelerator,      spec.qemu_binary};
-    auto snap = templates_->ensure(key, config_.boot_timeout);
-    if (!snap.ok()) return fail(snap.error());
     spec.accelerator = accel->accelerator;
-    spec.rootfs_path = snap->disk;
     spec.rootfs_format = "qcow2";
-    spec.memory_file = snap->memory_file;
     spec.memory_private = true;
-    options.restore_from = snap->state_file;
-    restored = true;
+    if (from_snapshot) {
+      // A guest saved under one accelerator (and its CPU model) is never restored under another.
+      if (from_snapshot->accelerator != vmm::acceleratorName(accel->accelerator)) {
+        return fail(makeError(ErrorCode::kFailedPrecondition,
+                              "snapshot " + from_snapshot->id + " was taken under " + from_snapshot->accelerator +
+                                  "; this node runs " + vmm::acceleratorName(accel->accelerator),
+                              "snapshot_incompatible"));
+      }
+      storage = std::shared_lock(storage_mu_);
+      auto files = snapshot::snapshotFilesIn(snapshotDir(from_snapshot->id), from_snapshot->disk);
+      spec.rootfs_path = files.disk;
+      spec.memory_file = files.memory_file;
+      options.restore_from = files.state_file;
+      how = "branched in";
+    } else {
+      snapshot::TemplateKey key{tpl->second.name, tpl->second.kernel_path, tpl->second.rootfs_path, cpus,
+                                memory_mb,        accel->accelerator,      spec.qemu_binary};
+      auto snap = templates_->ensure(key, config_.boot_timeout);
+      if (!snap.ok()) return fail(snap.error());
+      spec.rootfs_path = snap->disk;
+      spec.memory_file = snap->memory_file;
+      options.restore_from = snap->state_file;
+      how = "restored in";
+      if (warm && warm->snapshot_dir == snap->dir) {
+        live->vm = std::move(warm->vm);
+        how = "restored (warm) in";
+      }
+      warm.reset();  // a VM waiting for a snapshot since rebuilt is dropped
+    }
   }
-  auto vm = vmm::Vm::start(spec, options);
-  if (!vm.ok()) return fail(vm.error());
-  live->vm = std::move(vm.value());
+  if (live->vm) {
+    if (auto restored = live->vm->restore(options.restore_from, config_.boot_timeout); !restored.ok()) {
+      return fail(restored.error());
+    }
+  } else {
+    auto vm = vmm::Vm::start(spec, options);
+    if (storage.owns_lock()) storage.unlock();
+    if (!vm.ok()) return fail(vm.error());
+    live->vm = std::move(vm.value());
+  }
   // Its own identity before anyone sees it running: a restored clone still has the template's
   // hostname, a clock stopped at the snapshot and the template's random state.
   nlohmann::json configure{{"hostname", hostnameFor(rec.id)}, {"timeMs", nowMs()}, {"entropy", freshEntropy()}};
@@ -434,9 +595,9 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   rec.accelerator = vmm::acceleratorName(live->vm->accelerator());
   if (auto saved = store_.updateSandbox(rec); !saved.ok()) return fail(saved.error());
   live->state = SandboxState::kRunning;
+  live->last_active_ms = nowMs();
   spdlog::info("sandbox {}: running (tenant {}, {} vCPU, {} MB, {} {} ms, expires in {} s)", rec.id, rec.tenant, cpus,
-               memory_mb, restored ? "restored in" : "booted in",
-               std::chrono::duration_cast<milliseconds>(Clock::now() - started).count(), timeout_s);
+               memory_mb, how, std::chrono::duration_cast<milliseconds>(Clock::now() - started).count(), timeout_s);
   return store_.getSandbox(rec.id);
 }
 
@@ -464,6 +625,7 @@ Result<std::shared_ptr<SandboxManager::Live>> SandboxManager::findLive(const std
   std::lock_guard lock(mu_);
   auto it = live_.find(id);
   if (it == live_.end() || it->second->tenant != tenant) return notFound(id);
+  it->second->last_active_ms = nowMs();  // any call on a sandbox is activity (idle suspend)
   return it->second;
 }
 
@@ -474,6 +636,7 @@ Status SandboxManager::finish(const std::shared_ptr<Live>& live, SandboxState to
   auto rec = store_.getSandbox(live->id);
   if (!rec.ok()) return rec.error();
   live->vm.reset();  // the work first (QEMU gone, files removed), then the record
+  layers_dirty_ = true;
   rec->state = stateName(to);
   rec->state_reason = reason;
   rec->vm_pid = 0;
@@ -504,6 +667,7 @@ Status SandboxManager::remove(const std::string& tenant, const std::string& id) 
   if (from.value() == SandboxState::kSuspended) {
     std::error_code ec;
     std::filesystem::remove_all(rec->run_dir, ec);  // the files first, then the record
+    layers_dirty_ = true;
   }
   rec->state = stateName(SandboxState::kDeleted);
   // Keep why it had failed: a deleted record is still read for its history.
@@ -539,8 +703,13 @@ Result<store::SandboxRecord> SandboxManager::suspend(const std::string& tenant, 
     SPACE_TRY(checkTransition(from.value(), SandboxState::kSuspended, "suspend"));
     return makeError(ErrorCode::kUnavailable, "sandbox " + id + " is between states; retry");
   }
-  auto& sandbox = *live.value();
-  std::lock_guard control(sandbox.control);
+  std::lock_guard control(live.value()->control);
+  return suspendLocked(live.value(), SuspendCause::kRequest);
+}
+
+Result<store::SandboxRecord> SandboxManager::suspendLocked(const std::shared_ptr<Live>& live, SuspendCause cause) {
+  auto& sandbox = *live;
+  const std::string& id = sandbox.id;
   auto rec = store_.getSandbox(id);
   if (!rec.ok()) return rec.error();
   if (sandbox.finished) {
@@ -556,7 +725,7 @@ Result<store::SandboxRecord> SandboxManager::suspend(const std::string& tenant, 
   if (!saved.ok()) {
     if (was_running) (void)sandbox.vm->resume();
     if (!sandbox.vm->processRunning()) {
-      (void)finish(live.value(), SandboxState::kFailed, "its VM stopped while suspending");
+      (void)finish(live, SandboxState::kFailed, "its VM stopped while suspending");
       return makeError(ErrorCode::kUnavailable, "sandbox " + id + " failed while suspending", "sandbox_failed");
     }
     return makeError(saved.error().code, "cannot suspend sandbox " + id + ": " + saved.error().message +
@@ -566,16 +735,27 @@ Result<store::SandboxRecord> SandboxManager::suspend(const std::string& tenant, 
   sandbox.vm->detach();  // keep the run dir: it holds the disk and the saved state
   sandbox.vm.reset();
   rec->state = stateName(SandboxState::kSuspended);
-  rec->state_reason.clear();
   rec->vm_pid = 0;
   rec->vm_identity.clear();
+  switch (cause) {
+    case SuspendCause::kRequest: rec->state_reason.clear(); break;
+    case SuspendCause::kIdle:
+      rec->state_reason = "idle: no activity for " + std::to_string(sandbox.idle_suspend_s) + " s";
+      break;
+    case SuspendCause::kTimeout:
+      // Kept for the retention period; resuming re-arms its timeout.
+      rec->state_reason = kTimeoutSuspendReason;
+      rec->expires_at_ms = nowMs() + std::chrono::duration_cast<milliseconds>(config_.suspended_retention).count();
+      break;
+  }
   auto recorded = store_.updateSandbox(rec.value());
   sandbox.state = SandboxState::kSuspended;
   sandbox.finished = true;
   unreserve(sandbox);
   if (!recorded.ok()) return recorded.error();  // recovery finds the saved state and records it
-  spdlog::info("sandbox {}: suspended in {} ms", id,
-               std::chrono::duration_cast<milliseconds>(Clock::now() - started).count());
+  spdlog::info("sandbox {}: suspended in {} ms{}", id,
+               std::chrono::duration_cast<milliseconds>(Clock::now() - started).count(),
+               rec->state_reason.empty() ? "" : " (" + rec->state_reason + ")");
   return store_.getSandbox(id);
 }
 
@@ -585,12 +765,11 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
     return makeError(ErrorCode::kNotFound, "template \"" + suspended.template_name + "\" not found",
                      "template_not_found");
   }
-  auto live = std::make_shared<Live>();
-  live->id = suspended.id;
-  live->tenant = suspended.tenant;
-  live->cpus = suspended.cpus;
-  live->memory_mb = suspended.memory_mb;
-  live->expires_at_ms = suspended.expires_at_ms;
+  store::SandboxRecord rec = suspended;
+  // Suspended by its timeout: the time it spent suspended does not count; the timeout starts again.
+  const bool rearm = suspended.state_reason == kTimeoutSuspendReason;
+  if (rearm) rec.expires_at_ms = nowMs() + std::max<int64_t>(suspended.timeout_s, 1) * 1000;
+  auto live = liveFromRecord(rec);
   std::unique_lock control(live->control);
   SPACE_TRY(reserve(live));
   auto unreserve = [&] {
@@ -624,8 +803,8 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
                                            nlohmann::json{{"timeMs", nowMs()}, {"entropy", freshEntropy()}});
   if (!configured.ok())
     spdlog::warn("sandbox {}: resumed, but its clock was not set: {}", suspended.id, configured.error().message);
-  store::SandboxRecord rec = suspended;
   rec.state = stateName(SandboxState::kRunning);
+  rec.state_reason.clear();
   rec.vm_pid = live->vm->pid();
   rec.vm_identity = live->vm->identity();
   rec.accelerator = vmm::acceleratorName(live->vm->accelerator());
@@ -653,10 +832,22 @@ void SandboxManager::expireSuspended(int64_t now_ms) {
       std::lock_guard lock(mu_);
       if (live_.count(rec.id)) continue;  // being resumed
     }
+    if (rec.on_timeout == "suspend" && rec.state_reason != kTimeoutSuspendReason) {
+      // Suspended already (by request or idleness) when its timeout came: kept, as if the
+      // timeout had suspended it.
+      rec.state_reason = kTimeoutSuspendReason;
+      rec.expires_at_ms = now_ms + std::chrono::duration_cast<milliseconds>(config_.suspended_retention).count();
+      if (store_.updateSandbox(rec).ok()) spdlog::info("sandbox {}: timed out while suspended; kept", rec.id);
+      continue;
+    }
     std::error_code ec;
     std::filesystem::remove_all(rec.run_dir, ec);
+    layers_dirty_ = true;
+    rec.state_reason = rec.state_reason == kTimeoutSuspendReason
+                           ? "retention: kept suspended after its timeout for " +
+                                 std::to_string(config_.suspended_retention.count()) + " s, never resumed"
+                           : "timeout: its timeout_s expired (while suspended)";
     rec.state = stateName(SandboxState::kDeleted);
-    rec.state_reason = "timeout: its timeout_s expired (while suspended)";
     if (store_.updateSandbox(rec).ok()) spdlog::info("sandbox {}: deleted ({})", rec.id, rec.state_reason);
   }
 }
@@ -727,9 +918,177 @@ Result<store::SandboxRecord> SandboxManager::setTimeout(const std::string& tenan
                      "invalid_state");
   }
   rec->expires_at_ms = nowMs() + timeout_s * 1000;
+  rec->timeout_s = timeout_s;
   SPACE_TRY(store_.updateSandbox(rec.value()));
   live.value()->expires_at_ms = rec->expires_at_ms;
+  live.value()->timeout_s = timeout_s;
   return store_.getSandbox(id);
+}
+
+// --- snapshots and branching -----------------------------------------------------------------
+
+Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& request) {
+  auto live = findLive(request.tenant, request.sandbox_id);
+  if (!live.ok()) {
+    auto rec = getOwned(request.tenant, request.sandbox_id);
+    if (!rec.ok()) return rec.error();
+    return makeError(ErrorCode::kFailedPrecondition,
+                     "sandbox is " + rec->state + "; only a running or paused sandbox can be snapshotted",
+                     "invalid_state");
+  }
+  auto& sandbox = *live.value();
+  std::lock_guard control(sandbox.control);
+  auto rec = store_.getSandbox(sandbox.id);
+  if (!rec.ok()) return rec.error();
+  if (sandbox.finished || !sandbox.vm ||
+      (sandbox.state != SandboxState::kRunning && sandbox.state != SandboxState::kPaused)) {
+    return makeError(ErrorCode::kFailedPrecondition,
+                     "sandbox is " + rec->state + "; only a running or paused sandbox can be snapshotted",
+                     "invalid_state");
+  }
+  auto tpl = config_.templates.find(rec->template_name);
+  if (tpl == config_.templates.end()) {
+    return makeError(ErrorCode::kNotFound, "template \"" + rec->template_name + "\" not found", "template_not_found");
+  }
+  store::SnapshotRecord snap;
+  snap.id = newSnapshotId();
+  snap.tenant = request.tenant;
+  snap.name = request.name;
+  snap.sandbox_id = sandbox.id;
+  snap.template_name = rec->template_name;
+  snap.cpus = rec->cpus;
+  snap.memory_mb = rec->memory_mb;
+  snap.accelerator = vmm::acceleratorName(sandbox.vm->accelerator());
+  snap.dir = snapshotDir(snap.id);
+  snap.metadata = request.metadata;
+
+  snapshot::TakeSnapshotRequest take;
+  take.id = snap.id;
+  take.snapshots_dir = config_.data_dir + "/snapshots";
+  take.layers_dir = config_.data_dir + "/layers";
+  take.kernel_path = tpl->second.kernel_path;
+  take.vcpus = rec->cpus;
+  take.memory_mib = rec->memory_mb;
+  take.accelerator = sandbox.vm->accelerator();
+  take.timeout = std::chrono::minutes(5);
+  std::shared_lock storage(storage_mu_);  // the new layer is unreferenced until the sandbox's disk names it
+  auto files = snapshot::takeSnapshot(*sandbox.vm, sandbox.state == SandboxState::kRunning, take);
+  storage.unlock();
+  if (!files.ok()) {
+    layers_dirty_ = true;
+    if (!sandbox.vm->processRunning()) {
+      (void)finish(live.value(), SandboxState::kFailed, "its VM stopped while being snapshotted");
+      return makeError(ErrorCode::kUnavailable, "sandbox " + sandbox.id + " failed while being snapshotted",
+                       "sandbox_failed");
+    }
+    return makeError(files.error().code, "cannot snapshot sandbox " + sandbox.id + ": " +
+                                             firstLine(files.error().message) + " (the sandbox is unchanged)");
+  }
+  snap.disk = files->disk;
+  snap.size_bytes = files->size_bytes;
+  snap.created_at_ms = nowMs();
+  if (auto inserted = store_.insertSnapshot(snap); !inserted.ok()) {
+    std::error_code ec;
+    std::filesystem::remove_all(snap.dir, ec);
+    layers_dirty_ = true;
+    return inserted.error();
+  }
+  spdlog::info("sandbox {}: snapshot {} taken ({} MiB)", sandbox.id, snap.id, snap.size_bytes >> 20);
+  return snap;
+}
+
+Result<store::SnapshotRecord> SandboxManager::getSnapshot(const std::string& tenant, const std::string& snapshot_id) {
+  auto snap = store_.getSnapshot(snapshot_id);
+  if (!snap.ok()) {
+    if (snap.error().code == ErrorCode::kNotFound) return snapshotNotFound(snapshot_id);
+    return snap.error();
+  }
+  if (snap->tenant != tenant) return snapshotNotFound(snapshot_id);
+  return snap;
+}
+
+Result<store::SnapshotPage> SandboxManager::listSnapshots(const store::SnapshotFilter& filter) {
+  return store_.listSnapshots(filter);
+}
+
+Status SandboxManager::deleteSnapshot(const std::string& tenant, const std::string& snapshot_id) {
+  auto snap = getSnapshot(tenant, snapshot_id);
+  if (!snap.ok()) return snap.error();
+  {
+    // Exclusive: no child is starting from these files while they go.
+    std::unique_lock storage(storage_mu_);
+    // The record first: a crash then leaves an unrecorded directory, which recovery removes,
+    // rather than a record naming files that are gone.
+    SPACE_TRY(store_.deleteSnapshot(snapshot_id));
+    std::error_code ec;
+    std::filesystem::remove_all(snap->dir, ec);
+    if (ec) spdlog::warn("snapshot {}: remove {}: {}", snapshot_id, snap->dir, ec.message());
+  }
+  collectLayers();  // its layer goes too, unless disks still stand on it
+  spdlog::info("snapshot {}: deleted", snapshot_id);
+  return okStatus();
+}
+
+Result<std::vector<store::SandboxRecord>> SandboxManager::branch(const CreateRequest& request, uint32_t count) {
+  if (count < 1 || count > config_.max_branch) {
+    return makeError(ErrorCode::kInvalidArgument,
+                     "count = " + std::to_string(count) + ": must be within 1.." + std::to_string(config_.max_branch));
+  }
+  if (auto snap = getSnapshot(request.tenant, request.snapshot_id); !snap.ok()) return snap.error();
+  auto started = Clock::now();
+  // A few at a time: each start is mostly waiting on its own QEMU, but all share the host's cores.
+  const uint32_t workers = std::min<uint32_t>(count, 4);
+  std::vector<Result<store::SandboxRecord>> made(count, makeError(ErrorCode::kCanceled, "not started"));
+  std::atomic<uint32_t> next{0};
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> threads;
+  for (uint32_t w = 0; w < workers; ++w) {
+    threads.emplace_back([&] {
+      for (uint32_t i = next++; i < count && !failed; i = next++) {
+        made[i] = create(request);
+        if (!made[i].ok()) failed = true;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<store::SandboxRecord> children;
+  std::optional<Error> first_error;
+  for (auto& r : made) {
+    if (r.ok()) {
+      children.push_back(r.value());
+    } else if (!first_error && r.error().code != ErrorCode::kCanceled) {
+      first_error = r.error();
+    }
+  }
+  if (first_error) {
+    for (const auto& child : children) (void)remove(request.tenant, child.id);
+    return makeError(first_error->code,
+                     "branch of " + request.snapshot_id + " failed (" + std::to_string(children.size()) + " of " +
+                         std::to_string(count) + " started, now deleted): " + first_error->message,
+                     first_error->reason);
+  }
+  spdlog::info("snapshot {}: branched into {} sandboxes in {} ms", request.snapshot_id, count,
+               std::chrono::duration_cast<milliseconds>(Clock::now() - started).count());
+  return children;
+}
+
+void SandboxManager::collectLayers() {
+  std::unique_lock storage(storage_mu_);
+  std::vector<std::string> roots;
+  std::error_code ec;
+  // Every sandbox directory's disk (running, paused, suspended, or being created).
+  for (const auto& entry : std::filesystem::directory_iterator(config_.data_dir + "/sandboxes", ec)) {
+    roots.push_back(entry.path().string() + "/disk.qcow2");
+    roots.push_back(entry.path().string() + "/disk.next.qcow2");
+  }
+  auto snapshots = store_.allSnapshots();
+  if (!snapshots.ok()) {
+    spdlog::warn("layers: not collected: {}", snapshots.error().message);
+    return;
+  }
+  for (const auto& snap : snapshots.value()) roots.push_back(snap.disk);
+  int removed = snapshot::sweepLayers(config_.data_dir + "/layers", snapshot::reachableLayers(roots));
+  if (removed > 0) spdlog::info("layers: removed {} disk layers nothing stands on", removed);
 }
 
 // --- agent access ----------------------------------------------------------------------------
@@ -754,7 +1113,12 @@ Result<AgentLease> SandboxManager::agent(const std::string& tenant, const std::s
   }
   std::lock_guard control(live.value()->control);
   SPACE_TRY(requireState(live.value()->state, SandboxState::kRunning, operation));
-  return AgentLease{id, live.value()->vm->sharedAgent()};
+  ++live.value()->active_calls;
+  std::shared_ptr<void> activity(nullptr, [sandbox = live.value()](void*) {
+    sandbox->last_active_ms = nowMs();
+    --sandbox->active_calls;
+  });
+  return AgentLease{id, live.value()->vm->sharedAgent(), false, std::move(activity)};
 }
 
 Error SandboxManager::agentFailed(const AgentLease& lease, const Error& error) {
@@ -817,7 +1181,26 @@ void SandboxManager::checkOne(const std::string& id, int64_t now_ms) {
   std::unique_lock control(live->control, std::try_to_lock);
   if (!control.owns_lock() || live->finished || live->state == SandboxState::kCreating) return;
   if (now_ms >= live->expires_at_ms) {
-    (void)finish(live, SandboxState::kDeleted, "timeout: its timeout_s expired");
+    if (live->on_timeout != "suspend") {
+      (void)finish(live, SandboxState::kDeleted, "timeout: its timeout_s expired");
+      return;
+    }
+    if (auto suspended = suspendLocked(live, SuspendCause::kTimeout); !suspended.ok() && !live->finished) {
+      // Kept running rather than lost (e.g. the disk is full); tried again shortly.
+      spdlog::warn("sandbox {}: its timeout could not suspend it (retrying in 30 s): {}", live->id,
+                   suspended.error().message);
+      live->expires_at_ms = now_ms + 30000;
+    }
+    return;
+  }
+  const bool idle = live->idle_suspend_s > 0 && live->active_calls == 0 &&
+                    now_ms - live->last_active_ms >= live->idle_suspend_s * 1000 &&
+                    (live->state == SandboxState::kRunning || live->state == SandboxState::kPaused);
+  if (idle) {
+    if (auto suspended = suspendLocked(live, SuspendCause::kIdle); !suspended.ok() && !live->finished) {
+      spdlog::warn("sandbox {}: idle, but could not be suspended: {}", live->id, suspended.error().message);
+      live->last_active_ms = now_ms;  // tried again after another idle period
+    }
     return;
   }
   if (live->vm) live->vm->trimConsole(kConsoleMaxBytes, kConsoleKeepBytes);
@@ -846,6 +1229,7 @@ void SandboxManager::housekeeping() {
       last_suspended_check = Clock::now();
       expireSuspended(now);
     }
+    if (layers_dirty_.exchange(false)) collectLayers();
     if (Clock::now() - last_purge > std::chrono::minutes(5)) {
       last_purge = Clock::now();
       auto cutoff = now - std::chrono::duration_cast<milliseconds>(config_.deleted_retention).count();
@@ -868,6 +1252,7 @@ void SandboxManager::shutdown(ShutdownMode mode) {
   }
   wake_.notify_all();
   if (housekeeper_.joinable()) housekeeper_.join();
+  pool_.reset();  // waiting VMs are no sandboxes: never left running
   std::vector<std::shared_ptr<Live>> all;
   {
     std::lock_guard lock(mu_);

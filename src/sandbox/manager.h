@@ -14,12 +14,15 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/result.h"
 #include "sandbox/lifecycle.h"
+#include "sandbox/warm_pool.h"
 #include "snapshot/template_cache.h"
 #include "store/state_store.h"
 #include "vmm/vm.h"
@@ -42,6 +45,9 @@ struct ManagerConfig {
   // Create sandboxes by restoring a template snapshot (built on first use per size) instead of
   // booting. Off: every create is a cold boot (for comparison and debugging).
   bool use_snapshots = true;
+  // QEMU processes kept started, waiting to become sandboxes of template "base" at the default
+  // size (see WarmPool). 0: none; every create starts its QEMU.
+  uint32_t warm_pool_size = 2;
 
   // Node limits; a request beyond them is refused, never overcommitted.
   uint32_t max_sandboxes = 64;
@@ -56,6 +62,15 @@ struct ManagerConfig {
 
   // How long deleted sandboxes stay visible (GET shows why they ended).
   std::chrono::seconds deleted_retention{24 * 3600};
+  // A sandbox with no API, exec or file activity for this long is suspended (per sandbox:
+  // CreateRequest::idle_suspend_s). 0: never.
+  int64_t idle_suspend_s = 6 * 3600;
+  int64_t max_idle_suspend_s = 30 * 24 * 3600;
+  // How long a sandbox suspended by its timeout (on_timeout "suspend") is kept before it is deleted.
+  std::chrono::seconds suspended_retention{7 * 24 * 3600};
+  // Most children one branch request may create.
+  uint32_t max_branch = 64;
+
   // How often the background thread checks expiries and VM health.
   std::chrono::milliseconds housekeeping_interval{500};
 };
@@ -68,6 +83,18 @@ struct CreateRequest {
   int64_t timeout_s = -1;  // -1: default
   std::map<std::string, std::string> env;
   std::map<std::string, std::string> metadata;
+  // Restore this snapshot (of the same tenant) instead of the template; cpus and memory_mb
+  // are the snapshot's (0 or equal).
+  std::string snapshot_id;
+  int64_t idle_suspend_s = -1;  // -1: the node's default; 0: never
+  std::string on_timeout;       // "delete" (default) or "suspend"
+};
+
+struct SnapshotRequest {
+  std::string tenant;
+  std::string sandbox_id;
+  std::string name;
+  nlohmann::json metadata = nlohmann::json::object();
 };
 
 // A running sandbox's agent, for processes and files. Holding it does not keep the VM alive:
@@ -76,6 +103,9 @@ struct AgentLease {
   std::string sandbox_id;
   std::shared_ptr<agentproto::AgentClient> agent;
   bool resumed = false;  // the sandbox was suspended and this request resumed it
+  // While any lease lives the sandbox counts as active (never idle-suspended); its release
+  // marks the time of last activity.
+  std::shared_ptr<void> activity;
 };
 
 enum class ShutdownMode {
@@ -120,6 +150,16 @@ class SandboxManager {
   // host memory or reservation is held. On failure (e.g. disk full) nothing partial is kept
   // and the sandbox keeps running. Exec and file calls resume a suspended sandbox on demand.
   Result<store::SandboxRecord> suspend(const std::string& tenant, const std::string& id);
+  // A saved point of a running or paused sandbox, which stays as it was. kFailedPrecondition
+  // (invalid_state) in other states, kResourceExhausted when the disk is full (nothing kept).
+  Result<store::SnapshotRecord> snapshot(const SnapshotRequest& request);
+  Result<store::SnapshotRecord> getSnapshot(const std::string& tenant, const std::string& snapshot_id);
+  Result<store::SnapshotPage> listSnapshots(const store::SnapshotFilter& filter);
+  // Children already branched from it keep working: its disk layer stays while they use it.
+  Status deleteSnapshot(const std::string& tenant, const std::string& snapshot_id);
+  // `count` sandboxes restored from request.snapshot_id, all running, or none (the ones made
+  // are deleted again and the first error returned).
+  Result<std::vector<store::SandboxRecord>> branch(const CreateRequest& request, uint32_t count);
   // Sets the hard timeout to now + timeout_s.
   Result<store::SandboxRecord> setTimeout(const std::string& tenant, const std::string& id, int64_t timeout_s);
 
@@ -148,6 +188,13 @@ class SandboxManager {
   Result<std::shared_ptr<Live>> findLive(const std::string& tenant, const std::string& id);
   Result<store::SandboxRecord> getOwned(const std::string& tenant, const std::string& id);
   Result<store::SandboxRecord> resumeSuspended(const store::SandboxRecord& rec);
+  enum class SuspendCause { kRequest, kIdle, kTimeout };
+  // The suspension itself, with `live->control` held.
+  Result<store::SandboxRecord> suspendLocked(const std::shared_ptr<Live>& live, SuspendCause cause);
+  std::shared_ptr<Live> liveFromRecord(const store::SandboxRecord& rec) const;
+  // Removes disk layers that no sandbox disk and no snapshot stands on any more.
+  void collectLayers();
+  std::string snapshotDir(const std::string& snapshot_id) const;
   // The node's limits, in one place: counts the sandbox in (live_ and the reservations) if it
   // fits, else the refusal (429/503 reasons). unreserve() undoes it.
   Status reserve(const std::shared_ptr<Live>& live);
@@ -160,11 +207,18 @@ class SandboxManager {
   ManagerConfig config_;
   store::StateStore& store_;
   std::unique_ptr<snapshot::TemplateCache> templates_;
+  std::unique_ptr<WarmPool> pool_;
+  Result<WarmVm> makeWarmVm();
 
   std::mutex mu_;  // guards live_ and the reservations
   std::map<std::string, std::shared_ptr<Live>> live_;
   uint32_t reserved_vcpus_ = 0;
   uint64_t reserved_memory_mb_ = 0;
+
+  // Disk layers and snapshot files: shared while they are being created or used to start VMs,
+  // exclusive to delete them (so a child never starts from files being removed).
+  std::shared_mutex storage_mu_;
+  std::atomic<bool> layers_dirty_{false};
 
   std::mutex wake_mu_;
   std::condition_variable wake_;
@@ -175,6 +229,8 @@ class SandboxManager {
 
 // "sb_" + 20 random lowercase alphanumerics.
 std::string newSandboxId();
+// "snap_" + 20 random lowercase alphanumerics.
+std::string newSnapshotId();
 int64_t nowMs();
 
 }  // namespace space::sandbox

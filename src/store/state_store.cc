@@ -176,6 +176,38 @@ Status migrateToV1(sqlite3* db, const std::string& op) {
               op);
 }
 
+// Existing rows get the values a sandbox created without these settings has. The ALTERs come
+// first, so a conflicting snapshots table fails the migration after they ran and shows that
+// the transaction undoes them.
+Status migrateToV2(sqlite3* db, const std::string& op) {
+  return exec(db,
+              "ALTER TABLE sandboxes ADD COLUMN timeout_s INTEGER NOT NULL DEFAULT 0;"
+              "ALTER TABLE sandboxes ADD COLUMN idle_suspend_s INTEGER NOT NULL DEFAULT 0;"
+              "ALTER TABLE sandboxes ADD COLUMN on_timeout TEXT NOT NULL DEFAULT 'delete';"
+              "ALTER TABLE sandboxes ADD COLUMN source_snapshot TEXT NOT NULL DEFAULT '';"
+              // No foreign key to sandboxes: a snapshot outlives the sandbox it was taken of,
+              // including its row once retention purges it.
+              "CREATE TABLE snapshots ("
+              "  id TEXT PRIMARY KEY NOT NULL,"
+              "  tenant TEXT NOT NULL,"
+              "  name TEXT NOT NULL,"
+              "  sandbox_id TEXT NOT NULL,"
+              "  template_name TEXT NOT NULL,"
+              "  cpus INTEGER NOT NULL,"
+              "  memory_mb INTEGER NOT NULL,"
+              "  accelerator TEXT NOT NULL,"
+              "  dir TEXT NOT NULL,"
+              "  disk TEXT NOT NULL,"
+              "  size_bytes INTEGER NOT NULL,"
+              "  created_at_ms INTEGER NOT NULL,"
+              "  metadata TEXT NOT NULL);"
+              // Serves per-tenant listing in its order, including the pagination cursor.
+              "CREATE INDEX snapshots_by_tenant ON snapshots (tenant, created_at_ms, id);"
+              // Serves listing the snapshots of one sandbox.
+              "CREATE INDEX snapshots_by_sandbox ON snapshots (sandbox_id);",
+              op);
+}
+
 struct Migration {
   const char* summary;
   Status (*apply)(sqlite3* db, const std::string& op);
@@ -183,6 +215,7 @@ struct Migration {
 
 constexpr Migration kMigrations[] = {
     {"sandboxes and api_keys tables", migrateToV1},
+    {"sandbox timeout/idle settings and snapshots", migrateToV2},
 };
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
 
@@ -216,7 +249,8 @@ Status runMigration(sqlite3* db, const std::string& path, int to_version) {
 
 constexpr const char* kSandboxColumns =
     "id, tenant, state, state_reason, template_name, cpus, memory_mb, created_at_ms, updated_at_ms, "
-    "expires_at_ms, metadata, env, run_dir, vm_pid, vm_identity, accelerator";
+    "expires_at_ms, metadata, env, run_dir, vm_pid, vm_identity, accelerator, timeout_s, idle_suspend_s, on_timeout, "
+    "source_snapshot";
 
 // A JSON object of strings, as text for the row. The dump can throw on invalid UTF-8, which
 // is the caller's input, so it becomes kInvalidArgument here rather than an exception.
@@ -268,12 +302,17 @@ void bindSandbox(Stmt& stmt, const SandboxRecord& r, const SandboxText& text, in
   stmt.bind(":vm_pid", r.vm_pid);
   stmt.bind(":vm_identity", r.vm_identity);
   stmt.bind(":accelerator", r.accelerator);
+  stmt.bind(":timeout_s", r.timeout_s);
+  stmt.bind(":idle_suspend_s", r.idle_suspend_s);
+  stmt.bind(":on_timeout", r.on_timeout);
+  stmt.bind(":source_snapshot", r.source_snapshot);
 }
 
-Result<nlohmann::json> parseStringMap(const std::string& text, const std::string& id, const char* what) {
+// `owner` names the row ("sandbox sb_...") for the message.
+Result<nlohmann::json> parseStringMap(const std::string& text, const std::string& owner, const char* what) {
   auto value = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded() || !value.is_object()) {
-    return makeError(ErrorCode::kInternal, "sandbox " + id + " has unreadable " + what + " in the state database");
+    return makeError(ErrorCode::kInternal, owner + " has unreadable " + what + " in the state database");
   }
   return value;
 }
@@ -291,16 +330,20 @@ Result<SandboxRecord> readSandbox(const Stmt& stmt) {
   r.created_at_ms = stmt.integer(7);
   r.updated_at_ms = stmt.integer(8);
   r.expires_at_ms = stmt.integer(9);
-  auto metadata = parseStringMap(stmt.text(10), r.id, "metadata");
+  auto metadata = parseStringMap(stmt.text(10), "sandbox " + r.id, "metadata");
   if (!metadata.ok()) return metadata.error();
   r.metadata = std::move(metadata).value();
-  auto env = parseStringMap(stmt.text(11), r.id, "env");
+  auto env = parseStringMap(stmt.text(11), "sandbox " + r.id, "env");
   if (!env.ok()) return env.error();
   r.env = std::move(env).value();
   r.run_dir = stmt.text(12);
   r.vm_pid = stmt.integer(13);
   r.vm_identity = stmt.text(14);
   r.accelerator = stmt.text(15);
+  r.timeout_s = stmt.integer(16);
+  r.idle_suspend_s = stmt.integer(17);
+  r.on_timeout = stmt.text(18);
+  r.source_snapshot = stmt.text(19);
   return r;
 }
 
@@ -311,6 +354,52 @@ Result<std::vector<SandboxRecord>> readSandboxes(sqlite3* db, Stmt& stmt, const 
     if (rc == SQLITE_DONE) return out;
     if (rc != SQLITE_ROW) return sqliteError(db, rc, op);
     auto record = readSandbox(stmt);
+    if (!record.ok()) return record.error();
+    out.push_back(std::move(record).value());
+  }
+}
+
+constexpr const char* kSnapshotColumns =
+    "id, tenant, name, sandbox_id, template_name, cpus, memory_mb, accelerator, dir, disk, size_bytes, "
+    "created_at_ms, metadata";
+
+Result<std::string> validateSnapshot(const SnapshotRecord& r) {
+  if (r.id.empty()) return invalid("snapshot id is empty");
+  if (r.tenant.empty()) return invalid("snapshot " + r.id + " has an empty tenant");
+  constexpr auto kMaxInt = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  if (r.memory_mb > kMaxInt) return invalid("snapshot " + r.id + " memory_mb is out of range");
+  if (r.size_bytes > kMaxInt) return invalid("snapshot " + r.id + " size_bytes is out of range");
+  return stringMapText(r.metadata, "metadata");
+}
+
+// Column order is kSnapshotColumns.
+Result<SnapshotRecord> readSnapshot(const Stmt& stmt) {
+  SnapshotRecord r;
+  r.id = stmt.text(0);
+  r.tenant = stmt.text(1);
+  r.name = stmt.text(2);
+  r.sandbox_id = stmt.text(3);
+  r.template_name = stmt.text(4);
+  r.cpus = static_cast<uint32_t>(stmt.integer(5));
+  r.memory_mb = static_cast<uint64_t>(stmt.integer(6));
+  r.accelerator = stmt.text(7);
+  r.dir = stmt.text(8);
+  r.disk = stmt.text(9);
+  r.size_bytes = static_cast<uint64_t>(stmt.integer(10));
+  r.created_at_ms = stmt.integer(11);
+  auto metadata = parseStringMap(stmt.text(12), "snapshot " + r.id, "metadata");
+  if (!metadata.ok()) return metadata.error();
+  r.metadata = std::move(metadata).value();
+  return r;
+}
+
+Result<std::vector<SnapshotRecord>> readSnapshots(sqlite3* db, Stmt& stmt, const std::string& op) {
+  std::vector<SnapshotRecord> out;
+  for (;;) {
+    int rc = stmt.step();
+    if (rc == SQLITE_DONE) return out;
+    if (rc != SQLITE_ROW) return sqliteError(db, rc, op);
+    auto record = readSnapshot(stmt);
     if (!record.ok()) return record.error();
     out.push_back(std::move(record).value());
   }
@@ -428,7 +517,8 @@ Status StateStore::insertSandbox(const SandboxRecord& record) {
                             std::string("INSERT INTO sandboxes (") + kSandboxColumns +
                                 ") VALUES (:id, :tenant, :state, :state_reason, :template_name, :cpus, :memory_mb, "
                                 ":created_at_ms, :updated_at_ms, :expires_at_ms, :metadata, :env, :run_dir, :vm_pid, "
-                                ":vm_identity, :accelerator)",
+                                ":vm_identity, :accelerator, :timeout_s, :idle_suspend_s, :on_timeout, "
+                                ":source_snapshot)",
                             op);
   if (!stmt.ok()) return stmt.error();
   bindSandbox(stmt.value(), record, text.value(), nowMs());
@@ -450,7 +540,9 @@ Status StateStore::updateSandbox(const SandboxRecord& record) {
                             "template_name = :template_name, cpus = :cpus, memory_mb = :memory_mb, "
                             "created_at_ms = :created_at_ms, updated_at_ms = :updated_at_ms, "
                             "expires_at_ms = :expires_at_ms, metadata = :metadata, env = :env, run_dir = :run_dir, "
-                            "vm_pid = :vm_pid, vm_identity = :vm_identity, accelerator = :accelerator WHERE id = :id",
+                            "vm_pid = :vm_pid, vm_identity = :vm_identity, accelerator = :accelerator, "
+                            "timeout_s = :timeout_s, idle_suspend_s = :idle_suspend_s, on_timeout = :on_timeout, "
+                            "source_snapshot = :source_snapshot WHERE id = :id",
                             op);
   if (!stmt.ok()) return stmt.error();
   bindSandbox(stmt.value(), record, text.value(), nowMs());
@@ -588,6 +680,122 @@ Status StateStore::purgeDeletedBefore(int64_t updated_before_ms) {
   SPACE_TRY(stmt->run(op));
   int purged = sqlite3_changes(db_);
   if (purged > 0) spdlog::debug("state database {}: purged {} deleted sandboxes", path_, purged);
+  return okStatus();
+}
+
+Status StateStore::insertSnapshot(const SnapshotRecord& record) {
+  auto metadata = validateSnapshot(record);
+  if (!metadata.ok()) return metadata.error();
+  std::lock_guard lock(mu_);
+  const std::string op = "recording snapshot " + record.id;
+  auto stmt = Stmt::prepare(db_,
+                            std::string("INSERT INTO snapshots (") + kSnapshotColumns +
+                                ") VALUES (:id, :tenant, :name, :sandbox_id, :template_name, :cpus, :memory_mb, "
+                                ":accelerator, :dir, :disk, :size_bytes, :created_at_ms, :metadata)",
+                            op);
+  if (!stmt.ok()) return stmt.error();
+  stmt->bind(":id", record.id);
+  stmt->bind(":tenant", record.tenant);
+  stmt->bind(":name", record.name);
+  stmt->bind(":sandbox_id", record.sandbox_id);
+  stmt->bind(":template_name", record.template_name);
+  stmt->bind(":cpus", static_cast<int64_t>(record.cpus));
+  stmt->bind(":memory_mb", static_cast<int64_t>(record.memory_mb));
+  stmt->bind(":accelerator", record.accelerator);
+  stmt->bind(":dir", record.dir);
+  stmt->bind(":disk", record.disk);
+  stmt->bind(":size_bytes", static_cast<int64_t>(record.size_bytes));
+  stmt->bind(":created_at_ms", record.created_at_ms);
+  stmt->bind(":metadata", metadata.value());
+  int rc = stmt->step();
+  if (rc == SQLITE_CONSTRAINT_PRIMARYKEY) {
+    return makeError(ErrorCode::kAlreadyExists, "snapshot " + record.id + " already exists");
+  }
+  if (rc != SQLITE_DONE) return sqliteError(db_, rc, op);
+  return okStatus();
+}
+
+Result<SnapshotRecord> StateStore::getSnapshot(const std::string& id) {
+  if (id.empty()) return invalid("snapshot id is empty");
+  std::lock_guard lock(mu_);
+  const std::string op = "reading snapshot " + id;
+  auto stmt = Stmt::prepare(db_, std::string("SELECT ") + kSnapshotColumns + " FROM snapshots WHERE id = :id", op);
+  if (!stmt.ok()) return stmt.error();
+  stmt->bind(":id", id);
+  int rc = stmt->step();
+  if (rc == SQLITE_DONE) return makeError(ErrorCode::kNotFound, "snapshot " + id + " not found");
+  if (rc != SQLITE_ROW) return sqliteError(db_, rc, op);
+  return readSnapshot(stmt.value());
+}
+
+Result<SnapshotPage> StateStore::listSnapshots(const SnapshotFilter& filter) {
+  if (filter.tenant.empty()) return invalid("listing snapshots needs a tenant");
+  if (filter.limit < 1 || filter.limit > kMaxListLimit) {
+    return invalid("list limit must be between 1 and " + std::to_string(kMaxListLimit) + ", got " +
+                   std::to_string(filter.limit));
+  }
+
+  std::lock_guard lock(mu_);
+  const std::string op = "listing snapshots of tenant " + filter.tenant;
+  int64_t after_created_at_ms = 0;
+  if (!filter.after_id.empty()) {
+    auto stmt = Stmt::prepare(db_, "SELECT created_at_ms FROM snapshots WHERE id = :id AND tenant = :tenant", op);
+    if (!stmt.ok()) return stmt.error();
+    stmt->bind(":id", filter.after_id);
+    stmt->bind(":tenant", filter.tenant);
+    int rc = stmt->step();
+    if (rc == SQLITE_DONE) {
+      return invalid("pagination cursor " + filter.after_id + " is not a snapshot of tenant " + filter.tenant);
+    }
+    if (rc != SQLITE_ROW) return sqliteError(db_, rc, op);
+    after_created_at_ms = stmt->integer(0);
+  }
+
+  std::string sql = std::string("SELECT ") + kSnapshotColumns + " FROM snapshots WHERE tenant = :tenant";
+  if (!filter.sandbox_id.empty()) sql += " AND sandbox_id = :sandbox_id";
+  if (!filter.after_id.empty()) sql += " AND (created_at_ms, id) > (:after_created_at_ms, :after_id)";
+  sql += " ORDER BY created_at_ms, id LIMIT :limit";
+
+  auto stmt = Stmt::prepare(db_, sql, op);
+  if (!stmt.ok()) return stmt.error();
+  stmt->bind(":tenant", filter.tenant);
+  if (!filter.sandbox_id.empty()) stmt->bind(":sandbox_id", filter.sandbox_id);
+  if (!filter.after_id.empty()) {
+    stmt->bind(":after_created_at_ms", after_created_at_ms);
+    stmt->bind(":after_id", filter.after_id);
+  }
+  // One extra row tells whether another page exists, so the last page never comes back empty.
+  stmt->bind(":limit", static_cast<int64_t>(filter.limit + 1));
+  auto rows = readSnapshots(db_, stmt.value(), op);
+  if (!rows.ok()) return rows.error();
+
+  SnapshotPage page;
+  page.items = std::move(rows).value();
+  if (page.items.size() > filter.limit) {
+    page.items.pop_back();
+    page.next_cursor = page.items.back().id;
+  }
+  return page;
+}
+
+Result<std::vector<SnapshotRecord>> StateStore::allSnapshots() {
+  std::lock_guard lock(mu_);
+  const std::string op = "listing all snapshots";
+  auto stmt =
+      Stmt::prepare(db_, std::string("SELECT ") + kSnapshotColumns + " FROM snapshots ORDER BY created_at_ms, id", op);
+  if (!stmt.ok()) return stmt.error();
+  return readSnapshots(db_, stmt.value(), op);
+}
+
+Status StateStore::deleteSnapshot(const std::string& id) {
+  if (id.empty()) return invalid("snapshot id is empty");
+  std::lock_guard lock(mu_);
+  const std::string op = "deleting snapshot " + id;
+  auto stmt = Stmt::prepare(db_, "DELETE FROM snapshots WHERE id = :id", op);
+  if (!stmt.ok()) return stmt.error();
+  stmt->bind(":id", id);
+  SPACE_TRY(stmt->run(op));
+  if (sqlite3_changes(db_) == 0) return makeError(ErrorCode::kNotFound, "snapshot " + id + " not found");
   return okStatus();
 }
 

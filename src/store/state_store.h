@@ -1,5 +1,6 @@
-// spaced's durable state: sandboxes and API keys in one SQLite database, so that a restarted
-// daemon finds its VMs again and a recorded state change survives a crash or power loss.
+// spaced's durable state: sandboxes, their snapshots and API keys in one SQLite database, so
+// that a restarted daemon finds its VMs and snapshots again and a recorded state change
+// survives a crash or power loss.
 #pragma once
 
 #include <cstddef>
@@ -35,6 +36,12 @@ struct SandboxRecord {
   int64_t vm_pid = 0;
   std::string vm_identity;  // e.g. the process start time, to tell a reused pid apart
   std::string accelerator;
+  // The timeout it was created with or last set to, in seconds: expires_at_ms only says when
+  // the current one ends, and a resumed sandbox needs the length to re-arm it.
+  int64_t timeout_s = 0;
+  int64_t idle_suspend_s = 0;         // suspend after this long without activity; 0 = never
+  std::string on_timeout = "delete";  // what expiry does: "delete" or "suspend" (opaque here)
+  std::string source_snapshot;        // id of the snapshot it was branched from, "" if none
 
   bool operator==(const SandboxRecord&) const = default;
 };
@@ -50,6 +57,39 @@ struct ListFilter {
 struct SandboxPage {
   std::vector<SandboxRecord> items;
   std::string next_cursor;  // "" when no more; otherwise pass as ListFilter::after_id
+};
+
+// A saved point of a sandbox that new sandboxes can be branched from. The row records where
+// its files are, so a restarted daemon can find them again and know what still uses a layer.
+struct SnapshotRecord {
+  std::string id;  // made by the caller
+  std::string tenant;
+  std::string name;           // the caller's label, "" if none; not unique
+  std::string sandbox_id;     // the sandbox it was taken of (which may since have been deleted)
+  std::string template_name;  // what that sandbox was created from
+  uint32_t cpus = 0;
+  uint64_t memory_mb = 0;  // at most INT64_MAX: SQLite integers are signed
+  std::string accelerator;
+  // Its files: the published directory (memory and device state) and the frozen disk layer.
+  std::string dir;
+  std::string disk;
+  uint64_t size_bytes = 0;                             // at most INT64_MAX
+  int64_t created_at_ms = 0;                           // unix epoch milliseconds
+  nlohmann::json metadata = nlohmann::json::object();  // string -> string
+
+  bool operator==(const SnapshotRecord&) const = default;
+};
+
+struct SnapshotFilter {
+  std::string tenant;      // required: lists never cross tenants
+  std::string sandbox_id;  // only snapshots of this sandbox; "" = all of the tenant's
+  size_t limit = 100;      // 1..1000
+  std::string after_id;    // pagination cursor: results strictly after this id in list order
+};
+
+struct SnapshotPage {
+  std::vector<SnapshotRecord> items;
+  std::string next_cursor;  // "" when no more; otherwise pass as SnapshotFilter::after_id
 };
 
 struct ApiKeyRecord {
@@ -91,6 +131,14 @@ class StateStore {
   Result<std::vector<SandboxRecord>> sandboxesInStates(const std::vector<std::string>& states);
   Result<std::map<std::string, int64_t>> countByState();  // all tenants, for metrics
   Status purgeDeletedBefore(int64_t updated_before_ms);   // retention of deleted rows
+
+  Status insertSnapshot(const SnapshotRecord& record);        // kAlreadyExists on duplicate id
+  Result<SnapshotRecord> getSnapshot(const std::string& id);  // kNotFound
+  // Same order and cursor rules as listSandboxes (the cursor row need not match sandbox_id).
+  Result<SnapshotPage> listSnapshots(const SnapshotFilter& filter);
+  // All tenants, same order; for start-up recovery (which files and layers are still owned).
+  Result<std::vector<SnapshotRecord>> allSnapshots();
+  Status deleteSnapshot(const std::string& id);  // kNotFound if absent
 
   Status addApiKey(const ApiKeyRecord& key);        // kAlreadyExists if the digest exists
   Result<std::vector<ApiKeyRecord>> listApiKeys();  // ordered by tenant, created_at_ms, digest

@@ -8,9 +8,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
-#include <atomic>
 #include <mutex>
 #include <thread>
 
@@ -54,6 +54,10 @@ Status createOverlay(const std::string& base, const std::string& format, const s
 }  // namespace
 
 Result<std::unique_ptr<Vm>> Vm::start(const VmSpec& spec, const VmStartOptions& options) {
+  return launch(spec, options, /*defer_state=*/false);
+}
+
+Result<std::unique_ptr<Vm>> Vm::launch(const VmSpec& spec, const VmStartOptions& options, bool defer_state) {
   HostCapacity host;
   if (options.host_capacity) {
     host = *options.host_capacity;
@@ -69,10 +73,28 @@ Result<std::unique_ptr<Vm>> Vm::start(const VmSpec& spec, const VmStartOptions& 
 
   std::unique_ptr<Vm> vm(new Vm());
   vm->accelerator_ = choice->accelerator;
-  auto booted = vm->boot(spec, options);
+  auto booted = vm->boot(spec, options, defer_state);
   if (!booted.ok()) return booted.error();  // ~Vm removes whatever boot() created
   if (options.reuse_run_dir) vm->run_dir_.emplace(TempDir::adopt(options.run_dir));
   return vm;
+}
+
+Result<std::unique_ptr<Vm>> Vm::prepare(const VmSpec& spec, const VmStartOptions& options) {
+  if (!options.restore_from.empty() || options.reuse_run_dir || options.stay_paused) {
+    return makeError(ErrorCode::kInvalidArgument, "prepare() takes its state later, in restore()");
+  }
+  return launch(spec, options, /*defer_state=*/true);
+}
+
+Status Vm::restore(const std::string& state_file, milliseconds timeout) {
+  if (!waiting_for_state_) return makeError(ErrorCode::kFailedPrecondition, "the VM is not waiting for a state");
+  waiting_for_state_ = false;
+  auto started = Clock::now();
+  auto deadline = started + timeout;
+  auto loaded = loadState(state_file, deadline, /*start=*/true, /*ignore_shared=*/true);
+  if (!loaded.ok()) return bootFailure("restore failed: " + loaded.error().message);
+  timing_.to_running = since(started);
+  return waitForAgent(started, deadline);
 }
 
 Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
@@ -127,7 +149,7 @@ Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
   return vm;
 }
 
-Status Vm::boot(const VmSpec& spec, const VmStartOptions& options) {
+Status Vm::boot(const VmSpec& spec, const VmStartOptions& options, bool defer_state) {
   if (options.reuse_run_dir) {
     paths_ = VmPaths::inRunDir(options.run_dir);
     if (!std::filesystem::exists(paths_.disk)) {
@@ -147,7 +169,7 @@ Status Vm::boot(const VmSpec& spec, const VmStartOptions& options) {
   }
 
   VmSpec effective = spec;
-  if (!options.restore_from.empty()) effective.incoming = true;
+  if (!options.restore_from.empty() || defer_state) effective.incoming = true;
   if (options.stay_paused) {
     if (options.restore_from.empty()) return makeError(ErrorCode::kInvalidArgument, "stay_paused needs restore_from");
     effective.start_paused = true;
@@ -174,9 +196,14 @@ Status Vm::boot(const VmSpec& spec, const VmStartOptions& options) {
     }
   }
   timing_.to_qmp = since(spawned_at);
+  if (defer_state) {  // prepare(): the state comes with restore()
+    waiting_for_state_ = true;
+    agent_ = agentproto::AgentClient::disconnected("the VM waits for its state");
+    return okStatus();
+  }
   if (!options.restore_from.empty()) {
-    auto loaded = loadState(options.restore_from, deadline, /*start=*/!options.stay_paused,
-                            options.restore_ignore_shared);
+    auto loaded =
+        loadState(options.restore_from, deadline, /*start=*/!options.stay_paused, options.restore_ignore_shared);
     if (!loaded.ok()) return bootFailure("restore failed: " + loaded.error().message);
     timing_.to_running = since(spawned_at);
     if (options.stay_paused) {
@@ -220,9 +247,10 @@ Status Vm::waitForAgent(Clock::time_point spawned_at, Clock::time_point deadline
   agent_ = std::move(agent.value());
   timing_.to_ready = since(spawned_at);
   timing_.guest_uptime_at_init_s = agent_->info().uptime_s;
-  spdlog::info("vmm: guest {} ready in {} ms (qmp {} ms, agent {} at {:.2f} s guest uptime, kernel {}, {})",
-               process_->pid(), timing_.to_ready.count(), timing_.to_qmp.count(), agent_->info().version,
-               agent_->info().uptime_s, agent_->info().kernel, acceleratorName(accelerator_));
+  spdlog::info(
+      "vmm: guest {} ready in {} ms (qmp {} ms, running {} ms, agent {} at {:.2f} s guest uptime, kernel {}, {})",
+      process_->pid(), timing_.to_ready.count(), timing_.to_qmp.count(), timing_.to_running.count(),
+      agent_->info().version, agent_->info().uptime_s, agent_->info().kernel, acceleratorName(accelerator_));
   return okStatus();
 }
 
@@ -526,8 +554,7 @@ Status Vm::freezeDisk(const std::string& layer_path) {
            {"file", json{{"driver", "file"}, {"filename", next}, {"aio", "threads"}}},
            {"backing", nullptr}};
   if (auto added = qmp_->execute("blockdev-add", add); !added.ok()) return undo(added.error());
-  if (auto switched = qmp_->execute("blockdev-snapshot", json{{"node", top_node}, {"overlay", node}});
-      !switched.ok()) {
+  if (auto switched = qmp_->execute("blockdev-snapshot", json{{"node", top_node}, {"overlay", node}}); !switched.ok()) {
     (void)qmp_->execute("blockdev-del", json{{"node-name", node}});
     return undo(switched.error());
   }

@@ -64,6 +64,12 @@ struct VmAdoptSpec {
 class Vm {
  public:
   static Result<std::unique_ptr<Vm>> start(const VmSpec& spec, const VmStartOptions& options = {});
+  // The first half of a restore, done ahead of need (a warm pool): QEMU is started with
+  // `-incoming defer`, its disk overlay made, its monitor connected; the guest does not exist
+  // yet. restore() then loads a state saved with a shared memory file (the spec's) and waits
+  // for the agent: together they are start() with restore_from.
+  static Result<std::unique_ptr<Vm>> prepare(const VmSpec& spec, const VmStartOptions& options = {});
+  Status restore(const std::string& state_file, std::chrono::milliseconds timeout);
   // Takes charge of a running VM that an earlier owner detached from (or lost by crashing):
   // checks that the pid is still that QEMU, re-attaches QMP and, unless the VM is paused, the
   // agent. kNotFound if the process is gone (its run directory is removed then). On any other
@@ -131,7 +137,8 @@ class Vm {
 
  private:
   Vm() = default;
-  Status boot(const VmSpec& spec, const VmStartOptions& options);
+  static Result<std::unique_ptr<Vm>> launch(const VmSpec& spec, const VmStartOptions& options, bool defer_state);
+  Status boot(const VmSpec& spec, const VmStartOptions& options, bool defer_state);
   Status waitForAgent(Clock::time_point spawned, Clock::time_point deadline);
   Status loadState(const std::string& state_file, Clock::time_point deadline, bool start, bool ignore_shared);
   std::optional<Error> checkAlive();
@@ -147,6 +154,7 @@ class Vm {
   BootTiming timing_;
   std::string identity_;
   uint64_t memory_mib_ = 0;
+  bool waiting_for_state_ = false;  // prepared, restore() not yet called
 };
 
 }  // namespace space::vmm

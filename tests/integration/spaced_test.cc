@@ -60,6 +60,10 @@ class Daemon {
     if (std::find(extra.begin(), extra.end(), "--on-shutdown") == extra.end()) {
       extra.insert(extra.end(), {"--on-shutdown", "stop"});
     }
+    // No VMs waiting in a warm pool unless a test asks: the others count QEMU processes.
+    if (std::find(extra.begin(), extra.end(), "--warm-pool") == extra.end()) {
+      extra.insert(extra.end(), {"--warm-pool", "0"});
+    }
     std::unique_ptr<Daemon> d(new Daemon());
     d->data_dir_ = data_dir;
     std::vector<std::string> argv = {SPACED_BIN,           "--listen", "127.0.0.1:0",
@@ -616,6 +620,279 @@ TEST_F(SpacedTest, KillDuringSuspendLeavesAUsableSandbox) {
     EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
     daemon_->stop(SIGTERM);
   }
+}
+
+// A snapshot of a running sandbox: the sandbox runs on unchanged; five children branched from
+// it each start with its processes, files and env, diverge copy-on-write, and have their own
+// identity. Deleting the snapshot does not break its children; its disk layer goes when the
+// last disk standing on it does.
+TEST_F(SpacedTest, SnapshotsBranchIntoIndependentChildren) {
+  daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep", "--warm-pool", "1"});
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string parent = d.create(json{{"cpus", 1}, {"memory_mb", 256}, {"env", {{"KEPT", "yes"}}}});
+  ASSERT_FALSE(parent.empty());
+  execJson(d, parent,
+           json{{"command",
+                 "echo before > /home/user/shared.txt; setsid sh -c 'echo $$ > /tmp/ticker.pid; while :; do "
+                 "sleep 1; done' >/dev/null 2>&1 &"}});
+  std::this_thread::sleep_for(milliseconds(300));
+  const std::string ticker = execJson(d, parent, json{{"command", "cat /tmp/ticker.pid"}})["stdout"];
+  ASSERT_FALSE(ticker.empty());
+
+  json snap = d.callJson("POST", "/v1/sandboxes/" + parent + "/snapshots", json{{"name", "after setup"}}, 201);
+  const std::string snap_id = snap.value("id", "");
+  ASSERT_EQ(snap_id.substr(0, 5), "snap_") << snap;
+  EXPECT_EQ(snap["name"], "after setup");
+  EXPECT_EQ(snap["sandbox_id"], parent);
+  EXPECT_EQ(snap["memory_mb"], 256);
+  EXPECT_GT(snap["size_bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(d.callJson("GET", "/v1/snapshots/" + snap_id, nullptr, 200)["id"], snap_id);
+  json listed = d.callJson("GET", "/v1/snapshots?sandbox_id=" + parent, nullptr, 200);
+  ASSERT_EQ(listed["snapshots"].size(), 1u);
+  EXPECT_EQ(d.callJson("GET", "/v1/snapshots?sandbox_id=sb_other", nullptr, 200)["snapshots"].size(), 0u);
+
+  // The parent runs on: same process, and its later writes are its own.
+  EXPECT_EQ(d.callJson("GET", "/v1/sandboxes/" + parent, nullptr, 200)["state"], "running");
+  EXPECT_EQ(execJson(d, parent,
+                     json{{"command",
+                           "kill -0 $(cat /tmp/ticker.pid) && cat /tmp/ticker.pid && echo parent > "
+                           "/home/user/shared.txt"}})["stdout"],
+            ticker);
+
+  // Bad requests change nothing.
+  EXPECT_EQ(d.callJson("POST", "/v1/snapshots/" + snap_id + "/branch", json{{"count", 0}}, 400)["error"]["code"],
+            "invalid_argument");
+  EXPECT_EQ(d.callJson("POST", "/v1/snapshots/snap_nope/branch", json{{"count", 1}}, 404)["error"]["code"],
+            "snapshot_not_found");
+  d.callJson("POST", "/v1/sandboxes", json{{"snapshot", snap_id}, {"template", "base"}}, 400);
+  d.callJson("POST", "/v1/sandboxes", json{{"snapshot", snap_id}, {"memory_mb", 512}}, 400);
+  d.callJson("POST", "/v1/sandboxes/" + parent + "/snapshots", json{{"name", std::string("a\nb")}}, 400);
+  d.callJson("POST", "/v1/sandboxes/sb_nope/snapshots", json::object(), 404);
+
+  json branched = d.callJson("POST", "/v1/snapshots/" + snap_id + "/branch",
+                             json{{"count", 5}, {"metadata", {{"batch", "b1"}}}}, 201);
+  ASSERT_EQ(branched["sandboxes"].size(), 5u) << branched;
+  std::vector<std::string> children;
+  for (const auto& child : branched["sandboxes"]) {
+    EXPECT_EQ(child["state"], "running");
+    EXPECT_EQ(child["snapshot"], snap_id);
+    EXPECT_EQ(child["metadata"]["batch"], "b1");
+    children.push_back(child["id"]);
+  }
+  std::set<std::string> hostnames, uuids;
+  for (size_t i = 0; i < children.size(); ++i) {
+    json r = execJson(d, children[i],
+                      json{{"command",
+                            "kill -0 $(cat /tmp/ticker.pid) && cat /tmp/ticker.pid /home/user/shared.txt "
+                            "&& echo $KEPT && echo child" +
+                                std::to_string(i) + " > /home/user/shared.txt"}});
+    EXPECT_EQ(r["exit_code"], 0) << r;
+    EXPECT_EQ(r["stdout"], ticker + "before\nyes\n");
+    hostnames.insert(execJson(d, children[i], json{{"command", "hostname"}})["stdout"].get<std::string>());
+    uuids.insert(
+        execJson(d, children[i], json{{"command", "cat /proc/sys/kernel/random/uuid"}})["stdout"].get<std::string>());
+  }
+  EXPECT_EQ(hostnames.size(), children.size()) << "every child has its own hostname";
+  EXPECT_EQ(uuids.size(), children.size());
+  for (size_t i = 0; i < children.size(); ++i) {
+    EXPECT_EQ(execJson(d, children[i], json{{"command", "cat /home/user/shared.txt"}})["stdout"],
+              "child" + std::to_string(i) + "\n");
+  }
+  EXPECT_EQ(execJson(d, parent, json{{"command", "cat /home/user/shared.txt"}})["stdout"], "parent\n");
+
+  // One more from the snapshot through create, after a daemon restart.
+  EXPECT_EQ(d.stop(SIGTERM).exit_code, 0);
+  daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+  ASSERT_TRUE(daemon_);
+  const std::string single = daemon_->create(json{{"snapshot", snap_id}});
+  ASSERT_FALSE(single.empty());
+  EXPECT_EQ(execJson(*daemon_, single, json{{"command", "cat /home/user/shared.txt"}})["stdout"], "before\n");
+
+  // Deleting the snapshot leaves the children working; the layer stays while they stand on it.
+  EXPECT_EQ(daemon_->call("DELETE", "/v1/snapshots/" + snap_id).status, 204);
+  daemon_->callJson("GET", "/v1/snapshots/" + snap_id, nullptr, 404);
+  EXPECT_FALSE(std::filesystem::exists(data_dir_ + "/snapshots/" + snap_id));
+  EXPECT_TRUE(std::filesystem::exists(data_dir_ + "/layers/" + snap_id + ".qcow2"));
+  EXPECT_EQ(execJson(*daemon_, children[0],
+                     json{{"command",
+                           "cat /home/user/shared.txt; echo more >> "
+                           "/home/user/shared.txt; sync; cat /home/user/shared.txt"}})["stdout"],
+            "child0\nchild0\nmore\n");
+  // A suspended child still resumes from its disk over the deleted snapshot's layer.
+  EXPECT_EQ(daemon_->callJson("POST", "/v1/sandboxes/" + children[1] + "/suspend", nullptr, 200)["state"], "suspended");
+  EXPECT_EQ(execJson(*daemon_, children[1], json{{"command", "cat /home/user/shared.txt"}})["stdout"], "child1\n");
+  for (const auto& id : children) EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + id).status, 204);
+  EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + single).status, 204);
+  EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + parent).status, 204);
+  auto deadline = Clock::now() + seconds(10);
+  while (Clock::now() < deadline && !std::filesystem::is_empty(data_dir_ + "/layers")) {
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(data_dir_ + "/layers")) << "layers nothing stands on are removed\n"
+                                                                << daemon_->log();
+  EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+}
+
+// Idle sandboxes suspend by themselves and resume on demand; on_timeout=suspend keeps a
+// sandbox (suspended) past its timeout and re-arms the timeout when it resumes.
+TEST_F(SpacedTest, IdleAndTimedOutSandboxesSuspendAndResumeOnDemand) {
+  daemon_ = Daemon::start(data_dir_, {"--idle-suspend", "2"});
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string idle = d.create();
+  const std::string busy = d.create(json{{"cpus", 1}, {"memory_mb", 256}, {"idle_suspend_s", 0}});
+  const std::string timed = d.create(
+      json{{"cpus", 1}, {"memory_mb", 256}, {"timeout_s", 3}, {"on_timeout", "suspend"}, {"idle_suspend_s", 0}});
+  ASSERT_FALSE(idle.empty());
+  ASSERT_FALSE(busy.empty());
+  ASSERT_FALSE(timed.empty());
+  json created = d.callJson("GET", "/v1/sandboxes/" + timed, nullptr, 200);
+  EXPECT_EQ(created["on_timeout"], "suspend");
+  EXPECT_EQ(created["timeout_s"], 3);
+  execJson(d, idle, json{{"command", "echo idle-file > /home/user/f.txt"}});
+  execJson(d, timed, json{{"command", "echo timed-file > /home/user/f.txt"}});
+
+  auto waitState = [&](const std::string& id, const std::string& want) {
+    auto deadline = Clock::now() + seconds(30);
+    json sb;
+    while (Clock::now() < deadline) {
+      sb = d.callJson("GET", "/v1/sandboxes/" + id, nullptr, 200);
+      if (sb["state"] == want) break;
+      std::this_thread::sleep_for(milliseconds(200));
+    }
+    return sb;
+  };
+  json idled = waitState(idle, "suspended");
+  EXPECT_EQ(idled["state"], "suspended");
+  EXPECT_NE(idled.value("state_reason", "").find("idle"), std::string::npos) << idled;
+  json timed_out = waitState(timed, "suspended");
+  EXPECT_EQ(timed_out["state"], "suspended");
+  EXPECT_NE(timed_out.value("state_reason", "").find("timeout"), std::string::npos) << timed_out;
+  EXPECT_EQ(d.callJson("GET", "/v1/sandboxes/" + busy, nullptr, 200)["state"], "running");
+  EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 1u) << "suspended sandboxes hold no QEMU";
+
+  // A file call resumes the idle one and says so.
+  auto client = http::Client::create(d.url());
+  auto r = client->request("GET", "/v1/sandboxes/" + idle + "/files?path=/home/user/f.txt",
+                           {{"Authorization", "Bearer " + d.key()}}, "", seconds(120));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->body, "idle-file\n");
+  EXPECT_EQ(r->headers["x-space-resumed"], "true");
+  // The timed-out one resumes with its timeout re-armed (3 s from now, not from creation).
+  auto before = Clock::now();
+  EXPECT_EQ(execJson(d, timed, json{{"command", "cat /home/user/f.txt"}})["stdout"], "timed-file\n");
+  json rearmed = waitState(timed, "suspended");
+  EXPECT_EQ(rearmed["state"], "suspended");
+  EXPECT_GE(Clock::now() - before, seconds(2)) << "its timeout started again at the resume";
+  EXPECT_EQ(d.call("DELETE", "/v1/sandboxes/" + timed).status, 204);
+}
+
+// kill -9 of spaced at several points of a snapshot: after a restart the sandbox is running and
+// usable, a snapshot exists only if it is complete (and then it branches), and no QEMU, build
+// directory or unreferenced layer is left.
+TEST_F(SpacedTest, KillDuringSnapshotLeavesAUsableSandbox) {
+  for (int delay_ms : {0, 200, 500, 900, 1200, 1500, 2500}) {
+    SCOPED_TRACE("kill after " + std::to_string(delay_ms) + " ms");
+    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+    ASSERT_TRUE(daemon_);
+    const std::string id = daemon_->create();
+    ASSERT_FALSE(id.empty());
+    execJson(*daemon_, id, json{{"command", "echo kept > /home/user/kept.txt"}});
+    std::thread snapshotter([&] {
+      auto client = http::Client::create(daemon_->url());
+      (void)client->request("POST", "/v1/sandboxes/" + id + "/snapshots",
+                            {{"Authorization", "Bearer " + daemon_->key()}}, "", seconds(60));
+    });
+    std::this_thread::sleep_for(milliseconds(delay_ms));
+    daemon_->stop(SIGKILL);
+    snapshotter.join();
+    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+    ASSERT_TRUE(daemon_);
+    EXPECT_EQ(daemon_->callJson("GET", "/v1/sandboxes/" + id, nullptr, 200)["state"], "running");
+    EXPECT_EQ(execJson(*daemon_, id,
+                       json{{"command", "echo after >> /home/user/kept.txt; cat /home/user/kept.txt"}})["stdout"],
+              "kept\nafter\n");
+    json snaps = daemon_->callJson("GET", "/v1/snapshots?sandbox_id=" + id, nullptr, 200);
+    std::cout << "[ info     ] killed " << delay_ms << " ms into a snapshot: " << snaps["snapshots"].size()
+              << " snapshot(s)\n";
+    size_t dirs = 0;
+    for (const auto& e : std::filesystem::directory_iterator(data_dir_ + "/snapshots")) {
+      EXPECT_NE(e.path().filename().string().rfind(".build-", 0), 0u) << "left: " << e.path();
+      ++dirs;
+    }
+    EXPECT_EQ(dirs, snaps["snapshots"].size());
+    if (!snaps["snapshots"].empty()) {
+      const std::string child = daemon_->create(json{{"snapshot", snaps["snapshots"][0]["id"]}});
+      ASSERT_FALSE(child.empty());
+      EXPECT_EQ(execJson(*daemon_, child, json{{"command", "cat /home/user/kept.txt"}})["stdout"], "kept\n");
+      EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + child).status, 204);
+      EXPECT_EQ(daemon_->call("DELETE", "/v1/snapshots/" + snaps["snapshots"][0]["id"].get<std::string>()).status, 204);
+    }
+    EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 1u);
+    EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + id).status, 204);
+    EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+    daemon_->stop(SIGTERM);
+    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});  // its recovery collects the layers
+    ASSERT_TRUE(daemon_);
+    EXPECT_TRUE(std::filesystem::is_empty(data_dir_ + "/layers"));
+    daemon_->stop(SIGTERM);
+  }
+}
+
+// The warm pool: QEMU processes wait (named by the sandbox id they will have) for a create of
+// the default size, which then only loads the guest; the pool refills; waiting VMs never outlive
+// the daemon, whatever its shutdown mode.
+TEST_F(SpacedTest, WarmPoolVmsBecomeSandboxesAndNeverOutliveTheDaemon) {
+  daemon_ = Daemon::start(
+      data_dir_, {"--on-shutdown", "keep", "--warm-pool", "2", "--default-memory-mb", "256", "--default-cpus", "1"});
+  ASSERT_TRUE(daemon_);
+  auto waiting = [&] {
+    std::set<std::string> ids;
+    for (const auto& e : std::filesystem::directory_iterator(data_dir_ + "/sandboxes")) {
+      ids.insert(e.path().filename().string());
+    }
+    return ids;
+  };
+  auto deadline = Clock::now() + seconds(60);
+  while (Clock::now() < deadline && (waiting().size() < 2 || qemuProcessesUnder(data_dir_).size() < 2)) {
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  auto before = waiting();
+  ASSERT_EQ(before.size(), 2u);
+  const std::string id = daemon_->create(json::object());
+  ASSERT_FALSE(id.empty());
+  EXPECT_TRUE(before.count(id)) << "the sandbox is a VM that was waiting in the pool";
+  EXPECT_EQ(execJson(*daemon_, id, json{{"command", "hostname"}})["stdout"], "sb-" + id.substr(3) + "\n");
+  // Another size does not fit the pool: restored the usual way.
+  const std::string other = daemon_->create(json{{"cpus", 1}, {"memory_mb", 384}});
+  ASSERT_FALSE(other.empty());
+  EXPECT_FALSE(before.count(other));
+  deadline = Clock::now() + seconds(60);
+  while (Clock::now() < deadline && qemuProcessesUnder(data_dir_).size() < 4) {
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 4u) << "two sandboxes and a refilled pool of two";
+
+  // SIGTERM keeping sandboxes: the pool's VMs go, the sandboxes stay and are re-adopted.
+  EXPECT_EQ(daemon_->stop(SIGTERM).exit_code, 0);
+  EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 2u);
+  EXPECT_EQ(waiting(), (std::set<std::string>{id, other}));
+  // kill -9 leaves a full pool behind: the next start sweeps it.
+  daemon_ = Daemon::start(
+      data_dir_, {"--on-shutdown", "keep", "--warm-pool", "2", "--default-memory-mb", "256", "--default-cpus", "1"});
+  ASSERT_TRUE(daemon_);
+  deadline = Clock::now() + seconds(60);
+  while (Clock::now() < deadline && qemuProcessesUnder(data_dir_).size() < 4) {
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  daemon_->stop(SIGKILL);
+  daemon_ = Daemon::start(data_dir_, {"--warm-pool", "0"});
+  ASSERT_TRUE(daemon_);
+  EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 2u);
+  EXPECT_EQ(waiting(), (std::set<std::string>{id, other}));
+  EXPECT_EQ(execJson(*daemon_, id, json{{"command", "echo still"}})["stdout"], "still\n");
 }
 
 TEST_F(SpacedTest, OneDaemonPerDataDir) {

@@ -65,7 +65,30 @@ int64_t rawQueryInt(const std::string& path, const std::string& sql) {
   return value;
 }
 
-std::vector<std::string> ids(const std::vector<SandboxRecord>& records) {
+SnapshotRecord snapshot(const std::string& id, const std::string& tenant, const std::string& sandbox_id,
+                        int64_t created_at_ms) {
+  SnapshotRecord r;
+  r.id = id;
+  r.tenant = tenant;
+  r.sandbox_id = sandbox_id;
+  r.template_name = "base";
+  r.cpus = 2;
+  r.memory_mb = 512;
+  r.accelerator = "kvm";
+  r.dir = "/var/lib/space/snapshots/" + id;
+  r.disk = "/var/lib/space/layers/" + id + ".qcow2";
+  r.size_bytes = 1 << 20;
+  r.created_at_ms = created_at_ms;
+  return r;
+}
+
+std::string snapId(int n) {
+  std::string digits = std::to_string(n);
+  return "snap_" + std::string(20 - digits.size(), '0') + digits;
+}
+
+template <class Record>
+std::vector<std::string> ids(const std::vector<Record>& records) {
   std::vector<std::string> out;
   for (const auto& r : records) out.push_back(r.id);
   return out;
@@ -97,6 +120,17 @@ class StateStoreTest : public testing::Test {
     auto page = store_->listSandboxes(filter);
     EXPECT_TRUE(page.ok()) << page.error().message;
     return page.ok() ? page.value() : SandboxPage{};
+  }
+
+  void insertSnap(const SnapshotRecord& r) {
+    auto st = store_->insertSnapshot(r);
+    ASSERT_TRUE(st.ok()) << st.error().message;
+  }
+
+  SnapshotPage listSnaps(const SnapshotFilter& filter) {
+    auto page = store_->listSnapshots(filter);
+    EXPECT_TRUE(page.ok()) << page.error().message;
+    return page.ok() ? page.value() : SnapshotPage{};
   }
 
   std::optional<TempDir> dir_;
@@ -131,12 +165,99 @@ TEST_F(StateStoreTest, MigratesAnEmptyFile) {
   ASSERT_TRUE(writeFileAtomic(path, "").ok());
   auto store = StateStore::open(path);
   ASSERT_TRUE(store.ok()) << store.error().message;
-  EXPECT_EQ(store.value()->schemaVersion(), 1);
+  EXPECT_EQ(store.value()->schemaVersion(), 2);
   EXPECT_TRUE(store.value()->insertSandbox(sandbox(sbId(1), "acme", 1)).ok());
   store.value().reset();
-  EXPECT_EQ(rawQueryInt(path, "PRAGMA user_version"), 1);
+  EXPECT_EQ(rawQueryInt(path, "PRAGMA user_version"), 2);
   EXPECT_EQ(rawQueryInt(path, "SELECT COUNT(*) FROM sqlite_schema WHERE type = 'index' AND name LIKE 'sandboxes_%'"),
             2);
+  EXPECT_EQ(rawQueryInt(path, "SELECT COUNT(*) FROM sqlite_schema WHERE type = 'index' AND name LIKE 'snapshots_%'"),
+            2);
+}
+
+// The schema as version 1 of spaced wrote it, copied rather than shared with the store: the
+// test must keep meaning "a database from the field" even if the store's code moves on.
+constexpr const char* kSchemaV1 =
+    "CREATE TABLE sandboxes ("
+    "  id TEXT PRIMARY KEY NOT NULL,"
+    "  tenant TEXT NOT NULL,"
+    "  state TEXT NOT NULL,"
+    "  state_reason TEXT NOT NULL,"
+    "  template_name TEXT NOT NULL,"
+    "  cpus INTEGER NOT NULL,"
+    "  memory_mb INTEGER NOT NULL,"
+    "  created_at_ms INTEGER NOT NULL,"
+    "  updated_at_ms INTEGER NOT NULL,"
+    "  expires_at_ms INTEGER NOT NULL,"
+    "  metadata TEXT NOT NULL,"
+    "  env TEXT NOT NULL,"
+    "  run_dir TEXT NOT NULL,"
+    "  vm_pid INTEGER NOT NULL,"
+    "  vm_identity TEXT NOT NULL,"
+    "  accelerator TEXT NOT NULL);"
+    "CREATE INDEX sandboxes_by_tenant ON sandboxes (tenant, created_at_ms, id);"
+    "CREATE INDEX sandboxes_by_state ON sandboxes (state);"
+    "CREATE TABLE api_keys ("
+    "  key_sha256_hex TEXT PRIMARY KEY NOT NULL,"
+    "  tenant TEXT NOT NULL,"
+    "  label TEXT NOT NULL,"
+    "  created_at_ms INTEGER NOT NULL);"
+    "CREATE INDEX api_keys_by_tenant ON api_keys (tenant);"
+    "PRAGMA user_version = 1;";
+
+TEST_F(StateStoreTest, MigratesAVersion1DatabaseKeepingItsRows) {
+  std::string path = dir_->path() + "/v1.db";
+  const std::string digest(64, 'c');
+  rawExec(path, kSchemaV1);
+  rawExec(path, "INSERT INTO sandboxes VALUES ('" + sbId(7) +
+                    "', 'acme', 'suspended', 'timeout', 'base', 2, 512, 1000, 2000, 3000, '{\"team\":\"infra\"}', "
+                    "'{\"A\":\"1\"}', '/run/sb_7', 0, 'st:1', 'kvm');"
+                    "INSERT INTO api_keys VALUES ('" +
+                    digest + "', 'acme', 'ci', 5);");
+  ASSERT_EQ(rawQueryInt(path, "PRAGMA user_version"), 1);
+
+  auto store = StateStore::open(path);
+  ASSERT_TRUE(store.ok()) << store.error().message;
+  EXPECT_EQ(store.value()->schemaVersion(), 2);
+  SandboxRecord want = sandbox(sbId(7), "acme", 1000, "suspended");
+  want.state_reason = "timeout";
+  want.updated_at_ms = 2000;
+  want.expires_at_ms = 3000;
+  want.metadata = {{"team", "infra"}};
+  want.env = {{"A", "1"}};
+  want.run_dir = "/run/sb_7";
+  want.vm_identity = "st:1";
+  want.accelerator = "kvm";
+  auto got = store.value()->getSandbox(sbId(7));
+  ASSERT_TRUE(got.ok()) << got.error().message;
+  EXPECT_EQ(got.value(), want);  // including the new fields' defaults
+  EXPECT_EQ(got->timeout_s, 0);
+  EXPECT_EQ(got->idle_suspend_s, 0);
+  EXPECT_EQ(got->on_timeout, "delete");
+  EXPECT_EQ(got->source_snapshot, "");
+  EXPECT_EQ(store.value()->listApiKeys().value(), (std::vector<ApiKeyRecord>{{"acme", digest, "ci", 5}}));
+
+  // The migrated row takes the new fields, and the new table works.
+  want.timeout_s = 60;
+  want.on_timeout = "suspend";
+  ASSERT_TRUE(store.value()->updateSandbox(want).ok());
+  EXPECT_EQ(store.value()->getSandbox(sbId(7))->on_timeout, "suspend");
+  EXPECT_TRUE(store.value()->allSnapshots()->empty());
+  store.value().reset();
+  EXPECT_EQ(rawQueryInt(path, "PRAGMA user_version"), 2);
+}
+
+TEST_F(StateStoreTest, FailedVersion2MigrationLeavesVersion1) {
+  std::string path = dir_->path() + "/v1-conflict.db";
+  rawExec(path, kSchemaV1);
+  // Version 2 alters sandboxes before it creates snapshots, so it fails after the ALTERs ran.
+  rawExec(path, "CREATE TABLE snapshots (x INTEGER)");
+  auto store = StateStore::open(path);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.error().code, ErrorCode::kInternal);
+  EXPECT_NE(store.error().message.find("schema version 2"), std::string::npos) << store.error().message;
+  EXPECT_EQ(rawQueryInt(path, "PRAGMA user_version"), 1);
+  EXPECT_EQ(rawQueryInt(path, "SELECT COUNT(*) FROM pragma_table_info('sandboxes') WHERE name = 'timeout_s'"), 0);
 }
 
 TEST_F(StateStoreTest, FailedMigrationLeavesTheOldSchema) {
@@ -191,6 +312,10 @@ TEST_F(StateStoreTest, RoundTripsEveryField) {
   r.vm_pid = 123456;
   r.vm_identity = "starttime:987654321";
   r.accelerator = "kvm";
+  r.timeout_s = 3600;
+  r.idle_suspend_s = 300;
+  r.on_timeout = "suspend";
+  r.source_snapshot = "snap_0123456789";
 
   int64_t before = nowMs();
   insert(r);
@@ -216,6 +341,7 @@ TEST_F(StateStoreTest, RoundTripsEveryField) {
   changed.vm_pid = 7;
   changed.vm_identity = "id2";
   changed.accelerator = "tcg";
+  changed.timeout_s = 10;  // the other new fields go back to their defaults
   ASSERT_TRUE(store_->updateSandbox(changed).ok());
   got = store_->getSandbox(r.id);
   ASSERT_TRUE(got.ok());
@@ -520,6 +646,215 @@ TEST_F(StateStoreTest, DiskFullIsResourceExhaustedAndKeepsPreviousData) {
   reopen();  // the limit belongs to the connection
   EXPECT_EQ(store_->getSandbox(r.id)->state, "running");
   insert(big);
+}
+
+TEST_F(StateStoreTest, SnapshotRoundTripsEveryFieldAndSurvivesReopen) {
+  SnapshotRecord r;
+  r.id = snapId(1);
+  r.tenant = "tenant-ünïcode";
+  r.name = "before \"risky\" step; 🚀";
+  r.sandbox_id = sbId(9);
+  r.template_name = "python-3.12";
+  r.cpus = 4000000000u;
+  r.memory_mb = (1ull << 40);
+  r.accelerator = "kvm";
+  r.dir = "/var/lib/space/snapshots/o'brien";
+  r.disk = "/var/lib/space/layers/x.qcow2";
+  r.size_bytes = static_cast<uint64_t>(INT64_MAX);
+  r.created_at_ms = -1;
+  r.metadata = {{"owner", "o'brien"}, {"", "empty key"}, {"nul", std::string("a\0b", 3)}};
+  insertSnap(r);
+  auto got = store_->getSnapshot(r.id);
+  ASSERT_TRUE(got.ok()) << got.error().message;
+  EXPECT_EQ(got.value(), r);
+  reopen();
+  got = store_->getSnapshot(r.id);
+  ASSERT_TRUE(got.ok()) << got.error().message;
+  EXPECT_EQ(got.value(), r);
+  // Snapshots and sandboxes are separate: the same id in one says nothing about the other.
+  EXPECT_EQ(store_->getSandbox(sbId(9)).error().code, ErrorCode::kNotFound);
+}
+
+TEST_F(StateStoreTest, SnapshotDuplicateIdIsAlreadyExistsAndKeepsTheOriginal) {
+  insertSnap(snapshot(snapId(1), "acme", sbId(1), 1));
+  auto st = store_->insertSnapshot(snapshot(snapId(1), "evil", sbId(2), 2));
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, ErrorCode::kAlreadyExists);
+  EXPECT_NE(st.error().message.find(snapId(1)), std::string::npos) << st.error().message;
+  EXPECT_EQ(store_->getSnapshot(snapId(1))->tenant, "acme");
+}
+
+TEST_F(StateStoreTest, SnapshotUnknownIdIsNotFound) {
+  auto got = store_->getSnapshot(snapId(9));
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.error().code, ErrorCode::kNotFound);
+  EXPECT_NE(got.error().message.find(snapId(9)), std::string::npos) << got.error().message;
+  auto st = store_->deleteSnapshot(snapId(9));
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, ErrorCode::kNotFound);
+}
+
+TEST_F(StateStoreTest, DeleteSnapshotRemovesOnlyThatOne) {
+  insertSnap(snapshot(snapId(1), "acme", sbId(1), 1));
+  insertSnap(snapshot(snapId(2), "acme", sbId(1), 2));
+  ASSERT_TRUE(store_->deleteSnapshot(snapId(1)).ok());
+  EXPECT_EQ(store_->getSnapshot(snapId(1)).error().code, ErrorCode::kNotFound);
+  EXPECT_EQ(ids(listSnaps({.tenant = "acme"}).items), (std::vector<std::string>{snapId(2)}));
+  auto again = store_->deleteSnapshot(snapId(1));
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().code, ErrorCode::kNotFound);
+  // A cursor naming a deleted snapshot cannot say where the next page starts.
+  auto page = store_->listSnapshots({.tenant = "acme", .after_id = snapId(1)});
+  ASSERT_FALSE(page.ok());
+  EXPECT_EQ(page.error().code, ErrorCode::kInvalidArgument);
+  reopen();
+  EXPECT_EQ(ids(store_->allSnapshots().value()), (std::vector<std::string>{snapId(2)}));
+}
+
+TEST_F(StateStoreTest, SnapshotListNeverCrossesTenantsAndFiltersBySandbox) {
+  insertSnap(snapshot(snapId(1), "acme", sbId(1), 1));
+  insertSnap(snapshot(snapId(2), "globex", sbId(1), 2));  // same sandbox id, other tenant
+  insertSnap(snapshot(snapId(3), "acme", sbId(2), 3));
+  insertSnap(snapshot(snapId(4), "acme", sbId(1), 4));
+  EXPECT_EQ(ids(listSnaps({.tenant = "acme"}).items), (std::vector<std::string>{snapId(1), snapId(3), snapId(4)}));
+  EXPECT_EQ(ids(listSnaps({.tenant = "globex"}).items), (std::vector<std::string>{snapId(2)}));
+  EXPECT_TRUE(listSnaps({.tenant = "nobody"}).items.empty());
+  EXPECT_EQ(ids(listSnaps({.tenant = "acme", .sandbox_id = sbId(1)}).items),
+            (std::vector<std::string>{snapId(1), snapId(4)}));
+  EXPECT_EQ(ids(listSnaps({.tenant = "globex", .sandbox_id = sbId(1)}).items), (std::vector<std::string>{snapId(2)}));
+  EXPECT_TRUE(listSnaps({.tenant = "acme", .sandbox_id = sbId(3)}).items.empty());
+  // The cursor row need not match the sandbox filter.
+  EXPECT_EQ(ids(listSnaps({.tenant = "acme", .sandbox_id = sbId(1), .after_id = snapId(3)}).items),
+            (std::vector<std::string>{snapId(4)}));
+
+  // A cursor naming another tenant's snapshot, or none at all, reveals nothing.
+  for (const std::string& cursor : {snapId(2), snapId(404), sbId(1)}) {
+    auto page = store_->listSnapshots({.tenant = "acme", .after_id = cursor});
+    ASSERT_FALSE(page.ok()) << cursor;
+    EXPECT_EQ(page.error().code, ErrorCode::kInvalidArgument) << cursor;
+  }
+}
+
+TEST_F(StateStoreTest, SnapshotsPaginateWithoutDuplicatesOrGaps) {
+  std::vector<std::string> expected;
+  // Several snapshots share a creation time, so the id must break ties across page ends.
+  for (int i = 0; i < 23; ++i) {
+    int n = (i * 7) % 23;  // inserted out of order
+    insertSnap(snapshot(snapId(n), "acme", sbId(n % 2), 1000 + n / 3));
+    insertSnap(snapshot(snapId(100 + n), "globex", sbId(n % 2), 1000 + n / 3));
+  }
+  for (int n = 0; n < 23; ++n) expected.push_back(snapId(n));
+
+  for (size_t limit : {1, 5, 7, 23, 100}) {
+    std::vector<std::string> seen;
+    std::string cursor;
+    int pages = 0;
+    do {
+      auto page = listSnaps({.tenant = "acme", .limit = limit, .after_id = cursor});
+      EXPECT_LE(page.items.size(), limit);
+      EXPECT_FALSE(page.items.empty());
+      for (const auto& r : page.items) seen.push_back(r.id);
+      cursor = page.next_cursor;
+      ASSERT_LT(++pages, 100);
+    } while (!cursor.empty());
+    EXPECT_EQ(seen, expected) << "limit " << limit;
+    EXPECT_EQ(pages, static_cast<int>((expected.size() + limit - 1) / limit)) << "limit " << limit;
+  }
+
+  std::vector<std::string> odd;
+  for (int n = 1; n < 23; n += 2) odd.push_back(snapId(n));
+  std::vector<std::string> seen;
+  std::string cursor;
+  do {
+    auto page = listSnaps({.tenant = "acme", .sandbox_id = sbId(1), .limit = 4, .after_id = cursor});
+    for (const auto& r : page.items) seen.push_back(r.id);
+    cursor = page.next_cursor;
+  } while (!cursor.empty() && seen.size() < 100);
+  EXPECT_EQ(seen, odd);
+}
+
+TEST_F(StateStoreTest, AllSnapshotsSpansTenantsInOrder) {
+  EXPECT_TRUE(store_->allSnapshots()->empty());
+  insertSnap(snapshot(snapId(1), "acme", sbId(1), 3));
+  insertSnap(snapshot(snapId(2), "globex", sbId(2), 1));
+  insertSnap(snapshot(snapId(3), "initech", sbId(3), 3));
+  insertSnap(snapshot(snapId(4), "acme", sbId(1), 2));
+  auto all = store_->allSnapshots();
+  ASSERT_TRUE(all.ok()) << all.error().message;
+  EXPECT_EQ(ids(all.value()), (std::vector<std::string>{snapId(2), snapId(4), snapId(1), snapId(3)}));
+  EXPECT_EQ(all->front(), snapshot(snapId(2), "globex", sbId(2), 1));
+}
+
+TEST_F(StateStoreTest, RejectsBadSnapshotInput) {
+  auto expectInvalid = [](const Status& st, const char* what) {
+    ASSERT_FALSE(st.ok()) << what;
+    EXPECT_EQ(st.error().code, ErrorCode::kInvalidArgument) << what << ": " << st.error().message;
+  };
+  SnapshotRecord good = snapshot(snapId(1), "acme", sbId(1), 1);
+  SnapshotRecord r = good;
+  r.id = "";
+  expectInvalid(store_->insertSnapshot(r), "empty id");
+  r = good;
+  r.tenant = "";
+  expectInvalid(store_->insertSnapshot(r), "empty tenant");
+  r = good;
+  r.memory_mb = UINT64_MAX;
+  expectInvalid(store_->insertSnapshot(r), "memory out of range");
+  r = good;
+  r.size_bytes = static_cast<uint64_t>(INT64_MAX) + 1;
+  expectInvalid(store_->insertSnapshot(r), "size out of range");
+  r = good;
+  r.metadata = {{"n", 1}};
+  expectInvalid(store_->insertSnapshot(r), "metadata number");
+  r = good;
+  r.metadata = nullptr;
+  expectInvalid(store_->insertSnapshot(r), "metadata null");
+  r = good;
+  r.metadata = {{"bad", "\xff"}};
+  expectInvalid(store_->insertSnapshot(r), "metadata invalid UTF-8");
+  EXPECT_TRUE(store_->allSnapshots()->empty());  // nothing half-written
+
+  EXPECT_EQ(store_->getSnapshot("").error().code, ErrorCode::kInvalidArgument);
+  expectInvalid(store_->deleteSnapshot(""), "delete empty id");
+  auto listErr = [&](const SnapshotFilter& f) -> Status {
+    auto page = store_->listSnapshots(f);
+    if (page.ok()) return okStatus();
+    return page.error();
+  };
+  expectInvalid(listErr({.tenant = ""}), "list without tenant");
+  expectInvalid(listErr({.tenant = "acme", .limit = 0}), "limit 0");
+  expectInvalid(listErr({.tenant = "acme", .limit = 1001}), "limit 1001");
+  EXPECT_TRUE(listErr({.tenant = "acme", .limit = 1000}).ok());
+}
+
+TEST_F(StateStoreTest, SnapshotDiskFullIsResourceExhaustedAndChangesNothing) {
+  SnapshotRecord kept = snapshot(snapId(1), "acme", sbId(1), 1);
+  insertSnap(kept);
+  ASSERT_TRUE(store_->limitGrowthForTesting(0).ok());
+
+  SnapshotRecord big = snapshot(snapId(2), "acme", sbId(1), 2);
+  big.metadata = {{"blob", std::string(256 * 1024, 'x')}};
+  auto st = store_->insertSnapshot(big);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, ErrorCode::kResourceExhausted);
+  EXPECT_NE(st.error().message.find("disk full while recording snapshot " + big.id), std::string::npos)
+      << st.error().message;
+
+  // The sandbox row's new columns hit the same limit.
+  SandboxRecord sb = sandbox(sbId(1), "acme", 1);
+  sb.source_snapshot = std::string(256 * 1024, 's');
+  st = store_->insertSandbox(sb);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, ErrorCode::kResourceExhausted);
+
+  EXPECT_EQ(store_->getSnapshot(big.id).error().code, ErrorCode::kNotFound);
+  EXPECT_EQ(store_->getSandbox(sb.id).error().code, ErrorCode::kNotFound);
+  EXPECT_EQ(store_->allSnapshots().value(), (std::vector<SnapshotRecord>{kept}));
+  ASSERT_TRUE(store_->deleteSnapshot(kept.id).ok());  // freeing space still works
+  reopen();                                           // the limit belongs to the connection
+  EXPECT_TRUE(store_->allSnapshots()->empty());
+  insertSnap(big);
+  EXPECT_EQ(store_->getSnapshot(big.id).value(), big);
 }
 
 TEST_F(StateStoreTest, MissingDirectoryIsAClearError) {

@@ -1,0 +1,65 @@
+#include "sandbox/warm_pool.h"
+
+#include <spdlog/spdlog.h>
+
+namespace space::sandbox {
+
+WarmPool::WarmPool(size_t target, Maker make) : target_(target), make_(std::move(make)) {
+  if (target_ > 0) thread_ = std::thread([this] { refill(); });
+}
+
+WarmPool::~WarmPool() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard lock(mu_);
+  ready_.clear();  // each Vm kills its QEMU and removes its run directory
+}
+
+std::optional<WarmVm> WarmPool::take() {
+  std::lock_guard lock(mu_);
+  if (ready_.empty()) return std::nullopt;
+  WarmVm vm = std::move(ready_.front());
+  ready_.pop_front();
+  changed_.notify_all();
+  return vm;
+}
+
+void WarmPool::put(WarmVm vm) {
+  std::lock_guard lock(mu_);
+  if (stopping_ || ready_.size() >= target_) return;  // dropped: ~Vm cleans up
+  ready_.push_front(std::move(vm));
+}
+
+size_t WarmPool::size() {
+  std::lock_guard lock(mu_);
+  return ready_.size();
+}
+
+void WarmPool::refill() {
+  std::chrono::milliseconds backoff{0};
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    if (backoff.count() > 0 && changed_.wait_for(lock, backoff, [this] { return stopping_; })) return;
+    changed_.wait(lock, [this] { return stopping_ || ready_.size() < target_; });
+    if (stopping_) return;
+    lock.unlock();
+    auto made = make_();
+    lock.lock();
+    if (made.ok()) {
+      backoff = std::chrono::milliseconds(0);
+      if (!stopping_) ready_.push_back(std::move(made.value()));
+    } else {
+      // E.g. the template cannot be built: said once per attempt, retried less and less often.
+      backoff = std::min<std::chrono::milliseconds>(std::max(backoff * 2, std::chrono::milliseconds(1000)),
+                                                    std::chrono::milliseconds(60000));
+      spdlog::warn("warm pool: cannot start a waiting VM (retry in {} s): {}", backoff.count() / 1000,
+                   made.error().message.substr(0, made.error().message.find('\n')));
+    }
+  }
+}
+
+}  // namespace space::sandbox

@@ -1,0 +1,61 @@
+// WarmPool: QEMU processes started ahead of need, each waiting (`-incoming defer`) to become a
+// sandbox restored from one template snapshot, so a create request pays only for loading the
+// guest's state and the agent's answer, not for starting QEMU and making a disk overlay.
+//
+// A background thread keeps the pool at its target size. Each waiting VM already has its
+// sandbox id (its run directory is named by it), its overlay over the snapshot's disk, and its
+// private mapping of the snapshot's memory file. Waiting VMs hold no reservation and no
+// record: a daemon that dies leaves them to the next start's orphan sweep, and shutting the
+// pool down kills them.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "common/result.h"
+#include "vmm/vm.h"
+
+namespace space::sandbox {
+
+struct WarmVm {
+  std::string sandbox_id;    // the id the sandbox will have
+  std::string snapshot_dir;  // the template snapshot it waits for (a rebuilt one makes it stale)
+  std::string state_file;    // what restore() loads
+  std::unique_ptr<vmm::Vm> vm;
+};
+
+class WarmPool {
+ public:
+  using Maker = std::function<Result<WarmVm>()>;
+  // Starts the refill thread; `make` runs on it, one VM at a time.
+  WarmPool(size_t target, Maker make);
+  ~WarmPool();  // stops refilling; waiting VMs are killed and their files removed
+  WarmPool(const WarmPool&) = delete;
+  WarmPool& operator=(const WarmPool&) = delete;
+
+  // A waiting VM, or nothing if the pool is empty (never waits).
+  std::optional<WarmVm> take();
+  // Returns a VM taken but not used (e.g. the request was refused by a node limit).
+  void put(WarmVm vm);
+  size_t size();
+
+ private:
+  void refill();
+
+  const size_t target_;
+  Maker make_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::deque<WarmVm> ready_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace space::sandbox

@@ -1,0 +1,97 @@
+// Disk layers: reading backing-file names from qcow2 headers (real images made by qemu-img,
+// and hand-made hostile ones) and sweeping the layers nothing stands on.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/fs.h"
+#include "common/process.h"
+#include "snapshot/layers.h"
+
+namespace space::snapshot {
+namespace {
+
+class LayersTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    auto dir = TempDir::create("/tmp", "space-layers-");
+    ASSERT_TRUE(dir.ok());
+    dir_.emplace(std::move(dir.value()));
+    std::filesystem::create_directories(layers());
+  }
+  std::string layers() const { return dir_->path() + "/layers"; }
+  // qemu-img create, optionally over `backing` (qcow2).
+  std::string image(const std::string& path, const std::string& backing = "") {
+    std::vector<std::string> argv{"qemu-img", "create", "-q", "-f", "qcow2"};
+    if (!backing.empty()) argv.insert(argv.end(), {"-F", "qcow2", "-b", backing});
+    argv.insert(argv.end(), {path, "64M"});
+    auto p = ChildProcess::spawn(argv, SpawnOptions{dir_->path() + "/qemu-img.log", "", true});
+    EXPECT_TRUE(p.ok());
+    auto status = p->waitFor(std::chrono::seconds(30));
+    EXPECT_TRUE(status && status->exit_code == 0);
+    return path;
+  }
+  // A qcow2 header naming `name` at `offset`, `size` bytes long (as written, even if a lie).
+  std::string craft(const std::string& path, const std::string& name, uint64_t offset, uint32_t size) {
+    std::string header(std::max<uint64_t>(offset + name.size(), 72), '\0');
+    memcpy(header.data(), "QFI\xfb\0\0\0\3", 8);
+    for (int i = 0; i < 8; ++i) header[8 + i] = static_cast<char>(offset >> (56 - 8 * i));
+    for (int i = 0; i < 4; ++i) header[16 + i] = static_cast<char>(size >> (24 - 8 * i));
+    header.replace(offset, name.size(), name);
+    std::ofstream(path, std::ios::binary) << header;
+    return path;
+  }
+  std::optional<TempDir> dir_;
+};
+
+TEST_F(LayersTest, ReadsTheBackingFileQemuWrote) {
+  auto base = image(layers() + "/base.qcow2");
+  auto top = image(dir_->path() + "/top.qcow2", base);
+  auto none = qcow2BackingFile(base);
+  ASSERT_TRUE(none.ok()) << none.error().message;
+  EXPECT_EQ(none.value(), "");
+  auto named = qcow2BackingFile(top);
+  ASSERT_TRUE(named.ok()) << named.error().message;
+  EXPECT_EQ(named.value(), base);
+}
+
+TEST_F(LayersTest, RefusesWhatIsNotAPlausibleQcow2Header) {
+  std::ofstream(dir_->path() + "/raw") << "just bytes, no header";
+  EXPECT_EQ(qcow2BackingFile(dir_->path() + "/raw").error().code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(qcow2BackingFile(dir_->path() + "/missing").error().code, ErrorCode::kNotFound);
+  auto huge = craft(dir_->path() + "/huge", "/x", 72, 1u << 30);
+  EXPECT_EQ(qcow2BackingFile(huge).error().code, ErrorCode::kInvalidArgument);
+  auto far = craft(dir_->path() + "/far", "/x", 72, 2);
+  std::filesystem::resize_file(far, 72);  // the name lies past the end of the file
+  EXPECT_EQ(qcow2BackingFile(far).error().code, ErrorCode::kInvalidArgument);
+  auto relative = craft(dir_->path() + "/rel", "below.qcow2", 72, 11);
+  EXPECT_EQ(qcow2BackingFile(relative).value(), dir_->path() + "/below.qcow2");
+}
+
+TEST_F(LayersTest, SweepKeepsEveryLayerSomeDiskStandsOnAndNothingElse) {
+  auto l1 = image(layers() + "/l1.qcow2");
+  auto l2 = image(layers() + "/l2.qcow2", l1);
+  auto l3 = image(layers() + "/l3.qcow2", l2);
+  auto orphan = image(layers() + "/orphan.qcow2", l1);
+  auto disk = image(dir_->path() + "/disk.qcow2", l3);
+  auto keep = reachableLayers({disk, dir_->path() + "/gone.qcow2"});
+  EXPECT_TRUE(keep.count(l1) && keep.count(l2) && keep.count(l3));
+  EXPECT_FALSE(keep.count(orphan));
+  EXPECT_EQ(sweepLayers(layers(), keep), 1);
+  EXPECT_FALSE(std::filesystem::exists(orphan));
+  EXPECT_TRUE(std::filesystem::exists(l1));
+  // Once the disk is gone, the whole chain goes.
+  std::filesystem::remove(disk);
+  EXPECT_EQ(sweepLayers(layers(), reachableLayers({disk})), 3);
+}
+
+TEST_F(LayersTest, ACycleOfBackingNamesEndsTheWalk) {
+  auto a = craft(layers() + "/a", layers() + "/b", 72, static_cast<uint32_t>((layers() + "/b").size()));
+  auto b = craft(layers() + "/b", layers() + "/a", 72, static_cast<uint32_t>((layers() + "/a").size()));
+  auto keep = reachableLayers({a});
+  EXPECT_EQ(keep.size(), 2u);
+}
+
+}  // namespace
+}  // namespace space::snapshot
