@@ -14,6 +14,8 @@ packages=(
   qemu-system-x86 qemu-utils
   # tests and benchmarks
   python3 jq
+  # storage tests: a data dir on a loop-mounted btrfs
+  btrfs-progs util-linux
 )
 
 missing=()

@@ -276,16 +276,6 @@ Status SandboxManager::recover() {
       }
     }
     if (vm) {
-      // A snapshot cut short after QEMU moved to the new overlay but before it was renamed.
-      const std::string next = row.run_dir + "/disk.next.qcow2";
-      if (std::filesystem::exists(next)) {
-        std::error_code ec;
-        if (processHasOpen(vm->pid(), next)) {
-          std::filesystem::rename(next, row.run_dir + "/disk.qcow2", ec);
-        } else {
-          std::filesystem::remove(next, ec);
-        }
-      }
       auto live = liveFromRecord(row);
       live->state = row.state == "paused" ? SandboxState::kPaused : SandboxState::kRunning;
       live->vm = std::move(vm);
@@ -1077,9 +1067,11 @@ void SandboxManager::collectLayers() {
   std::vector<std::string> roots;
   std::error_code ec;
   // Every sandbox directory's disk (running, paused, suspended, or being created).
-  for (const auto& entry : std::filesystem::directory_iterator(config_.data_dir + "/sandboxes", ec)) {
-    roots.push_back(entry.path().string() + "/disk.qcow2");
-    roots.push_back(entry.path().string() + "/disk.next.qcow2");
+  for (const auto& sandbox : std::filesystem::directory_iterator(config_.data_dir + "/sandboxes", ec)) {
+    std::error_code inner;
+    for (const auto& file : std::filesystem::directory_iterator(sandbox.path(), inner)) {
+      if (file.path().extension() == ".qcow2") roots.push_back(file.path().string());
+    }
   }
   auto snapshots = store_.allSnapshots();
   if (!snapshots.ok()) {
@@ -1164,6 +1156,10 @@ ManagerStats SandboxManager::stats() {
   s.reserved_memory_mb = reserved_memory_mb_;
   s.max_total_vcpus = config_.max_total_vcpus;
   s.max_total_memory_mb = config_.max_total_memory_mb;
+  if (pool_) {
+    s.warm_pool_ready = pool_->size();
+    s.warm_pool_target = config_.warm_pool_size;
+  }
   return s;
 }
 

@@ -120,6 +120,8 @@ struct ManagerStats {
   uint64_t reserved_memory_mb = 0;
   uint32_t max_total_vcpus = 0;
   uint64_t max_total_memory_mb = 0;
+  size_t warm_pool_ready = 0;   // VMs waiting in the warm pool now
+  size_t warm_pool_target = 0;  // its configured size (0: no pool)
 };
 
 class SandboxManager {

@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -30,6 +31,37 @@ void logAcceleratorOnce(const AcceleratorChoice& choice) {
   static std::once_flag once;
   std::call_once(once,
                  [&] { spdlog::info("vmm: accelerator {} ({})", acceleratorName(choice.accelerator), choice.reason); });
+}
+
+// A VM's disk starts as disk.qcow2; each freezeDisk() moves it onto a new overlay named
+// disk-<n>.qcow2 (n counting up). Names QEMU opened are never renamed or reused, because QEMU
+// may reopen an image by its name (e.g. when it re-activates images after a migration).
+int diskNumber(const std::string& name) {
+  if (name == "disk.qcow2") return 0;
+  if (name.rfind("disk-", 0) != 0 || name.size() <= 11 || name.substr(name.size() - 6) != ".qcow2") return -1;
+  const std::string digits = name.substr(5, name.size() - 11);
+  if (digits.empty() || digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoi(digits);
+}
+
+std::string diskName(int n) { return n == 0 ? "disk.qcow2" : "disk-" + std::to_string(n) + ".qcow2"; }
+
+// The VM's current disk: the highest-numbered one (that QEMU `pid` has open, if given: a
+// freeze cut short may have made a newer overlay QEMU never switched to; it is removed).
+std::string currentDisk(const std::string& run_dir, pid_t pid) {
+  std::vector<int> found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(run_dir, ec)) {
+    int n = diskNumber(entry.path().filename().string());
+    if (n >= 0) found.push_back(n);
+  }
+  std::sort(found.rbegin(), found.rend());
+  for (int n : found) {
+    const std::string path = run_dir + "/" + diskName(n);
+    if (pid <= 0 || processHasOpen(pid, path)) return path;
+    std::filesystem::remove(path, ec);
+  }
+  return run_dir + "/disk.qcow2";
 }
 
 Status createOverlay(const std::string& base, const std::string& format, const std::string& overlay,
@@ -119,6 +151,7 @@ Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
   }
   // From here the Vm owns process and files: an early return kills and removes them.
   vm->run_dir_.emplace(TempDir::adopt(spec.run_dir));
+  vm->paths_.disk = currentDisk(spec.run_dir, spec.pid);
   vm->process_.emplace(std::move(process.value()));
   vm->identity_ = spec.identity;
   vm->memory_mib_ = spec.memory_mib;
@@ -152,6 +185,7 @@ Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
 Status Vm::boot(const VmSpec& spec, const VmStartOptions& options, bool defer_state) {
   if (options.reuse_run_dir) {
     paths_ = VmPaths::inRunDir(options.run_dir);
+    paths_.disk = currentDisk(options.run_dir, -1);
     if (!std::filesystem::exists(paths_.disk)) {
       return makeError(ErrorCode::kNotFound, "no disk to resume from in " + options.run_dir);
     }
@@ -447,10 +481,16 @@ Status Vm::saveState(const std::string& state_file, milliseconds timeout, bool i
       return fail(makeError(ErrorCode::kResourceExhausted,
                             "QEMU's state stream exceeds " + std::to_string(max_bytes) + " bytes; refused"));
     }
-    if (::write(out.get(), buf, static_cast<size_t>(n)) != n) {
-      Error e = makeError(errno == ENOSPC ? ErrorCode::kResourceExhausted : ErrorCode::kInternal,
-                          "write " + tmp + ": " + strerror(errno));
-      return fail(e);
+    // A short write is not an error yet: the next one says why (ENOSPC when the disk is full).
+    for (ssize_t done = 0; done < n;) {
+      ssize_t w = ::write(out.get(), buf + done, static_cast<size_t>(n - done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        int err = w < 0 ? errno : EIO;
+        return fail(makeError(err == ENOSPC || err == EDQUOT ? ErrorCode::kResourceExhausted : ErrorCode::kInternal,
+                              "write " + tmp + ": " + strerror(err)));
+      }
+      done += w;
     }
   }
   auto migrated = waitMigration(*qmp_, deadline);
@@ -524,7 +564,8 @@ Status Vm::freezeDisk(const std::string& layer_path) {
     return makeError(errno == ENOSPC ? ErrorCode::kResourceExhausted : ErrorCode::kInternal,
                      "link " + paths_.disk + " -> " + layer_path + ": " + strerror(errno));
   }
-  const std::string next = paths_.run_dir + "/disk.next.qcow2";
+  const std::string next =
+      paths_.run_dir + "/" + diskName(diskNumber(std::filesystem::path(paths_.disk).filename().string()) + 1);
   auto undo = [&](Error e) {
     ::unlink(next.c_str());
     ::unlink(layer_path.c_str());
@@ -558,12 +599,8 @@ Status Vm::freezeDisk(const std::string& layer_path) {
     (void)qmp_->execute("blockdev-del", json{{"node-name", node}});
     return undo(switched.error());
   }
-  // 4. The new overlay takes the disk's name, for the next QEMU (after a suspend) and for owners
-  // that find the disk by path. QEMU holds both files open; names do not matter to it. A crash
-  // before this rename leaves disk.next.qcow2 as the live disk: recovery finishes the rename.
-  if (::rename(next.c_str(), paths_.disk.c_str()) != 0) {
-    return makeError(ErrorCode::kInternal, "rename " + next + ": " + strerror(errno));
-  }
+  // The old name stays: QEMU may reopen that image by it. It is a second name of the layer.
+  paths_.disk = next;
   return okStatus();
 }
 

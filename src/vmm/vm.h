@@ -109,7 +109,8 @@ class Vm {
   // Freezes the disk as it is now into `layer_path` and moves the running guest onto a new,
   // empty copy-on-write overlay over it, so `layer_path` never changes again and snapshots and
   // their children can share it. No data is copied: the current overlay file becomes the layer
-  // (a hard link on the same filesystem) and a new overlay takes its place at paths().disk.
+  // (a hard link on the same filesystem) and a new overlay, disk-<n>.qcow2 in the run
+  // directory, becomes paths().disk.
   // The VM must be stopped (after saveState or pause) so that the layer is consistent.
   Status freezeDisk(const std::string& layer_path);
   // Makes QEMU exit (QMP quit, then kill); the run directory stays until the Vm is destroyed.

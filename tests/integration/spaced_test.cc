@@ -1,13 +1,17 @@
 // End-to-end tests of the daemon: a real `spaced` process, real microVMs (TCG here), driven
 // over HTTP like any client. Each test starts its own daemon on a fresh data directory.
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -51,6 +55,55 @@ std::vector<pid_t> qemuProcessesUnder(const std::string& dir) {
   closedir(proc);
   return out;
 }
+
+// Runs a command to its end; its exit code (-1 if it could not run or was killed).
+int runCommand(const std::vector<std::string>& argv, const std::string& log) {
+  auto p = ChildProcess::spawn(argv, SpawnOptions{log, "", true});
+  if (!p.ok()) return -1;
+  auto status = p->waitFor(seconds(120));
+  if (!status) {
+    p->kill();
+    return -1;
+  }
+  return status->signaled ? -1 : status->exit_code;
+}
+
+// A filesystem mounted for one test: a small ext4 (to fill it) or a btrfs, loop-mounted. The
+// tests run as root (CI does); a mount that fails fails the test, never skips it.
+class Mount {
+ public:
+  // `type`: "ext4" or "btrfs", made in a sparse image file of `bytes`. (Not tmpfs: reading a
+  // hole of a tmpfs file allocates a page, so a full tmpfs kills a QEMU reading its memory file,
+  // which no disk filesystem does.)
+  static std::unique_ptr<Mount> loop(const std::string& type, const std::string& image, const std::string& at,
+                                     uint64_t bytes) {
+    std::filesystem::create_directories(at);
+    { std::ofstream(image).flush(); }
+    std::filesystem::resize_file(image, bytes);
+    // ext4 -m 0: no blocks reserved for root (the daemon runs as root and would write into them).
+    std::vector<std::string> mkfs = type == "btrfs"
+                                        ? std::vector<std::string>{"mkfs.btrfs", "-q", "-f", image}
+                                        : std::vector<std::string>{"mkfs.ext4", "-q", "-F", "-m", "0", image};
+    if (runCommand(mkfs, at + ".log") != 0 || runCommand({"mount", "-o", "loop", image, at}, at + ".log") != 0) {
+      return nullptr;
+    }
+    return std::unique_ptr<Mount>(new Mount(at));
+  }
+  ~Mount() {
+    // Detached: whatever still holds files there, the mount leaves the namespace (and the loop
+    // device is released once they let go).
+    ::umount2(at_.c_str(), MNT_DETACH);
+  }
+  uint64_t freeBytes() const {
+    struct statvfs fs {};
+    ::statvfs(at_.c_str(), &fs);
+    return static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  }
+
+ private:
+  explicit Mount(std::string at) : at_(std::move(at)) {}
+  std::string at_;
+};
 
 class Daemon {
  public:
@@ -701,6 +754,18 @@ TEST_F(SpacedTest, SnapshotsBranchIntoIndependentChildren) {
   }
   EXPECT_EQ(execJson(d, parent, json{{"command", "cat /home/user/shared.txt"}})["stdout"], "parent\n");
 
+  // Snapshots of snapshots: the parent again (its disk frozen a second time) and a child; a
+  // grandchild sees the child's write; the parent survives a suspend over its two frozen layers.
+  d.callJson("POST", "/v1/sandboxes/" + parent + "/snapshots", json::object(), 201);
+  json child_snap = d.callJson("POST", "/v1/sandboxes/" + children[0] + "/snapshots", json::object(), 201);
+  const std::string grandchild = d.create(json{{"snapshot", child_snap["id"]}});
+  ASSERT_FALSE(grandchild.empty());
+  EXPECT_EQ(execJson(d, grandchild, json{{"command", "cat /home/user/shared.txt"}})["stdout"], "child0\n");
+  EXPECT_EQ(d.callJson("POST", "/v1/sandboxes/" + parent + "/suspend", nullptr, 200)["state"], "suspended");
+  EXPECT_EQ(execJson(d, parent, json{{"command", "cat /home/user/shared.txt; cat /tmp/ticker.pid"}})["stdout"],
+            "parent\n" + ticker);
+  EXPECT_EQ(d.call("DELETE", "/v1/sandboxes/" + grandchild).status, 204);
+
   // One more from the snapshot through create, after a daemon restart.
   EXPECT_EQ(d.stop(SIGTERM).exit_code, 0);
   daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
@@ -722,6 +787,11 @@ TEST_F(SpacedTest, SnapshotsBranchIntoIndependentChildren) {
   // A suspended child still resumes from its disk over the deleted snapshot's layer.
   EXPECT_EQ(daemon_->callJson("POST", "/v1/sandboxes/" + children[1] + "/suspend", nullptr, 200)["state"], "suspended");
   EXPECT_EQ(execJson(*daemon_, children[1], json{{"command", "cat /home/user/shared.txt"}})["stdout"], "child1\n");
+  const json left = daemon_->callJson("GET", "/v1/snapshots", nullptr, 200);
+  EXPECT_EQ(left["snapshots"].size(), 2u);
+  for (const auto& snap_left : left["snapshots"]) {
+    EXPECT_EQ(daemon_->call("DELETE", "/v1/snapshots/" + snap_left["id"].get<std::string>()).status, 204);
+  }
   for (const auto& id : children) EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + id).status, 204);
   EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + single).status, 204);
   EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + parent).status, 204);
@@ -893,6 +963,96 @@ TEST_F(SpacedTest, WarmPoolVmsBecomeSandboxesAndNeverOutliveTheDaemon) {
   EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 2u);
   EXPECT_EQ(waiting(), (std::set<std::string>{id, other}));
   EXPECT_EQ(execJson(*daemon_, id, json{{"command", "echo still"}})["stdout"], "still\n");
+}
+
+// A full disk: a snapshot or suspend fails with 507 and a clear message, the sandbox runs on
+// unchanged, nothing partial is left; once there is room again both work.
+TEST_F(SpacedTest, AFullDiskFailsSnapshotAndSuspendAndTheSandboxRunsOn) {
+  auto fs = Mount::loop("ext4", dir_->path() + "/ext4.img", dir_->path() + "/fs", uint64_t{1200} << 20);
+  ASSERT_TRUE(fs) << "mkfs.ext4 + loop mount (the tests run as root)";
+  const std::string data = dir_->path() + "/fs/data";
+  daemon_ = Daemon::start(data);
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string id = d.create();
+  ASSERT_FALSE(id.empty());
+  execJson(d, id, json{{"command", "echo kept > /home/user/kept.txt; head -c 30000000 /dev/urandom > /tmp/noise"}});
+  const std::string sb = "/v1/sandboxes/" + id;
+  auto fill = [&](uint64_t leave) {
+    std::filesystem::remove(dir_->path() + "/fs/filler");
+    uint64_t free_bytes = fs->freeBytes();
+    ASSERT_GT(free_bytes, leave);
+    int fd = ::open((dir_->path() + "/fs/filler").c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    ASSERT_GE(fd, 0);
+    EXPECT_EQ(::posix_fallocate(fd, 0, static_cast<off_t>(free_bytes - leave)), 0);
+    ::close(fd);
+  };
+  auto unchanged = [&] {
+    EXPECT_EQ(d.callJson("GET", sb, nullptr, 200)["state"], "running");
+    EXPECT_EQ(execJson(d, id, json{{"command", "cat /home/user/kept.txt"}})["stdout"], "kept\n");
+    EXPECT_EQ(d.callJson("GET", "/v1/snapshots", nullptr, 200)["snapshots"].size(), 0u);
+    EXPECT_TRUE(std::filesystem::is_empty(data + "/snapshots")) << "no partial snapshot";
+    EXPECT_FALSE(std::filesystem::exists(sandboxDir(id) + "/suspended.state"));
+    EXPECT_FALSE(std::filesystem::exists(sandboxDir(id) + "/suspended.state.tmp"));
+  };
+  for (uint64_t leave : {uint64_t{8} << 20, uint64_t{70} << 20}) {
+    SCOPED_TRACE("free space left: " + std::to_string(leave >> 20) + " MiB");
+    fill(leave);
+    json refused = d.callJson("POST", sb + "/snapshots", json::object(), 507);
+    EXPECT_NE(refused["error"]["message"].get<std::string>().find("sandbox is unchanged"), std::string::npos)
+        << refused;
+    unchanged();
+    // With 70 MiB left the suspend fits (its stream is the guest's used memory); the snapshot
+    // did not, as it needs room for its memory file too.
+    if (leave < (uint64_t{32} << 20)) {
+      d.callJson("POST", sb + "/suspend", nullptr, 507);
+      unchanged();
+    }
+  }
+  std::filesystem::remove(dir_->path() + "/fs/filler");
+  json snap = d.callJson("POST", sb + "/snapshots", json::object(), 201);
+  EXPECT_EQ(d.callJson("POST", sb + "/suspend", nullptr, 200)["state"], "suspended");
+  EXPECT_EQ(execJson(d, id, json{{"command", "cat /home/user/kept.txt"}})["stdout"], "kept\n");
+  const std::string child = d.create(json{{"snapshot", snap["id"]}});
+  EXPECT_EQ(execJson(d, child, json{{"command", "cat /home/user/kept.txt"}})["stdout"], "kept\n");
+  daemon_.reset();  // before the mount goes
+}
+
+// The same storage design on btrfs as on the ext4 work disk: hard-linked layers, overlays and
+// private memory mappings; branch, suspend/resume and snapshot deletion all work there.
+TEST_F(SpacedTest, SnapshotsAndBranchesWorkOnABtrfsDataDir) {
+  auto fs = Mount::loop("btrfs", dir_->path() + "/btrfs.img", dir_->path() + "/fs", uint64_t{3} << 30);
+  ASSERT_TRUE(fs) << "mkfs.btrfs + loop mount (the tests run as root)";
+  const std::string data = dir_->path() + "/fs/data";
+  daemon_ = Daemon::start(data);
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string parent = d.create();
+  ASSERT_FALSE(parent.empty());
+  execJson(d, parent, json{{"command", "echo before > /home/user/f.txt"}});
+  json snap = d.callJson("POST", "/v1/sandboxes/" + parent + "/snapshots", json::object(), 201);
+  json branched =
+      d.callJson("POST", "/v1/snapshots/" + snap["id"].get<std::string>() + "/branch", json{{"count", 2}}, 201);
+  ASSERT_EQ(branched["sandboxes"].size(), 2u);
+  std::vector<std::string> ids{parent, branched["sandboxes"][0]["id"], branched["sandboxes"][1]["id"]};
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(execJson(d, ids[i],
+                       json{{"command", "cat /home/user/f.txt; echo " + std::to_string(i) +
+                                            " > /home/user/f.txt; sync"}})["stdout"],
+              "before\n");
+  }
+  EXPECT_EQ(d.callJson("POST", "/v1/sandboxes/" + ids[1] + "/suspend", nullptr, 200)["state"], "suspended");
+  EXPECT_EQ(d.call("DELETE", "/v1/snapshots/" + snap["id"].get<std::string>()).status, 204);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(execJson(d, ids[i], json{{"command", "cat /home/user/f.txt"}})["stdout"], std::to_string(i) + "\n");
+  }
+  for (const auto& id : ids) EXPECT_EQ(d.call("DELETE", "/v1/sandboxes/" + id).status, 204);
+  auto deadline = Clock::now() + seconds(10);
+  while (Clock::now() < deadline && !std::filesystem::is_empty(data + "/layers")) {
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(data + "/layers"));
+  daemon_.reset();  // before the mount goes
 }
 
 TEST_F(SpacedTest, OneDaemonPerDataDir) {
