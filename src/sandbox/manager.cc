@@ -346,7 +346,7 @@ Status SandboxManager::recover() {
     std::filesystem::remove_all(entry.path(), ec);
     ++removed;
   }
-  collectLayers();
+  collectLayers(/*wait=*/true);
   spdlog::info("sandboxes: recovered: {} re-adopted, {} failed, {} orphaned QEMU killed, {} stale dirs removed",
                adopted, failed, killed, removed);
   return okStatus();
@@ -456,6 +456,19 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     }
   }
 
+  std::optional<vmm::AcceleratorChoice> accel;
+  if (from_snapshot || config_.use_snapshots) {
+    auto chosen = vmm::chooseAccelerator(config_.accelerator, vmm::probeKvm());
+    if (!chosen.ok()) return chosen.error();
+    // A guest saved under one accelerator (and its CPU model) is never restored under another.
+    if (from_snapshot && from_snapshot->accelerator != vmm::acceleratorName(chosen->accelerator)) {
+      return makeError(ErrorCode::kFailedPrecondition,
+                       "snapshot " + from_snapshot->id + " was taken under " + from_snapshot->accelerator +
+                           "; this node runs " + vmm::acceleratorName(chosen->accelerator),
+                       "snapshot_incompatible");
+    }
+    accel = chosen.value();
+  }
   // A VM started ahead of need, if one fits: the request then only loads the guest's state.
   std::optional<WarmVm> warm;
   if (pool_ && !from_snapshot && template_name == "base" && cpus == config_.default_cpus &&
@@ -504,7 +517,8 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     }
     release();
     spdlog::warn("sandbox {}: create failed: {}", rec.id, e.message);
-    const bool client_error = e.code == ErrorCode::kInvalidArgument || e.code == ErrorCode::kFailedPrecondition;
+    const bool client_error = e.code == ErrorCode::kInvalidArgument || e.code == ErrorCode::kFailedPrecondition ||
+                              e.reason == "snapshot_not_found";
     return makeError(client_error ? e.code : ErrorCode::kUnavailable,
                      "sandbox " + rec.id + " failed to start: " + firstLine(e.message),
                      client_error ? e.reason : "sandbox_start_failed");
@@ -523,21 +537,16 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   auto started = Clock::now();
   const char* how = "booted in";
   std::shared_lock<std::shared_mutex> storage;  // keeps the snapshot's files while QEMU opens them
-  if (from_snapshot || config_.use_snapshots) {
-    auto accel = vmm::chooseAccelerator(config_.accelerator, vmm::probeKvm());
-    if (!accel.ok()) return fail(accel.error());
+  if (accel) {
     spec.accelerator = accel->accelerator;
     spec.rootfs_format = "qcow2";
     spec.memory_private = true;
     if (from_snapshot) {
-      // A guest saved under one accelerator (and its CPU model) is never restored under another.
-      if (from_snapshot->accelerator != vmm::acceleratorName(accel->accelerator)) {
-        return fail(makeError(ErrorCode::kFailedPrecondition,
-                              "snapshot " + from_snapshot->id + " was taken under " + from_snapshot->accelerator +
-                                  "; this node runs " + vmm::acceleratorName(accel->accelerator),
-                              "snapshot_incompatible"));
-      }
       storage = std::shared_lock(storage_mu_);
+      // Deleted since it was looked up? Its files may be gone (deletion holds the lock exclusively).
+      if (auto still = store_.getSnapshot(from_snapshot->id); !still.ok()) {
+        return fail(snapshotNotFound(from_snapshot->id));
+      }
       auto files = snapshot::snapshotFilesIn(snapshotDir(from_snapshot->id), from_snapshot->disk);
       spec.rootfs_path = files.disk;
       spec.memory_file = files.memory_file;
@@ -713,7 +722,7 @@ Result<store::SandboxRecord> SandboxManager::suspendLocked(const std::shared_ptr
   // partial state, and the guest is continued as it was.
   auto saved = sandbox.vm->saveState(rec->run_dir + kSuspendedState, std::chrono::minutes(5));
   if (!saved.ok()) {
-    if (was_running) (void)sandbox.vm->resume();
+    (void)(was_running ? sandbox.vm->resume() : sandbox.vm->reactivateStopped());
     if (!sandbox.vm->processRunning()) {
       (void)finish(live, SandboxState::kFailed, "its VM stopped while suspending");
       return makeError(ErrorCode::kUnavailable, "sandbox " + id + " failed while suspending", "sandbox_failed");
@@ -769,7 +778,7 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
   };
   vmm::VmSpec spec;
   spec.kernel_path = tpl->second.kernel_path;
-  spec.rootfs_path = suspended.run_dir + "/disk.qcow2";  // the disk is in place; named for validation
+  spec.rootfs_path = suspended.run_dir + "/disk.qcow2";  // named for validation; the Vm opens the newest disk
   spec.vcpus = suspended.cpus;
   spec.memory_mib = suspended.memory_mb;
   auto accel = vmm::parseAccelerator(suspended.accelerator);
@@ -816,29 +825,41 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
 void SandboxManager::expireSuspended(int64_t now_ms) {
   auto rows = store_.sandboxesInStates({"suspended"});
   if (!rows.ok()) return;
-  for (auto& rec : rows.value()) {
-    if (rec.expires_at_ms > now_ms) continue;
+  for (const auto& row : rows.value()) {
+    if (row.expires_at_ms > now_ms) continue;
+    // Claimed in live_ (as already ended) while its files and record change, so a resume
+    // cannot start from them meanwhile (its reserve() is refused: "changing state; retry").
+    auto claim = liveFromRecord(row);
+    claim->state = SandboxState::kDeleted;
+    claim->finished = true;
     {
       std::lock_guard lock(mu_);
-      if (live_.count(rec.id)) continue;  // being resumed
+      if (!live_.emplace(row.id, claim).second) continue;  // being resumed
     }
-    if (rec.on_timeout == "suspend" && rec.state_reason != kTimeoutSuspendReason) {
-      // Suspended already (by request or idleness) when its timeout came: kept, as if the
-      // timeout had suspended it.
-      rec.state_reason = kTimeoutSuspendReason;
-      rec.expires_at_ms = now_ms + std::chrono::duration_cast<milliseconds>(config_.suspended_retention).count();
-      if (store_.updateSandbox(rec).ok()) spdlog::info("sandbox {}: timed out while suspended; kept", rec.id);
-      continue;
+    auto rec = store_.getSandbox(row.id);  // as it is now that nobody else can change it
+    if (rec.ok() && rec->state == stateName(SandboxState::kSuspended) && rec->expires_at_ms <= now_ms) {
+      if (rec->on_timeout == "suspend" && rec->state_reason != kTimeoutSuspendReason) {
+        // Suspended already (by request or idleness) when its timeout came: kept, as if the
+        // timeout had suspended it.
+        rec->state_reason = kTimeoutSuspendReason;
+        rec->expires_at_ms = now_ms + std::chrono::duration_cast<milliseconds>(config_.suspended_retention).count();
+        if (store_.updateSandbox(rec.value()).ok())
+          spdlog::info("sandbox {}: timed out while suspended; kept", rec->id);
+      } else {
+        std::error_code ec;
+        std::filesystem::remove_all(rec->run_dir, ec);
+        layers_dirty_ = true;
+        rec->state_reason = rec->state_reason == kTimeoutSuspendReason
+                                ? "retention: kept suspended after its timeout for " +
+                                      std::to_string(config_.suspended_retention.count()) + " s, never resumed"
+                                : "timeout: its timeout_s expired (while suspended)";
+        rec->state = stateName(SandboxState::kDeleted);
+        if (store_.updateSandbox(rec.value()).ok())
+          spdlog::info("sandbox {}: deleted ({})", rec->id, rec->state_reason);
+      }
     }
-    std::error_code ec;
-    std::filesystem::remove_all(rec.run_dir, ec);
-    layers_dirty_ = true;
-    rec.state_reason = rec.state_reason == kTimeoutSuspendReason
-                           ? "retention: kept suspended after its timeout for " +
-                                 std::to_string(config_.suspended_retention.count()) + " s, never resumed"
-                           : "timeout: its timeout_s expired (while suspended)";
-    rec.state = stateName(SandboxState::kDeleted);
-    if (store_.updateSandbox(rec).ok()) spdlog::info("sandbox {}: deleted ({})", rec.id, rec.state_reason);
+    std::lock_guard lock(mu_);
+    live_.erase(row.id);
   }
 }
 
@@ -855,8 +876,12 @@ Result<store::SandboxRecord> SandboxManager::changeRunState(const std::string& t
     return makeError(ErrorCode::kUnavailable, "sandbox " + id + " is between states; retry");
   }
   auto& sandbox = *live.value();
-  std::lock_guard control(sandbox.control);
+  std::unique_lock control(sandbox.control);
   if (sandbox.finished) {
+    if (sandbox.state == SandboxState::kSuspended && to == SandboxState::kRunning) {
+      control.unlock();  // suspended (e.g. idle) since the lookup: resume it from disk
+      return resume(tenant, id);
+    }
     auto rec = store_.getSandbox(id);
     if (!rec.ok()) return rec.error();
     return makeError(ErrorCode::kFailedPrecondition, "sandbox is " + rec->state + "; cannot " + operation,
@@ -927,7 +952,7 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
                      "invalid_state");
   }
   auto& sandbox = *live.value();
-  std::lock_guard control(sandbox.control);
+  std::unique_lock control(sandbox.control);
   auto rec = store_.getSandbox(sandbox.id);
   if (!rec.ok()) return rec.error();
   if (sandbox.finished || !sandbox.vm ||
@@ -961,16 +986,32 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
   take.memory_mib = rec->memory_mb;
   take.accelerator = sandbox.vm->accelerator();
   take.timeout = std::chrono::minutes(5);
-  std::shared_lock storage(storage_mu_);  // the new layer is unreferenced until the sandbox's disk names it
-  auto files = snapshot::takeSnapshot(*sandbox.vm, sandbox.state == SandboxState::kRunning, take);
+  // Step 1 holds the sandbox (it is stopped) and, shared, the storage lock: the new layer is
+  // named by no disk until the sandbox's new overlay names it.
+  std::shared_lock storage(storage_mu_);
+  auto capture = snapshot::captureSnapshot(*sandbox.vm, sandbox.state == SandboxState::kRunning, take);
   storage.unlock();
-  if (!files.ok()) {
+  if (!capture.ok()) {
     layers_dirty_ = true;
-    if (!sandbox.vm->processRunning()) {
-      (void)finish(live.value(), SandboxState::kFailed, "its VM stopped while being snapshotted");
+    const bool usable = sandbox.vm->processRunning() &&
+                        (sandbox.state == SandboxState::kRunning ? sandbox.vm->resume().ok()
+                                                                 : sandbox.vm->reactivateStopped().ok());
+    if (!usable) {
+      (void)finish(
+          live.value(), SandboxState::kFailed,
+          "its VM stopped or could not be continued while being snapshotted: " + firstLine(capture.error().message));
       return makeError(ErrorCode::kUnavailable, "sandbox " + sandbox.id + " failed while being snapshotted",
                        "sandbox_failed");
     }
+    return makeError(capture.error().code, "cannot snapshot sandbox " + sandbox.id + ": " +
+                                               firstLine(capture.error().message) + " (the sandbox is unchanged)");
+  }
+  // Step 2 needs neither: the sandbox serves calls again while the helper works. (Its layer is
+  // kept by the build directory's name, see collectLayers, even if the sandbox goes meanwhile.)
+  control.unlock();
+  auto files = snapshot::finishSnapshot(std::move(capture.value()), take);
+  if (!files.ok()) {
+    layers_dirty_ = true;
     return makeError(files.error().code, "cannot snapshot sandbox " + sandbox.id + ": " +
                                              firstLine(files.error().message) + " (the sandbox is unchanged)");
   }
@@ -1014,7 +1055,7 @@ Status SandboxManager::deleteSnapshot(const std::string& tenant, const std::stri
     std::filesystem::remove_all(snap->dir, ec);
     if (ec) spdlog::warn("snapshot {}: remove {}: {}", snapshot_id, snap->dir, ec.message());
   }
-  collectLayers();  // its layer goes too, unless disks still stand on it
+  collectLayers(/*wait=*/true);  // its layer goes too, unless disks still stand on it
   spdlog::info("snapshot {}: deleted", snapshot_id);
   return okStatus();
 }
@@ -1062,8 +1103,14 @@ Result<std::vector<store::SandboxRecord>> SandboxManager::branch(const CreateReq
   return children;
 }
 
-void SandboxManager::collectLayers() {
-  std::unique_lock storage(storage_mu_);
+void SandboxManager::collectLayers(bool wait) {
+  std::unique_lock storage(storage_mu_, std::defer_lock);
+  if (wait) {
+    storage.lock();
+  } else if (!storage.try_lock()) {
+    layers_dirty_ = true;  // busy starting VMs or taking a snapshot: next round
+    return;
+  }
   std::vector<std::string> roots;
   std::error_code ec;
   // Every sandbox directory's disk (running, paused, suspended, or being created).
@@ -1073,13 +1120,23 @@ void SandboxManager::collectLayers() {
       if (file.path().extension() == ".qcow2") roots.push_back(file.path().string());
     }
   }
+  // Snapshots being built keep their layer (and its helper's overlay stands on it).
+  for (const auto& build : std::filesystem::directory_iterator(config_.data_dir + "/snapshots", ec)) {
+    const std::string name = build.path().filename().string();
+    if (name.rfind(".build-", 0) == 0) roots.push_back(config_.data_dir + "/layers/" + name.substr(7) + ".qcow2");
+  }
   auto snapshots = store_.allSnapshots();
   if (!snapshots.ok()) {
     spdlog::warn("layers: not collected: {}", snapshots.error().message);
     return;
   }
   for (const auto& snap : snapshots.value()) roots.push_back(snap.disk);
-  int removed = snapshot::sweepLayers(config_.data_dir + "/layers", snapshot::reachableLayers(roots));
+  auto keep = snapshot::reachableLayers(roots);
+  if (!keep) {
+    spdlog::warn("layers: not collected: a disk's backing chain could not be read");
+    return;
+  }
+  int removed = snapshot::sweepLayers(config_.data_dir + "/layers", *keep);
   if (removed > 0) spdlog::info("layers: removed {} disk layers nothing stands on", removed);
 }
 
@@ -1103,7 +1160,11 @@ Result<AgentLease> SandboxManager::agent(const std::string& tenant, const std::s
     if (!needed.ok()) return needed.error();
     return makeError(ErrorCode::kUnavailable, "sandbox " + id + " is between states; retry");
   }
-  std::lock_guard control(live.value()->control);
+  std::unique_lock control(live.value()->control);
+  if (live.value()->finished && live.value()->state == SandboxState::kSuspended) {
+    control.unlock();  // suspended (e.g. idle) since the lookup: resume it like any suspended one
+    return agent(tenant, id, operation);
+  }
   SPACE_TRY(requireState(live.value()->state, SandboxState::kRunning, operation));
   ++live.value()->active_calls;
   std::shared_ptr<void> activity(nullptr, [sandbox = live.value()](void*) {
@@ -1225,7 +1286,7 @@ void SandboxManager::housekeeping() {
       last_suspended_check = Clock::now();
       expireSuspended(now);
     }
-    if (layers_dirty_.exchange(false)) collectLayers();
+    if (layers_dirty_.exchange(false)) collectLayers(/*wait=*/false);
     if (Clock::now() - last_purge > std::chrono::minutes(5)) {
       last_purge = Clock::now();
       auto cutoff = now - std::chrono::duration_cast<milliseconds>(config_.deleted_retention).count();

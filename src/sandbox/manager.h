@@ -194,8 +194,9 @@ class SandboxManager {
   // The suspension itself, with `live->control` held.
   Result<store::SandboxRecord> suspendLocked(const std::shared_ptr<Live>& live, SuspendCause cause);
   std::shared_ptr<Live> liveFromRecord(const store::SandboxRecord& rec) const;
-  // Removes disk layers that no sandbox disk and no snapshot stands on any more.
-  void collectLayers();
+  // Removes disk layers that no sandbox disk and no snapshot stands on any more. Without
+  // `wait` it gives up (for a later round) if the storage lock is busy.
+  void collectLayers(bool wait);
   std::string snapshotDir(const std::string& snapshot_id) const;
   // The node's limits, in one place: counts the sandbox in (live_ and the reservations) if it
   // fits, else the refusal (429/503 reasons). unreserve() undoes it.

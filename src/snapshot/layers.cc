@@ -24,10 +24,14 @@ Result<std::string> qcow2BackingFile(const std::string& path) {
   // qcow2 header: magic "QFI\xfb" at 0, version at 4, backing_file_offset (u64) at 8,
   // backing_file_size (u32) at 16, all big-endian (QEMU's docs/interop/qcow2.txt).
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return makeError(ErrorCode::kNotFound, "open " + path + ": " + strerror(errno));
+  if (!fd.valid()) {
+    return makeError(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kInternal,
+                     "open " + path + ": " + strerror(errno));
+  }
   unsigned char header[20];
-  if (::pread(fd.get(), header, sizeof header, 0) != static_cast<ssize_t>(sizeof header) ||
-      memcmp(header, "QFI\xfb", 4) != 0) {
+  ssize_t got = ::pread(fd.get(), header, sizeof header, 0);
+  if (got < 0) return makeError(ErrorCode::kInternal, "read " + path + ": " + strerror(errno));
+  if (got != static_cast<ssize_t>(sizeof header) || memcmp(header, "QFI\xfb", 4) != 0) {
     return makeError(ErrorCode::kInvalidArgument, path + " is not a qcow2 image");
   }
   const uint64_t offset = bigEndian(header + 8, 8);
@@ -37,7 +41,9 @@ Result<std::string> qcow2BackingFile(const std::string& path) {
     return makeError(ErrorCode::kInvalidArgument, path + ": implausible backing file name in its header");
   }
   std::string name(size, '\0');
-  if (::pread(fd.get(), name.data(), size, static_cast<off_t>(offset)) != static_cast<ssize_t>(size)) {
+  got = ::pread(fd.get(), name.data(), size, static_cast<off_t>(offset));
+  if (got < 0) return makeError(ErrorCode::kInternal, "read " + path + ": " + strerror(errno));
+  if (got != static_cast<ssize_t>(size)) {
     return makeError(ErrorCode::kInvalidArgument, path + ": truncated backing file name");
   }
   // Relative names are relative to the image's directory (we always write absolute ones).
@@ -45,14 +51,19 @@ Result<std::string> qcow2BackingFile(const std::string& path) {
   return name;
 }
 
-std::set<std::string> reachableLayers(const std::vector<std::string>& roots) {
+std::optional<std::set<std::string>> reachableLayers(const std::vector<std::string>& roots) {
   std::set<std::string> seen;
   for (const auto& root : roots) {
     std::string at = root;
     // A chain is as long as the snapshots taken in a row; the bound only stops a cycle.
     for (int depth = 0; depth < 4096 && !at.empty() && seen.insert(at).second; ++depth) {
       auto next = qcow2BackingFile(at);
-      if (!next.ok()) break;  // gone, or not qcow2 (a template's raw root filesystem)
+      if (!next.ok()) {
+        // Gone, or not qcow2 (a template's raw root filesystem): the chain ends. Anything else
+        // (EMFILE, EIO, EACCES) means the layers below are unknown, so none may be swept.
+        if (next.error().code == ErrorCode::kNotFound || next.error().code == ErrorCode::kInvalidArgument) break;
+        return std::nullopt;
+      }
       at = next.value();
     }
   }

@@ -6,6 +6,7 @@
 // still stands on it.
 #pragma once
 
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -20,8 +21,9 @@ namespace space::snapshot {
 Result<std::string> qcow2BackingFile(const std::string& path);
 
 // Every file reachable from `roots` by following backing-file names (roots included).
-// Missing files and cycles end a chain; they are not errors (a root may be mid-removal).
-std::set<std::string> reachableLayers(const std::vector<std::string>& roots);
+// Missing files and cycles end a chain; they are not errors (a root may be mid-removal). Any
+// other failure to read a header gives nullopt: then nothing is known to be unreferenced.
+std::optional<std::set<std::string>> reachableLayers(const std::vector<std::string>& roots);
 
 // Removes the files in `layers_dir` not in `keep`; returns how many.
 int sweepLayers(const std::string& layers_dir, const std::set<std::string>& keep);

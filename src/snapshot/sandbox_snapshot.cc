@@ -44,9 +44,9 @@ Status checkRoom(const std::string& dir, uint64_t needed) {
   if (::statvfs(dir.c_str(), &fs) != 0) return okStatus();  // unknown: let the write decide
   const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
   if (free_bytes < needed + (64u << 20)) {
-    return makeError(ErrorCode::kResourceExhausted, "not enough disk space for the snapshot's memory: " +
-                                                        std::to_string(needed >> 20) + " MiB needed, " +
-                                                        std::to_string(free_bytes >> 20) + " MiB free");
+    return makeError(ErrorCode::kResourceExhausted,
+                     "not enough disk space for the snapshot's memory: " + std::to_string(needed >> 20) +
+                         " MiB needed, " + std::to_string(free_bytes >> 20) + " MiB free");
   }
   return okStatus();
 }
@@ -59,35 +59,37 @@ SnapshotFiles snapshotFilesIn(const std::string& dir, const std::string& disk) {
   return f;
 }
 
-Result<SnapshotFiles> takeSnapshot(vmm::Vm& vm, bool was_running, const TakeSnapshotRequest& req) {
-  auto started = Clock::now();
+Result<SnapshotCapture> captureSnapshot(vmm::Vm& vm, bool was_running, const TakeSnapshotRequest& req) {
+  SnapshotCapture capture;
+  capture.started = Clock::now();
   auto tmp = TempDir::createAt(req.snapshots_dir + "/.build-" + req.id);
   if (!tmp.ok()) return tmp.error();
-  const std::string dir = tmp->path();
-  const std::string stream = dir + "/stream";
-  const std::string layer = req.layers_dir + "/" + req.id + ".qcow2";
-
-  // Step 1, the only part the sandbox waits for: RAM + devices out, disk frozen, continue.
-  milliseconds stopped_for{0};
-  {
-    auto stopped_at = Clock::now();
-    auto saved = vm.saveState(stream, req.timeout, /*ignore_shared=*/false);
-    Status frozen = saved.ok() ? vm.freezeDisk(layer) : Status(saved.error());
-    if (was_running) {
-      if (auto resumed = vm.resume(); !resumed.ok() && frozen.ok()) {
-        spdlog::warn("snapshot {}: the sandbox did not continue: {}", req.id, resumed.error().message);
-      }
-    }
-    stopped_for = std::chrono::duration_cast<milliseconds>(Clock::now() - stopped_at);
-    if (!frozen.ok()) return frozen.error();
+  capture.build_dir.emplace(std::move(tmp.value()));
+  capture.stream = capture.build_dir->path() + "/stream";
+  capture.layer = req.layers_dir + "/" + req.id + ".qcow2";
+  // The disk is frozen while the guest is stopped but before the migration (which leaves
+  // QEMU's images inactive until the guest continues); the stream then matches the layer.
+  auto stopped_at = Clock::now();
+  Status done = was_running ? vm.pause() : okStatus();
+  if (done.ok()) done = vm.freezeDisk(capture.layer);
+  if (done.ok()) done = vm.saveState(capture.stream, req.timeout, /*ignore_shared=*/false);
+  if (auto again = was_running ? vm.resume() : vm.reactivateStopped(); !again.ok()) {
+    return makeError(ErrorCode::kInternal, std::string("the sandbox could not be ") +
+                                               (was_running ? "continued: " : "kept usable while paused: ") +
+                                               again.error().message);
   }
+  capture.stopped_for = std::chrono::duration_cast<milliseconds>(Clock::now() - stopped_at);
+  if (!done.ok()) return done.error();
+  return capture;
+}
 
-  // Step 2: a helper QEMU that never runs the guest turns the stream into a mappable memory file.
-  SPACE_TRY(checkRoom(dir, allocatedBytes(stream)));
+Result<SnapshotFiles> finishSnapshot(SnapshotCapture capture, const TakeSnapshotRequest& req) {
+  const std::string dir = capture.build_dir->path();
+  SPACE_TRY(checkRoom(dir, allocatedBytes(capture.stream)));
   {
     vmm::VmSpec spec;
     spec.kernel_path = req.kernel_path;
-    spec.rootfs_path = layer;
+    spec.rootfs_path = capture.layer;
     spec.rootfs_format = "qcow2";
     spec.vcpus = req.vcpus;
     spec.memory_mib = req.memory_mib;
@@ -96,33 +98,39 @@ Result<SnapshotFiles> takeSnapshot(vmm::Vm& vm, bool was_running, const TakeSnap
     spec.boot_timeout = req.timeout;
     vmm::VmStartOptions options;
     options.run_dir = dir + "/vm";
-    options.restore_from = stream;
+    options.restore_from = capture.stream;
     options.stay_paused = true;
     options.restore_ignore_shared = false;
     auto helper = vmm::Vm::start(spec, options);
     if (!helper.ok()) {
-      return makeError(helper.error().code == ErrorCode::kResourceExhausted ? ErrorCode::kResourceExhausted
-                                                                             : ErrorCode::kInternal,
-                       "snapshot " + req.id + ": loading the saved memory failed: " + helper.error().message);
+      return makeError(
+          helper.error().code == ErrorCode::kResourceExhausted ? ErrorCode::kResourceExhausted : ErrorCode::kInternal,
+          "snapshot " + req.id + ": loading the saved memory failed: " + helper.error().message);
     }
     SPACE_TRY((*helper)->saveState(dir + "/state", req.timeout));
     (*helper)->quit();
   }  // its run directory (overlay, sockets) goes with it
   std::error_code ec;
-  std::filesystem::remove(stream, ec);
+  std::filesystem::remove(capture.stream, ec);
   for (const char* file : {"/memory", "/state"}) SPACE_TRY(fsyncPath(dir + file, O_RDONLY));
-  SPACE_TRY(fsyncPath(layer, O_RDONLY));
+  SPACE_TRY(fsyncPath(capture.layer, O_RDONLY));
   SPACE_TRY(fsyncPath(req.layers_dir, O_RDONLY | O_DIRECTORY));
   const std::string final_dir = req.snapshots_dir + "/" + req.id;
   std::filesystem::rename(dir, final_dir, ec);
   if (ec) return makeError(ErrorCode::kInternal, "publish " + final_dir + ": " + ec.message());
-  tmp->release();
+  capture.build_dir->release();
   SPACE_TRY(fsyncPath(req.snapshots_dir, O_RDONLY | O_DIRECTORY));
-  auto files = snapshotFilesIn(final_dir, layer);
+  auto files = snapshotFilesIn(final_dir, capture.layer);
   spdlog::info("snapshot {}: taken in {} ms (sandbox stopped for {} ms; {} MiB)", req.id,
-               std::chrono::duration_cast<milliseconds>(Clock::now() - started).count(), stopped_for.count(),
-               files.size_bytes >> 20);
+               std::chrono::duration_cast<milliseconds>(Clock::now() - capture.started).count(),
+               capture.stopped_for.count(), files.size_bytes >> 20);
   return files;
+}
+
+Result<SnapshotFiles> takeSnapshot(vmm::Vm& vm, bool was_running, const TakeSnapshotRequest& req) {
+  auto capture = captureSnapshot(vm, was_running, req);
+  if (!capture.ok()) return capture.error();
+  return finishSnapshot(std::move(capture.value()), req);
 }
 
 }  // namespace space::snapshot

@@ -12,8 +12,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 
+#include "common/fs.h"
 #include "common/result.h"
 #include "vmm/vm.h"
 
@@ -38,11 +40,25 @@ struct TakeSnapshotRequest {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
 };
 
-// Takes a snapshot of `vm`, which is running (`was_running`) or paused, and leaves it as it
-// was: continued even when the snapshot fails. Visible only when complete: built in
-// <snapshots_dir>/.build-<id> and renamed; on failure nothing of it is left except, once the
-// disk was frozen, the layer (which the sandbox's own disk now stands on). ENOSPC is
-// kResourceExhausted.
+// A snapshot between its two steps: the sandbox's part is done, the helper's is not.
+struct SnapshotCapture {
+  std::optional<TempDir> build_dir;  // <snapshots_dir>/.build-<id>, removed unless published
+  std::string stream;                // RAM + devices as the sandbox saved them
+  std::string layer;                 // its frozen disk
+  Clock::time_point started;
+  std::chrono::milliseconds stopped_for{0};
+};
+
+// Step 1, the only part that uses the sandbox: `vm` (running if `was_running`, else paused)
+// is stopped, its disk frozen into <layers_dir>/<id>.qcow2, its RAM and device state streamed
+// into the build directory, and it is continued if it was running. An error after the disk
+// was frozen leaves the layer (the sandbox's disk now stands on it); an error continuing the
+// guest is returned (the caller decides the sandbox's fate). ENOSPC is kResourceExhausted.
+Result<SnapshotCapture> captureSnapshot(vmm::Vm& vm, bool was_running, const TakeSnapshotRequest& request);
+// Step 2, without the sandbox: the helper QEMU makes the memory file and device state, then
+// the snapshot is published by rename. On failure nothing of it is left.
+Result<SnapshotFiles> finishSnapshot(SnapshotCapture capture, const TakeSnapshotRequest& request);
+// Both steps.
 Result<SnapshotFiles> takeSnapshot(vmm::Vm& vm, bool was_running, const TakeSnapshotRequest& request);
 
 // The files of the published snapshot in `dir` (as takeSnapshot returned them).

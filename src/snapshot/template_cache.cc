@@ -103,9 +103,12 @@ Result<TemplateSnapshot> TemplateCache::ensure(const TemplateKey& key, std::chro
     if (!parsed.is_discarded() && parsed.value("format_version", 0) == kSnapshotFormatVersion) {
       return snapshotIn(dir, std::move(parsed));
     }
-    spdlog::warn("templates: {} has an unreadable or old meta.json; rebuilding", dir);
+    // Moved aside, not removed: disks of sandboxes and snapshot layers may stand on its disk.
+    const std::string aside = dir + ".broken-" + std::to_string(::time(nullptr));
+    spdlog::warn("templates: {} has an unreadable or old meta.json; moved to {}, rebuilding", dir, aside);
     std::error_code ec;
-    fs::remove_all(dir, ec);
+    fs::rename(dir, aside, ec);
+    if (ec) return makeError(ErrorCode::kInternal, "move aside " + dir + ": " + ec.message());
   }
   return build(key, dir, boot_timeout);
 }

@@ -46,8 +46,10 @@ int diskNumber(const std::string& name) {
 
 std::string diskName(int n) { return n == 0 ? "disk.qcow2" : "disk-" + std::to_string(n) + ".qcow2"; }
 
-// The VM's current disk: the highest-numbered one (that QEMU `pid` has open, if given: a
-// freeze cut short may have made a newer overlay QEMU never switched to; it is removed).
+// The VM's current disk: the highest-numbered one. With `pid` (re-adopting a running QEMU), the
+// highest one QEMU has open: a freeze cut short may have made a newer overlay that QEMU never
+// switched to, which is removed. If no open disk can be seen (/proc unreadable), nothing is
+// removed: deleting a disk in use would lose the sandbox.
 std::string currentDisk(const std::string& run_dir, pid_t pid) {
   std::vector<int> found;
   std::error_code ec;
@@ -55,13 +57,16 @@ std::string currentDisk(const std::string& run_dir, pid_t pid) {
     int n = diskNumber(entry.path().filename().string());
     if (n >= 0) found.push_back(n);
   }
+  if (found.empty()) return run_dir + "/disk.qcow2";
   std::sort(found.rbegin(), found.rend());
-  for (int n : found) {
-    const std::string path = run_dir + "/" + diskName(n);
-    if (pid <= 0 || processHasOpen(pid, path)) return path;
-    std::filesystem::remove(path, ec);
+  if (pid <= 0) return run_dir + "/" + diskName(found.front());
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (!processHasOpen(pid, run_dir + "/" + diskName(found[i]))) continue;
+    for (size_t j = 0; j < i; ++j) std::filesystem::remove(run_dir + "/" + diskName(found[j]), ec);
+    return run_dir + "/" + diskName(found[i]);
   }
-  return run_dir + "/disk.qcow2";
+  spdlog::warn("vmm: cannot see which disk QEMU {} has open; assuming the newest", pid);
+  return run_dir + "/" + diskName(found.front());
 }
 
 Status createOverlay(const std::string& base, const std::string& format, const std::string& overlay,
@@ -588,8 +593,8 @@ Status Vm::freezeDisk(const std::string& layer_path) {
     }
   }
   // 3. QEMU switches the guest's disk onto it; the old top node becomes its read-only backing.
-  static std::atomic<uint64_t> serial{0};
-  const std::string node = "root-" + std::to_string(getpid()) + "-" + std::to_string(++serial);
+  // Named after the disk's number: unique within this QEMU, whichever daemon made it.
+  const std::string node = "root-" + std::filesystem::path(next).stem().string();
   json add{{"driver", "qcow2"},
            {"node-name", node},
            {"file", json{{"driver", "file"}, {"filename", next}, {"aio", "threads"}}},
@@ -601,6 +606,15 @@ Status Vm::freezeDisk(const std::string& layer_path) {
   }
   // The old name stays: QEMU may reopen that image by it. It is a second name of the layer.
   paths_.disk = next;
+  return okStatus();
+}
+
+Status Vm::reactivateStopped() {
+  auto status = queryStatus();
+  if (!status.ok()) return status.error();
+  if (status.value() != "postmigrate") return okStatus();
+  SPACE_TRY(qmp_->execute("cont"));
+  SPACE_TRY(qmp_->execute("stop"));
   return okStatus();
 }
 

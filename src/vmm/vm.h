@@ -29,7 +29,7 @@ struct VmStartOptions {
   // If set, the guest is restored from this device-state file (saved by Vm::saveState) instead
   // of booted: the spec must name the snapshot's memory file (normally private) and disk.
   std::string restore_from;
-  // The run directory exists already and holds the VM's disk (disk.qcow2), e.g. a suspended
+  // The run directory exists already and holds the VM's disk (the newest disk[-<n>].qcow2), e.g. a suspended
   // VM's. It becomes the Vm's (removed with it) only once the start succeeded: a failed
   // resume must not lose the suspended guest.
   bool reuse_run_dir = false;
@@ -113,6 +113,10 @@ class Vm {
   // directory, becomes paths().disk.
   // The VM must be stopped (after saveState or pause) so that the layer is consistent.
   Status freezeDisk(const std::string& layer_path);
+  // After saveState QEMU has handed its disk images over (inactive, as for a migration) and
+  // in QEMU 7.2 only `cont` takes them back. For a guest that must stay stopped, this
+  // continues it and stops it again at once (it runs for an instant). No-op unless needed.
+  Status reactivateStopped();
   // Makes QEMU exit (QMP quit, then kill); the run directory stays until the Vm is destroyed.
   void quit();
 

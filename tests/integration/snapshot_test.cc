@@ -171,7 +171,9 @@ TEST_F(SnapshotTest, ASnapshotOfARunningGuestBranchesIntoIndependentChildren) {
   // Every layer is reachable from the disks standing on it; none from nothing.
   std::vector<std::string> roots{(*parent)->paths().disk};
   for (auto& c : children) roots.push_back(c->paths().disk);
-  auto keep = snapshot::reachableLayers(roots);
+  auto reached = snapshot::reachableLayers(roots);
+  ASSERT_TRUE(reached.has_value());
+  auto keep = *reached;
   EXPECT_TRUE(keep.count(snap->disk));
   EXPECT_EQ(snapshot::sweepLayers(layers, keep), 0);
   EXPECT_EQ(snapshot::sweepLayers(layers, {}), 1);  // nothing standing on it: it goes

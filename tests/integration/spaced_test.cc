@@ -757,6 +757,13 @@ TEST_F(SpacedTest, SnapshotsBranchIntoIndependentChildren) {
   // Snapshots of snapshots: the parent again (its disk frozen a second time) and a child; a
   // grandchild sees the child's write; the parent survives a suspend over its two frozen layers.
   d.callJson("POST", "/v1/sandboxes/" + parent + "/snapshots", json::object(), 201);
+  // A paused sandbox is snapshotted twice and stays paused; it resumes intact.
+  EXPECT_EQ(d.callJson("POST", "/v1/sandboxes/" + parent + "/pause", nullptr, 200)["state"], "paused");
+  d.callJson("POST", "/v1/sandboxes/" + parent + "/snapshots", json::object(), 201);
+  d.callJson("POST", "/v1/sandboxes/" + parent + "/snapshots", json::object(), 201);
+  EXPECT_EQ(d.callJson("GET", "/v1/sandboxes/" + parent, nullptr, 200)["state"], "paused");
+  EXPECT_EQ(d.callJson("POST", "/v1/sandboxes/" + parent + "/resume", nullptr, 200)["state"], "running");
+  EXPECT_EQ(execJson(d, parent, json{{"command", "cat /home/user/shared.txt"}})["stdout"], "parent\n");
   json child_snap = d.callJson("POST", "/v1/sandboxes/" + children[0] + "/snapshots", json::object(), 201);
   const std::string grandchild = d.create(json{{"snapshot", child_snap["id"]}});
   ASSERT_FALSE(grandchild.empty());
@@ -788,7 +795,7 @@ TEST_F(SpacedTest, SnapshotsBranchIntoIndependentChildren) {
   EXPECT_EQ(daemon_->callJson("POST", "/v1/sandboxes/" + children[1] + "/suspend", nullptr, 200)["state"], "suspended");
   EXPECT_EQ(execJson(*daemon_, children[1], json{{"command", "cat /home/user/shared.txt"}})["stdout"], "child1\n");
   const json left = daemon_->callJson("GET", "/v1/snapshots", nullptr, 200);
-  EXPECT_EQ(left["snapshots"].size(), 2u);
+  EXPECT_EQ(left["snapshots"].size(), 4u);
   for (const auto& snap_left : left["snapshots"]) {
     EXPECT_EQ(daemon_->call("DELETE", "/v1/snapshots/" + snap_left["id"].get<std::string>()).status, 204);
   }

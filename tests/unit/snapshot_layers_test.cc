@@ -75,7 +75,9 @@ TEST_F(LayersTest, SweepKeepsEveryLayerSomeDiskStandsOnAndNothingElse) {
   auto l3 = image(layers() + "/l3.qcow2", l2);
   auto orphan = image(layers() + "/orphan.qcow2", l1);
   auto disk = image(dir_->path() + "/disk.qcow2", l3);
-  auto keep = reachableLayers({disk, dir_->path() + "/gone.qcow2"});
+  auto reached = reachableLayers({disk, dir_->path() + "/gone.qcow2"});
+  ASSERT_TRUE(reached.has_value());
+  auto keep = *reached;
   EXPECT_TRUE(keep.count(l1) && keep.count(l2) && keep.count(l3));
   EXPECT_FALSE(keep.count(orphan));
   EXPECT_EQ(sweepLayers(layers(), keep), 1);
@@ -83,14 +85,24 @@ TEST_F(LayersTest, SweepKeepsEveryLayerSomeDiskStandsOnAndNothingElse) {
   EXPECT_TRUE(std::filesystem::exists(l1));
   // Once the disk is gone, the whole chain goes.
   std::filesystem::remove(disk);
-  EXPECT_EQ(sweepLayers(layers(), reachableLayers({disk})), 3);
+  EXPECT_EQ(sweepLayers(layers(), *reachableLayers({disk})), 3);
 }
 
 TEST_F(LayersTest, ACycleOfBackingNamesEndsTheWalk) {
   auto a = craft(layers() + "/a", layers() + "/b", 72, static_cast<uint32_t>((layers() + "/b").size()));
   auto b = craft(layers() + "/b", layers() + "/a", 72, static_cast<uint32_t>((layers() + "/a").size()));
   auto keep = reachableLayers({a});
-  EXPECT_EQ(keep.size(), 2u);
+  ASSERT_TRUE(keep.has_value());
+  EXPECT_EQ(keep->size(), 2u);
+}
+
+TEST_F(LayersTest, AnUnreadableLayerSweepsNothing) {
+  auto l1 = image(layers() + "/l1.qcow2");
+  auto disk = image(dir_->path() + "/disk.qcow2", l1);
+  // A directory in its place opens but fails to read (EISDIR): neither "gone" nor "not qcow2".
+  std::filesystem::remove(l1);
+  std::filesystem::create_directory(l1);
+  EXPECT_FALSE(reachableLayers({disk}).has_value());
 }
 
 }  // namespace
