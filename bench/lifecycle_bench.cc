@@ -1,0 +1,1004 @@
+// Lifecycle benchmark: what a sandbox's life costs through spaced, each number next to a
+// baseline from the same run (these machines are too noisy to compare across runs).
+//   create:     create -> first exec with a warm pool; baselines: no pool (QEMU started per
+//               request), cold boot (--no-snapshots), and the floor: Vm::prepare + Vm::restore
+//               in-process from the same template snapshot, no daemon.
+//   concurrent: N creates sent at once; baseline: the same N sent one after another.
+//   ops:        pause/resume, suspend/resume, snapshot of a sandbox with a process running;
+//               baseline: GET of the same sandbox (HTTP + auth + store, no VM work).
+//   branch:     POST /v1/snapshots/{id}/branch with count c; baseline: one create from the snapshot.
+//   memory:     host memory (PSS) per idle restored sandbox, split into guest pages and QEMU's
+//               own; baseline: a cold-booted sandbox.
+// Every sandbox has 1 vCPU and 256 MB. Each spaced gets its own temporary data dir and API key,
+// and the first create of each (the template snapshot build) is not counted. Only one spaced
+// runs at a time and nothing else is measured meanwhile.
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <latch>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/fs.h"
+#include "common/log.h"
+#include "common/process.h"
+#include "http/client.h"
+#include "percentiles.h"  // next to this file
+#include "vmm/accelerator.h"
+#include "vmm/vm.h"
+
+namespace {
+
+using namespace space;
+using nlohmann::json;
+using Ms = std::chrono::duration<double, std::milli>;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+using bench::Stats;
+using bench::stats;
+
+constexpr const char* kUsage = R"(usage: space-lifecycle-bench [options]
+
+Measures a sandbox's lifecycle through spaced (sandboxes of 1 vCPU, 256 MB), each number with a
+baseline measured in the same run. Runs everything sequentially; takes a while with the defaults.
+
+  --creates N            create -> first exec iterations against spaced with a warm pool (200)
+  --warm-pool P          warm pool size of that spaced (2)
+  --unpaced              do not wait (up to 60 s) for the pool to be full before each create;
+                         the run then shows creates arriving faster than the pool refills
+  --baseline-creates N   the same loop against spaced --warm-pool 0 (restore, QEMU started per
+                         request) (30; 0 skips)
+  --cold-creates N       the same loop against spaced --no-snapshots (cold boot) (10; 0 skips)
+  --floor N              Vm::prepare + Vm::restore in-process from the template snapshot the
+                         first spaced built (30; 0 skips)
+  --concurrent N         creates sent at once by N threads; baseline: the same N sent one after
+                         another (20)
+  --ops N                pause/resume and suspend/resume rounds on one sandbox with a process
+                         running, and GETs of it as the baseline (20)
+  --snapshots N          snapshots taken of that sandbox, each deleted afterwards (10)
+  --branch C1,C2,...     branch counts, one POST /v1/snapshots/{id}/branch each (10,50)
+  --branch-baseline N    single creates from the same snapshot, the per-child baseline (5)
+  --memory-sandboxes N   idle restored sandboxes whose memory is read (10)
+  --cold-memory-sandboxes N
+                         idle cold-booted sandboxes, the memory baseline (3; 0 skips)
+  --idle-s S             seconds the sandboxes idle before their memory is read (5)
+  --skip LIST            sections to leave out, comma-separated: create, concurrent, ops,
+                         branch, memory
+  --json                 print one JSON document instead of the table
+  --help                 this text
+
+Images: SPACE_KERNEL and SPACE_ROOTFS, else vmlinux and rootfs.ext4 in the build's images dir.
+spaced's logs go to a temporary directory, kept (without the VM files) if the run fails.
+)";
+
+struct Options {
+  int creates = 200;
+  int warm_pool = 2;
+  bool unpaced = false;
+  int baseline_creates = 30;
+  int cold_creates = 10;
+  int floor = 30;
+  int concurrent = 20;
+  int ops = 20;
+  int snapshots = 10;
+  std::vector<int> branch{10, 50};
+  int branch_baseline = 5;
+  int memory_sandboxes = 10;
+  int cold_memory_sandboxes = 3;
+  int idle_s = 5;
+  std::set<std::string> skip;
+  bool json = false;
+};
+
+// --- spaced processes, and leaving nothing behind -----------------------------------------
+
+struct Daemon {
+  std::string name;
+  std::string dir;       // <root>/<name>: log and data dir
+  std::string data_dir;  // canonical, as spaced names it on QEMU command lines
+  std::optional<ChildProcess> process;
+  std::optional<http::Client> client;
+  std::map<std::string, std::string> auth;
+};
+
+// What the cleanup needs, reachable from die() and the signal thread: exit() runs no
+// destructors of main's locals, and a spaced killed without its shutdown leaves its QEMUs running.
+std::mutex g_cleanup_mu;
+std::string g_root;
+std::vector<std::unique_ptr<Daemon>> g_daemons;
+// Set by the signal thread: the requests then failing on the main thread are no news.
+std::atomic<bool> g_interrupted{false};
+
+// Kills (SIGKILL) every process whose command line names a path under `dir`: QEMUs of a spaced
+// that did not stop them, or of the in-process floor. Our own pid is never in there.
+void killStrays(const std::string& dir) {
+  if (dir.empty()) return;
+  const std::string needle = dir + "/";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const pid_t pid = static_cast<pid_t>(atoi(name.c_str()));
+    if (pid != getpid() && cmdline.find(needle) != std::string::npos) ::kill(pid, SIGKILL);
+  }
+}
+
+// spaced runs with --on-shutdown stop: SIGTERM makes it power off its VMs and its pool.
+void stopDaemonLocked(Daemon& d) {
+  if (!d.process) return;
+  d.process->terminate(seconds(120));
+  d.process.reset();
+  killStrays(d.dir);
+}
+
+void stopDaemon(Daemon& d) {
+  std::lock_guard lock(g_cleanup_mu);
+  stopDaemonLocked(d);
+}
+
+// All daemons and VMs go; the directory too, except spaced's logs after a failure.
+void cleanupAll(bool success) {
+  std::lock_guard lock(g_cleanup_mu);
+  for (auto& d : g_daemons) {
+    if (d->process) ::kill(d->process->pid(), SIGTERM);  // all shut down in parallel
+  }
+  for (auto& d : g_daemons) stopDaemonLocked(*d);
+  killStrays(g_root);
+  if (g_root.empty()) return;
+  std::error_code ec;
+  if (success) {
+    std::filesystem::remove_all(g_root, ec);
+  } else {
+    for (const auto& sub : {"pool", "no-pool", "cold"}) std::filesystem::remove_all(g_root + "/" + sub + "/data", ec);
+    std::filesystem::remove_all(g_root + "/floor", ec);
+    bool logs = false;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(g_root, ec)) logs |= e.is_regular_file();
+    if (logs) {
+      fprintf(stderr, "space-lifecycle-bench: spaced logs kept in %s\n", g_root.c_str());
+    } else {
+      std::filesystem::remove_all(g_root, ec);
+    }
+  }
+  g_root.clear();
+}
+
+[[noreturn]] void die(const std::string& what) {
+  if (g_interrupted) {
+    for (;;) pause();  // the signal thread cleans up and exits
+  }
+  fprintf(stderr, "space-lifecycle-bench: %s\n", what.c_str());
+  cleanupAll(false);
+  exit(1);
+}
+
+// Resolved like spaced does: QEMU command lines and disk overlays name the real files.
+std::string imagePath(const char* env, const char* name) {
+  std::string path = std::string(SPACE_IMAGES_DIR) + "/" + name;
+  if (const char* v = getenv(env); v != nullptr && *v != '\0') path = v;
+  std::error_code ec;
+  auto real = std::filesystem::canonical(path, ec);
+  if (ec) die(path + ": " + ec.message() + " (build the images: make images)");
+  return real.string();
+}
+
+std::string fileTail(const std::string& path, size_t bytes) {
+  std::ifstream in(path, std::ios::binary);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return s.size() > bytes ? s.substr(s.size() - bytes) : s;
+}
+
+Daemon& startDaemon(const std::string& name, const std::vector<std::string>& extra) {
+  auto owned = std::make_unique<Daemon>();
+  Daemon& d = *owned;
+  d.name = name;
+  d.dir = g_root + "/" + name;
+  std::error_code ec;
+  std::filesystem::create_directories(d.dir, ec);
+  if (ec) die("create " + d.dir + ": " + ec.message());
+  const std::string data_dir = d.dir + "/data";
+  std::vector<std::string> argv{SPACED_BIN, "--listen", "127.0.0.1:0", "--data-dir", data_dir, "--kernel",
+                                imagePath("SPACE_KERNEL", "vmlinux"), "--rootfs",
+                                imagePath("SPACE_ROOTFS", "rootfs.ext4"), "--log-level", "warn", "--on-shutdown",
+                                "stop", "--default-cpus", "1", "--default-memory-mb", "256",
+                                // The default (4 x host CPUs: 8 here) would refuse the 9th sandbox
+                                // of a branch or a concurrent burst before memory runs out.
+                                "--max-vcpus", "256", "--max-sandboxes", "64", "--max-branch", "64"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  const std::string log = d.dir + "/spaced.log";
+  auto process = ChildProcess::spawn(argv, SpawnOptions{log, "", true});
+  if (!process.ok()) die("spawn spaced: " + process.error().message);
+  {
+    std::lock_guard lock(g_cleanup_mu);
+    d.process.emplace(std::move(process.value()));
+    g_daemons.push_back(std::move(owned));
+  }
+  std::string url;
+  for (int i = 0; i < 6000 && url.empty(); ++i) {
+    if (auto endpoint = readSmallFile(data_dir + "/spaced.json", 4096); endpoint.ok()) {
+      url = json::parse(endpoint.value())["url"].get<std::string>();
+    } else if (auto exited = d.process->tryWait()) {
+      die("spaced (" + name + ") exited: " + exited->describe() + "\n" + fileTail(log, 2000));
+    } else {
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  }
+  if (url.empty()) die("spaced (" + name + ") did not start within 60 s\n" + fileTail(log, 2000));
+  auto key = readSmallFile(data_dir + "/api-key", 4096);
+  if (!key.ok()) die(key.error().message);
+  d.auth = {{"Authorization", "Bearer " + key->substr(0, key->find('\n'))}};
+  auto client = http::Client::create(url);
+  if (!client.ok()) die(client.error().message);
+  d.client.emplace(std::move(client.value()));
+  d.data_dir = std::filesystem::canonical(data_dir).string();
+  return d;
+}
+
+// --- requests -----------------------------------------------------------------------------
+
+http::ClientResponse call(Daemon& d, const std::string& method, const std::string& target, const std::string& body,
+                          int expect, milliseconds timeout = seconds(60)) {
+  auto r = d.client->request(method, target, d.auth, body, timeout);
+  if (!r.ok()) die(method + " " + target + ": " + r.error().message);
+  if (r->status != expect) {
+    die(method + " " + target + ": " + std::to_string(r->status) + " " + r->body + "\n" +
+        fileTail(d.dir + "/spaced.log", 2000));
+  }
+  return std::move(r.value());
+}
+
+std::string createSandbox(Daemon& d, const std::string& body, milliseconds timeout = seconds(60)) {
+  return json::parse(call(d, "POST", "/v1/sandboxes", body, 201, timeout).body)["id"].get<std::string>();
+}
+
+void deleteSandbox(Daemon& d, const std::string& id) { call(d, "DELETE", "/v1/sandboxes/" + id, "", 204); }
+
+// A longer life than the default 300 s: the ops rounds alone can take minutes under TCG.
+const std::string kLongLived = json{{"timeout_s", 7200}}.dump();
+
+struct Pool {
+  double ready = 0, target = 0;
+};
+
+Pool poolGauges(Daemon& d) {
+  Pool p;
+  std::istringstream in(call(d, "GET", "/metrics", "", 200).body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("space_warm_pool_ready ", 0) == 0) p.ready = strtod(line.c_str() + 22, nullptr);
+    if (line.rfind("space_warm_pool_target ", 0) == 0) p.target = strtod(line.c_str() + 23, nullptr);
+  }
+  return p;
+}
+
+// A refilling pool is a QEMU starting next to the measured request: waiting for it keeps the
+// measurement about the create itself. False if the pool was still short at the cap.
+bool waitPoolFull(Daemon& d, milliseconds cap) {
+  const auto deadline = Clock::now() + cap;
+  for (;;) {
+    Pool p = poolGauges(d);
+    if (p.ready >= p.target) return true;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+}
+
+// The template snapshot build (a cold boot and a save) happens on the first create; with a pool,
+// the refill thread may be the one that does it.
+void warmUp(Daemon& d) {
+  deleteSandbox(d, createSandbox(d, "{}", seconds(300)));
+  waitPoolFull(d, seconds(300));
+}
+
+// --- reporting ----------------------------------------------------------------------------
+
+json statsJson(const std::vector<double>& v) {
+  if (v.empty()) return nullptr;
+  Stats s = stats(v);
+  return json{{"n", v.size()}, {"p50", s.p50}, {"p90", s.p90}, {"p99", s.p99}, {"max", s.max}};
+}
+
+void printRow(const std::string& name, const std::vector<double>& v) {
+  if (v.empty()) return;
+  Stats s = stats(v);
+  printf("  %-54s p50 %8.1f ms  p90 %8.1f  p99 %8.1f  max %8.1f  (n=%zu)\n", name.c_str(), s.p50, s.p90, s.p99, s.max,
+         v.size());
+}
+
+void progress(const std::string& what) { fprintf(stderr, "space-lifecycle-bench: %s\n", what.c_str()); }
+
+// --- 1. create -> first exec --------------------------------------------------------------
+
+struct CreateLoop {
+  std::vector<double> create, first_exec;
+  int pool_full = 0;
+};
+
+CreateLoop createLoop(Daemon& d, int n, bool pooled, bool paced) {
+  CreateLoop out;
+  const std::string exec_body = json{{"argv", {"true"}}}.dump();
+  for (int i = 0; i < n; ++i) {
+    if (pooled) {
+      bool full = paced ? waitPoolFull(d, seconds(60)) : [&] {
+        Pool p = poolGauges(d);
+        return p.ready >= p.target;
+      }();
+      if (full) ++out.pool_full;
+    }
+    auto t0 = Clock::now();
+    std::string id = createSandbox(d, "{}");
+    out.create.push_back(Ms(Clock::now() - t0).count());
+    auto e = call(d, "POST", "/v1/sandboxes/" + id + "/exec", exec_body, 200);
+    out.first_exec.push_back(Ms(Clock::now() - t0).count());
+    if (json::parse(e.body)["exit_code"] != 0) die("exec `true` failed: " + e.body);
+    deleteSandbox(d, id);
+  }
+  return out;
+}
+
+json createLoopJson(const CreateLoop& c) {
+  return json{{"create_ms", statsJson(c.create)}, {"create_first_exec_ms", statsJson(c.first_exec)}};
+}
+
+struct Floor {
+  std::vector<double> prepare, restore, running;
+};
+
+// The restore with nothing around it: no HTTP, no store, no identity refresh; prepare is what
+// the pool takes off the request path.
+Floor floorLoop(const std::string& data_dir, int n) {
+  Floor out;
+  std::string snap;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(data_dir + "/templates", ec)) {
+    if (e.path().filename().string().rfind("base-", 0) == 0) snap = e.path().string();
+  }
+  if (snap.empty()) die("no template snapshot under " + data_dir + "/templates");
+  auto accel = vmm::chooseAccelerator(vmm::Accelerator::kAuto, vmm::probeKvm());
+  if (!accel.ok()) die(accel.error().message);
+  vmm::VmSpec spec;
+  spec.kernel_path = imagePath("SPACE_KERNEL", "vmlinux");
+  spec.rootfs_path = snap + "/disk.qcow2";
+  spec.rootfs_format = "qcow2";
+  spec.memory_file = snap + "/memory";
+  spec.memory_private = true;
+  spec.vcpus = 1;
+  spec.memory_mib = 256;
+  spec.accelerator = accel->accelerator;
+  vmm::VmStartOptions options;
+  options.run_root = g_root + "/floor";
+  std::filesystem::create_directories(options.run_root, ec);
+  for (int i = 0; i < n; ++i) {
+    auto t0 = Clock::now();
+    auto vm = vmm::Vm::prepare(spec, options);
+    if (!vm.ok()) die("Vm::prepare: " + vm.error().message);
+    out.prepare.push_back(Ms(Clock::now() - t0).count());
+    t0 = Clock::now();
+    auto restored = (*vm)->restore(snap + "/state", seconds(60));
+    const double ms = Ms(Clock::now() - t0).count();
+    if (!restored.ok()) {
+      std::string m = restored.error().message;
+      vm->reset();
+      die("Vm::restore: " + m);
+    }
+    out.restore.push_back(ms);
+    out.running.push_back(static_cast<double>((*vm)->bootTiming().to_running.count()));
+    if (i == 0) {  // a restore that only looks done would flatter the floor
+      auto r = (*vm)->exec("true", seconds(30));
+      if (!r.ok() || r->exit_code != 0) {
+        vm->reset();
+        die("exec in the restored VM failed");
+      }
+    }
+  }
+  return out;
+}
+
+// --- 2. concurrent creates ----------------------------------------------------------------
+
+struct Burst {
+  std::vector<double> latency;
+  double wall_ms = 0;
+};
+
+Burst sequentialBurst(Daemon& d, int n) {
+  Burst b;
+  std::vector<std::string> ids;
+  auto t0 = Clock::now();
+  for (int i = 0; i < n; ++i) {
+    auto s = Clock::now();
+    ids.push_back(createSandbox(d, "{}", seconds(300)));
+    b.latency.push_back(Ms(Clock::now() - s).count());
+  }
+  b.wall_ms = Ms(Clock::now() - t0).count();
+  for (const auto& id : ids) deleteSandbox(d, id);
+  return b;
+}
+
+Burst concurrentBurst(Daemon& d, int n) {
+  struct Slot {
+    double ms = 0;
+    Clock::time_point end;
+    int status = 0;
+    std::string body;
+  };
+  std::vector<Slot> slots(static_cast<size_t>(n));
+  std::latch go(1);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      http::Client client = *d.client;
+      Slot& s = slots[static_cast<size_t>(i)];
+      go.wait();
+      auto t0 = Clock::now();
+      auto r = client.request("POST", "/v1/sandboxes", d.auth, "{}", seconds(600));
+      s.end = Clock::now();
+      s.ms = Ms(s.end - t0).count();
+      if (r.ok()) {
+        s.status = r->status;
+        s.body = r->body;
+      } else {
+        s.body = r.error().message;
+      }
+    });
+  }
+  // Every thread is created and waiting on its own connection-less client: only the requests
+  // themselves race.
+  std::this_thread::sleep_for(milliseconds(100));
+  auto t0 = Clock::now();
+  go.count_down();
+  for (auto& t : threads) t.join();
+  Burst b;
+  Clock::time_point last = t0;
+  std::vector<std::string> ids;
+  std::string failure;
+  for (const auto& s : slots) {
+    if (s.status == 201) {
+      ids.push_back(json::parse(s.body)["id"].get<std::string>());
+    } else if (failure.empty()) {
+      failure = std::to_string(s.status) + " " + s.body;
+    }
+    b.latency.push_back(s.ms);
+    last = std::max(last, s.end);
+  }
+  b.wall_ms = Ms(last - t0).count();
+  for (const auto& id : ids) deleteSandbox(d, id);
+  if (!failure.empty()) die("a concurrent create failed: " + failure);
+  return b;
+}
+
+json burstJson(const Burst& b) {
+  return json{{"create_ms", statsJson(b.latency)},
+              {"wall_ms", b.wall_ms},
+              {"creates_per_s", static_cast<double>(b.latency.size()) * 1000.0 / b.wall_ms}};
+}
+
+// --- 3. operations on one sandbox ---------------------------------------------------------
+
+// Starts `sleep` through a streamed exec and hangs up once it has started: the process keeps
+// running in the guest (what a suspend and a snapshot then have to carry along).
+int64_t startBackgroundProcess(Daemon& d, const std::string& id) {
+  const std::string body = json{{"argv", {"sleep", "1000000"}}, {"stream", true}, {"timeout_s", 0}}.dump();
+  std::string seen;
+  int64_t pid = -1;
+  auto r = d.client->requestStreaming(
+      "POST", "/v1/sandboxes/" + id + "/exec", d.auth, body,
+      [](const http::ClientResponse& head) -> Status {
+        if (head.status != 200) return makeError(ErrorCode::kInternal, "status " + std::to_string(head.status));
+        return Ok{};
+      },
+      [&](std::string_view chunk) -> Status {
+        seen.append(chunk);
+        if (auto nl = seen.find('\n'); nl != std::string::npos) {
+          auto line = json::parse(seen.substr(0, nl), nullptr, false);
+          if (!line.is_discarded() && line.value("type", "") == "start") pid = line.value("pid", int64_t{-1});
+          return makeError(ErrorCode::kCanceled, "started");  // hangs up
+        }
+        return Ok{};
+      },
+      seconds(60));
+  if (pid < 0) die("background process did not start: " + (r.ok() ? seen : r.error().message + " " + seen));
+  return pid;
+}
+
+bool processRunning(Daemon& d, const std::string& id, int64_t pid) {
+  auto list = json::parse(call(d, "GET", "/v1/sandboxes/" + id + "/processes", "", 200).body);
+  for (const auto& p : list["processes"]) {
+    if (p.value("pid", int64_t{-1}) == pid) return true;
+  }
+  return false;
+}
+
+struct Ops {
+  std::vector<double> get, pause, resume_paused, suspend, resume_suspended, snapshot;
+  bool process_survived = false;
+};
+
+void timed(std::vector<double>& into, Daemon& d, const std::string& target, const std::string& state,
+           int expect = 200) {
+  auto t0 = Clock::now();
+  auto r = call(d, "POST", target, "", expect, seconds(300));
+  into.push_back(Ms(Clock::now() - t0).count());
+  if (!state.empty() && json::parse(r.body).value("state", "") != state) die(target + ": not " + state + ": " + r.body);
+}
+
+Ops opsLoop(Daemon& d, int n, int snapshots) {
+  Ops o;
+  waitPoolFull(d, seconds(60));
+  const std::string id = createSandbox(d, kLongLived);
+  const std::string sb = "/v1/sandboxes/" + id;
+  const int64_t pid = startBackgroundProcess(d, id);
+  if (!processRunning(d, id, pid)) die("the background process is not listed");
+  waitPoolFull(d, seconds(60));
+  for (int i = 0; i < n; ++i) {
+    auto t0 = Clock::now();
+    call(d, "GET", sb, "", 200);
+    o.get.push_back(Ms(Clock::now() - t0).count());
+  }
+  for (int i = 0; i < n; ++i) {
+    timed(o.pause, d, sb + "/pause", "paused");
+    timed(o.resume_paused, d, sb + "/resume", "running");
+  }
+  for (int i = 0; i < n; ++i) {
+    timed(o.suspend, d, sb + "/suspend", "suspended");
+    timed(o.resume_suspended, d, sb + "/resume", "running");
+  }
+  for (int i = 0; i < snapshots; ++i) {
+    auto t0 = Clock::now();
+    auto r = call(d, "POST", sb + "/snapshots", "{}", 201, seconds(300));
+    o.snapshot.push_back(Ms(Clock::now() - t0).count());
+    call(d, "DELETE", "/v1/snapshots/" + json::parse(r.body)["id"].get<std::string>(), "", 204);
+  }
+  o.process_survived = processRunning(d, id, pid);
+  deleteSandbox(d, id);
+  return o;
+}
+
+// --- 4. branch ----------------------------------------------------------------------------
+
+struct Branch {
+  std::vector<double> single;                // one create from the snapshot
+  std::vector<std::pair<int, double>> runs;  // count, ms until the 201
+};
+
+Branch branchLoop(Daemon& d, const std::vector<int>& counts, int baseline) {
+  Branch b;
+  waitPoolFull(d, seconds(60));
+  const std::string source = createSandbox(d, kLongLived);
+  const std::string snap =
+      json::parse(call(d, "POST", "/v1/sandboxes/" + source + "/snapshots", "{}", 201, seconds(300)).body)["id"]
+          .get<std::string>();
+  const std::string from_snapshot = json{{"snapshot", snap}, {"timeout_s", 7200}}.dump();
+  for (int i = 0; i < baseline; ++i) {
+    waitPoolFull(d, seconds(60));
+    auto t0 = Clock::now();
+    std::string id = createSandbox(d, from_snapshot, seconds(300));
+    b.single.push_back(Ms(Clock::now() - t0).count());
+    deleteSandbox(d, id);
+  }
+  for (int count : counts) {
+    waitPoolFull(d, seconds(60));
+    auto t0 = Clock::now();
+    auto r = call(d, "POST", "/v1/snapshots/" + snap + "/branch", json{{"count", count}, {"timeout_s", 7200}}.dump(),
+                  201, seconds(600));
+    b.runs.emplace_back(count, Ms(Clock::now() - t0).count());
+    auto children = json::parse(r.body)["sandboxes"];
+    if (children.size() != static_cast<size_t>(count)) die("branch answered " + std::to_string(children.size()));
+    for (const auto& c : children) {
+      if (c.value("state", "") != "running") die("a branch child is not running: " + c.dump());
+      deleteSandbox(d, c["id"].get<std::string>());
+    }
+  }
+  call(d, "DELETE", "/v1/snapshots/" + snap, "", 204);
+  deleteSandbox(d, source);
+  return b;
+}
+
+// --- 5. memory ----------------------------------------------------------------------------
+
+struct VmMemory {
+  double total_pss_kib = 0;
+  double guest_pss_kib = 0;    // the private mapping of the template's memory file
+  double guest_dirty_kib = 0;  // its Private_Dirty: guest pages this sandbox wrote
+};
+
+// QEMU's command line names files in its sandbox's directory; GET /v1/sandboxes has no pid.
+pid_t qemuPidOf(const std::string& data_dir, const std::string& id) {
+  const std::string needle = data_dir + "/sandboxes/" + id + "/";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find(needle) != std::string::npos) return static_cast<pid_t>(atoi(name.c_str()));
+  }
+  return -1;
+}
+
+double kibField(const std::string& line, const char* field) { return strtod(line.c_str() + strlen(field), nullptr); }
+
+VmMemory readMemory(pid_t pid) {
+  VmMemory m;
+  const std::string proc = "/proc/" + std::to_string(pid);
+  std::ifstream rollup(proc + "/smaps_rollup");
+  for (std::string line; std::getline(rollup, line);) {
+    if (line.rfind("Pss:", 0) == 0) m.total_pss_kib = kibField(line, "Pss:");
+  }
+  std::ifstream smaps(proc + "/smaps");
+  bool guest = false;
+  for (std::string line; std::getline(smaps, line);) {
+    // A mapping's header starts with its address range ("7f12...-7f13... rw-p ..."); the field
+    // lines that follow ("Pss:   12 kB") belong to it.
+    const auto colon = line.find(':'), dash = line.find('-');
+    if (dash != std::string::npos && (colon == std::string::npos || dash < colon) &&
+        line.find_first_not_of("0123456789abcdef") == dash) {
+      const auto slash = line.find('/');
+      const std::string path = slash == std::string::npos ? "" : line.substr(slash);
+      guest = path.find("/templates/") != std::string::npos && path.size() >= 7 &&
+              path.compare(path.size() - 7, 7, "/memory") == 0;
+    } else if (guest && line.rfind("Pss:", 0) == 0) {
+      m.guest_pss_kib += kibField(line, "Pss:");
+    } else if (guest && line.rfind("Private_Dirty:", 0) == 0) {
+      m.guest_dirty_kib += kibField(line, "Private_Dirty:");
+    }
+  }
+  if (m.total_pss_kib == 0) die("could not read " + proc + "/smaps_rollup");
+  return m;
+}
+
+struct Memory {
+  std::vector<VmMemory> vms;
+  VmMemory mean() const {
+    VmMemory s;
+    for (const auto& v : vms) {
+      s.total_pss_kib += v.total_pss_kib / static_cast<double>(vms.size());
+      s.guest_pss_kib += v.guest_pss_kib / static_cast<double>(vms.size());
+      s.guest_dirty_kib += v.guest_dirty_kib / static_cast<double>(vms.size());
+    }
+    return s;
+  }
+};
+
+Memory memoryOf(Daemon& d, int n, int idle_s) {
+  Memory out;
+  std::vector<std::string> ids;
+  for (int i = 0; i < n; ++i) {
+    waitPoolFull(d, seconds(60));
+    ids.push_back(createSandbox(d, kLongLived, seconds(300)));
+  }
+  waitPoolFull(d, seconds(60));
+  std::this_thread::sleep_for(seconds(idle_s));
+  for (const auto& id : ids) {
+    pid_t pid = qemuPidOf(d.data_dir, id);
+    if (pid < 0) die("no QEMU process found for " + id);
+    out.vms.push_back(readMemory(pid));
+  }
+  for (const auto& id : ids) deleteSandbox(d, id);
+  return out;
+}
+
+json memoryJson(const Memory& m, bool restored) {
+  VmMemory s = m.mean();
+  json j{{"sandboxes", m.vms.size()}, {"total_pss_mib", s.total_pss_kib / 1024}};
+  if (restored) {
+    j["guest_ram_mapping_pss_mib"] = s.guest_pss_kib / 1024;
+    j["guest_dirtied_mib"] = s.guest_dirty_kib / 1024;
+    j["overhead_mib"] = (s.total_pss_kib - s.guest_dirty_kib) / 1024;
+  }
+  return j;
+}
+
+// --- options ------------------------------------------------------------------------------
+
+[[noreturn]] void usage(int code) {
+  fputs(kUsage, code == 0 ? stdout : stderr);
+  exit(code);
+}
+
+int intArg(int argc, char** argv, int& i, int min) {
+  if (i + 1 >= argc) usage(2);
+  char* end = nullptr;
+  long v = strtol(argv[++i], &end, 10);
+  if (*end != '\0' || v < min || v > 100000) {
+    fprintf(stderr, "space-lifecycle-bench: %s: bad value %s\n", argv[i - 1], argv[i]);
+    exit(2);
+  }
+  return static_cast<int>(v);
+}
+
+std::vector<std::string> splitComma(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string part; std::getline(in, part, ',');) {
+    if (!part.empty()) out.push_back(part);
+  }
+  return out;
+}
+
+Options parseOptions(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") usage(0);
+    if (a == "--creates") {
+      o.creates = intArg(argc, argv, i, 0);
+    } else if (a == "--warm-pool") {
+      o.warm_pool = intArg(argc, argv, i, 0);
+    } else if (a == "--unpaced") {
+      o.unpaced = true;
+    } else if (a == "--baseline-creates") {
+      o.baseline_creates = intArg(argc, argv, i, 0);
+    } else if (a == "--cold-creates") {
+      o.cold_creates = intArg(argc, argv, i, 0);
+    } else if (a == "--floor") {
+      o.floor = intArg(argc, argv, i, 0);
+    } else if (a == "--concurrent") {
+      o.concurrent = intArg(argc, argv, i, 1);
+    } else if (a == "--ops") {
+      o.ops = intArg(argc, argv, i, 0);
+    } else if (a == "--snapshots") {
+      o.snapshots = intArg(argc, argv, i, 0);
+    } else if (a == "--branch") {
+      if (i + 1 >= argc) usage(2);
+      o.branch.clear();
+      for (const auto& c : splitComma(argv[++i])) {
+        int v = atoi(c.c_str());
+        if (v < 1 || v > 64) {
+          fprintf(stderr, "space-lifecycle-bench: --branch: counts are 1..64\n");
+          exit(2);
+        }
+        o.branch.push_back(v);
+      }
+    } else if (a == "--branch-baseline") {
+      o.branch_baseline = intArg(argc, argv, i, 0);
+    } else if (a == "--memory-sandboxes") {
+      o.memory_sandboxes = intArg(argc, argv, i, 1);
+    } else if (a == "--cold-memory-sandboxes") {
+      o.cold_memory_sandboxes = intArg(argc, argv, i, 0);
+    } else if (a == "--idle-s") {
+      o.idle_s = intArg(argc, argv, i, 0);
+    } else if (a == "--skip") {
+      if (i + 1 >= argc) usage(2);
+      for (const auto& s : splitComma(argv[++i])) {
+        if (s != "create" && s != "concurrent" && s != "ops" && s != "branch" && s != "memory") {
+          fprintf(stderr, "space-lifecycle-bench: --skip: unknown section %s\n", s.c_str());
+          exit(2);
+        }
+        o.skip.insert(s);
+      }
+    } else if (a == "--json") {
+      o.json = true;
+    } else {
+      fprintf(stderr, "space-lifecycle-bench: unknown option %s\n", a.c_str());
+      usage(2);
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options opt = parseOptions(argc, argv);
+  // The in-process floor's VM layer logs each boot at info, on stdout by default: the table
+  // and the JSON document must stay alone there.
+  if (auto st = initLogging("warn", false); !st.ok()) die(st.error().message);
+  auto run = [&](const char* section) { return opt.skip.count(section) == 0; };
+
+  // Ctrl-C must not leave daemons and VMs behind: spaced runs in its own session, so it would
+  // not see the signal. A thread takes the signals and cleans up; the mask is inherited by every
+  // thread started later (children get a clean one from posix_spawn).
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::thread([stop_signals] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    g_interrupted = true;
+    fprintf(stderr, "space-lifecycle-bench: %s: stopping spaced and its VMs\n", strsignal(sig));
+    cleanupAll(false);
+    _exit(128 + sig);
+  }).detach();
+
+  {
+    auto dir = TempDir::create("/tmp", "space-lcb-");
+    if (!dir.ok()) die(dir.error().message);
+    std::lock_guard lock(g_cleanup_mu);
+    g_root = dir->release();  // removed by cleanupAll
+  }
+  const std::string accelerator = [] {
+    auto a = vmm::chooseAccelerator(vmm::Accelerator::kAuto, vmm::probeKvm());
+    return a.ok() ? std::string(vmm::acceleratorName(a->accelerator)) : std::string("?");
+  }();
+  const bool paced = !opt.unpaced;
+  json out{
+      {"accelerator", accelerator}, {"cpus", 1}, {"memory_mb", 256}, {"warm_pool", opt.warm_pool}, {"paced", paced}};
+
+  // Sections 1-5 on one daemon with the pool; then, one at a time, the daemons of the baselines.
+  CreateLoop pooled, no_pool, cold;
+  Floor floor;
+  std::optional<Burst> burst, burst_seq;
+  std::optional<Ops> ops;
+  std::optional<Branch> branch;
+  std::optional<Memory> memory, cold_memory;
+  const std::string pool_arg = std::to_string(opt.warm_pool);
+  std::string pool_data_dir;
+  {
+    progress("[spaced --warm-pool " + pool_arg + "] starting, building the template snapshot");
+    Daemon& d = startDaemon("pool", {"--warm-pool", pool_arg});
+    pool_data_dir = d.data_dir;
+    warmUp(d);
+    if (run("create") && opt.creates > 0) {
+      progress("[create] " + std::to_string(opt.creates) + " x create + first exec, warm pool");
+      pooled = createLoop(d, opt.creates, opt.warm_pool > 0, paced);
+    }
+    if (run("concurrent")) {
+      progress("[concurrent] " + std::to_string(opt.concurrent) + " creates, sequentially then at once");
+      waitPoolFull(d, seconds(60));
+      burst_seq = sequentialBurst(d, opt.concurrent);
+      waitPoolFull(d, seconds(60));
+      burst = concurrentBurst(d, opt.concurrent);
+    }
+    if (run("ops") && (opt.ops > 0 || opt.snapshots > 0)) {
+      progress("[ops] " + std::to_string(opt.ops) + " rounds each, " + std::to_string(opt.snapshots) + " snapshots");
+      ops = opsLoop(d, opt.ops, opt.snapshots);
+    }
+    if (run("branch") && !opt.branch.empty()) {
+      progress("[branch] from one snapshot");
+      branch = branchLoop(d, opt.branch, opt.branch_baseline);
+    }
+    if (run("memory")) {
+      progress("[memory] " + std::to_string(opt.memory_sandboxes) + " idle restored sandboxes");
+      memory = memoryOf(d, opt.memory_sandboxes, opt.idle_s);
+    }
+    stopDaemon(d);
+  }
+  if (run("create") && opt.floor > 0) {
+    // spaced is stopped: its template files stay, and nothing else runs next to the floor.
+    progress("[create] " + std::to_string(opt.floor) + " x floor: Vm::prepare + Vm::restore in-process");
+    floor = floorLoop(pool_data_dir, opt.floor);
+  }
+  if (run("create") && opt.baseline_creates > 0) {
+    progress("[create] " + std::to_string(opt.baseline_creates) + " x baseline: spaced --warm-pool 0");
+    Daemon& d = startDaemon("no-pool", {"--warm-pool", "0"});
+    warmUp(d);
+    no_pool = createLoop(d, opt.baseline_creates, false, false);
+    stopDaemon(d);
+  }
+  const bool cold_create = run("create") && opt.cold_creates > 0;
+  const bool cold_mem = run("memory") && opt.cold_memory_sandboxes > 0;
+  if (cold_create || cold_mem) {
+    progress("[spaced --no-snapshots --warm-pool 0] cold-boot baselines");
+    Daemon& d = startDaemon("cold", {"--no-snapshots", "--warm-pool", "0"});
+    warmUp(d);
+    if (cold_create) cold = createLoop(d, opt.cold_creates, false, false);
+    if (cold_mem) cold_memory = memoryOf(d, opt.cold_memory_sandboxes, opt.idle_s);
+    stopDaemon(d);
+  }
+  cleanupAll(true);
+
+  // --- results
+  if (run("create")) {
+    json c = createLoopJson(pooled);
+    c["iterations"] = pooled.create.size();
+    if (opt.warm_pool > 0) c["iterations_with_full_pool"] = pooled.pool_full;
+    c["baseline_no_pool"] = createLoopJson(no_pool);
+    c["baseline_cold_boot"] = createLoopJson(cold);
+    c["floor"] = json{{"vm_prepare_ms", statsJson(floor.prepare)},
+                      {"vm_restore_ms", statsJson(floor.restore)},
+                      {"vm_restore_to_running_ms", statsJson(floor.running)}};
+    out["create"] = c;
+  }
+  if (burst) {
+    out["concurrent"] = burstJson(*burst);
+    out["concurrent"]["n"] = opt.concurrent;
+    out["concurrent"]["baseline_sequential"] = burstJson(*burst_seq);
+  }
+  if (ops) {
+    out["ops"] = json{{"baseline_get_ms", statsJson(ops->get)},
+                      {"pause_ms", statsJson(ops->pause)},
+                      {"resume_from_paused_ms", statsJson(ops->resume_paused)},
+                      {"suspend_ms", statsJson(ops->suspend)},
+                      {"resume_from_suspended_ms", statsJson(ops->resume_suspended)},
+                      {"snapshot_ms", statsJson(ops->snapshot)},
+                      {"process_survived", ops->process_survived}};
+  }
+  if (branch) {
+    json runs = json::array();
+    for (const auto& [count, ms] : branch->runs) {
+      runs.push_back(json{{"count", count}, {"total_ms", ms}, {"ms_per_child", ms / count}});
+    }
+    out["branch"] = json{{"baseline_single_create_from_snapshot_ms", statsJson(branch->single)}, {"runs", runs}};
+  }
+  if (memory) {
+    out["memory"] = memoryJson(*memory, true);
+    out["memory"]["idle_s"] = opt.idle_s;
+    if (cold_memory) out["memory"]["baseline_cold_boot"] = memoryJson(*cold_memory, false);
+  }
+  if (opt.json) {
+    printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+
+  printf("SPACE lifecycle: accelerator %s, sandboxes of 1 vCPU / 256 MB, warm pool %d%s\n", accelerator.c_str(),
+         opt.warm_pool, paced ? " (paced: each create waits for a full pool)" : " (unpaced)");
+  if (run("create")) {
+    printf("create -> first exec `true`");
+    if (opt.warm_pool > 0) printf(" (%d of %zu found the pool full)", pooled.pool_full, pooled.create.size());
+    printf("\n");
+    printRow("POST /v1/sandboxes -> 201 (warm pool)", pooled.create);
+    printRow("POST /v1/sandboxes + first exec (warm pool)", pooled.first_exec);
+    printRow("baseline: create, no pool (QEMU started per request)", no_pool.create);
+    printRow("baseline: create + first exec, no pool", no_pool.first_exec);
+    printRow("baseline: create, cold boot (--no-snapshots)", cold.create);
+    printRow("baseline: create + first exec, cold boot", cold.first_exec);
+    printRow("floor: Vm::prepare in-process (the pool's part)", floor.prepare);
+    printRow("floor: Vm::restore in-process (prepared VM)", floor.restore);
+    printRow("floor:   of which state load -> guest running", floor.running);
+  }
+  if (burst) {
+    printf("%d creates at once\n", opt.concurrent);
+    printRow("concurrent: POST /v1/sandboxes -> 201", burst->latency);
+    printRow("baseline: the same creates one after another", burst_seq->latency);
+    printf("  %-54s %8.2f creates/s (all done in %.0f ms)\n", "concurrent: rate",
+           opt.concurrent * 1000.0 / burst->wall_ms, burst->wall_ms);
+    printf("  %-54s %8.2f creates/s (all done in %.0f ms)\n", "baseline: sequential rate",
+           opt.concurrent * 1000.0 / burst_seq->wall_ms, burst_seq->wall_ms);
+  }
+  if (ops) {
+    printf("operations on one sandbox with a process running\n");
+    printRow("baseline: GET /v1/sandboxes/{id}", ops->get);
+    printRow("POST .../pause", ops->pause);
+    printRow("POST .../resume (from paused)", ops->resume_paused);
+    printRow("POST .../suspend", ops->suspend);
+    printRow("POST .../resume (from suspended)", ops->resume_suspended);
+    printRow("POST .../snapshots -> 201", ops->snapshot);
+    printf("  %-54s %s\n", "the process survived all of it", ops->process_survived ? "yes" : "NO");
+  }
+  if (branch) {
+    printf("branch from one snapshot\n");
+    printRow("baseline: POST /v1/sandboxes {\"snapshot\"} (one child)", branch->single);
+    for (const auto& [count, ms] : branch->runs) {
+      printf("  %-54s %8.0f ms total, %6.1f ms per child\n",
+             ("POST /v1/snapshots/{id}/branch count " + std::to_string(count)).c_str(), ms, ms / count);
+    }
+  }
+  if (memory) {
+    VmMemory m = memory->mean();
+    printf("host memory per idle sandbox (mean, after %d s idle)\n", opt.idle_s);
+    printf("  %-54s %8.1f MiB total PSS\n",
+           ("restored from the template, " + std::to_string(memory->vms.size()) + " sandboxes").c_str(),
+           m.total_pss_kib / 1024);
+    printf("  %-54s %8.1f MiB\n", "  guest RAM mapping (template memory file) PSS", m.guest_pss_kib / 1024);
+    printf("  %-54s %8.1f MiB\n", "  guest pages dirtied (its Private_Dirty)", m.guest_dirty_kib / 1024);
+    printf("  %-54s %8.1f MiB\n", "  overhead: total PSS - guest dirtied",
+           (m.total_pss_kib - m.guest_dirty_kib) / 1024);
+    if (cold_memory) {
+      printf("  %-54s %8.1f MiB total PSS\n",
+             ("baseline: cold boot, " + std::to_string(cold_memory->vms.size()) + " sandboxes").c_str(),
+             cold_memory->mean().total_pss_kib / 1024);
+    }
+  }
+  return 0;
+}
