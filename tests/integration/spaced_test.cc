@@ -1215,5 +1215,51 @@ TEST_F(SpacedTest, SpacectlRunRemovesItsSandbox) {
   unsetenv("SPACE_API_KEY");
 }
 
+// spacectl's snapshot and branch commands against the real daemon: ids on stdout for scripts.
+TEST_F(SpacedTest, SpacectlSnapshotsAndBranches) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  setenv("SPACE_API", daemon_->url().c_str(), 1);
+  setenv("SPACE_API_KEY", daemon_->key().c_str(), 1);
+  int calls = 0;
+  auto spacectl = [&](std::vector<std::string> args) {
+    const std::string out = dir_->path() + "/spacectl" + std::to_string(++calls) + ".out";
+    args.insert(args.begin(), SPACECTL_BIN);
+    auto p = ChildProcess::spawn(args, SpawnOptions{out, out, true});
+    EXPECT_TRUE(p.ok());
+    auto status = p->waitFor(seconds(120));
+    EXPECT_TRUE(status && status->exit_code == 0) << readSmallFile(out, 1 << 20).value();
+    auto text = readSmallFile(out, 1 << 20);
+    return text.ok() ? text.value() : std::string();
+  };
+  std::string id = spacectl({"create", "--cpus", "1", "--memory", "256"});
+  id = id.substr(0, id.find('\n'));
+  ASSERT_EQ(id.substr(0, 3), "sb_");
+  spacectl({"exec", id, "--", "echo from-parent > /home/user/p.txt"});
+  std::string snap = spacectl({"snapshot", "create", id, "--name", "cli"});
+  snap = snap.substr(0, snap.find('\n'));
+  ASSERT_EQ(snap.substr(0, 5), "snap_") << snap;
+  EXPECT_NE(spacectl({"snapshot", "ls"}).find(snap), std::string::npos);
+  json listed = json::parse(spacectl({"snapshot", "ls", "--json"}), nullptr, false);
+  ASSERT_FALSE(listed.is_discarded());
+  EXPECT_EQ(listed["snapshots"][0]["name"], "cli");
+  std::string children = spacectl({"branch", snap, "-n", "2"});
+  std::vector<std::string> ids;
+  for (size_t at = 0; at < children.size();) {
+    size_t nl = children.find('\n', at);
+    ids.push_back(children.substr(at, nl - at));
+    at = nl == std::string::npos ? children.size() : nl + 1;
+  }
+  ASSERT_EQ(ids.size(), 2u) << children;
+  for (const auto& child : ids) {
+    EXPECT_EQ(spacectl({"exec", child, "--", "cat /home/user/p.txt"}), "from-parent\n");
+  }
+  spacectl({"snapshot", "rm", snap});
+  spacectl({"rm", id, ids[0], ids[1]});
+  EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+  unsetenv("SPACE_API");
+  unsetenv("SPACE_API_KEY");
+}
+
 }  // namespace
 }  // namespace space
