@@ -173,6 +173,20 @@ Result<std::optional<int64_t>> queryInt(http::Request& req, const char* name, in
   return std::optional<int64_t>(n);
 }
 
+// `limit` and `cursor`, as every list takes them.
+Status readPaging(http::Request& req, size_t& limit, std::string& after_id) {
+  auto given = queryInt(req, "limit", 1, 1000);
+  if (!given.ok()) return given.error();
+  if (given.value()) limit = static_cast<size_t>(*given.value());
+  if (auto cursor = req.query("cursor")) after_id = *cursor;
+  return okStatus();
+}
+
+// One page of a list: {"<key>": [...], "next_cursor": "..." or null}.
+std::string pageJson(const char* key, json items, const std::string& next_cursor) {
+  return dumpJson(json{{key, std::move(items)}, {"next_cursor", next_cursor.empty() ? json() : json(next_cursor)}});
+}
+
 Result<std::string> queryUser(http::Request& req) {
   auto user = req.query("user");
   if (!user) return std::string();
@@ -415,16 +429,12 @@ void ApiService::listSandboxes(Call& c) {
       return fail(c, makeError(ErrorCode::kInvalidArgument, "unknown query parameter \"" + key + "\""));
     }
   }
-  auto limit = queryInt(c.req, "limit", 1, 1000);
-  if (!limit.ok()) return fail(c, limit.error());
-  if (limit.value()) filter.limit = static_cast<size_t>(*limit.value());
-  if (auto cursor = c.req.query("cursor")) filter.after_id = *cursor;
+  if (auto paging = readPaging(c.req, filter.limit, filter.after_id); !paging.ok()) return fail(c, paging.error());
   auto page = manager_.list(filter);
   if (!page.ok()) return fail(c, page.error());
   json items = json::array();
   for (const auto& rec : page->items) items.push_back(sandboxJson(rec));
-  json out{{"sandboxes", items}, {"next_cursor", page->next_cursor.empty() ? json() : json(page->next_cursor)}};
-  (void)c.res.send(200, "application/json", dumpJson(out));
+  (void)c.res.send(200, "application/json", pageJson("sandboxes", std::move(items), page->next_cursor));
 }
 
 void ApiService::getSandbox(Call& c) {
@@ -520,16 +530,12 @@ void ApiService::listSnapshots(Call& c) {
       return fail(c, makeError(ErrorCode::kInvalidArgument, "unknown query parameter \"" + key + "\""));
     }
   }
-  auto limit = queryInt(c.req, "limit", 1, 1000);
-  if (!limit.ok()) return fail(c, limit.error());
-  if (limit.value()) filter.limit = static_cast<size_t>(*limit.value());
-  if (auto cursor = c.req.query("cursor")) filter.after_id = *cursor;
+  if (auto paging = readPaging(c.req, filter.limit, filter.after_id); !paging.ok()) return fail(c, paging.error());
   auto page = manager_.listSnapshots(filter);
   if (!page.ok()) return fail(c, page.error());
   json items = json::array();
   for (const auto& snap : page->items) items.push_back(snapshotJson(snap));
-  json out{{"snapshots", items}, {"next_cursor", page->next_cursor.empty() ? json() : json(page->next_cursor)}};
-  (void)c.res.send(200, "application/json", dumpJson(out));
+  (void)c.res.send(200, "application/json", pageJson("snapshots", std::move(items), page->next_cursor));
 }
 
 void ApiService::getSnapshot(Call& c) {

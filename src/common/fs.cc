@@ -11,6 +11,19 @@
 
 namespace space {
 
+Status fsyncPath(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // O_RDONLY opens directories too
+  if (fd < 0) return makeError(ErrorCode::kInternal, "open " + path + ": " + strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) {
+    return makeError(err == ENOSPC || err == EDQUOT ? ErrorCode::kResourceExhausted : ErrorCode::kInternal,
+                     "fsync " + path + ": " + strerror(err));
+  }
+  return okStatus();
+}
+
 namespace {
 
 Error sysError(const std::string& what, const std::string& path) {

@@ -13,6 +13,10 @@ namespace space {
 // temp file in the same directory, fsync, rename, fsync of the directory.
 Status writeFileAtomic(const std::string& path, const std::string& data, int mode = 0644);
 
+// Flushes a file or a directory (its entries, e.g. after a rename) to disk. ENOSPC/EDQUOT are
+// kResourceExhausted.
+Status fsyncPath(const std::string& path);
+
 // Reads at most the last `max_bytes` of a file (the whole file if smaller).
 Result<std::string> readFileTail(const std::string& path, size_t max_bytes);
 

@@ -184,8 +184,7 @@ Result<WarmVm> SandboxManager::makeWarmVm() {
   auto accel = vmm::chooseAccelerator(config_.accelerator, vmm::probeKvm());
   if (!accel.ok()) return accel.error();
   snapshot::TemplateKey key{
-      tpl.name,           tpl.kernel_path,     tpl.rootfs_path, config_.default_cpus, config_.default_memory_mb,
-      accel->accelerator, "qemu-system-x86_64"};
+      tpl.name, tpl.kernel_path, tpl.rootfs_path, config_.default_cpus, config_.default_memory_mb, accel->accelerator};
   auto snap = templates_->ensure(key, config_.boot_timeout);
   if (!snap.ok()) return snap.error();
   vmm::VmSpec spec;
@@ -993,9 +992,9 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
   storage.unlock();
   if (!capture.ok()) {
     layers_dirty_ = true;
-    const bool usable = sandbox.vm->processRunning() &&
-                        (sandbox.state == SandboxState::kRunning ? sandbox.vm->resume().ok()
-                                                                 : sandbox.vm->reactivateStopped().ok());
+    const bool usable =
+        sandbox.vm->processRunning() &&
+        (sandbox.state == SandboxState::kRunning ? sandbox.vm->resume().ok() : sandbox.vm->reactivateStopped().ok());
     if (!usable) {
       (void)finish(
           live.value(), SandboxState::kFailed,

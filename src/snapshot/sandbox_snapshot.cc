@@ -17,19 +17,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-Status fsyncPath(const std::string& path, int flags) {
-  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return makeError(ErrorCode::kInternal, "open " + path + ": " + strerror(errno));
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) {
-    return makeError(err == ENOSPC ? ErrorCode::kResourceExhausted : ErrorCode::kInternal,
-                     "fsync " + path + ": " + strerror(err));
-  }
-  return okStatus();
-}
-
 uint64_t allocatedBytes(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return 0;
@@ -112,14 +99,14 @@ Result<SnapshotFiles> finishSnapshot(SnapshotCapture capture, const TakeSnapshot
   }  // its run directory (overlay, sockets) goes with it
   std::error_code ec;
   std::filesystem::remove(capture.stream, ec);
-  for (const char* file : {"/memory", "/state"}) SPACE_TRY(fsyncPath(dir + file, O_RDONLY));
-  SPACE_TRY(fsyncPath(capture.layer, O_RDONLY));
-  SPACE_TRY(fsyncPath(req.layers_dir, O_RDONLY | O_DIRECTORY));
+  for (const char* file : {"/memory", "/state"}) SPACE_TRY(fsyncPath(dir + file));
+  SPACE_TRY(fsyncPath(capture.layer));
+  SPACE_TRY(fsyncPath(req.layers_dir));
   const std::string final_dir = req.snapshots_dir + "/" + req.id;
   std::filesystem::rename(dir, final_dir, ec);
   if (ec) return makeError(ErrorCode::kInternal, "publish " + final_dir + ": " + ec.message());
   capture.build_dir->release();
-  SPACE_TRY(fsyncPath(req.snapshots_dir, O_RDONLY | O_DIRECTORY));
+  SPACE_TRY(fsyncPath(req.snapshots_dir));
   auto files = snapshotFilesIn(final_dir, capture.layer);
   spdlog::info("snapshot {}: taken in {} ms (sandbox stopped for {} ms; {} MiB)", req.id,
                std::chrono::duration_cast<milliseconds>(Clock::now() - capture.started).count(),

@@ -67,16 +67,6 @@ TemplateSnapshot snapshotIn(const std::string& dir, json meta) {
   return TemplateSnapshot{dir, dir + "/memory", dir + "/disk.qcow2", dir + "/state", std::move(meta)};
 }
 
-Status fsyncPath(const std::string& path, int flags) {
-  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return makeError(ErrorCode::kInternal, "open " + path + ": " + strerror(errno));
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) return makeError(ErrorCode::kInternal, "fsync " + path + ": " + strerror(err));
-  return okStatus();
-}
-
 }  // namespace
 
 Result<std::string> TemplateCache::dirName(const TemplateKey& key) {
@@ -142,7 +132,7 @@ Result<TemplateSnapshot> TemplateCache::build(const TemplateKey& key, const std:
     fs::rename(options.run_dir + "/disk.qcow2", dir + "/disk.qcow2", ec);
     if (ec) return makeError(ErrorCode::kInternal, "keep the template's disk: " + ec.message());
   }  // the VM's run directory goes with it
-  for (const char* file : {"/memory", "/disk.qcow2", "/state"}) SPACE_TRY(fsyncPath(dir + file, O_RDONLY));
+  for (const char* file : {"/memory", "/disk.qcow2", "/state"}) SPACE_TRY(fsyncPath(dir + file));
   (*meta)["created_at_ms"] =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count();
@@ -151,7 +141,7 @@ Result<TemplateSnapshot> TemplateCache::build(const TemplateKey& key, const std:
   fs::rename(dir, final_dir, ec);
   if (ec) return makeError(ErrorCode::kInternal, "publish " + final_dir + ": " + ec.message());
   tmp->release();
-  SPACE_TRY(fsyncPath(root_, O_RDONLY | O_DIRECTORY));
+  SPACE_TRY(fsyncPath(root_));
   spdlog::info("templates: built {} in {} ms", final_dir,
                std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started).count());
   return snapshotIn(final_dir, std::move(meta.value()));
