@@ -44,7 +44,9 @@ run: build images
 test-unit: build build-asan
 	cd $(BUILD_ASAN) && ctest -L unit --output-on-failure -j $(JOBS)
 
+# check-deps: everything the build read and the scripts run comes from a listed package.
 test: test-unit images
+	scripts/check-deps.py --build $(BUILD) --build $(BUILD_ASAN)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 bench: build images

@@ -1,26 +1,41 @@
 #!/usr/bin/env bash
 # Installs the Debian packages SPACE needs to build, test and run, if any is missing.
 # Idempotent and quiet when everything is there (no apt-get update then).
+#   scripts/install-deps.sh          install what is missing
+#   scripts/install-deps.sh --list   print the package list, one a line, and change nothing
+# scripts/check-deps.py (run by `make test`) fails when the build or a script uses a file or
+# program from a package that this list does not reach.
 set -euo pipefail
 
 packages=(
   # build
   cmake ninja-build g++ pkg-config make
   libgtest-dev libgmock-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libssl-dev
-  libboost1.81-dev libsqlite3-dev
+  libboost1.81-dev libsqlite3-dev libnghttp2-dev
   # guest images: kernel build, debootstrap, ext4 images
   linux-source-6.1 bc flex bison libelf-dev xz-utils debootstrap e2fsprogs
   # virtual machines
   qemu-system-x86 qemu-utils
   # tests and benchmarks
-  python3 jq
+  python3 jq curl
   # storage tests: a data dir on a loop-mounted btrfs
-  btrfs-progs util-linux
+  btrfs-progs util-linux mount
 )
+
+case ${1:-} in
+  --list)
+    printf '%s\n' "${packages[@]}"
+    exit 0
+    ;;
+  '') ;;
+  *)
+    echo "usage: $0 [--list]" >&2
+    exit 2
+    ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
-  [[ $p == \#* ]] && continue
   status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
   [[ $status == installed ]] || missing+=("$p")
 done
@@ -33,5 +48,7 @@ if ((EUID != 0)); then
 fi
 echo "install-deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -q
-apt-get install -y -q --no-install-recommends "${missing[@]}"
+# A mirror that stops answering fails the step in minutes, not at CI's limit.
+apt_net=(-o Acquire::http::Timeout=30 -o Acquire::https::Timeout=30 -o Acquire::Retries=3)
+timeout 300 apt-get "${apt_net[@]}" update -q
+timeout 1200 apt-get "${apt_net[@]}" install -y -q --no-install-recommends "${missing[@]}"

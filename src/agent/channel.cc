@@ -56,6 +56,12 @@ void Channel::poke() {
   } else if (!host_attached && state_ != State::kDisconnected) {
     // Read whatever the host sent before leaving (it may end a stream), then drop the session.
     readAvailable();
+    // Unless it came back meanwhile: the driver reports data at once but a port opening only
+    // later, so those bytes may have been a new host's hello, already answered. (A restored
+    // guest sees exactly this: QEMU reports the host gone and back right after the load.)
+    pollfd again{fd_, POLLIN, 0};
+    poll(&again, 1, 0);
+    if ((again.revents & POLLHUP) == 0) return;
     disconnect("host detached");
   }
 }

@@ -4,6 +4,7 @@
 
 #include "agentproto/base64.h"
 #include "agentproto/wire.h"
+#include "common/bounded_json.h"
 
 namespace space::agent {
 
@@ -49,31 +50,6 @@ std::optional<std::string> queryParam(std::string_view query, std::string_view k
     query.remove_prefix(amp + 1);
   }
   return std::nullopt;
-}
-
-// Parsing JSON builds a DOM; nesting like [[[[...]]]] in a 16 MiB body would cost far more
-// memory than its size. Requests nest a few levels at most, so refuse deep ones before parsing.
-constexpr int kMaxJsonDepth = 64;
-bool jsonNestingWithin(std::string_view text, int max_depth) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
 }
 
 }  // namespace
@@ -504,11 +480,13 @@ void H2ServerSession::dispatchChecked(int32_t stream_id, Request& req) {
   if (req.content_type == "application/json") {
     const auto* handler = router_.findUnary(req.path);
     if (handler == nullptr) return respondError(stream_id, rpcError(RpcCode::kUnimplemented, "no method " + req.path));
-    if (!jsonNestingWithin(req.body, kMaxJsonDepth)) {
-      return respondError(stream_id, rpcError(RpcCode::kInvalidArgument, "request JSON nests too deeply"));
+    // Parsing builds a DOM; deep or huge documents cost far more memory than their size.
+    auto parsed = req.body.empty() ? Result<Json>(Json::object()) : parseJsonBounded(req.body);
+    if (!parsed.ok()) {
+      return respondError(stream_id, rpcError(RpcCode::kInvalidArgument, "request " + parsed.error().message));
     }
-    Json body = req.body.empty() ? Json::object() : Json::parse(req.body, nullptr, false);
-    if (body.is_discarded() || !body.is_object()) {
+    Json body = std::move(parsed.value());
+    if (!body.is_object()) {
       return respondError(stream_id, rpcError(RpcCode::kInvalidArgument, "request body is not a JSON object"));
     }
     auto result = (*handler)(body, req.ctx);
@@ -527,11 +505,10 @@ void H2ServerSession::dispatchChecked(int32_t stream_id, Request& req) {
     if (!env.ok() || !env.value() || decoder.midMessage()) {
       return r->finish(rpcError(RpcCode::kInvalidArgument, "stream request must be exactly one envelope"));
     }
-    if (!jsonNestingWithin(env.value()->payload, kMaxJsonDepth)) {
-      return r->finish(rpcError(RpcCode::kInvalidArgument, "request JSON nests too deeply"));
-    }
-    Json body = Json::parse(env.value()->payload, nullptr, false);
-    if (body.is_discarded() || !body.is_object()) {
+    auto parsed = parseJsonBounded(env.value()->payload);
+    if (!parsed.ok()) return r->finish(rpcError(RpcCode::kInvalidArgument, "request " + parsed.error().message));
+    Json body = std::move(parsed.value());
+    if (!body.is_object()) {
       return r->finish(rpcError(RpcCode::kInvalidArgument, "request message is not a JSON object"));
     }
     (*handler)(body, req.ctx, r);

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <nghttp2/nghttp2.h>
+#include <spdlog/spdlog.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -16,6 +17,7 @@
 #include <thread>
 
 #include "agentproto/wire.h"
+#include "common/bounded_json.h"
 
 namespace space::agentproto {
 
@@ -157,6 +159,7 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
   std::map<int32_t, std::shared_ptr<Call>> calls;
   std::string out;
   size_t out_off = 0;
+  bool peer_settings = false;  // the guest's SETTINGS arrived: its session took our preface
 
   ~Impl() {
     if (session != nullptr) nghttp2_session_del(session);
@@ -281,8 +284,10 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
         auto env = call->decoder.next();
         if (!env.ok()) return abort(makeError(ErrorCode::kUnavailable, "agent stream: " + env.error().message));
         if (!env.value()) break;
-        Json msg = Json::parse(env.value()->payload, nullptr, false);
-        if (msg.is_discarded() || !msg.is_object()) {
+        auto parsed = parseJsonBounded(env.value()->payload);
+        if (!parsed.ok()) return abort(makeError(ErrorCode::kUnavailable, "agent stream: " + parsed.error().message));
+        Json msg = std::move(parsed.value());
+        if (!msg.is_object()) {
           return abort(makeError(ErrorCode::kUnavailable, "agent stream: message is not a JSON object"));
         }
         if (env.value()->flags & kEnvelopeEndStream) {
@@ -315,6 +320,13 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
     return 0;
   }
 
+  static int onFrame(nghttp2_session*, const nghttp2_frame* frame, void* ud) {
+    if (frame->hd.type == NGHTTP2_SETTINGS && !(frame->hd.flags & NGHTTP2_FLAG_ACK)) {
+      static_cast<Impl*>(ud)->peer_settings = true;
+    }
+    return 0;
+  }
+
   static int onStreamClose(nghttp2_session*, int32_t id, uint32_t error_code, void* ud) {
     auto* impl = static_cast<Impl*>(ud);
     auto it = impl->calls.find(id);
@@ -338,7 +350,17 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
                                std::string("agent reset the stream: ") + nghttp2_http2_strerror(error_code)));
       return 0;
     }
-    Json body = call->body.empty() ? Json::object() : Json::parse(call->body, nullptr, false);
+    Json body = Json::object();
+    std::string malformed;
+    if (!call->body.empty()) {
+      auto parsed = parseJsonBounded(call->body);
+      if (parsed.ok()) {
+        body = std::move(parsed.value());
+      } else {
+        malformed = parsed.error().message;
+        body = Json(Json::value_t::discarded);
+      }
+    }
     if (call->status != 200) {
       call->complete(errorFromJson(body, call->status));
       return 0;
@@ -348,7 +370,7 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
       return 0;
     }
     if (body.is_discarded()) {
-      call->complete(makeError(ErrorCode::kUnavailable, "agent answered with malformed JSON"));
+      call->complete(makeError(ErrorCode::kUnavailable, "agent answered with malformed JSON: " + malformed));
       return 0;
     }
     call->complete(okStatus(), std::move(body));
@@ -454,85 +476,160 @@ void Call::cancel() {
   owner->post([owner, self] { owner->cancel(self, makeError(ErrorCode::kCanceled, "stream canceled")); });
 }
 
+namespace {
+
+// How long the guest gets to answer our HTTP/2 preface with its SETTINGS before the handshake
+// counts as lost and is made again. Its answer takes one round trip; a second is generous even
+// for a guest under TCG that has just been restored.
+constexpr std::chrono::milliseconds kSessionConfirm{1000};
+
+}  // namespace
+
 Result<std::unique_ptr<AgentClient>> AgentClient::connect(UniqueFd fd, Clock::time_point deadline,
                                                           const HandshakeWatch& watch) {
   fcntl(fd.get(), F_SETFL, fcntl(fd.get(), F_GETFL) | O_NONBLOCK);
-  std::string nonce = randomNonce();
-  HandshakeScanner scanner(kOllehPrefix, nonce);
-  SPACE_TRY(writeAll(fd.get(), std::string(kHelloFiller, '\0') + makeHello(nonce), deadline));
-  auto next_hello = Clock::now() + kHelloInterval;
-  std::optional<HandshakeScanner::Match> match;
   char buf[4096];
-  while (!match) {
-    if (watch.check) {
-      if (auto err = watch.check()) return *err;
+  // Waits for the guest's answer to a hello, saying it again (with a new nonce, so that a late
+  // answer to an old one is never taken for the current one) while the port may be unopened.
+  auto awaitOlleh = [&]() -> Result<HandshakeScanner::Match> {
+    std::string nonce = randomNonce();
+    HandshakeScanner scanner(kOllehPrefix, nonce);
+    SPACE_TRY(writeAll(fd.get(), std::string(kHelloFiller, '\0') + makeHello(nonce), deadline));
+    auto next_hello = Clock::now() + kHelloInterval;
+    while (true) {
+      if (watch.check) {
+        if (auto err = watch.check()) return *err;
+      }
+      if (Clock::now() >= deadline)
+        return makeError(ErrorCode::kDeadlineExceeded, "the guest agent did not answer in time");
+      if (Clock::now() >= next_hello) {
+        nonce = randomNonce();
+        scanner.expectNonce(nonce);
+        SPACE_TRY(writeAll(fd.get(), makeHello(nonce), deadline));
+        next_hello = Clock::now() + kHelloInterval;
+      }
+      std::vector<pollfd> fds{{fd.get(), POLLIN, 0}};
+      for (int w : watch.fds) fds.push_back({w, POLLIN, 0});
+      int rc = poll(fds.data(), fds.size(), pollTimeoutMs(std::min(deadline, next_hello)));
+      if (rc < 0 && errno != EINTR) return makeError(ErrorCode::kInternal, std::string("poll: ") + strerror(errno));
+      if (rc <= 0 || !(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      ssize_t n = read(fd.get(), buf, sizeof buf);
+      if (n == 0) return makeError(ErrorCode::kUnavailable, "agent channel closed during the handshake");
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EINTR) continue;
+        return makeError(ErrorCode::kUnavailable, std::string("agent channel: ") + strerror(errno));
+      }
+      auto got = scanner.feed(std::string_view(buf, static_cast<size_t>(n)));
+      if (!got.ok()) return got.error();
+      if (got.value()) return std::move(*got.value());
     }
-    if (Clock::now() >= deadline)
-      return makeError(ErrorCode::kDeadlineExceeded, "the guest agent did not answer in time");
-    if (Clock::now() >= next_hello) {
-      // Our hello may have reached a port nobody had opened yet: say it again, with a new nonce
-      // so a late answer to the old one cannot be mistaken for the current one.
-      nonce = randomNonce();
-      scanner.expectNonce(nonce);
-      SPACE_TRY(writeAll(fd.get(), makeHello(nonce), deadline));
-      next_hello = Clock::now() + kHelloInterval;
-    }
-    std::vector<pollfd> fds{{fd.get(), POLLIN, 0}};
-    for (int w : watch.fds) fds.push_back({w, POLLIN, 0});
-    int rc = poll(fds.data(), fds.size(), pollTimeoutMs(std::min(deadline, next_hello)));
-    if (rc < 0 && errno != EINTR) return makeError(ErrorCode::kInternal, std::string("poll: ") + strerror(errno));
-    if (rc <= 0 || !(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-    ssize_t n = read(fd.get(), buf, sizeof buf);
-    if (n == 0) return makeError(ErrorCode::kUnavailable, "agent channel closed during the handshake");
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) continue;
-      return makeError(ErrorCode::kUnavailable, std::string("agent channel: ") + strerror(errno));
-    }
-    auto got = scanner.feed(std::string_view(buf, static_cast<size_t>(n)));
-    if (!got.ok()) return got.error();
-    match = std::move(got.value());
-  }
+  };
 
   std::unique_ptr<AgentClient> client(new AgentClient());
-  Json info = Json::parse(match->payload, nullptr, false);
-  if (!info.is_object()) return makeError(ErrorCode::kUnavailable, "agent handshake carries malformed info");
-  auto text = [&info](const char* key) {
-    auto it = info.find(key);
-    return it != info.end() && it->is_string() ? it->get<std::string>() : std::string();
-  };
-  client->info_.raw = info;
-  client->info_.version = text("version");
-  client->info_.kernel = text("kernel");
-  client->info_.hostname = text("hostname");
-  if (info.contains("uptime") && info["uptime"].is_number()) client->info_.uptime_s = info["uptime"].get<double>();
+  std::shared_ptr<Impl> impl;
+  for (int attempt = 1;; ++attempt) {
+    auto match = awaitOlleh();
+    if (!match.ok()) return match.error();
+    auto parsed_info = parseJsonBounded(match->payload);
+    Json info = parsed_info.ok() ? std::move(parsed_info.value()) : Json();
+    if (!info.is_object()) return makeError(ErrorCode::kUnavailable, "agent handshake carries malformed info");
+    auto text = [&info](const char* key) {
+      auto it = info.find(key);
+      return it != info.end() && it->is_string() ? it->get<std::string>() : std::string();
+    };
+    client->info_ = {};
+    client->info_.raw = info;
+    client->info_.version = text("version");
+    client->info_.kernel = text("kernel");
+    client->info_.hostname = text("hostname");
+    if (info.contains("uptime") && info["uptime"].is_number()) client->info_.uptime_s = info["uptime"].get<double>();
 
-  auto impl = std::make_shared<Impl>();
+    impl = std::make_shared<Impl>();
+    nghttp2_session_callbacks* cbs = nullptr;
+    nghttp2_session_callbacks_new(&cbs);
+    nghttp2_session_callbacks_set_on_header_callback(cbs, Impl::onHeader);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, Impl::onData);
+    nghttp2_session_callbacks_set_on_stream_close_callback(cbs, Impl::onStreamClose);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, Impl::onFrame);
+    nghttp2_option* opt = nullptr;
+    nghttp2_option_new(&opt);
+    nghttp2_option_set_max_reserved_remote_streams(opt, 0);
+    nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
+    nghttp2_session_client_new2(&impl->session, cbs, impl.get(), opt);
+    nghttp2_option_del(opt);
+    nghttp2_session_callbacks_del(cbs);
+    nghttp2_settings_entry settings[] = {
+        {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
+        {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, static_cast<uint32_t>(kWindow)},
+        {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, static_cast<uint32_t>(kMaxHeaderBytes)},
+    };
+    nghttp2_submit_settings(impl->session, NGHTTP2_FLAG_NONE, settings, 3);
+    nghttp2_session_set_local_window_size(impl->session, NGHTTP2_FLAG_NONE, 0, kWindow * 4);
+    // The guest's first frame must be its SETTINGS (RFC 9113 3.4), within the default frame
+    // size: anything else is a broken or hostile agent, refused now rather than at a deadline.
+    std::string first_header;
+    auto feed = [&impl, &first_header](std::string_view bytes) -> Status {
+      if (bytes.empty()) return okStatus();
+      if (first_header.size() < 9) {
+        first_header.append(bytes.substr(0, 9 - first_header.size()));
+        if (first_header.size() == 9) {
+          const auto* h = reinterpret_cast<const uint8_t*>(first_header.data());
+          const uint32_t length = (uint32_t{h[0]} << 16) | (uint32_t{h[1]} << 8) | h[2];
+          if (h[3] != NGHTTP2_SETTINGS || (h[4] & NGHTTP2_FLAG_ACK) || length > 16384 || length % 6 != 0) {
+            return makeError(ErrorCode::kUnavailable, "agent broke HTTP/2 during the handshake: its first frame is "
+                                                      "not SETTINGS");
+          }
+        }
+      }
+      ssize_t used =
+          nghttp2_session_mem_recv(impl->session, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+      if (used < 0) return makeError(ErrorCode::kUnavailable, "agent sent garbage after the handshake");
+      return okStatus();
+    };
+    SPACE_TRY(feed(match->rest));
+
+    // The answer alone does not prove the guest's channel is still in that handshake: a
+    // restored guest is told its host left and came back (QEMU reports the port's saved
+    // connection state after a load), and its agent may drop the state that answered us just
+    // after answering. It then scans for a hello and would take our HTTP/2 for junk, leaving
+    // every call to time out. The guest sends its SETTINGS only once a session took our
+    // preface, so wait for them; without them, make the handshake again.
+    // What the session has to say (our preface first; later a SETTINGS ack, or a GOAWAY for a
+    // guest that broke the protocol), written at once.
+    auto sendPending = [&]() -> Status {
+      std::string pending;
+      const uint8_t* data = nullptr;
+      for (ssize_t n; (n = nghttp2_session_mem_send(impl->session, &data)) > 0;) {
+        pending.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
+      }
+      return pending.empty() ? okStatus() : writeAll(fd.get(), pending, deadline);
+    };
+    SPACE_TRY(sendPending());
+    const auto confirm_until = std::min(deadline, Clock::now() + kSessionConfirm);
+    while (!impl->peer_settings && Clock::now() < confirm_until) {
+      pollfd p{fd.get(), POLLIN, 0};
+      int rc = poll(&p, 1, pollTimeoutMs(confirm_until));
+      if (rc < 0 && errno != EINTR) return makeError(ErrorCode::kInternal, std::string("poll: ") + strerror(errno));
+      if (rc <= 0) continue;
+      ssize_t n = read(fd.get(), buf, sizeof buf);
+      if (n == 0) return makeError(ErrorCode::kUnavailable, "agent channel closed during the handshake");
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EINTR) continue;
+        return makeError(ErrorCode::kUnavailable, std::string("agent channel: ") + strerror(errno));
+      }
+      SPACE_TRY(feed(std::string_view(buf, static_cast<size_t>(n))));
+      SPACE_TRY(sendPending());
+      if (!impl->peer_settings && nghttp2_session_want_read(impl->session) == 0) {
+        return makeError(ErrorCode::kUnavailable, "agent broke HTTP/2 during the handshake");
+      }
+    }
+    if (impl->peer_settings) break;
+    if (Clock::now() >= deadline) return makeError(ErrorCode::kDeadlineExceeded, "the guest agent did not answer in time");
+    spdlog::warn("agent: handshake {} answered but no HTTP/2 session followed; making it again", attempt);
+  }
+
   impl->fd = std::move(fd);
   impl->wake = UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  nghttp2_session_callbacks* cbs = nullptr;
-  nghttp2_session_callbacks_new(&cbs);
-  nghttp2_session_callbacks_set_on_header_callback(cbs, Impl::onHeader);
-  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, Impl::onData);
-  nghttp2_session_callbacks_set_on_stream_close_callback(cbs, Impl::onStreamClose);
-  nghttp2_option* opt = nullptr;
-  nghttp2_option_new(&opt);
-  nghttp2_option_set_max_reserved_remote_streams(opt, 0);
-  nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
-  nghttp2_session_client_new2(&impl->session, cbs, impl.get(), opt);
-  nghttp2_option_del(opt);
-  nghttp2_session_callbacks_del(cbs);
-  nghttp2_settings_entry settings[] = {
-      {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
-      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, static_cast<uint32_t>(kWindow)},
-      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, static_cast<uint32_t>(kMaxHeaderBytes)},
-  };
-  nghttp2_submit_settings(impl->session, NGHTTP2_FLAG_NONE, settings, 3);
-  nghttp2_session_set_local_window_size(impl->session, NGHTTP2_FLAG_NONE, 0, kWindow * 4);
-  if (!match->rest.empty()) {
-    ssize_t used = nghttp2_session_mem_recv(impl->session, reinterpret_cast<const uint8_t*>(match->rest.data()),
-                                            match->rest.size());
-    if (used < 0) return makeError(ErrorCode::kUnavailable, "agent sent garbage after the handshake");
-  }
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->run(); });
   client->impl_ = std::move(impl);

@@ -1,5 +1,7 @@
 #include "api/json_input.h"
 
+#include "common/bounded_json.h"
+
 namespace space::api {
 
 namespace {
@@ -12,9 +14,10 @@ Error invalid(const std::string& name, const std::string& what) {
 
 Result<nlohmann::json> parseJsonBody(std::string_view body) {
   if (body.find_first_not_of(" \t\r\n") == std::string_view::npos) return nlohmann::json::object();
-  // No exceptions (allow_exceptions = false): a parse error yields a discarded value.
-  nlohmann::json parsed = nlohmann::json::parse(body, nullptr, false);
-  if (parsed.is_discarded()) return makeError(ErrorCode::kInvalidArgument, "request body is not valid JSON");
+  // Request bodies nest a few levels and hold at most thousands of values (env, metadata, argv).
+  auto bounded = parseJsonBounded(body, JsonLimits{.max_depth = 32, .max_values = 100000});
+  if (!bounded.ok()) return makeError(ErrorCode::kInvalidArgument, "request body is not valid JSON: " + bounded.error().message);
+  nlohmann::json parsed = std::move(bounded.value());
   if (!parsed.is_object()) return makeError(ErrorCode::kInvalidArgument, "request body must be a JSON object");
   return parsed;
 }

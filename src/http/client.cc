@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "common/bounded_json.h"
 #include "http/tcp.h"
 
 namespace space::http {
@@ -250,8 +251,9 @@ ErrorCode errorCodeForStatus(int status) {
 }  // namespace
 
 Error responseError(const ClientResponse& response) {
-  auto json = nlohmann::json::parse(response.body, nullptr, false);
-  if (!json.is_discarded() && json.is_object() && json.contains("error") && json["error"].is_object()) {
+  auto parsed = parseJsonBounded(response.body);
+  const nlohmann::json json = parsed.ok() ? std::move(parsed.value()) : nlohmann::json();
+  if (json.is_object() && json.contains("error") && json["error"].is_object()) {
     const auto& error = json["error"];
     auto code = error.contains("code") && error["code"].is_string()
                     ? errorCodeFromName(error["code"].get<std::string>())

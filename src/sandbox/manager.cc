@@ -10,6 +10,8 @@
 #include <set>
 
 #include "agentproto/base64.h"
+#include "common/fault.h"
+#include "common/fs.h"
 #include "common/process.h"
 #include "snapshot/layers.h"
 #include "snapshot/sandbox_snapshot.h"
@@ -505,6 +507,7 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     release();
     return inserted.error();
   }
+  faultPoint("create.inserted");
 
   auto fail = [&](const Error& e) -> Error {
     live->vm.reset();  // kills QEMU and removes its files, if any
@@ -587,11 +590,13 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   }
   auto configured = live->vm->agent().call("/agent.Agent/Configure", configure);
   if (!configured.ok()) return fail(configured.error());
+  faultPoint("create.configured");
   rec.state = stateName(SandboxState::kRunning);
   rec.vm_pid = live->vm->pid();
   rec.vm_identity = live->vm->identity();
   rec.accelerator = vmm::acceleratorName(live->vm->accelerator());
   if (auto saved = store_.updateSandbox(rec); !saved.ok()) return fail(saved.error());
+  faultPoint("create.recorded");
   live->state = SandboxState::kRunning;
   live->last_active_ms = nowMs();
   spdlog::info("sandbox {}: running (tenant {}, {} vCPU, {} MB, {} {} ms, expires in {} s)", rec.id, rec.tenant, cpus,
@@ -635,6 +640,7 @@ Status SandboxManager::finish(const std::shared_ptr<Live>& live, SandboxState to
   if (!rec.ok()) return rec.error();
   live->vm.reset();  // the work first (QEMU gone, files removed), then the record
   layers_dirty_ = true;
+  faultPoint(to == SandboxState::kDeleted ? "delete.vm_removed" : "fail.vm_removed");
   rec->state = stateName(to);
   rec->state_reason = reason;
   rec->vm_pid = 0;
@@ -729,6 +735,7 @@ Result<store::SandboxRecord> SandboxManager::suspendLocked(const std::shared_ptr
     return makeError(saved.error().code, "cannot suspend sandbox " + id + ": " + saved.error().message +
                                              (was_running ? " (it keeps running)" : " (it stays paused)"));
   }
+  faultPoint("suspend.saved");
   sandbox.vm->quit();
   sandbox.vm->detach();  // keep the run dir: it holds the disk and the saved state
   sandbox.vm.reset();
@@ -747,6 +754,7 @@ Result<store::SandboxRecord> SandboxManager::suspendLocked(const std::shared_ptr
       break;
   }
   auto recorded = store_.updateSandbox(rec.value());
+  faultPoint("suspend.recorded");
   sandbox.state = SandboxState::kSuspended;
   sandbox.finished = true;
   unreserve(sandbox);
@@ -787,6 +795,11 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
   options.run_dir = suspended.run_dir;
   options.reuse_run_dir = true;
   options.restore_from = suspended.run_dir + kSuspendedState;
+  // The guest must not run (and write to its disk) while the saved state could still be loaded
+  // again: it is restored stopped, the resume recorded, the state file removed, and only then
+  // continued. A crash at any step leaves either a suspended sandbox whose disk matches its
+  // saved RAM, or a running one (recovery continues a stopped guest recorded as running).
+  options.stay_paused = true;
   auto started = Clock::now();
   auto vm = vmm::Vm::start(spec, options);
   if (!vm.ok()) {
@@ -796,11 +809,7 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
                      "cannot resume sandbox " + suspended.id + ": " + firstLine(vm.error().message));
   }
   live->vm = std::move(vm.value());
-  // The clock stood still while suspended.
-  auto configured = live->vm->agent().call("/agent.Agent/Configure",
-                                           nlohmann::json{{"timeMs", nowMs()}, {"entropy", freshEntropy()}});
-  if (!configured.ok())
-    spdlog::warn("sandbox {}: resumed, but its clock was not set: {}", suspended.id, configured.error().message);
+  faultPoint("resume.restored");
   rec.state = stateName(SandboxState::kRunning);
   rec.state_reason.clear();
   rec.vm_pid = live->vm->pid();
@@ -813,8 +822,33 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
     unreserve();
     return saved.error();
   }
+  faultPoint("resume.recorded");
   std::error_code ec;
   std::filesystem::remove(suspended.run_dir + kSuspendedState, ec);
+  Status removed = ec ? makeError(ErrorCode::kInternal, "cannot remove the saved state: " + ec.message())
+                      : fsyncPath(suspended.run_dir);
+  if (!removed.ok()) {
+    // The guest has not run: put the record back, and the sandbox stays suspended as it was.
+    live->vm->quit();
+    live->vm->detach();
+    live->vm.reset();
+    unreserve();
+    if (auto back = store_.updateSandbox(suspended); !back.ok()) return back.error();
+    return makeError(removed.error().code, "cannot resume sandbox " + suspended.id + ": " + removed.error().message);
+  }
+  faultPoint("resume.state_removed");
+  // From here the saved state is gone: a guest that does not continue is lost.
+  if (auto resumed = live->vm->resume(); !resumed.ok()) {
+    live->state = SandboxState::kRunning;
+    (void)finish(live, SandboxState::kFailed, "its VM did not continue after the resume: " + resumed.error().message);
+    return makeError(ErrorCode::kUnavailable, "sandbox " + suspended.id + " failed while resuming: " +
+                                                  resumed.error().message, "sandbox_failed");
+  }
+  // The clock stood still while suspended.
+  auto configured = live->vm->agent().call("/agent.Agent/Configure",
+                                           nlohmann::json{{"timeMs", nowMs()}, {"entropy", freshEntropy()}});
+  if (!configured.ok())
+    spdlog::warn("sandbox {}: resumed, but its clock was not set: {}", suspended.id, configured.error().message);
   live->state = SandboxState::kRunning;
   spdlog::info("sandbox {}: resumed from suspension in {} ms", suspended.id,
                std::chrono::duration_cast<milliseconds>(Clock::now() - started).count());

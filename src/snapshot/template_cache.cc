@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "common/bounded_json.h"
 #include "common/digest.h"
 #include "common/fs.h"
 #include "vmm/vm.h"
@@ -89,8 +90,9 @@ Result<TemplateSnapshot> TemplateCache::ensure(const TemplateKey& key, std::chro
   std::lock_guard build_lock(*lock);
   // Published snapshots are complete (rename is the last step), so existing means usable.
   if (auto meta = readSmallFile(dir + "/meta.json", 1 << 20); meta.ok()) {
-    json parsed = json::parse(meta.value(), nullptr, false);
-    if (!parsed.is_discarded() && parsed.value("format_version", 0) == kSnapshotFormatVersion) {
+    auto bounded = parseJsonBounded(meta.value());
+    json parsed = bounded.ok() ? std::move(bounded.value()) : json();
+    if (parsed.is_object() && parsed.value("format_version", 0) == kSnapshotFormatVersion) {
       return snapshotIn(dir, std::move(parsed));
     }
     // Moved aside, not removed: disks of sandboxes and snapshot layers may stand on its disk.

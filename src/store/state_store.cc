@@ -15,6 +15,8 @@
 #include <system_error>
 #include <utility>
 
+#include "common/bounded_json.h"
+
 namespace space::store {
 namespace {
 
@@ -310,8 +312,9 @@ void bindSandbox(Stmt& stmt, const SandboxRecord& r, const SandboxText& text, in
 
 // `owner` names the row ("sandbox sb_...") for the message.
 Result<nlohmann::json> parseStringMap(const std::string& text, const std::string& owner, const char* what) {
-  auto value = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (value.is_discarded() || !value.is_object()) {
+  auto parsed = parseJsonBounded(text);
+  nlohmann::json value = parsed.ok() ? std::move(parsed.value()) : nlohmann::json();
+  if (!value.is_object()) {
     return makeError(ErrorCode::kInternal, owner + " has unreadable " + what + " in the state database");
   }
   return value;

@@ -2,15 +2,17 @@
 
 #include <poll.h>
 
+#include "common/bounded_json.h"
+
 namespace space::vmm {
 
 using nlohmann::json;
 
 Result<QmpClient::Message> QmpClient::parseMessage(const std::string& line) {
-  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return makeError(ErrorCode::kUnavailable, "QMP: malformed message from QEMU");
-  }
+  auto parsed = parseJsonBounded(line);
+  if (!parsed.ok()) return makeError(ErrorCode::kUnavailable, "QMP: malformed message from QEMU: " + parsed.error().message);
+  json j = std::move(parsed.value());
+  if (!j.is_object()) return makeError(ErrorCode::kUnavailable, "QMP: malformed message from QEMU");
   Message m;
   if (j.contains("QMP")) {
     m.kind = Message::Kind::kGreeting;

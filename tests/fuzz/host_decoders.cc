@@ -5,9 +5,23 @@
 
 #include "agentproto/commands.h"
 #include "agentproto/wire.h"
+#include "common/bounded_json.h"
 #include "vmm/qmp_client.h"
 
 namespace space::fuzz {
+
+namespace {
+
+// What the host does with a parsed guest value: copies it into replies and dumps it. Both
+// recurse per nesting level, so a value that got past the bound would crash here.
+void useLikeTheHost(const nlohmann::json& value) {
+  nlohmann::json copy = value;
+  (void)copy.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  nlohmann::json wrapped = {{"entries", nlohmann::json::array({std::move(copy)})}};
+  (void)(wrapped == value);
+}
+
+}  // namespace
 
 void fuzzHostDecoders(const uint8_t* data, size_t size) {
   std::string_view in(reinterpret_cast<const char*>(data), size);
@@ -24,17 +38,23 @@ void fuzzHostDecoders(const uint8_t* data, size_t size) {
     for (int i = 0; i < 4096; ++i) {
       auto e = envelopes.next();
       if (!e.ok() || !e.value()) break;
-      nlohmann::json msg = nlohmann::json::parse(e.value()->payload, nullptr, false);
-      if (!msg.is_discarded()) (void)agentproto::decodeProcessEvent(msg);
+      auto msg = parseJsonBounded(e.value()->payload);
+      if (!msg.ok()) continue;
+      useLikeTheHost(msg.value());
+      (void)agentproto::decodeProcessEvent(msg.value());
     }
   }
 
   // One QMP line.
-  (void)vmm::QmpClient::parseMessage(std::string(in.substr(0, in.find('\n'))));
+  auto qmp = vmm::QmpClient::parseMessage(std::string(in.substr(0, in.find('\n'))));
+  if (qmp.ok()) useLikeTheHost(qmp.value().body);
 
   // A process event as JSON text.
-  nlohmann::json event = nlohmann::json::parse(in, nullptr, false);
-  if (!event.is_discarded()) (void)agentproto::decodeProcessEvent(event);
+  auto event = parseJsonBounded(in);
+  if (event.ok()) {
+    useLikeTheHost(event.value());
+    (void)agentproto::decodeProcessEvent(event.value());
+  }
 }
 
 }  // namespace space::fuzz

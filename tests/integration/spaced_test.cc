@@ -22,6 +22,7 @@
 #include "common/process.h"
 #include "http/client.h"
 #include "http/url.h"
+#include "vmm/qmp_client.h"
 
 namespace space {
 namespace {
@@ -672,6 +673,119 @@ TEST_F(SpacedTest, KillDuringSuspendLeavesAUsableSandbox) {
     EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + id).status, 204);
     EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
     daemon_->stop(SIGTERM);
+  }
+}
+
+// What QEMU in `run_dir` says its guest is doing ("running", "paused", "postmigrate", ...).
+std::string qemuStatus(const std::string& run_dir) {
+  auto qmp = vmm::QmpClient::connect(run_dir + "/qmp.sock", Clock::now() + seconds(10));
+  if (!qmp.ok()) return "unreachable: " + qmp.error().message;
+  auto status = qmp->execute("query-status");
+  return status.ok() ? status->value("status", "?") : "error: " + status.error().message;
+}
+
+// spaced killed (SIGKILL, by its fault points) right after each step of a suspend and a resume.
+// After a restart the sandbox is in the state that step implies, its files are intact, and the
+// guest never ran from a saved state that could still be loaded again: a resume continues the
+// guest only once the saved state is gone, so a crash can never restore stale RAM over a disk
+// the guest has written since.
+TEST_F(SpacedTest, CrashAtEachStepOfSuspendAndResume) {
+  struct Step {
+    const char* fault;
+    const char* after_restart;  // the state recovery must find
+  };
+  for (const Step& step : {Step{"suspend.saved", "suspended"}, Step{"suspend.recorded", "suspended"},
+                           Step{"resume.restored", "suspended"}, Step{"resume.recorded", "suspended"},
+                           Step{"resume.state_removed", "running"}}) {
+    SCOPED_TRACE(step.fault);
+    const bool in_resume = std::string(step.fault).rfind("resume.", 0) == 0;
+    ::setenv("SPACE_FAULT", step.fault, 1);
+    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+    ::unsetenv("SPACE_FAULT");
+    ASSERT_TRUE(daemon_);
+    const std::string id = daemon_->create();
+    ASSERT_FALSE(id.empty());
+    execJson(*daemon_, id, json{{"command", "echo kept > /home/user/kept.txt; sync"}});
+    if (in_resume) {
+      ASSERT_EQ(daemon_->callJson("POST", "/v1/sandboxes/" + id + "/suspend", nullptr, 200)["state"], "suspended");
+    }
+    auto client = http::Client::create(daemon_->url());
+    ASSERT_TRUE(client.ok());
+    auto r = client->request("POST", "/v1/sandboxes/" + id + (in_resume ? "/resume" : "/suspend"),
+                             {{"Authorization", "Bearer " + daemon_->key()}}, "", seconds(60));
+    EXPECT_FALSE(r.ok()) << "spaced answered instead of dying at the fault point: " << r.value().body;
+    auto died = daemon_->stop(SIGKILL);
+    EXPECT_TRUE(died.signaled) << "spaced was not killed by its fault point";
+    EXPECT_NE(daemon_->log().find(std::string("fault point reached, killing myself: ") + step.fault),
+              std::string::npos)
+        << daemon_->log();
+    if (in_resume) {
+      // The restored QEMU outlives spaced; its guest must still be stopped at every resume step.
+      auto left = qemuProcessesUnder(data_dir_);
+      ASSERT_EQ(left.size(), 1u);
+      EXPECT_NE(qemuStatus(sandboxDir(id)), "running") << "the guest ran before its resume was complete";
+    }
+    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+    ASSERT_TRUE(daemon_);
+    json got = daemon_->callJson("GET", "/v1/sandboxes/" + id, nullptr, 200);
+    EXPECT_EQ(got["state"], step.after_restart) << got;
+    EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), std::string(step.after_restart) == "running" ? 1u : 0u);
+    EXPECT_EQ(std::filesystem::exists(sandboxDir(id) + "/suspended.state"),
+              std::string(step.after_restart) == "suspended");
+    // Usable either way (an exec resumes a suspended sandbox), with its files.
+    EXPECT_EQ(execJson(*daemon_, id, json{{"command", "cat /home/user/kept.txt"}})["stdout"], "kept\n");
+    EXPECT_EQ(daemon_->callJson("GET", "/v1/sandboxes/" + id, nullptr, 200)["state"], "running");
+    EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + id).status, 204);
+    EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+    daemon_->stop(SIGTERM);
+  }
+}
+
+// spaced killed right after each step of a create and a delete: the sandbox is failed (its
+// create never completed) or running (recorded), or deleted; no QEMU or run directory is left
+// that no sandbox owns.
+TEST_F(SpacedTest, CrashAtEachStepOfCreateAndDelete) {
+  struct Step {
+    const char* fault;
+    const char* after_restart;
+  };
+  for (const Step& step : {Step{"create.inserted", "failed"}, Step{"create.configured", "failed"},
+                           Step{"create.recorded", "running"}, Step{"delete.vm_removed", "failed"}}) {
+    SCOPED_TRACE(step.fault);
+    const bool in_delete = std::string(step.fault).rfind("delete.", 0) == 0;
+    ::setenv("SPACE_FAULT", step.fault, 1);
+    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+    ::unsetenv("SPACE_FAULT");
+    ASSERT_TRUE(daemon_);
+    auto client = http::Client::create(daemon_->url());
+    ASSERT_TRUE(client.ok());
+    std::string id;
+    if (in_delete) {
+      id = daemon_->create();
+      ASSERT_FALSE(id.empty());
+      auto r = client->request("DELETE", "/v1/sandboxes/" + id, {{"Authorization", "Bearer " + daemon_->key()}}, "",
+                               seconds(60));
+      EXPECT_FALSE(r.ok()) << "spaced answered instead of dying at the fault point";
+    } else {
+      auto r = client->request("POST", "/v1/sandboxes",
+                               {{"Authorization", "Bearer " + daemon_->key()}, {"Content-Type", "application/json"}},
+                               json{{"cpus", 1}, {"memory_mb", 256}}.dump(), seconds(60));
+      EXPECT_FALSE(r.ok()) << "spaced answered instead of dying at the fault point";
+    }
+    EXPECT_TRUE(daemon_->stop(SIGKILL).signaled);
+    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+    ASSERT_TRUE(daemon_);
+    json all = daemon_->callJson("GET", "/v1/sandboxes?state=running,failed,deleted,creating", nullptr, 200);
+    if (id.empty() && all["sandboxes"].size() == 1) id = all["sandboxes"][0]["id"];
+    ASSERT_FALSE(id.empty()) << all;
+    json got = daemon_->callJson("GET", "/v1/sandboxes/" + id, nullptr, 200);
+    EXPECT_EQ(got["state"], step.after_restart) << got;
+    const bool running = std::string(step.after_restart) == "running";
+    EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), running ? 1u : 0u);
+    EXPECT_EQ(std::filesystem::exists(sandboxDir(id)), running);
+    if (running) EXPECT_EQ(execJson(*daemon_, id, json{{"command", "echo up"}})["stdout"], "up\n");
+    daemon_->stop(SIGTERM);
+    std::filesystem::remove_all(data_dir_);
   }
 }
 

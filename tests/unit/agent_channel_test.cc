@@ -48,6 +48,9 @@ class AgentThread {
   std::thread thread_;
 };
 
+// An empty HTTP/2 SETTINGS frame: what a real agent sends once its session took the preface.
+const std::string kEmptySettings("\0\0\0\x04\0\0\0\0\0", 9);
+
 // A stand-in for the guest: waits for the host's hello, sends answer(nonce), then reads and
 // discards everything until the host goes away.
 void fakeGuest(int fd, const std::function<std::string(const std::string& nonce)>& answer) {
@@ -65,6 +68,16 @@ void fakeGuest(int fd, const std::function<std::string(const std::string& nonce)
   (void)!send(fd, out.data(), out.size(), MSG_NOSIGNAL);
   while (read(fd, buf, sizeof buf) > 0) {
   }
+}
+
+Json nested(int depth) {
+  Json v = Json::array();
+  for (int i = 1; i < depth; ++i) {
+    Json outer = Json::array();
+    outer.push_back(std::move(v));
+    v = std::move(outer);
+  }
+  return v;
 }
 
 class ChannelTest : public testing::Test {
@@ -113,6 +126,17 @@ class ChannelTest : public testing::Test {
           if (path != "failing") return agent::rpcError(agent::RpcCode::kNotFound, "no " + path);
           return std::make_unique<Failing>();
         });
+    // A hostile guest's answers: nested far past the host's bound of 64 levels (deep enough to
+    // show the bound, shallow enough that this test's own agent can still build and dump them).
+    router_.unary("/test.Test/Deep", [](const Json&, const agent::CallContext&) -> agent::UnaryResult {
+      return Json{{"entries", nested(2000)}};
+    });
+    router_.serverStream("/test.Test/DeepStream",
+                         [](const Json&, const agent::CallContext&, std::shared_ptr<agent::ServerStream> s) {
+                           s->send(Json{{"ok", 1}});
+                           s->send(Json{{"event", nested(2000)}});
+                           s->finish();
+                         });
     router_.serverStream("/test.Test/Forever",
                          [this](const Json&, const agent::CallContext&, std::shared_ptr<agent::ServerStream> s) {
                            s->send(Json{{"started", true}});
@@ -198,7 +222,7 @@ TEST_F(ChannelTest, DisconnectedClientFailsCallsAtOnce) {
 
 TEST_F(ChannelTest, MalformedHandshakeInfoIsTolerated) {
   std::thread guest(fakeGuest, fds_[0], [](const std::string& nonce) {
-    return agentproto::makeOlleh(nonce, R"({"version":1,"kernel":[],"uptime":"x"})");
+    return agentproto::makeOlleh(nonce, R"({"version":1,"kernel":[],"uptime":"x"})") + kEmptySettings;
   });
   auto client = connectClient();
   ASSERT_TRUE(client);
@@ -228,6 +252,28 @@ TEST_F(ChannelTest, HandlerBugsAndHostileRequestsFailOnlyTheirCall) {
   auto nested = client->call("/test.Test/Echo", Json{{"x", deep}});
   ASSERT_FALSE(nested.ok());
   EXPECT_EQ(nested.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(client->call("/test.Test/Echo", Json{{"still", "alive"}}).ok());
+}
+
+// The guest answers with JSON nested past the bound: the call fails as the guest's fault
+// (kUnavailable, which the API maps to 502) and nothing deep reaches the host's code.
+TEST_F(ChannelTest, DeeplyNestedAnswersFailOnlyTheirCall) {
+  AgentThread agent(fds_[0], router_);
+  auto client = connectClient();
+  ASSERT_TRUE(client);
+  auto unary = client->call("/test.Test/Deep", Json::object());
+  ASSERT_FALSE(unary.ok());
+  EXPECT_EQ(unary.error().code, ErrorCode::kUnavailable);
+  EXPECT_NE(unary.error().message.find("deeper than 64 levels"), std::string::npos) << unary.error().message;
+  std::vector<Json> got;
+  auto s = client->stream("/test.Test/DeepStream", Json::object(), {milliseconds(5000), ""},
+                          [&got](const Json& m) { got.push_back(m); }, nullptr);
+  auto end = s->wait(milliseconds(5000));
+  ASSERT_FALSE(end.ok());
+  EXPECT_EQ(end.error().code, ErrorCode::kUnavailable);
+  EXPECT_NE(end.error().message.find("deeper than 64 levels"), std::string::npos) << end.error().message;
+  ASSERT_EQ(got.size(), 1u);  // the message before the deep one arrived; the deep one did not
+  EXPECT_EQ(got[0]["ok"], 1);
   EXPECT_TRUE(client->call("/test.Test/Echo", Json{{"still", "alive"}}).ok());
 }
 
@@ -279,7 +325,8 @@ TEST_F(ChannelTest, CancelAndClientDropCloseAgentStreams) {
 
 TEST_F(ChannelTest, CallDeadlineWhenTheAgentNeverAnswers) {
   // A "guest" that completes the handshake, then reads and never writes again.
-  std::thread guest(fakeGuest, fds_[0], [](const std::string& nonce) { return agentproto::makeOlleh(nonce, "{}"); });
+  std::thread guest(fakeGuest, fds_[0],
+                    [](const std::string& nonce) { return agentproto::makeOlleh(nonce, "{}") + kEmptySettings; });
   auto client = connectClient();
   ASSERT_TRUE(client);
   auto start = Clock::now();
@@ -297,18 +344,29 @@ void hostileGuest(int fd, std::string payload) {
   fakeGuest(fd, [&payload](const std::string& nonce) { return agentproto::makeOlleh(nonce, "{}") + payload; });
 }
 
+// A hostile guest's bytes fail the client cleanly and fast: either the handshake (its HTTP/2
+// is checked there) or the first call, with kUnavailable, never a hang to the deadline.
+void expectCleanFailure(int fd) {
+  auto start = Clock::now();
+  auto c = AgentClient::connect(UniqueFd(fd), Clock::now() + milliseconds(5000));
+  if (!c.ok()) {
+    EXPECT_EQ(c.error().code, ErrorCode::kUnavailable) << c.error().message;
+  } else {
+    auto r = c.value()->call("/test.Test/Echo", Json::object(), {milliseconds(5000), ""});
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, ErrorCode::kUnavailable);
+    for (int i = 0; i < 100 && c.value()->alive(); ++i) std::this_thread::sleep_for(milliseconds(10));
+    EXPECT_FALSE(c.value()->alive());
+  }
+  EXPECT_LT(Clock::now() - start, milliseconds(2000));
+}
+
 TEST_F(ChannelTest, GarbageFromTheGuestFailsTheClientCleanly) {
   std::string garbage(100000, '\0');
   for (size_t i = 0; i < garbage.size(); ++i) garbage[i] = static_cast<char>((i * 7919) & 0xff);
-  std::thread guest(hostileGuest, fds_[0], garbage);
-  auto client = connectClient();
-  ASSERT_TRUE(client);
-  auto r = client->call("/test.Test/Echo", Json::object(), {milliseconds(5000), ""});
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.error().code, ErrorCode::kUnavailable);
-  for (int i = 0; i < 100 && client->alive(); ++i) std::this_thread::sleep_for(milliseconds(10));
-  EXPECT_FALSE(client->alive());
-  client.reset();
+  std::thread guest(hostileGuest, fds_[0], kEmptySettings + garbage);
+  expectCleanFailure(fds_[1]);
+  fds_[1] = -1;
   shutdown(fds_[0], SHUT_RDWR);
   guest.join();
 }
@@ -317,12 +375,8 @@ TEST_F(ChannelTest, OversizedFrameFromTheGuestFailsTheClientCleanly) {
   // A SETTINGS frame header announcing 16 MiB of payload, far above the 16 KiB frame limit.
   std::string frame = {'\xff', '\xff', '\xff', '\x04', '\x00', '\x00', '\x00', '\x00', '\x00'};
   std::thread guest(hostileGuest, fds_[0], frame + std::string(1000, 'A'));
-  auto client = connectClient();
-  ASSERT_TRUE(client);
-  auto r = client->call("/test.Test/Echo", Json::object(), {milliseconds(5000), ""});
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.error().code, ErrorCode::kUnavailable);
-  client.reset();
+  expectCleanFailure(fds_[1]);
+  fds_[1] = -1;
   shutdown(fds_[0], SHUT_RDWR);
   guest.join();
 }
@@ -337,11 +391,52 @@ TEST_F(ChannelTest, HandshakeFailsWhenTheGuestOnlySendsJunk) {
       off += static_cast<size_t>(n);
     }
   });
+  auto start = Clock::now();
   auto c = AgentClient::connect(UniqueFd(fds_[1]), Clock::now() + milliseconds(10000));
   fds_[1] = -1;
   ASSERT_FALSE(c.ok());
+  // Refused for the junk bound (4 MiB), as soon as it is crossed: not for the deadline.
+  EXPECT_EQ(c.error().code, ErrorCode::kUnavailable) << c.error().message;
+  EXPECT_NE(c.error().message.find("no handshake within " + std::to_string(agentproto::kMaxHandshakeJunk) + " bytes"),
+            std::string::npos)
+      << c.error().message;
+  EXPECT_LT(Clock::now() - start, milliseconds(5000));
   shutdown(fds_[0], SHUT_RDWR);
   guest.join();
+}
+
+// The create hang: a restored guest is told its host detached and came back, and its agent
+// dropped the channel state that had just answered our hello. It then scans for a new hello
+// and takes our HTTP/2 preface for junk. Here a stand-in answers the first hello and hands the
+// socket to a real agent Channel, which is then in exactly that state. The client must notice
+// that no session followed and make the handshake again, not leave every call to time out.
+TEST_F(ChannelTest, HandshakeLostAfterTheAnswerIsMadeAgain) {
+  std::unique_ptr<AgentThread> agent;
+  std::thread guest([&] {
+    char buf[64 << 10];
+    std::string seen;
+    size_t at = std::string::npos;
+    while (at == std::string::npos || seen.find('\n', at) == std::string::npos) {
+      ssize_t n = read(fds_[0], buf, sizeof buf);
+      if (n <= 0) return;
+      seen.append(buf, static_cast<size_t>(n));
+      at = seen.find(agentproto::kHelloPrefix);
+    }
+    size_t start = at + agentproto::kHelloPrefix.size();
+    std::string answer = agentproto::makeOlleh(seen.substr(start, seen.find('\n', start) - start), "{}");
+    (void)!send(fds_[0], answer.data(), answer.size(), MSG_NOSIGNAL);
+    agent = std::make_unique<AgentThread>(fds_[0], router_);
+  });
+  auto start = Clock::now();
+  auto client = connectClient();
+  guest.join();
+  ASSERT_TRUE(client);
+  EXPECT_LT(Clock::now() - start, milliseconds(3000));
+  auto r = client->call("/test.Test/Echo", Json{{"after", "rehandshake"}}, {milliseconds(3000), ""});
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ((*r)["echo"]["after"], "rehandshake");
+  client.reset();
+  agent.reset();
 }
 
 }  // namespace

@@ -9,16 +9,18 @@
 
 #include "../fuzz/host_decoders.h"
 #include "agentproto/wire.h"
+#include "vmm/qmp_client.h"
 
 namespace space::fuzz {
 namespace {
 
 std::vector<std::string> seeds() {
   using agentproto::encodeEnvelope;
+  using namespace std::string_literals;  // "..."s keeps embedded NULs
   return {
       "",
       agentproto::makeOlleh("n0nce", R"({"version":"1","uptime":1.5})"),
-      "junk\0SPACE-OLLEH n0nce {}\nPRI",
+      "junk\0SPACE-OLLEH n0nce {}\nPRI"s,
       encodeEnvelope(0, R"({"event":{"start":{"pid":7}}})") +
           encodeEnvelope(0, R"({"event":{"data":{"stdout":"aGkK"}}})") +
           encodeEnvelope(0, R"({"event":{"end":{"exitCode":3,"exited":true,"status":"exit status 3"}}})") +
@@ -31,6 +33,18 @@ std::vector<std::string> seeds() {
       std::string("\x00\x7f\xff\xff\xff", 5),
       std::string("\x03\x00\x00\x00\x02{}", 7),
   };
+}
+
+// 200,000 nested arrays (~400 KB): parsed unbounded and then copied or dumped, this overflows
+// the stack. As a QMP line, a stream message and plain JSON, each must be refused quietly.
+TEST(HostDecodersFuzz, DeeplyNestedDocumentsDoNotCrash) {
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  for (const std::string& s : {R"({"return": )" + deep + "}\n", agentproto::encodeEnvelope(0, R"({"event":)" + deep + "}"), deep}) {
+    fuzzHostDecoders(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  }
+  auto qmp = vmm::QmpClient::parseMessage(R"({"return": )" + deep + "}");
+  ASSERT_FALSE(qmp.ok());
+  EXPECT_NE(qmp.error().message.find("deeper than 64"), std::string::npos) << qmp.error().message;
 }
 
 TEST(HostDecodersFuzz, SeedsAndMutationsDoNotCrash) {
