@@ -2,8 +2,8 @@
 
 #include <fcntl.h>
 #include <nghttp2/nghttp2.h>
-#include <spdlog/spdlog.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -576,8 +576,9 @@ Result<std::unique_ptr<AgentClient>> AgentClient::connect(UniqueFd fd, Clock::ti
           const auto* h = reinterpret_cast<const uint8_t*>(first_header.data());
           const uint32_t length = (uint32_t{h[0]} << 16) | (uint32_t{h[1]} << 8) | h[2];
           if (h[3] != NGHTTP2_SETTINGS || (h[4] & NGHTTP2_FLAG_ACK) || length > 16384 || length % 6 != 0) {
-            return makeError(ErrorCode::kUnavailable, "agent broke HTTP/2 during the handshake: its first frame is "
-                                                      "not SETTINGS");
+            return makeError(ErrorCode::kUnavailable,
+                             "agent broke HTTP/2 during the handshake: its first frame is "
+                             "not SETTINGS");
           }
         }
       }
@@ -605,12 +606,18 @@ Result<std::unique_ptr<AgentClient>> AgentClient::connect(UniqueFd fd, Clock::ti
       return pending.empty() ? okStatus() : writeAll(fd.get(), pending, deadline);
     };
     SPACE_TRY(sendPending());
-    const auto confirm_until = std::min(deadline, Clock::now() + kSessionConfirm);
+    // Doubled with each attempt: a guest that is merely slow gets there, while a lost
+    // handshake is made again within a second.
+    const auto confirm_until = std::min(deadline, Clock::now() + kSessionConfirm * (1 << std::min(attempt - 1, 4)));
     while (!impl->peer_settings && Clock::now() < confirm_until) {
-      pollfd p{fd.get(), POLLIN, 0};
-      int rc = poll(&p, 1, pollTimeoutMs(confirm_until));
+      if (watch.check) {
+        if (auto err = watch.check()) return *err;
+      }
+      std::vector<pollfd> fds{{fd.get(), POLLIN, 0}};
+      for (int w : watch.fds) fds.push_back({w, POLLIN, 0});
+      int rc = poll(fds.data(), fds.size(), pollTimeoutMs(confirm_until));
       if (rc < 0 && errno != EINTR) return makeError(ErrorCode::kInternal, std::string("poll: ") + strerror(errno));
-      if (rc <= 0) continue;
+      if (rc <= 0 || !(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       ssize_t n = read(fd.get(), buf, sizeof buf);
       if (n == 0) return makeError(ErrorCode::kUnavailable, "agent channel closed during the handshake");
       if (n < 0) {
@@ -624,7 +631,8 @@ Result<std::unique_ptr<AgentClient>> AgentClient::connect(UniqueFd fd, Clock::ti
       }
     }
     if (impl->peer_settings) break;
-    if (Clock::now() >= deadline) return makeError(ErrorCode::kDeadlineExceeded, "the guest agent did not answer in time");
+    if (Clock::now() >= deadline)
+      return makeError(ErrorCode::kDeadlineExceeded, "the guest agent did not answer in time");
     spdlog::warn("agent: handshake {} answered but no HTTP/2 session followed; making it again", attempt);
   }
 

@@ -16,7 +16,8 @@ Result<nlohmann::json> parseJsonBody(std::string_view body) {
   if (body.find_first_not_of(" \t\r\n") == std::string_view::npos) return nlohmann::json::object();
   // Request bodies nest a few levels and hold at most thousands of values (env, metadata, argv).
   auto bounded = parseJsonBounded(body, JsonLimits{.max_depth = 32, .max_values = 100000});
-  if (!bounded.ok()) return makeError(ErrorCode::kInvalidArgument, "request body is not valid JSON: " + bounded.error().message);
+  if (!bounded.ok())
+    return makeError(ErrorCode::kInvalidArgument, "request body is not valid JSON: " + bounded.error().message);
   nlohmann::json parsed = std::move(bounded.value());
   if (!parsed.is_object()) return makeError(ErrorCode::kInvalidArgument, "request body must be a JSON object");
   return parsed;

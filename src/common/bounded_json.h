@@ -17,8 +17,9 @@ struct JsonLimits {
   // Nesting levels of arrays and objects; the outermost value is level 1. Our documents nest
   // a handful of levels, so 64 leaves room for callers' own values (metadata, QMP returns).
   int max_depth = 64;
-  // Values of any kind (scalars, arrays, objects, object keys not counted), bounding the DOM's
-  // memory independently of the text's size.
+  // Values of any kind (scalars, arrays, objects; object keys not counted), bounding the DOM's
+  // memory independently of the text's size. Counted from the text as an upper bound: the first
+  // value plus one per comma outside strings.
   size_t max_values = size_t{1} << 20;
 };
 

@@ -825,24 +825,41 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
   faultPoint("resume.recorded");
   std::error_code ec;
   std::filesystem::remove(suspended.run_dir + kSuspendedState, ec);
-  Status removed = ec ? makeError(ErrorCode::kInternal, "cannot remove the saved state: " + ec.message())
-                      : fsyncPath(suspended.run_dir);
-  if (!removed.ok()) {
-    // The guest has not run: put the record back, and the sandbox stays suspended as it was.
+  if (ec) {
+    // The guest has not run and its state is still there: put the record back, and the sandbox
+    // stays suspended as it was.
     live->vm->quit();
     live->vm->detach();
     live->vm.reset();
     unreserve();
     if (auto back = store_.updateSandbox(suspended); !back.ok()) return back.error();
-    return makeError(removed.error().code, "cannot resume sandbox " + suspended.id + ": " + removed.error().message);
+    return makeError(ErrorCode::kInternal,
+                     "cannot resume sandbox " + suspended.id + ": cannot remove its saved state: " + ec.message());
+  }
+  if (auto synced = fsyncPath(suspended.run_dir); !synced.ok()) {
+    // The state is gone either way now; a crash before the directory reaches the disk could
+    // bring it back, which is the window this order closes everywhere else. Say so and go on.
+    spdlog::warn("sandbox {}: resumed, but the removal of its saved state may not be durable: {}", suspended.id,
+                 synced.error().message);
   }
   faultPoint("resume.state_removed");
-  // From here the saved state is gone: a guest that does not continue is lost.
+  // From here the saved state is gone: the guest must continue, or it is lost.
   if (auto resumed = live->vm->resume(); !resumed.ok()) {
-    live->state = SandboxState::kRunning;
-    (void)finish(live, SandboxState::kFailed, "its VM did not continue after the resume: " + resumed.error().message);
-    return makeError(ErrorCode::kUnavailable, "sandbox " + suspended.id + " failed while resuming: " +
-                                                  resumed.error().message, "sandbox_failed");
+    auto status = live->vm->queryStatus();
+    if (status.ok() && status.value() == "running") {
+      // It continued; only its agent was slow to answer (a loaded host under TCG). Give it the
+      // boot timeout; if it still does not answer, the sandbox runs on and calls fail as
+      // unavailable until it does, which is better than losing the guest.
+      if (auto agent = live->vm->reconnectAgent(config_.boot_timeout); !agent.ok()) {
+        spdlog::warn("sandbox {}: resumed, but its agent does not answer yet: {}", suspended.id, agent.error().message);
+      }
+    } else {
+      live->state = SandboxState::kRunning;
+      (void)finish(live, SandboxState::kFailed, "its VM did not continue after the resume: " + resumed.error().message);
+      return makeError(ErrorCode::kUnavailable,
+                       "sandbox " + suspended.id + " failed while resuming: " + resumed.error().message,
+                       "sandbox_failed");
+    }
   }
   // The clock stood still while suspended.
   auto configured = live->vm->agent().call("/agent.Agent/Configure",

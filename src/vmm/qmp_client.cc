@@ -10,7 +10,8 @@ using nlohmann::json;
 
 Result<QmpClient::Message> QmpClient::parseMessage(const std::string& line) {
   auto parsed = parseJsonBounded(line);
-  if (!parsed.ok()) return makeError(ErrorCode::kUnavailable, "QMP: malformed message from QEMU: " + parsed.error().message);
+  if (!parsed.ok())
+    return makeError(ErrorCode::kUnavailable, "QMP: malformed message from QEMU: " + parsed.error().message);
   json j = std::move(parsed.value());
   if (!j.is_object()) return makeError(ErrorCode::kUnavailable, "QMP: malformed message from QEMU");
   Message m;

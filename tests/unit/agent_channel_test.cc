@@ -266,8 +266,9 @@ TEST_F(ChannelTest, DeeplyNestedAnswersFailOnlyTheirCall) {
   EXPECT_EQ(unary.error().code, ErrorCode::kUnavailable);
   EXPECT_NE(unary.error().message.find("deeper than 64 levels"), std::string::npos) << unary.error().message;
   std::vector<Json> got;
-  auto s = client->stream("/test.Test/DeepStream", Json::object(), {milliseconds(5000), ""},
-                          [&got](const Json& m) { got.push_back(m); }, nullptr);
+  auto s = client->stream(
+      "/test.Test/DeepStream", Json::object(), {milliseconds(5000), ""}, [&got](const Json& m) { got.push_back(m); },
+      nullptr);
   auto end = s->wait(milliseconds(5000));
   ASSERT_FALSE(end.ok());
   EXPECT_EQ(end.error().code, ErrorCode::kUnavailable);

@@ -39,7 +39,8 @@ std::vector<std::string> seeds() {
 // the stack. As a QMP line, a stream message and plain JSON, each must be refused quietly.
 TEST(HostDecodersFuzz, DeeplyNestedDocumentsDoNotCrash) {
   const std::string deep = std::string(200000, '[') + std::string(200000, ']');
-  for (const std::string& s : {R"({"return": )" + deep + "}\n", agentproto::encodeEnvelope(0, R"({"event":)" + deep + "}"), deep}) {
+  for (const std::string& s :
+       {R"({"return": )" + deep + "}\n", agentproto::encodeEnvelope(0, R"({"event":)" + deep + "}"), deep}) {
     fuzzHostDecoders(reinterpret_cast<const uint8_t*>(s.data()), s.size());
   }
   auto qmp = vmm::QmpClient::parseMessage(R"({"return": )" + deep + "}");

@@ -117,18 +117,79 @@ TEST(Envelope, BufferStaysBoundedWhenChunksSplitEnvelopes) {
   EXPECT_EQ(taken, 2000u);
 }
 
+// Random streams, mostly well-formed envelopes with random flags and lengths (some over the
+// limit, some cut short), fed in random pieces: the decoder must yield exactly what a plain
+// reading of the format says, and fail exactly where and how that reading does.
 TEST(Envelope, SurvivesRandomGarbage) {
   std::mt19937 rng(42);
-  for (int round = 0; round < 200; ++round) {
-    EnvelopeDecoder d(4096);
-    std::string junk(static_cast<size_t>(rng() % 512), '\0');
-    for (auto& ch : junk) ch = static_cast<char>(rng());
-    if (!d.feed(junk).ok()) continue;
-    for (int i = 0; i < 1000; ++i) {
-      auto e = d.next();
-      if (!e.ok() || !e.value()) break;
+  constexpr size_t kMax = 4096;
+  int errors = 0, truncated = 0, clean = 0;
+  for (int round = 0; round < 2000; ++round) {
+    std::string stream;
+    const int count = static_cast<int>(rng() % 6);
+    for (int i = 0; i < count; ++i) {
+      uint8_t flags = static_cast<uint8_t>(rng() % 8 == 0 ? rng() : (rng() % 2) * kEnvelopeEndStream);
+      uint32_t len = rng() % 10 == 0 ? static_cast<uint32_t>(rng()) : static_cast<uint32_t>(rng() % (kMax + 1));
+      stream += static_cast<char>(flags);
+      for (int shift : {24, 16, 8, 0}) stream += static_cast<char>((len >> shift) & 0xff);
+      for (uint32_t k = 0; k < std::min<uint32_t>(len, kMax); ++k) stream += static_cast<char>(rng());
     }
+    if (!stream.empty() && rng() % 3 == 0) stream.resize(rng() % stream.size());  // cut short
+
+    // The reference reading: envelopes until an invalid header or the end of the bytes.
+    std::vector<Envelope> want;
+    std::optional<ErrorCode> want_error;
+    size_t at = 0;
+    while (stream.size() - at >= kEnvelopeHeader) {
+      auto byte = [&](size_t i) { return static_cast<uint8_t>(stream[at + i]); };
+      uint32_t len = (uint32_t{byte(1)} << 24) | (uint32_t{byte(2)} << 16) | (uint32_t{byte(3)} << 8) | byte(4);
+      if (byte(0) & kEnvelopeCompressed) {
+        want_error = ErrorCode::kInvalidArgument;
+        break;
+      }
+      if (len > kMax) {
+        want_error = ErrorCode::kResourceExhausted;
+        break;
+      }
+      if (stream.size() - at - kEnvelopeHeader < len) break;
+      want.push_back(Envelope{byte(0), stream.substr(at + kEnvelopeHeader, len)});
+      at += kEnvelopeHeader + len;
+    }
+    const bool want_partial = !want_error && at < stream.size();
+
+    EnvelopeDecoder d(kMax);
+    std::vector<Envelope> got;
+    std::optional<ErrorCode> got_error;
+    for (size_t fed = 0; fed < stream.size() && !got_error;) {
+      size_t piece = std::min<size_t>(stream.size() - fed, 1 + rng() % 700);
+      if (auto st = d.feed(std::string_view(stream).substr(fed, piece)); !st.ok()) got_error = st.error().code;
+      fed += piece;
+      while (!got_error) {
+        auto e = d.next();
+        if (!e.ok()) {
+          got_error = e.error().code;
+          break;
+        }
+        if (!e.value()) break;
+        got.push_back(std::move(*e.value()));
+      }
+    }
+    SCOPED_TRACE("round " + std::to_string(round));
+    ASSERT_EQ(got_error, want_error);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i].flags, want[i].flags);
+      EXPECT_EQ(got[i].payload, want[i].payload);
+    }
+    if (!want_error) {
+      EXPECT_EQ(d.midMessage(), want_partial);
+    }
+    (want_error ? errors : want_partial ? truncated : clean)++;
   }
+  // The generator reaches every outcome often enough to mean something.
+  EXPECT_GT(errors, 200);
+  EXPECT_GT(truncated, 200);
+  EXPECT_GT(clean, 200);
 }
 
 TEST(RpcCodes, RoundTripNamesAndStatuses) {
