@@ -93,18 +93,26 @@ int main(int argc, char** argv) {
   if (json) {
     nlohmann::json out{{"runs", runs},
                        {"accelerator", vmm::acceleratorName((*vm)->accelerator())},
-                       {"rpc_info_ms", {{"p50", r.p50}, {"p90", r.p90}, {"p99", r.p99}, {"max", r.max}}},
-                       {"exec_true_ms", {{"p50", e.p50}, {"p90", e.p90}, {"p99", e.p99}, {"max", e.max}}},
+                       {"rpc_info_ms",
+                        {{"p50", r.p50},
+                         {"p90", r.p90},
+                         {"p99", std::isnan(r.p99) ? nlohmann::json() : nlohmann::json(r.p99)},
+                         {"max", r.max}}},
+                       {"exec_true_ms",
+                        {{"p50", e.p50},
+                         {"p90", e.p90},
+                         {"p99", std::isnan(e.p99) ? nlohmann::json() : nlohmann::json(e.p99)},
+                         {"max", e.max}}},
                        {"upload_mib_s", mib / up_s},
                        {"download_mib_s", mib / down_s},
                        {"guest_dd", dd.ok() ? dd->stdout_data : ""}};
     printf("%s\n", out.dump().c_str());
   } else {
     printf("accelerator: %s, %d runs\n", vmm::acceleratorName((*vm)->accelerator()), runs);
-    printf("baseline  Info RPC round trip   p50 %7.2f ms  p90 %7.2f  p99 %7.2f  max %7.2f\n", r.p50, r.p90, r.p99,
-           r.max);
-    printf("exec `true` round trip          p50 %7.2f ms  p90 %7.2f  p99 %7.2f  max %7.2f\n", e.p50, e.p90, e.p99,
-           e.max);
+    printf("baseline  Info RPC round trip   p50 %7.2f ms  p90 %7.2f  %s  max %7.2f\n", r.p50, r.p90,
+           bench::p99Text(r, 7).c_str(), r.max);
+    printf("exec `true` round trip          p50 %7.2f ms  p90 %7.2f  %s  max %7.2f\n", e.p50, e.p90,
+           bench::p99Text(e, 7).c_str(), e.max);
     printf("upload   %d MiB: %7.1f MiB/s\n", file_mib, mib / up_s);
     printf("download %d MiB: %7.1f MiB/s\n", file_mib, mib / down_s);
     printf("baseline guest dd to tmpfs: %s", dd.ok() ? dd->stdout_data.c_str() : "(failed)\n");

@@ -30,10 +30,14 @@ using Ms = std::chrono::duration<double, std::milli>;
 using bench::Stats;
 using bench::stats;
 
-json statsJson(const Stats& s) { return json{{"p50", s.p50}, {"p90", s.p90}, {"p99", s.p99}, {"max", s.max}}; }
+json statsJson(const Stats& s) {
+  return json{
+      {"n", s.n}, {"p50", s.p50}, {"p90", s.p90}, {"p99", std::isnan(s.p99) ? json() : json(s.p99)}, {"max", s.max}};
+}
 
 void printRow(const char* name, const Stats& s) {
-  printf("%-44s p50 %8.1f ms  p90 %8.1f  p99 %8.1f  max %8.1f\n", name, s.p50, s.p90, s.p99, s.max);
+  printf("%-44s p50 %8.1f ms  p90 %8.1f  %s  max %8.1f  (n=%zu)\n", name, s.p50, s.p90, bench::p99Text(s).c_str(),
+         s.max, s.n);
 }
 
 [[noreturn]] void die(const std::string& what) {

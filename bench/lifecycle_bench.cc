@@ -312,14 +312,18 @@ void warmUp(Daemon& d) {
 json statsJson(const std::vector<double>& v) {
   if (v.empty()) return nullptr;
   Stats s = stats(v);
-  return json{{"n", v.size()}, {"p50", s.p50}, {"p90", s.p90}, {"p99", s.p99}, {"max", s.max}};
+  return json{{"n", v.size()},
+              {"p50", s.p50},
+              {"p90", s.p90},
+              {"p99", std::isnan(s.p99) ? json() : json(s.p99)},
+              {"max", s.max}};
 }
 
 void printRow(const std::string& name, const std::vector<double>& v) {
   if (v.empty()) return;
   Stats s = stats(v);
-  printf("  %-54s p50 %8.1f ms  p90 %8.1f  p99 %8.1f  max %8.1f  (n=%zu)\n", name.c_str(), s.p50, s.p90, s.p99, s.max,
-         v.size());
+  printf("  %-54s p50 %8.1f ms  p90 %8.1f  %s  max %8.1f  (n=%zu)\n", name.c_str(), s.p50, s.p90,
+         bench::p99Text(s).c_str(), s.max, v.size());
 }
 
 void progress(const std::string& what) { fprintf(stderr, "space-lifecycle-bench: %s\n", what.c_str()); }
