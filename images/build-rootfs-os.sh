@@ -27,8 +27,10 @@ printf '#!/bin/sh\nexit 101\n' >"$tree/usr/sbin/policy-rc.d"
 chmod 0755 "$tree/usr/sbin/policy-rc.d"
 cp /etc/resolv.conf "$tree/etc/resolv.conf" 2>/dev/null || true
 
-in_tree apt-get update -q
-in_tree apt-get install -y -q --no-install-recommends "${packages[@]}"
+# Network steps are bounded: a mirror that stops answering fails the build in minutes.
+apt_net=(-o Acquire::http::Timeout=30 -o Acquire::https::Timeout=30 -o Acquire::Retries=3)
+in_tree timeout 300 apt-get "${apt_net[@]}" update -q
+in_tree timeout 1200 apt-get "${apt_net[@]}" install -y -q --no-install-recommends "${packages[@]}"
 
 in_tree useradd --create-home --shell /bin/bash --uid 1000 --user-group user
 printf 'user ALL=(ALL:ALL) NOPASSWD:ALL\n' >"$tree/etc/sudoers.d/user"

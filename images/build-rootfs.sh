@@ -44,8 +44,9 @@ else
   # debootstrap fetches one package at a time; it lays only the minimal base, apt (parallel
   # downloads, proper configure ordering) installs the package list inside the tree.
   mkdir -p "$SPACE_IMAGE_CACHE/debs"
+  # Network steps are bounded: a mirror that stops answering fails the build in minutes.
   run_step os "debootstrap $suite minbase (~1 min)" "$log" bash -c \
-    'debootstrap --variant=minbase --cache-dir="$1" "$2" "$3" "$4" || { cat "$3/debootstrap/debootstrap.log"; exit 1; }' \
+    'timeout 900 debootstrap --variant=minbase --cache-dir="$1" "$2" "$3" "$4" || { cat "$3/debootstrap/debootstrap.log"; exit 1; }' \
     _ "$SPACE_IMAGE_CACHE/debs" "$suite" "$work/out/tree" "$mirror"
   run_step os "install ${#packages[@]} packages + dependencies, users, trim (~2 min)" "$log" \
     "$here/build-rootfs-os.sh" "$work/out/tree" "${packages[@]}"

@@ -173,7 +173,7 @@ class Daemon {
     const std::string& k = key == "\x01" ? key_ : key;
     if (!k.empty()) headers["Authorization"] = "Bearer " + k;
     if (!body.empty()) headers["Content-Type"] = "application/json";
-    auto r = client->request(method, target, headers, body, seconds(120));
+    auto r = client->request(method, target, headers, body, seconds(60));
     EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
     return r.ok() ? r.value() : http::ClientResponse{};
   }
