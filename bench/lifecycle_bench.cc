@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -53,40 +54,6 @@ using std::chrono::seconds;
 
 using bench::Stats;
 using bench::stats;
-
-constexpr const char* kUsage = R"(usage: space-lifecycle-bench [options]
-
-Measures a sandbox's lifecycle through spaced (sandboxes of 1 vCPU, 256 MB), each number with a
-baseline measured in the same run. Runs everything sequentially; takes a while with the defaults.
-
-  --creates N            create -> first exec iterations against spaced with a warm pool (200)
-  --warm-pool P          warm pool size of that spaced (2)
-  --unpaced              do not wait (up to 60 s) for the pool to be full before each create;
-                         the run then shows creates arriving faster than the pool refills
-  --baseline-creates N   the same loop against spaced --warm-pool 0 (restore, QEMU started per
-                         request) (30; 0 skips)
-  --cold-creates N       the same loop against spaced --no-snapshots (cold boot) (10; 0 skips)
-  --floor N              Vm::prepare + Vm::restore in-process from the template snapshot the
-                         first spaced built (30; 0 skips)
-  --concurrent N         creates sent at once by N threads; baseline: the same N sent one after
-                         another (20)
-  --ops N                pause/resume and suspend/resume rounds on one sandbox with a process
-                         running, and GETs of it as the baseline (20)
-  --snapshots N          snapshots taken of that sandbox, each deleted afterwards (10)
-  --branch C1,C2,...     branch counts, one POST /v1/snapshots/{id}/branch each (10,50)
-  --branch-baseline N    single creates from the same snapshot, the per-child baseline (5)
-  --memory-sandboxes N   idle restored sandboxes whose memory is read (10)
-  --cold-memory-sandboxes N
-                         idle cold-booted sandboxes, the memory baseline (3; 0 skips)
-  --idle-s S             seconds the sandboxes idle before their memory is read (5)
-  --skip LIST            sections to leave out, comma-separated: create, concurrent, ops,
-                         branch, memory
-  --json                 print one JSON document instead of the table
-  --help                 this text
-
-Images: SPACE_KERNEL and SPACE_ROOTFS, else vmlinux and rootfs.ext4 in the build's images dir.
-spaced's logs go to a temporary directory, kept (without the VM files) if the run fails.
-)";
 
 struct Options {
   int creates = 200;
@@ -712,89 +679,75 @@ json memoryJson(const Memory& m, bool restored) {
 
 // --- options ------------------------------------------------------------------------------
 
-[[noreturn]] void usage(int code) {
-  fputs(kUsage, code == 0 ? stdout : stderr);
-  exit(code);
-}
-
-int intArg(int argc, char** argv, int& i, int min) {
-  if (i + 1 >= argc) usage(2);
-  char* end = nullptr;
-  long v = strtol(argv[++i], &end, 10);
-  if (*end != '\0' || v < min || v > 100000) {
-    fprintf(stderr, "space-lifecycle-bench: %s: bad value %s\n", argv[i - 1], argv[i]);
-    exit(2);
-  }
-  return static_cast<int>(v);
-}
-
-std::vector<std::string> splitComma(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string part; std::getline(in, part, ',');) {
-    if (!part.empty()) out.push_back(part);
-  }
-  return out;
-}
-
+// Options through CLI11, as in the other programs; --help teaches them.
 Options parseOptions(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") usage(0);
-    if (a == "--creates") {
-      o.creates = intArg(argc, argv, i, 0);
-    } else if (a == "--warm-pool") {
-      o.warm_pool = intArg(argc, argv, i, 0);
-    } else if (a == "--unpaced") {
-      o.unpaced = true;
-    } else if (a == "--baseline-creates") {
-      o.baseline_creates = intArg(argc, argv, i, 0);
-    } else if (a == "--cold-creates") {
-      o.cold_creates = intArg(argc, argv, i, 0);
-    } else if (a == "--floor") {
-      o.floor = intArg(argc, argv, i, 0);
-    } else if (a == "--concurrent") {
-      o.concurrent = intArg(argc, argv, i, 1);
-    } else if (a == "--ops") {
-      o.ops = intArg(argc, argv, i, 0);
-    } else if (a == "--snapshots") {
-      o.snapshots = intArg(argc, argv, i, 0);
-    } else if (a == "--branch") {
-      if (i + 1 >= argc) usage(2);
-      o.branch.clear();
-      for (const auto& c : splitComma(argv[++i])) {
-        int v = atoi(c.c_str());
-        if (v < 1 || v > 64) {
-          fprintf(stderr, "space-lifecycle-bench: --branch: counts are 1..64\n");
-          exit(2);
-        }
-        o.branch.push_back(v);
-      }
-    } else if (a == "--branch-baseline") {
-      o.branch_baseline = intArg(argc, argv, i, 0);
-    } else if (a == "--memory-sandboxes") {
-      o.memory_sandboxes = intArg(argc, argv, i, 1);
-    } else if (a == "--cold-memory-sandboxes") {
-      o.cold_memory_sandboxes = intArg(argc, argv, i, 0);
-    } else if (a == "--idle-s") {
-      o.idle_s = intArg(argc, argv, i, 0);
-    } else if (a == "--skip") {
-      if (i + 1 >= argc) usage(2);
-      for (const auto& s : splitComma(argv[++i])) {
-        if (s != "create" && s != "concurrent" && s != "ops" && s != "branch" && s != "memory") {
-          fprintf(stderr, "space-lifecycle-bench: --skip: unknown section %s\n", s.c_str());
-          exit(2);
-        }
-        o.skip.insert(s);
-      }
-    } else if (a == "--json") {
-      o.json = true;
-    } else {
-      fprintf(stderr, "space-lifecycle-bench: unknown option %s\n", a.c_str());
-      usage(2);
-    }
+  CLI::App app{
+      "Measures a sandbox's lifecycle through spaced (sandboxes of 1 vCPU, 256 MB), each number with a\n"
+      "baseline measured in the same run. Runs everything sequentially; takes a while with the defaults.\n"
+      "Images: SPACE_KERNEL and SPACE_ROOTFS, else vmlinux and rootfs.ext4 in the build's images dir.\n"
+      "spaced's logs go to a temporary directory, kept (without the VM files) if the run fails.",
+      "space-lifecycle-bench"};
+  auto count = CLI::Range(0, 100000);
+  app.add_option("--creates", o.creates, "create -> first exec iterations against spaced with a warm pool")
+      ->check(count)
+      ->capture_default_str();
+  app.add_option("--warm-pool", o.warm_pool, "warm pool size of that spaced")->check(count)->capture_default_str();
+  app.add_flag("--unpaced", o.unpaced,
+               "do not wait (up to 60 s) for the pool to be full before each create; the run then shows creates "
+               "arriving faster than the pool refills");
+  app.add_option("--baseline-creates", o.baseline_creates,
+                 "the same loop against spaced --warm-pool 0 (restore, QEMU started per request); 0 skips")
+      ->check(count)
+      ->capture_default_str();
+  app.add_option("--cold-creates", o.cold_creates, "the same loop against spaced --no-snapshots (cold boot); 0 skips")
+      ->check(count)
+      ->capture_default_str();
+  app.add_option("--floor", o.floor,
+                 "Vm::prepare + Vm::restore in-process from the template snapshot the first spaced built; 0 skips")
+      ->check(count)
+      ->capture_default_str();
+  app.add_option("--concurrent", o.concurrent,
+                 "creates sent at once by N threads; baseline: the same N sent one after another")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--ops", o.ops,
+                 "pause/resume and suspend/resume rounds on one sandbox with a process running, and GETs of it as "
+                 "the baseline")
+      ->check(count)
+      ->capture_default_str();
+  app.add_option("--snapshots", o.snapshots, "snapshots taken of that sandbox, each deleted afterwards")
+      ->check(count)
+      ->capture_default_str();
+  app.add_option("--branch", o.branch, "branch counts, one POST /v1/snapshots/{id}/branch each (1..64)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--branch-baseline", o.branch_baseline,
+                 "single creates from the same snapshot, the per-child baseline")
+      ->check(count)
+      ->capture_default_str();
+  app.add_option("--memory-sandboxes", o.memory_sandboxes, "idle restored sandboxes whose memory is read")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--cold-memory-sandboxes", o.cold_memory_sandboxes,
+                 "idle cold-booted sandboxes, the memory baseline; 0 skips")
+      ->check(count)
+      ->capture_default_str();
+  app.add_option("--idle-s", o.idle_s, "seconds the sandboxes idle before their memory is read")
+      ->check(count)
+      ->capture_default_str();
+  std::vector<std::string> skip;
+  app.add_option("--skip", skip, "sections to leave out: create, concurrent, ops, branch, memory")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"create", "concurrent", "ops", "branch", "memory"}));
+  app.add_flag("--json", o.json, "print one JSON document instead of the table");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    exit(app.exit(e));
   }
+  o.skip.insert(skip.begin(), skip.end());
   return o;
 }
 

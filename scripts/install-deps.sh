@@ -12,6 +12,8 @@ packages=(
   cmake ninja-build g++ pkg-config make
   libgtest-dev libgmock-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libssl-dev
   libboost1.81-dev libsqlite3-dev libnghttp2-dev
+  # fuzzing: clang with libFuzzer and the sanitizer runtimes
+  clang libclang-rt-14-dev
   # guest images: kernel build, debootstrap, ext4 images
   linux-source-6.1 bc flex bison libelf-dev xz-utils debootstrap e2fsprogs
   # virtual machines

@@ -614,9 +614,16 @@ TEST_F(SpacedTest, SandboxesAreRestoredFromATemplateWithTheirOwnIdentity) {
   ASSERT_TRUE(daemon_);
   auto& d = *daemon_;
   std::vector<std::string> ids;
-  for (int i = 0; i < 2; ++i) ids.push_back(d.create());
+  // The first create builds the template snapshot; the clones come 5 s later, so a clock left
+  // at the snapshot's time would be at least 5 s behind.
+  ids.push_back(d.create());
   ASSERT_FALSE(ids[0].empty());
+  std::this_thread::sleep_for(seconds(5));
+  for (int i = 0; i < 2; ++i) ids.push_back(d.create());
   ASSERT_FALSE(ids[1].empty());
+  ASSERT_FALSE(ids[2].empty());
+  ASSERT_EQ(d.call("DELETE", "/v1/sandboxes/" + ids[0]).status, 204);
+  ids.erase(ids.begin());
   // One template snapshot for the size, made on first use.
   int templates = 0;
   for (const auto& e : std::filesystem::directory_iterator(data_dir_ + "/templates")) {
@@ -629,10 +636,15 @@ TEST_F(SpacedTest, SandboxesAreRestoredFromATemplateWithTheirOwnIdentity) {
   EXPECT_EQ(templates, 1);
   const std::string probe =
       "hostname; cat /proc/sys/kernel/random/uuid; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; "
-      "date +%s";
+      "date +%s.%N";
   std::vector<std::vector<std::string>> seen;
+  auto wallNow = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  };
   for (const auto& id : ids) {
+    const double before = wallNow();
     std::string out = execJson(d, id, json{{"command", probe}})["stdout"];
+    const double after = wallNow();
     std::vector<std::string> lines;
     for (size_t start = 0, nl; (nl = out.find('\n', start)) != std::string::npos; start = nl + 1) {
       lines.push_back(out.substr(start, nl - start));
@@ -641,9 +653,11 @@ TEST_F(SpacedTest, SandboxesAreRestoredFromATemplateWithTheirOwnIdentity) {
     std::string host = id;
     std::replace(host.begin(), host.end(), '_', '-');
     EXPECT_EQ(lines[0], host);
-    // The clock was set at restore, not left at the template's snapshot time.
-    const long now = static_cast<long>(time(nullptr));
-    EXPECT_LE(std::labs(std::stol(lines[3]) - now), 5) << "guest clock " << lines[3] << " host " << now;
+    // The clock was set at restore, not left at the template's snapshot time: within 1 s of the
+    // host's clock over the exec that read it.
+    const double guest = std::stod(lines[3]);
+    EXPECT_GE(guest, before - 1.0) << "guest clock behind the host's by " << before - guest << " s";
+    EXPECT_LE(guest, after + 1.0) << "guest clock ahead of the host's by " << guest - after << " s";
     seen.push_back(lines);
   }
   EXPECT_NE(seen[0][1], seen[1][1]) << "clones share their random state";
@@ -677,18 +691,28 @@ TEST_F(SpacedTest, SuspendReleasesTheVmAndExecResumesItOnDemand) {
   ASSERT_TRUE(daemon_);
   EXPECT_EQ(daemon_->callJson("GET", sb, nullptr, 200)["state"], "suspended");
 
-  // An exec resumes it on demand and says so; processes, files and env survived.
+  // An exec resumes it on demand and says so; processes, files and env survived, and the clock,
+  // which stood still while suspended (at least 4 s here), is the host's again.
+  std::this_thread::sleep_for(seconds(4));
   auto client = http::Client::create(daemon_->url());
+  const double before = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   auto r = client->request("POST", sb + "/exec", {{"Authorization", "Bearer " + daemon_->key()}},
                            json{{"command",
                                  "cat /home/user/file.txt; kill -0 $(cat /tmp/ticker.pid) && "
-                                 "cat /tmp/ticker.pid; echo $KEPT"}}
+                                 "cat /tmp/ticker.pid; echo $KEPT; date +%s.%N"}}
                                .dump(),
-                           seconds(120));
+                           seconds(60));
+  const double after = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(r->headers["x-space-resumed"], "true");
-  EXPECT_EQ(json::parse(r->body)["stdout"], "on-disk\n" + ticker + "yes\n");
+  std::string out = json::parse(r->body)["stdout"];
+  const size_t last = out.rfind('\n', out.size() - 2);
+  ASSERT_NE(last, std::string::npos) << out;
+  const double guest = std::stod(out.substr(last + 1));
+  EXPECT_GE(guest, before - 1.0) << "guest clock behind the host's by " << before - guest << " s after resume";
+  EXPECT_LE(guest, after + 1.0) << "guest clock ahead of the host's by " << guest - after << " s after resume";
+  EXPECT_EQ(out.substr(0, last + 1), "on-disk\n" + ticker + "yes\n");
   EXPECT_EQ(daemon_->callJson("GET", sb, nullptr, 200)["state"], "running");
   EXPECT_FALSE(std::filesystem::exists(sandboxDir(id) + "/suspended.state"));
   auto again = client->request("POST", sb + "/exec", {{"Authorization", "Bearer " + daemon_->key()}},
