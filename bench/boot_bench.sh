@@ -25,8 +25,10 @@ for ((i = 0; i < runs; i++)); do
   bare+=("$((($(date +%s%N) - t0) / 1000000))")
 done
 
-stats() { # prints p50 p90 max of the numbers given
-  printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {i=int(NR*0.9+0.5); if (i<1) i=1; printf "p50=%s p90=%s max=%s", a[int((NR+1)/2)], a[i], a[NR]}'
+stats() { # prints p50 p90 max of the numbers given: nearest rank, ceil(q*n), as bench/percentiles.h
+  printf '%s\n' "$@" | sort -g | awk '
+    function rank(q,  r) { r = q * NR; r = (r == int(r)) ? r : int(r) + 1; return r < 1 ? 1 : r }
+    {a[NR]=$1} END {printf "p50=%s p90=%s max=%s", a[rank(0.5)], a[rank(0.9)], a[NR]}'
 }
 echo "boot to agent ready (host ms, spawn -> agent handshake)  : $(stats "${ready[@]}")"
 echo "guest uptime at init (s):                                   $(stats "${init[@]}")"

@@ -57,7 +57,12 @@ int main(int argc, char** argv) {
                   "command to run in the guest (after --): one argument is a bash command line, several an argv")
       ->required();
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // CLI11's own codes (100+) would hide the documented contract: 2 for any usage error.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   if (auto st = initLogging(log_level, log_json); !st.ok()) {
     std::cerr << "space-vm: " << st.error().message << "\n";
     return 2;

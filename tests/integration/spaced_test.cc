@@ -552,7 +552,11 @@ TEST_F(SpacedTest, TenantsSeeOnlyTheirOwnSandboxes) {
 
   const std::string id = d.create();
   ASSERT_FALSE(id.empty());
-  std::this_thread::sleep_for(milliseconds(1100));  // the key ring reloads at most once a second
+  // The key ring reloads at most once a second: wait until bob's key is known.
+  for (auto until = Clock::now() + seconds(10);
+       Clock::now() < until && d.call("GET", "/v1/sandboxes", "", bob).status != 200;) {
+    std::this_thread::sleep_for(milliseconds(100));
+  }
   EXPECT_EQ(d.callJson("GET", "/v1/sandboxes/" + id, nullptr, 404, bob)["error"]["code"], "sandbox_not_found");
   EXPECT_EQ(d.callJson("GET", "/v1/sandboxes", nullptr, 200, bob)["sandboxes"].size(), 0u);
   d.callJson("DELETE", "/v1/sandboxes/" + id, nullptr, 404, bob);
@@ -561,6 +565,105 @@ TEST_F(SpacedTest, TenantsSeeOnlyTheirOwnSandboxes) {
   // Still there for its owner.
   EXPECT_EQ(d.callJson("GET", "/v1/sandboxes/" + id, nullptr, 200)["state"], "running");
   EXPECT_EQ(d.callJson("GET", "/v1/sandboxes", nullptr, 200)["sandboxes"].size(), 1u);
+
+  // Snapshots are the owner's too: for bob they do not exist.
+  const std::string snap =
+      d.callJson("POST", "/v1/sandboxes/" + id + "/snapshots", json::object(), 201).value("id", "");
+  ASSERT_FALSE(snap.empty());
+  EXPECT_EQ(d.call("GET", "/v1/snapshots/" + snap, "", bob).status, 404);
+  EXPECT_EQ(d.callJson("GET", "/v1/snapshots", nullptr, 200, bob)["snapshots"].size(), 0u);
+  EXPECT_EQ(d.call("POST", "/v1/snapshots/" + snap + "/branch", json{{"count", 1}}.dump(), bob).status, 404);
+  EXPECT_EQ(d.call("POST", "/v1/sandboxes", json{{"snapshot", snap}}.dump(), bob).status, 404);
+  EXPECT_EQ(d.call("DELETE", "/v1/snapshots/" + snap, "", bob).status, 404);
+  EXPECT_EQ(d.callJson("GET", "/v1/snapshots/" + snap, nullptr, 200)["id"], snap);
+
+  // tenant ls names both; tenant rm revokes bob's key, which then stops working.
+  auto spacedTenant = [&](std::vector<std::string> args) {
+    const std::string out = dir_->path() + "/tenant-cmd.out";
+    args.insert(args.begin(), {SPACED_BIN, "tenant"});
+    args.insert(args.end(), {"--data-dir", data_dir_});
+    EXPECT_EQ(runCommand(args, out), 0) << readSmallFile(out, 1 << 16).value();
+    auto text = readSmallFile(out, 1 << 16);
+    return text.ok() ? text.value() : std::string();
+  };
+  json tenants = json::parse(spacedTenant({"ls", "--json"}), nullptr, false);
+  ASSERT_TRUE(tenants.is_array()) << tenants;
+  std::set<std::string> names;
+  for (const auto& t : tenants) names.insert(t.value("tenant", ""));
+  EXPECT_TRUE(names.count("bob")) << tenants;
+  EXPECT_EQ(names.size(), 2u) << tenants;
+  spacedTenant({"rm", "bob"});
+  int status = 0;
+  for (auto until = Clock::now() + seconds(10); Clock::now() < until;) {
+    status = d.call("GET", "/v1/sandboxes", "", bob).status;
+    if (status == 401) break;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_EQ(status, 401) << "a revoked key still works";
+  EXPECT_EQ(d.call("GET", "/v1/sandboxes", "").status, 200);  // the other tenant is unaffected
+}
+
+// Exec's limits through the API: a timeout kills the command, output over 16 MiB is refused,
+// a client that goes away leaves the command running; list paging; the running QEMU's seccomp.
+TEST_F(SpacedTest, ExecLimitsListPagingAndSeccompThroughTheApi) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string id = d.create();
+  ASSERT_FALSE(id.empty());
+
+  auto start = Clock::now();
+  auto timed = d.call("POST", "/v1/sandboxes/" + id + "/exec", json{{"command", "sleep 30"}, {"timeout_s", 1}}.dump());
+  EXPECT_LT(Clock::now() - start, seconds(15));
+  if (timed.status == 200) {
+    json r = json::parse(timed.body);
+    EXPECT_EQ(r["exit_code"], -1) << r;
+    EXPECT_EQ(r["status"], "signal: killed") << r;
+  } else {
+    EXPECT_EQ(timed.status, 504) << timed.body;
+  }
+
+  json big = execJson(d, id, json{{"command", "head -c 20000000 /dev/zero"}}, 422);
+  EXPECT_EQ(big["error"]["code"], "output_too_large") << big;
+
+  // A client that disconnects from a non-streamed exec: the command still runs to its end.
+  {
+    auto client = http::Client::create(d.url());
+    ASSERT_TRUE(client.ok());
+    auto r = client->request("POST", "/v1/sandboxes/" + id + "/exec",
+                             {{"Authorization", "Bearer " + d.key()}, {"Content-Type", "application/json"}},
+                             json{{"command", "sleep 2; echo done > /tmp/after-disconnect"}}.dump(), milliseconds(300));
+    EXPECT_FALSE(r.ok()) << "the client gave up after 300 ms";
+  }
+  json waited = execJson(d, id,
+                         json{{"command",
+                               "for i in $(seq 100); do [ -s /tmp/after-disconnect ] && break; sleep 0.1; "
+                               "done; cat /tmp/after-disconnect"}});
+  EXPECT_EQ(waited["stdout"], "done\n");
+
+  // Paging: three sandboxes, one per page, each once.
+  const std::string b = d.create(), c = d.create();
+  ASSERT_FALSE(b.empty());
+  ASSERT_FALSE(c.empty());
+  std::set<std::string> seen;
+  std::string cursor;
+  int pages = 0;
+  do {
+    json page = d.callJson("GET", "/v1/sandboxes?limit=1" + (cursor.empty() ? "" : "&cursor=" + cursor), nullptr, 200);
+    ASSERT_LE(page["sandboxes"].size(), 1u);
+    for (const auto& s : page["sandboxes"]) EXPECT_TRUE(seen.insert(s["id"].get<std::string>()).second) << "twice";
+    cursor = page["next_cursor"].is_string() ? page["next_cursor"].get<std::string>() : "";
+    ASSERT_LT(++pages, 10);
+  } while (!cursor.empty());
+  EXPECT_EQ(seen, (std::set<std::string>{id, b, c}));
+  d.callJson("GET", "/v1/sandboxes?limit=0", nullptr, 400);
+
+  // QEMU runs under its own seccomp filter (mode 2).
+  auto pids = qemuProcessesUnder(sandboxDir(id));
+  ASSERT_EQ(pids.size(), 1u);
+  auto status = readSmallFile("/proc/" + std::to_string(pids[0]) + "/status", 1 << 16);
+  ASSERT_TRUE(status.ok());
+  EXPECT_NE(status->find("\nSeccomp:\t2\n"), std::string::npos) << *status;
 }
 
 TEST_F(SpacedTest, PauseAndResumeKeepProcessesAcrossADaemonRestart) {
@@ -1463,6 +1566,178 @@ TEST_F(SpacedTest, SpacectlRunRemovesItsSandbox) {
   EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
   unsetenv("SPACE_API");
   unsetenv("SPACE_API_KEY");
+}
+
+// Every spacectl command a user relies on, against the real daemon, found the way a user finds
+// it: through <data-dir>/spaced.json and the key file next to it (no --api, no key given).
+TEST_F(SpacedTest, SpacectlCommandsAgainstTheDaemonFoundThroughItsDataDir) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  ::unsetenv("SPACE_API");
+  ::unsetenv("SPACE_API_KEY");
+  ::unsetenv("SPACE_DATA_DIR");
+  int calls = 0;
+  // Runs spacectl --data-dir <data dir> ARGS; its exit code and its stdout (stderr apart).
+  auto spacectl = [&](std::vector<std::string> args, int want_exit = 0) {
+    const std::string base = dir_->path() + "/ctl" + std::to_string(++calls);
+    args.insert(args.begin(), {SPACECTL_BIN, "--data-dir", data_dir_});
+    auto p = ChildProcess::spawn(args, SpawnOptions{base + ".out", base + ".err", true});
+    EXPECT_TRUE(p.ok());
+    auto status = p->waitFor(seconds(60));
+    auto err = readSmallFile(base + ".err", 1 << 16);
+    EXPECT_TRUE(status && status->exit_code == want_exit)
+        << args[3] << ": exit " << (status ? status->exit_code : -1) << "\n"
+        << (err.ok() ? err.value() : "");
+    auto text = readSmallFile(base + ".out", 1 << 20);
+    return text.ok() ? text.value() : std::string();
+  };
+  auto firstLine = [](const std::string& s) { return s.substr(0, s.find('\n')); };
+
+  const std::string id = firstLine(spacectl({"create", "--cpus", "1", "--memory", "256", "--metadata", "task=cli"}));
+  ASSERT_EQ(id.substr(0, 3), "sb_") << id;
+  json listed = json::parse(spacectl({"ls", "--json", "--metadata", "task=cli"}), nullptr, false);
+  ASSERT_EQ(listed["sandboxes"].size(), 1u) << listed;
+  EXPECT_EQ(listed["sandboxes"][0]["id"], id);
+  EXPECT_EQ(json::parse(spacectl({"ls", "--json", "--metadata", "task=other"}))["sandboxes"].size(), 0u);
+  json got = json::parse(spacectl({"get", id, "--json"}), nullptr, false);
+  EXPECT_EQ(got["state"], "running");
+  EXPECT_EQ(got["metadata"]["task"], "cli");
+  EXPECT_NE(spacectl({"get", id}).find(id), std::string::npos);
+  spacectl({"get", "sb_00000000000000000000000000", "--json"}, 1);
+
+  // cp both ways, through a file and through stdout.
+  const std::string local = dir_->path() + "/in.txt", back = dir_->path() + "/back.txt";
+  { std::ofstream(local) << "bytes from the host\n"; }
+  spacectl({"cp", local, id + ":/home/user/in.txt"});
+  spacectl({"cp", id + ":/home/user/in.txt", back});
+  EXPECT_EQ(readSmallFile(back, 4096).value(), "bytes from the host\n");
+  EXPECT_EQ(spacectl({"cp", id + ":/home/user/in.txt", "-"}), "bytes from the host\n");
+  EXPECT_EQ(spacectl({"exec", id, "--", "cat /home/user/in.txt"}), "bytes from the host\n");
+  spacectl({"cp", id + ":/home/user/missing.txt", back}, 1);
+
+  // timeout: expires_at moves to about now + 900 s.
+  spacectl({"timeout", id, "900"});
+  EXPECT_NEAR(secondsUntil(json::parse(spacectl({"get", id, "--json"})).value("expires_at", "")), 900, 10);
+
+  // logs: the console, with what the guest wrote to it.
+  execJson(*daemon_, id, json{{"command", "echo cli-console-marker > /dev/console"}, {"user", "root"}});
+  EXPECT_NE(spacectl({"logs", id}).find("cli-console-marker"), std::string::npos);
+
+  // ps lists a process started in the background; pause, suspend and resume change the state.
+  spacectl({"exec", id, "--", "true"});
+  {
+    auto client = http::Client::create(daemon_->url());
+    ASSERT_TRUE(client.ok());
+    (void)client->requestStreaming(
+        "POST", "/v1/sandboxes/" + id + "/exec", {{"Authorization", "Bearer " + daemon_->key()}},
+        json{{"argv", {"sleep", "301"}}, {"stream", true}}.dump(),
+        [](const http::ClientResponse&) { return okStatus(); },
+        [](std::string_view) -> Status { return makeError(ErrorCode::kCanceled, "detach"); });
+  }
+  const std::string ps = spacectl({"ps", id});
+  EXPECT_NE(ps.find("sleep 301"), std::string::npos) << ps;
+  EXPECT_EQ(json::parse(spacectl({"ps", id, "--json"}))["processes"].size(), 1u);
+  spacectl({"pause", id});
+  EXPECT_EQ(json::parse(spacectl({"get", id, "--json"}))["state"], "paused");
+  spacectl({"resume", id});
+  EXPECT_EQ(json::parse(spacectl({"get", id, "--json"}))["state"], "running");
+  spacectl({"suspend", id});
+  EXPECT_EQ(json::parse(spacectl({"get", id, "--json"}))["state"], "suspended");
+  spacectl({"resume", id});
+  EXPECT_EQ(json::parse(spacectl({"get", id, "--json"}))["state"], "running");
+  EXPECT_NE(spacectl({"ps", id}).find("sleep 301"), std::string::npos) << "the process lived through it";
+
+  // create --snapshot: a new sandbox from a snapshot of this one, with its files.
+  const std::string snap = firstLine(spacectl({"snapshot", "create", id}));
+  ASSERT_EQ(snap.substr(0, 5), "snap_") << snap;
+  const std::string child = firstLine(spacectl({"create", "--snapshot", snap}));
+  ASSERT_EQ(child.substr(0, 3), "sb_") << child;
+  EXPECT_EQ(spacectl({"exec", child, "--", "cat /home/user/in.txt"}), "bytes from the host\n");
+
+  spacectl({"rm", id, child});
+  spacectl({"snapshot", "rm", snap});
+  EXPECT_EQ(json::parse(spacectl({"get", id, "--json"}))["state"], "deleted");
+  EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+  // Without the data dir's files, spacectl fails and says where it looked.
+  const std::string nowhere_out = dir_->path() + "/nowhere.out";
+  EXPECT_EQ(runCommand({SPACECTL_BIN, "--data-dir", dir_->path() + "/nowhere", "ls"}, nowhere_out), 1);
+  EXPECT_NE(readSmallFile(nowhere_out, 1 << 16).value().find("/nowhere"), std::string::npos)
+      << readSmallFile(nowhere_out, 1 << 16).value();
+}
+
+// A sandbox whose VM cannot boot (here: its kernel is not a kernel) is recorded failed, with
+// the reason, and leaves no QEMU and no run directory.
+TEST_F(SpacedTest, AVmThatCannotBootLeavesAFailedSandbox) {
+  const std::string bogus = dir_->path() + "/not-a-kernel";
+  { std::ofstream(bogus) << "this is not an ELF kernel\n"; }
+  std::filesystem::create_directories(data_dir_);
+  std::vector<std::string> argv = {SPACED_BIN,    "--listen", "127.0.0.1:0",
+                                   "--data-dir",  data_dir_,  "--kernel",
+                                   bogus,         "--rootfs", kImages + "/rootfs.ext4",
+                                   "--warm-pool", "0",        "--on-shutdown",
+                                   "stop"};
+  auto p = ChildProcess::spawn(argv, SpawnOptions{data_dir_ + ".log", "", true});
+  ASSERT_TRUE(p.ok());
+  std::string url;
+  for (auto until = Clock::now() + seconds(30); Clock::now() < until && url.empty();) {
+    if (auto endpoint = readSmallFile(data_dir_ + "/spaced.json", 4096); endpoint.ok()) {
+      url = json::parse(endpoint.value())["url"].get<std::string>();
+    } else {
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+  }
+  ASSERT_FALSE(url.empty()) << readFileTail(data_dir_ + ".log", 4096).value();
+  const std::string key = readSmallFile(data_dir_ + "/api-key", 4096).value().substr(0, 64);
+  auto client = http::Client::create(url);
+  ASSERT_TRUE(client.ok());
+  const std::map<std::string, std::string> auth{{"Authorization", "Bearer " + key.substr(0, key.find('\n'))},
+                                                {"Content-Type", "application/json"}};
+  auto r = client->request("POST", "/v1/sandboxes", auth, json{{"cpus", 1}, {"memory_mb", 256}}.dump(), seconds(60));
+  ASSERT_TRUE(r.ok());
+  EXPECT_GE(r->status, 500) << r->body;
+  auto failed = client->request("GET", "/v1/sandboxes?state=failed", auth, "", seconds(10));
+  ASSERT_TRUE(failed.ok());
+  json list = json::parse(failed->body);
+  ASSERT_EQ(list["sandboxes"].size(), 1u) << failed->body;
+  EXPECT_FALSE(list["sandboxes"][0].value("state_reason", "").empty()) << list;
+  const std::string id = list["sandboxes"][0]["id"];
+  EXPECT_FALSE(std::filesystem::exists(sandboxDir(id)));
+  EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+  ::kill(p->pid(), SIGTERM);
+  auto stopped = p->waitFor(seconds(30));
+  EXPECT_TRUE(stopped && stopped->exit_code == 0);
+}
+
+// space-vm run: the command's exit code and output, --json, and usage errors (exit 2).
+TEST_F(SpacedTest, SpaceVmRunOptionsAndExitCodes) {
+  const std::string out = dir_->path() + "/space-vm.out";
+  const std::vector<std::string> base = {
+      SPACE_VM_BIN, "run",      "--kernel", kImages + "/vmlinux", "--rootfs",  kImages + "/rootfs.ext4", "--cpus",
+      "1",          "--memory", "256",      "--run-dir",          dir_->path()};
+  auto with = [&](std::vector<std::string> extra) {
+    auto argv = base;
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return argv;
+  };
+  EXPECT_EQ(runCommand(with({"--", "echo hello; exit 7"}), out), 7);
+  EXPECT_NE(readSmallFile(out, 1 << 16).value().find("hello"), std::string::npos);
+  EXPECT_EQ(runCommand(with({"--json", "--", "echo out; echo err >&2; exit 3"}), out), 3);
+  auto text = readSmallFile(out, 1 << 16).value();
+  json j = json::parse(text.substr(text.find('{')), nullptr, false);
+  ASSERT_TRUE(j.is_object()) << text;
+  EXPECT_EQ(j["exit_code"], 3);
+  EXPECT_EQ(j["stdout"], "out\n");
+  EXPECT_EQ(j["stderr"], "err\n");
+  EXPECT_EQ(runCommand({SPACE_VM_BIN, "run", "--kernel", kImages + "/vmlinux", "--rootfs", kImages + "/rootfs.ext4",
+                        "--memory", "64", "--run-dir", dir_->path(), "--", "true"},
+                       out),
+            2)
+      << "below the 128 MiB minimum: " << readSmallFile(out, 1 << 16).value();
+  EXPECT_EQ(runCommand({SPACE_VM_BIN, "run", "--bogus-flag", "--", "true"}, out), 2);
+  EXPECT_EQ(runCommand(with({"--memory", "512", "--", "true"}), out), 2) << "an option given twice";
+  EXPECT_EQ(runCommand({SPACE_VM_BIN, "--help"}, out), 0);
+  EXPECT_NE(readSmallFile(out, 1 << 16).value().find("run"), std::string::npos);
+  EXPECT_TRUE(qemuProcessesUnder(dir_->path()).empty());
 }
 
 // spacectl's snapshot and branch commands against the real daemon: ids on stdout for scripts.

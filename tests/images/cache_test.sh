@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The image cache's contract (images/lib.sh), on a scratch cache: one build of a kind at a time
+# (a second waits on the lock), temp dirs of a killed build are swept under the lock, an
+# artifact appears in one rename (never half-built), and old entries of a kind are evicted
+# newest-first-kept. Prints "N passed, N failed" and exits non-zero on any failure.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+export SPACE_IMAGE_CACHE
+SPACE_IMAGE_CACHE=$(mktemp -d /tmp/space-cache-test-XXXXXX)
+trap 'rm -rf "$SPACE_IMAGE_CACHE"' EXIT
+passed=0 failed=0
+check() { # check NAME COMMAND...: one assertion
+  local name=$1
+  shift
+  if "$@"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "FAILED: $name" >&2
+  fi
+}
+
+# --- the lock: a second holder waits until the first lets go
+(
+  source "$here/../../images/lib.sh"
+  lock_kind widget
+  touch "$SPACE_IMAGE_CACHE/first-has-lock"
+  sleep 2
+  echo first >>"$SPACE_IMAGE_CACHE/order"
+) 2>/dev/null &
+first=$!
+for _ in $(seq 100); do [[ -e $SPACE_IMAGE_CACHE/first-has-lock ]] && break; sleep 0.05; done
+start=$(date +%s.%N)
+(
+  source "$here/../../images/lib.sh"
+  lock_kind widget
+  echo second >>"$SPACE_IMAGE_CACHE/order"
+) 2>"$SPACE_IMAGE_CACHE/second.err"
+waited=$(echo "$(date +%s.%N) - $start" | bc)
+wait "$first"
+check "the second build waited for the first" test "$(tr '\n' ' ' <"$SPACE_IMAGE_CACHE/order")" = "first second "
+check "it waited about as long as the first held the lock ($waited s)" test "$(echo "$waited > 1.0" | bc)" = 1
+check "it said it was waiting" grep -q "waiting for another build of widget" "$SPACE_IMAGE_CACHE/second.err"
+
+# --- a killed build's temp dir is swept under the lock; other kinds' are not
+(
+  source "$here/../../images/lib.sh"
+  make_workdir widget >/dev/null
+  make_workdir gadget >/dev/null
+)
+check "temp dirs exist before" test "$(find "$SPACE_IMAGE_CACHE" -maxdepth 1 -name '.tmp-*' | wc -l)" = 2
+( source "$here/../../images/lib.sh"; lock_kind widget ) 2>/dev/null
+check "the widget temp dir was swept" test "$(find "$SPACE_IMAGE_CACHE" -maxdepth 1 -name '.tmp-widget-*' | wc -l)" = 0
+check "the gadget temp dir was kept" test "$(find "$SPACE_IMAGE_CACHE" -maxdepth 1 -name '.tmp-gadget-*' | wc -l)" = 1
+
+# --- publish: one rename; the kernel kind keeps the 2 newest, rootfs the 4 newest
+publish_one() { # publish_one KIND HASH
+  (
+    source "$here/../../images/lib.sh"
+    work=$(make_workdir "$1")
+    mkdir "$work/out" && echo "$2" >"$work/out/payload"
+    publish "$work/out" "$SPACE_IMAGE_CACHE/$1-$2"
+    rm -rf "$work"
+  ) 2>/dev/null
+}
+for h in a1 a2 a3; do
+  publish_one kernel "$h"
+  sleep 0.05 # distinct mtimes: eviction goes by mtime
+done
+check "the published artifact is whole" test "$(cat "$SPACE_IMAGE_CACHE/kernel-a3/payload")" = a3
+check "kernel: the two newest are kept" test -d "$SPACE_IMAGE_CACHE/kernel-a2" -a -d "$SPACE_IMAGE_CACHE/kernel-a3"
+check "kernel: the oldest was evicted" test ! -e "$SPACE_IMAGE_CACHE/kernel-a1"
+for h in r1 r2 r3 r4 r5; do
+  publish_one rootfs "$h"
+  sleep 0.05
+done
+check "rootfs: four kept" test "$(find "$SPACE_IMAGE_CACHE" -maxdepth 1 -type d -name 'rootfs-*' | wc -l)" = 4
+check "rootfs: the oldest evicted" test ! -e "$SPACE_IMAGE_CACHE/rootfs-r1"
+check "eviction never touches another kind" test -d "$SPACE_IMAGE_CACHE/kernel-a3"
+# Republishing a hash replaces it whole.
+publish_one kernel a3
+check "a republished artifact replaces the old one" test "$(cat "$SPACE_IMAGE_CACHE/kernel-a3/payload")" = a3
+check "no temp dir is left behind" test "$(find "$SPACE_IMAGE_CACHE" -maxdepth 1 -name '.tmp-kernel-*' | wc -l)" = 0
+
+echo "$passed passed, $failed failed"
+((failed == 0))
