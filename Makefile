@@ -24,8 +24,11 @@ build: deps $(BUILD)/build.ninja
 	ninja -C $(BUILD) -j $(JOBS)
 
 # The fuzz targets: clang, every library instrumented for coverage (tests/fuzz).
+# binutils' ar, not llvm-ar (which CMake prefers with clang when some other package brought it):
+# the same tools on every machine, and only packages the install script lists.
 $(BUILD_FUZZ)/build.ninja: CMakeLists.txt
-	cmake -S . -B $(BUILD_FUZZ) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DSPACE_FUZZ=ON
+	cmake -S . -B $(BUILD_FUZZ) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+	  -DCMAKE_AR=/usr/bin/ar -DCMAKE_RANLIB=/usr/bin/ranlib -DSPACE_FUZZ=ON
 
 build-asan: deps $(BUILD_ASAN)/build.ninja
 	ninja -C $(BUILD_ASAN) -j $(JOBS) space_unit_tests space_http_tests space_store_tests

@@ -123,8 +123,14 @@ def build_files(build_dir):
         p = line.strip()
         if p.startswith("/usr/"):
             files.add(p)
-    with open(os.path.join(build_dir, "build.ninja")) as f:
-        ninja = f.read()
+    # build.ninja and its rules: the programs the build runs (compiler, archiver, linker) and
+    # the files its steps name.
+    ninja = ""
+    for name in ("build.ninja", "CMakeFiles/rules.ninja"):
+        path = os.path.join(build_dir, name)
+        if os.path.exists(path):
+            with open(path) as f:
+                ninja += f.read() + "\n"
     # The re-run rule lists every CMake file the configure step read (package config files).
     # Link lines name static libraries and -l flags.
     for token in re.findall(r"(?<![\w/.-])(/usr/[^\s$:|]+)", ninja):
@@ -139,8 +145,11 @@ def build_files(build_dir):
     cache = os.path.join(build_dir, "CMakeCache.txt")
     with open(cache) as f:
         for line in f:
+            # Libraries and headers CMake found. Programs it merely probed (llvm-ar, ld.lld next to
+            # clang) are not used unless a rule names them, which the scan above sees.
             m = re.match(r"[^#/][^:]*:(?:FILEPATH|PATH)=(/usr/\S+)$", line.strip())
-            if m and os.path.isfile(m.group(1)):
+            if m and os.path.isfile(m.group(1)) and not (os.access(m.group(1), os.X_OK) and
+                                                        not re.search(r"\.so(\.|$)", m.group(1))):
                 files.add(m.group(1))
             m = re.match(r"(\w+)_MODULE_NAME:INTERNAL=(\S+)$", line.strip())
             if m:  # pkg-config modules: their .pc files

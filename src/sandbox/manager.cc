@@ -1056,6 +1056,7 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
     return makeError(capture.error().code, "cannot snapshot sandbox " + sandbox.id + ": " +
                                                firstLine(capture.error().message) + " (the sandbox is unchanged)");
   }
+  faultPoint("snapshot.captured");
   // Step 2 needs neither: the sandbox serves calls again while the helper works. (Its layer is
   // kept by the build directory's name, see collectLayers, even if the sandbox goes meanwhile.)
   control.unlock();
@@ -1068,12 +1069,14 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
   snap.disk = files->disk;
   snap.size_bytes = files->size_bytes;
   snap.created_at_ms = nowMs();
+  faultPoint("snapshot.published");
   if (auto inserted = store_.insertSnapshot(snap); !inserted.ok()) {
     std::error_code ec;
     std::filesystem::remove_all(snap.dir, ec);
     layers_dirty_ = true;
     return inserted.error();
   }
+  faultPoint("snapshot.recorded");
   spdlog::info("sandbox {}: snapshot {} taken ({} MiB)", sandbox.id, snap.id, snap.size_bytes >> 20);
   return snap;
 }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/fault.h"
 #include "common/fs.h"
 
 namespace space::snapshot {
@@ -59,6 +60,7 @@ Result<SnapshotCapture> captureSnapshot(vmm::Vm& vm, bool was_running, const Tak
   auto stopped_at = Clock::now();
   Status done = was_running ? vm.pause() : okStatus();
   if (done.ok()) done = vm.freezeDisk(capture.layer);
+  if (done.ok()) faultPoint("snapshot.disk_frozen");
   if (done.ok()) done = vm.saveState(capture.stream, req.timeout, /*ignore_shared=*/false);
   if (auto again = was_running ? vm.resume() : vm.reactivateStopped(); !again.ok()) {
     return makeError(ErrorCode::kInternal, std::string("the sandbox could not be ") +

@@ -975,6 +975,58 @@ TEST_F(SpacedTest, CrashAtEachStepOfCreateAndDelete) {
   }
 }
 
+// spaced killed right after each step of a snapshot: the sandbox runs on with its files, the
+// snapshot exists only if it was recorded (and then branches), and no build directory,
+// unrecorded snapshot or unreferenced layer is left.
+TEST_F(SpacedTest, CrashAtEachStepOfASnapshot) {
+  for (const char* fault : {"snapshot.disk_frozen", "snapshot.captured", "snapshot.published", "snapshot.recorded"}) {
+    SCOPED_TRACE(fault);
+    const bool kept = std::string(fault) == "snapshot.recorded";
+    ::setenv("SPACE_FAULT", fault, 1);
+    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+    ::unsetenv("SPACE_FAULT");
+    ASSERT_TRUE(daemon_);
+    const std::string id = daemon_->create();
+    ASSERT_FALSE(id.empty());
+    execJson(*daemon_, id, json{{"command", "echo kept > /home/user/kept.txt; sync"}});
+    auto client = http::Client::create(daemon_->url());
+    ASSERT_TRUE(client.ok());
+    auto r = client->request("POST", "/v1/sandboxes/" + id + "/snapshots",
+                             {{"Authorization", "Bearer " + daemon_->key()}}, "", seconds(60));
+    EXPECT_FALSE(r.ok()) << "spaced answered instead of dying at the fault point";
+    EXPECT_TRUE(daemon_->stop(SIGKILL).signaled);
+    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+    ASSERT_TRUE(daemon_);
+    EXPECT_EQ(daemon_->callJson("GET", "/v1/sandboxes/" + id, nullptr, 200)["state"], "running");
+    EXPECT_EQ(execJson(*daemon_, id,
+                       json{{"command", "echo after >> /home/user/kept.txt; cat /home/user/kept.txt"}})["stdout"],
+              "kept\nafter\n");
+    json snaps = daemon_->callJson("GET", "/v1/snapshots?sandbox_id=" + id, nullptr, 200);
+    ASSERT_EQ(snaps["snapshots"].size(), kept ? 1u : 0u) << snaps;
+    size_t dirs = 0;
+    for (const auto& e : std::filesystem::directory_iterator(data_dir_ + "/snapshots")) {
+      EXPECT_NE(e.path().filename().string().rfind(".build-", 0), 0u) << "left: " << e.path();
+      ++dirs;
+    }
+    EXPECT_EQ(dirs, snaps["snapshots"].size());
+    if (kept) {
+      const std::string snap = snaps["snapshots"][0]["id"];
+      const std::string child = daemon_->create(json{{"snapshot", snap}});
+      ASSERT_FALSE(child.empty());
+      EXPECT_EQ(execJson(*daemon_, child, json{{"command", "cat /home/user/kept.txt"}})["stdout"], "kept\n");
+      EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + child).status, 204);
+      EXPECT_EQ(daemon_->call("DELETE", "/v1/snapshots/" + snap).status, 204);
+    }
+    EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + id).status, 204);
+    EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+    daemon_->stop(SIGTERM);
+    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});  // its recovery collects the layers
+    ASSERT_TRUE(daemon_);
+    EXPECT_TRUE(std::filesystem::is_empty(data_dir_ + "/layers"));
+    daemon_->stop(SIGTERM);
+  }
+}
+
 // A snapshot of a running sandbox: the sandbox runs on unchanged; five children branched from
 // it each start with its processes, files and env, diverge copy-on-write, and have their own
 // identity. Deleting the snapshot does not break its children; its disk layer goes when the

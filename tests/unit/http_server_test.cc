@@ -563,8 +563,19 @@ TEST(HttpServer, BusyPortIsAnErrorNamingTheAddress) {
 }
 
 TEST(HttpServer, ServesIpv6Loopback) {
+  // Skipped only where the machine itself has no IPv6 loopback (a plain bind(::1) fails); where
+  // it has one, the server must serve on it.
+  {
+    int probe = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in6 addr{};
+    addr.sin6_family = AF_INET6;
+    addr.sin6_addr = in6addr_loopback;
+    const bool has_v6 = probe >= 0 && bind(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    if (probe >= 0) close(probe);
+    if (!has_v6) GTEST_SKIP() << "this machine has no IPv6 loopback (bind(::1) fails)";
+  }
   auto server = Server::start("[::1]:0", [](Request&, Response& response) { (void)response.send(200, "", "v6"); });
-  if (!server.ok()) GTEST_SKIP() << "no IPv6 loopback: " << server.error().message;
+  ASSERT_TRUE(server.ok()) << "bind(::1) works here, but the server did not start: " << server.error().message;
   EXPECT_TRUE((*server)->address().starts_with("[::1]:")) << (*server)->address();
   auto client = Client::create((*server)->address());
   ASSERT_TRUE(client.ok()) << client.error().message;
