@@ -483,6 +483,27 @@ namespace {
 // for a guest under TCG that has just been restored.
 constexpr std::chrono::milliseconds kSessionConfirm{1000};
 
+// One wait for handshake bytes: until `until`, or until a watched fd (QMP, the QEMU pidfd) has
+// news for watch.check. The number of bytes read into `buf`; none when nothing came in time.
+Result<std::optional<size_t>> readHandshakeBytes(int fd, const HandshakeWatch& watch, Clock::time_point until,
+                                                 char* buf, size_t size) {
+  if (watch.check) {
+    if (auto err = watch.check()) return *err;
+  }
+  std::vector<pollfd> fds{{fd, POLLIN, 0}};
+  for (int w : watch.fds) fds.push_back({w, POLLIN, 0});
+  int rc = poll(fds.data(), fds.size(), pollTimeoutMs(until));
+  if (rc < 0 && errno != EINTR) return makeError(ErrorCode::kInternal, std::string("poll: ") + strerror(errno));
+  if (rc <= 0 || !(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) return std::optional<size_t>();
+  ssize_t n = read(fd, buf, size);
+  if (n == 0) return makeError(ErrorCode::kUnavailable, "agent channel closed during the handshake");
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EINTR) return std::optional<size_t>();
+    return makeError(ErrorCode::kUnavailable, std::string("agent channel: ") + strerror(errno));
+  }
+  return std::optional<size_t>(static_cast<size_t>(n));
+}
+
 }  // namespace
 
 Result<std::unique_ptr<AgentClient>> AgentClient::connect(UniqueFd fd, Clock::time_point deadline,
@@ -497,9 +518,6 @@ Result<std::unique_ptr<AgentClient>> AgentClient::connect(UniqueFd fd, Clock::ti
     SPACE_TRY(writeAll(fd.get(), std::string(kHelloFiller, '\0') + makeHello(nonce), deadline));
     auto next_hello = Clock::now() + kHelloInterval;
     while (true) {
-      if (watch.check) {
-        if (auto err = watch.check()) return *err;
-      }
       if (Clock::now() >= deadline)
         return makeError(ErrorCode::kDeadlineExceeded, "the guest agent did not answer in time");
       if (Clock::now() >= next_hello) {
@@ -508,18 +526,10 @@ Result<std::unique_ptr<AgentClient>> AgentClient::connect(UniqueFd fd, Clock::ti
         SPACE_TRY(writeAll(fd.get(), makeHello(nonce), deadline));
         next_hello = Clock::now() + kHelloInterval;
       }
-      std::vector<pollfd> fds{{fd.get(), POLLIN, 0}};
-      for (int w : watch.fds) fds.push_back({w, POLLIN, 0});
-      int rc = poll(fds.data(), fds.size(), pollTimeoutMs(std::min(deadline, next_hello)));
-      if (rc < 0 && errno != EINTR) return makeError(ErrorCode::kInternal, std::string("poll: ") + strerror(errno));
-      if (rc <= 0 || !(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      ssize_t n = read(fd.get(), buf, sizeof buf);
-      if (n == 0) return makeError(ErrorCode::kUnavailable, "agent channel closed during the handshake");
-      if (n < 0) {
-        if (errno == EAGAIN || errno == EINTR) continue;
-        return makeError(ErrorCode::kUnavailable, std::string("agent channel: ") + strerror(errno));
-      }
-      auto got = scanner.feed(std::string_view(buf, static_cast<size_t>(n)));
+      auto n = readHandshakeBytes(fd.get(), watch, std::min(deadline, next_hello), buf, sizeof buf);
+      if (!n.ok()) return n.error();
+      if (!n.value()) continue;
+      auto got = scanner.feed(std::string_view(buf, *n.value()));
       if (!got.ok()) return got.error();
       if (got.value()) return std::move(*got.value());
     }
@@ -610,21 +620,10 @@ Result<std::unique_ptr<AgentClient>> AgentClient::connect(UniqueFd fd, Clock::ti
     // handshake is made again within a second.
     const auto confirm_until = std::min(deadline, Clock::now() + kSessionConfirm * (1 << std::min(attempt - 1, 4)));
     while (!impl->peer_settings && Clock::now() < confirm_until) {
-      if (watch.check) {
-        if (auto err = watch.check()) return *err;
-      }
-      std::vector<pollfd> fds{{fd.get(), POLLIN, 0}};
-      for (int w : watch.fds) fds.push_back({w, POLLIN, 0});
-      int rc = poll(fds.data(), fds.size(), pollTimeoutMs(confirm_until));
-      if (rc < 0 && errno != EINTR) return makeError(ErrorCode::kInternal, std::string("poll: ") + strerror(errno));
-      if (rc <= 0 || !(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      ssize_t n = read(fd.get(), buf, sizeof buf);
-      if (n == 0) return makeError(ErrorCode::kUnavailable, "agent channel closed during the handshake");
-      if (n < 0) {
-        if (errno == EAGAIN || errno == EINTR) continue;
-        return makeError(ErrorCode::kUnavailable, std::string("agent channel: ") + strerror(errno));
-      }
-      SPACE_TRY(feed(std::string_view(buf, static_cast<size_t>(n))));
+      auto n = readHandshakeBytes(fd.get(), watch, confirm_until, buf, sizeof buf);
+      if (!n.ok()) return n.error();
+      if (!n.value()) continue;
+      SPACE_TRY(feed(std::string_view(buf, *n.value())));
       SPACE_TRY(sendPending());
       if (!impl->peer_settings && nghttp2_session_want_read(impl->session) == 0) {
         return makeError(ErrorCode::kUnavailable, "agent broke HTTP/2 during the handshake");
