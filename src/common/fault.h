@@ -1,9 +1,14 @@
-// Named crash points for crash-safety tests. Compiled into every build and inert unless the
-// environment variable SPACE_FAULT names a point: reaching that point then kills the process
-// with SIGKILL, exactly as `kill -9` would, so a test can stop spaced between two specific
-// steps of an operation and check what recovery makes of it.
-//   SPACE_FAULT=resume.recorded spaced ...   dies right after a resume is recorded
-// Names are "<operation>.<step just completed>"; docs/architecture.md lists them.
+// Named fault points for crash-safety and failure tests. Compiled into every build and inert
+// unless the environment names a point:
+//   SPACE_FAULT=resume.recorded        faultPoint("resume.recorded") kills the process with
+//                                      SIGKILL, exactly as `kill -9` would, so a test can stop
+//                                      spaced between two specific steps and check recovery;
+//   SPACE_FAULT_FAIL=create.configured@3
+//                                      faultFails("create.configured") is true the 3rd time it
+//                                      is reached (@N omitted: the 1st), and the caller fails
+//                                      that step as if it had gone wrong (e.g. one child of a
+//                                      branch, to see the others rolled back).
+// Names are "<operation>.<step just completed>"; docs/testing.md lists them.
 #pragma once
 
 #include <string_view>
@@ -11,5 +16,6 @@
 namespace space {
 
 void faultPoint(std::string_view name);
+bool faultFails(std::string_view name);
 
 }  // namespace space

@@ -590,6 +590,8 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   }
   auto configured = live->vm->agent().call("/agent.Agent/Configure", configure);
   if (!configured.ok()) return fail(configured.error());
+  if (faultFails("create.configured"))
+    return fail(makeError(ErrorCode::kInternal, "injected failure (SPACE_FAULT_FAIL)"));
   faultPoint("create.configured");
   rec.state = stateName(SandboxState::kRunning);
   rec.vm_pid = live->vm->pid();

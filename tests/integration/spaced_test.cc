@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -1025,6 +1026,64 @@ TEST_F(SpacedTest, CrashAtEachStepOfASnapshot) {
     EXPECT_TRUE(std::filesystem::is_empty(data_dir_ + "/layers"));
     daemon_->stop(SIGTERM);
   }
+}
+
+// A branch is all or nothing: when one child fails to start (here the 3rd create fails on
+// purpose, SPACE_FAULT_FAIL), the children already started are deleted, the error says so,
+// and only the parent runs on.
+TEST_F(SpacedTest, AFailedChildRollsTheWholeBranchBack) {
+  ::setenv("SPACE_FAULT_FAIL", "create.configured@3", 1);  // the parent is the 1st create
+  daemon_ = Daemon::start(data_dir_);
+  ::unsetenv("SPACE_FAULT_FAIL");
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string parent = d.create();
+  ASSERT_FALSE(parent.empty());
+  const std::string snap = d.callJson("POST", "/v1/sandboxes/" + parent + "/snapshots", json::object(), 201)["id"];
+  auto r = d.call("POST", "/v1/snapshots/" + snap + "/branch", json{{"count", 4}}.dump());
+  EXPECT_GE(r.status, 500) << r.body;
+  json error = json::parse(r.body, nullptr, false);
+  EXPECT_NE(error["error"].value("message", "").find("now deleted"), std::string::npos) << r.body;
+  json running = d.callJson("GET", "/v1/sandboxes?state=running,creating,paused", nullptr, 200);
+  ASSERT_EQ(running["sandboxes"].size(), 1u) << running;
+  EXPECT_EQ(running["sandboxes"][0]["id"], parent);
+  EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 1u) << "a child outlived the rollback";
+  // The next branch (no failure armed any more) works.
+  json children = d.callJson("POST", "/v1/snapshots/" + snap + "/branch", json{{"count", 2}}, 201);
+  EXPECT_EQ(children["sandboxes"].size(), 2u) << children;
+}
+
+// A snapshot taken under one accelerator is never restored under another: 409
+// snapshot_incompatible, nothing started. (This machine has only TCG; the record is edited to
+// say the snapshot came from a KVM node.)
+TEST_F(SpacedTest, ASnapshotFromAnotherAcceleratorIsRefused) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  const std::string id = daemon_->create();
+  ASSERT_FALSE(id.empty());
+  const std::string snap = daemon_->callJson("POST", "/v1/sandboxes/" + id + "/snapshots", json::object(), 201)["id"];
+  ASSERT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + id).status, 204);
+  daemon_->stop(SIGTERM);
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((data_dir_ + "/state.db").c_str(), &db), SQLITE_OK);
+    const std::string sql = "UPDATE snapshots SET accelerator = 'kvm' WHERE id = '" + snap + "'";
+    char* err = nullptr;
+    EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "");
+    sqlite3_free(err);
+    EXPECT_EQ(sqlite3_changes(db), 1);
+    sqlite3_close(db);
+  }
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  json refused = daemon_->callJson("POST", "/v1/sandboxes", json{{"snapshot", snap}}, 409);
+  EXPECT_EQ(refused["error"]["code"], "snapshot_incompatible") << refused;
+  EXPECT_NE(refused["error"].value("message", "").find("kvm"), std::string::npos) << refused;
+  EXPECT_EQ(daemon_->callJson("POST", "/v1/snapshots/" + snap + "/branch", json{{"count", 2}}, 409)["error"]["code"],
+            "snapshot_incompatible");
+  EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+  EXPECT_EQ(daemon_->callJson("GET", "/v1/sandboxes?state=running,creating,failed", nullptr, 200)["sandboxes"].size(),
+            0u);
 }
 
 // A snapshot of a running sandbox: the sandbox runs on unchanged; five children branched from
