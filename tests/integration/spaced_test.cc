@@ -768,6 +768,39 @@ TEST_F(SpacedTest, SandboxesAreRestoredFromATemplateWithTheirOwnIdentity) {
   EXPECT_NE(seen[0][2], seen[1][2]) << "clones share their random state";
 }
 
+// Branched children must not share their random state. A guest kernel reseeds its CRNG by
+// itself, at intervals of half its uptime early on, from interrupt timings that differ between
+// clones; that alone would make clones diverge within a second or two and hide a missing host
+// reseed. So the parent forces a kernel reseed right before its snapshot (its uptime is 20 s
+// then, so the kernel's own next reseed is 10 s away): children that differ in their first
+// reads can only owe it to the entropy the host gives each of them at start.
+TEST_F(SpacedTest, BranchedChildrenDoNotShareTheirRandomState) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string parent = d.create();
+  ASSERT_FALSE(parent.empty());
+  execJson(d, parent,
+           json{{"command",
+                 "while [ $(cut -d. -f1 /proc/uptime) -lt 20 ]; do sleep 0.2; done; "
+                 "python3 -c 'import fcntl; fcntl.ioctl(open(\"/dev/urandom\", \"rb\"), 0x5207)'"},
+                {"user", "root"},
+                {"timeout_s", 60}});  // 0x5207: RNDRESEEDCRNG
+  const std::string snap = d.callJson("POST", "/v1/sandboxes/" + parent + "/snapshots", json::object(), 201)["id"];
+  json children = d.callJson("POST", "/v1/snapshots/" + snap + "/branch", json{{"count", 2}}, 201);
+  ASSERT_EQ(children["sandboxes"].size(), 2u) << children;
+  std::vector<std::string> reads;
+  for (const auto& child : children["sandboxes"]) {
+    reads.push_back(execJson(d, child["id"],
+                             json{{"command",
+                                   "head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; cat "
+                                   "/proc/sys/kernel/random/uuid"}})["stdout"]);
+  }
+  ASSERT_EQ(reads[0].size(), 65u + 37u) << reads[0];
+  EXPECT_NE(reads[0].substr(0, 64), reads[1].substr(0, 64)) << "two children read the same bytes from /dev/urandom";
+  EXPECT_NE(reads[0].substr(65), reads[1].substr(65)) << "two children made the same UUID";
+}
+
 TEST_F(SpacedTest, SuspendReleasesTheVmAndExecResumesItOnDemand) {
   daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
   ASSERT_TRUE(daemon_);
