@@ -864,37 +864,6 @@ TEST_F(SpacedTest, SuspendReleasesTheVmAndExecResumesItOnDemand) {
   EXPECT_FALSE(std::filesystem::exists(sandboxDir(id)));
 }
 
-// kill -9 of spaced at several points of a suspend: after a restart the sandbox is either
-// running or suspended, usable either way (an exec works), and nothing leaks.
-TEST_F(SpacedTest, KillDuringSuspendLeavesAUsableSandbox) {
-  for (int delay_ms : {0, 150, 400, 800, 1600}) {
-    SCOPED_TRACE("kill after " + std::to_string(delay_ms) + " ms");
-    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
-    ASSERT_TRUE(daemon_);
-    const std::string id = daemon_->create();
-    ASSERT_FALSE(id.empty());
-    execJson(*daemon_, id, json{{"command", "echo kept > /home/user/kept.txt"}});
-    std::thread suspender([&] {
-      auto client = http::Client::create(daemon_->url());
-      (void)client->request("POST", "/v1/sandboxes/" + id + "/suspend", {{"Authorization", "Bearer " + daemon_->key()}},
-                            "", seconds(60));
-    });
-    std::this_thread::sleep_for(milliseconds(delay_ms));
-    daemon_->stop(SIGKILL);
-    suspender.join();
-    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
-    ASSERT_TRUE(daemon_);
-    std::string state = daemon_->callJson("GET", "/v1/sandboxes/" + id, nullptr, 200)["state"];
-    EXPECT_TRUE(state == "running" || state == "suspended") << state;
-    std::cout << "[ info     ] killed " << delay_ms << " ms into a suspend: " << state << "\n";
-    EXPECT_EQ(execJson(*daemon_, id, json{{"command", "cat /home/user/kept.txt"}})["stdout"], "kept\n");
-    EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 1u);
-    EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + id).status, 204);
-    EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
-    daemon_->stop(SIGTERM);
-  }
-}
-
 // What QEMU in `run_dir` says its guest is doing ("running", "paused", "postmigrate", ...).
 std::string qemuStatus(const std::string& run_dir) {
   auto qmp = vmm::QmpClient::connect(run_dir + "/qmp.sock", Clock::now() + seconds(10));
@@ -1307,58 +1276,6 @@ TEST_F(SpacedTest, IdleAndTimedOutSandboxesSuspendAndResumeOnDemand) {
   EXPECT_EQ(rearmed["state"], "suspended");
   EXPECT_GE(Clock::now() - before, seconds(2)) << "its timeout started again at the resume";
   EXPECT_EQ(d.call("DELETE", "/v1/sandboxes/" + timed).status, 204);
-}
-
-// kill -9 of spaced at several points of a snapshot: after a restart the sandbox is running and
-// usable, a snapshot exists only if it is complete (and then it branches), and no QEMU, build
-// directory or unreferenced layer is left.
-TEST_F(SpacedTest, KillDuringSnapshotLeavesAUsableSandbox) {
-  for (int delay_ms : {0, 200, 500, 900, 1200, 1500, 2500}) {
-    SCOPED_TRACE("kill after " + std::to_string(delay_ms) + " ms");
-    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
-    ASSERT_TRUE(daemon_);
-    const std::string id = daemon_->create();
-    ASSERT_FALSE(id.empty());
-    execJson(*daemon_, id, json{{"command", "echo kept > /home/user/kept.txt"}});
-    std::thread snapshotter([&] {
-      auto client = http::Client::create(daemon_->url());
-      (void)client->request("POST", "/v1/sandboxes/" + id + "/snapshots",
-                            {{"Authorization", "Bearer " + daemon_->key()}}, "", seconds(60));
-    });
-    std::this_thread::sleep_for(milliseconds(delay_ms));
-    daemon_->stop(SIGKILL);
-    snapshotter.join();
-    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
-    ASSERT_TRUE(daemon_);
-    EXPECT_EQ(daemon_->callJson("GET", "/v1/sandboxes/" + id, nullptr, 200)["state"], "running");
-    EXPECT_EQ(execJson(*daemon_, id,
-                       json{{"command", "echo after >> /home/user/kept.txt; cat /home/user/kept.txt"}})["stdout"],
-              "kept\nafter\n");
-    json snaps = daemon_->callJson("GET", "/v1/snapshots?sandbox_id=" + id, nullptr, 200);
-    std::cout << "[ info     ] killed " << delay_ms << " ms into a snapshot: " << snaps["snapshots"].size()
-              << " snapshot(s)\n";
-    size_t dirs = 0;
-    for (const auto& e : std::filesystem::directory_iterator(data_dir_ + "/snapshots")) {
-      EXPECT_NE(e.path().filename().string().rfind(".build-", 0), 0u) << "left: " << e.path();
-      ++dirs;
-    }
-    EXPECT_EQ(dirs, snaps["snapshots"].size());
-    if (!snaps["snapshots"].empty()) {
-      const std::string child = daemon_->create(json{{"snapshot", snaps["snapshots"][0]["id"]}});
-      ASSERT_FALSE(child.empty());
-      EXPECT_EQ(execJson(*daemon_, child, json{{"command", "cat /home/user/kept.txt"}})["stdout"], "kept\n");
-      EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + child).status, 204);
-      EXPECT_EQ(daemon_->call("DELETE", "/v1/snapshots/" + snaps["snapshots"][0]["id"].get<std::string>()).status, 204);
-    }
-    EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 1u);
-    EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + id).status, 204);
-    EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
-    daemon_->stop(SIGTERM);
-    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});  // its recovery collects the layers
-    ASSERT_TRUE(daemon_);
-    EXPECT_TRUE(std::filesystem::is_empty(data_dir_ + "/layers"));
-    daemon_->stop(SIGTERM);
-  }
 }
 
 // The create hang (about one create in sixty waited 30 s for Configure and failed): a restored
