@@ -219,6 +219,26 @@ class SpacedTest : public testing::Test {
   }
   std::string sandboxDir(const std::string& id) const { return data_dir_ + "/sandboxes/" + id; }
 
+  // Starts spaced armed to kill itself at `fault` (common/fault.h); it keeps its VMs.
+  void startWithFault(const std::string& fault) {
+    ::setenv("SPACE_FAULT", fault.c_str(), 1);
+    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+    ::unsetenv("SPACE_FAULT");
+  }
+  // Sends the request that reaches `fault`: spaced must die there (SIGKILL), not answer.
+  void expectDeathAt(const std::string& fault, const std::string& method, const std::string& target,
+                     const std::string& body = "") {
+    auto client = http::Client::create(daemon_->url());
+    ASSERT_TRUE(client.ok());
+    std::map<std::string, std::string> headers{{"Authorization", "Bearer " + daemon_->key()}};
+    if (!body.empty()) headers["Content-Type"] = "application/json";
+    auto r = client->request(method, target, headers, body, seconds(60));
+    EXPECT_FALSE(r.ok()) << "spaced answered instead of dying at " << fault << ": " << r.value().body;
+    EXPECT_TRUE(daemon_->stop(SIGKILL).signaled) << "spaced was not killed by its fault point";
+    EXPECT_NE(daemon_->log().find("fault point reached, killing myself: " + fault), std::string::npos)
+        << daemon_->log();
+  }
+
   std::optional<TempDir> dir_;
   std::string data_dir_;
   std::unique_ptr<Daemon> daemon_;
@@ -887,9 +907,7 @@ TEST_F(SpacedTest, CrashAtEachStepOfSuspendAndResume) {
         Step{"resume.recorded", "suspended"}, Step{"resume.state_removed", "running"}}) {
     SCOPED_TRACE(step.fault);
     const bool in_resume = std::string(step.fault).rfind("resume.", 0) == 0;
-    ::setenv("SPACE_FAULT", step.fault, 1);
-    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
-    ::unsetenv("SPACE_FAULT");
+    startWithFault(step.fault);
     ASSERT_TRUE(daemon_);
     const std::string id = daemon_->create();
     ASSERT_FALSE(id.empty());
@@ -897,15 +915,7 @@ TEST_F(SpacedTest, CrashAtEachStepOfSuspendAndResume) {
     if (in_resume) {
       ASSERT_EQ(daemon_->callJson("POST", "/v1/sandboxes/" + id + "/suspend", nullptr, 200)["state"], "suspended");
     }
-    auto client = http::Client::create(daemon_->url());
-    ASSERT_TRUE(client.ok());
-    auto r = client->request("POST", "/v1/sandboxes/" + id + (in_resume ? "/resume" : "/suspend"),
-                             {{"Authorization", "Bearer " + daemon_->key()}}, "", seconds(60));
-    EXPECT_FALSE(r.ok()) << "spaced answered instead of dying at the fault point: " << r.value().body;
-    auto died = daemon_->stop(SIGKILL);
-    EXPECT_TRUE(died.signaled) << "spaced was not killed by its fault point";
-    EXPECT_NE(daemon_->log().find(std::string("fault point reached, killing myself: ") + step.fault), std::string::npos)
-        << daemon_->log();
+    expectDeathAt(step.fault, "POST", "/v1/sandboxes/" + id + (in_resume ? "/resume" : "/suspend"));
     if (in_resume) {
       // The restored QEMU outlives spaced; its guest must still be stopped at every resume step.
       auto left = qemuProcessesUnder(data_dir_);
@@ -940,26 +950,16 @@ TEST_F(SpacedTest, CrashAtEachStepOfCreateAndDelete) {
                            Step{"create.recorded", "running"}, Step{"delete.vm_removed", "failed"}}) {
     SCOPED_TRACE(step.fault);
     const bool in_delete = std::string(step.fault).rfind("delete.", 0) == 0;
-    ::setenv("SPACE_FAULT", step.fault, 1);
-    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
-    ::unsetenv("SPACE_FAULT");
+    startWithFault(step.fault);
     ASSERT_TRUE(daemon_);
-    auto client = http::Client::create(daemon_->url());
-    ASSERT_TRUE(client.ok());
     std::string id;
     if (in_delete) {
       id = daemon_->create();
       ASSERT_FALSE(id.empty());
-      auto r = client->request("DELETE", "/v1/sandboxes/" + id, {{"Authorization", "Bearer " + daemon_->key()}}, "",
-                               seconds(60));
-      EXPECT_FALSE(r.ok()) << "spaced answered instead of dying at the fault point";
+      expectDeathAt(step.fault, "DELETE", "/v1/sandboxes/" + id);
     } else {
-      auto r = client->request("POST", "/v1/sandboxes",
-                               {{"Authorization", "Bearer " + daemon_->key()}, {"Content-Type", "application/json"}},
-                               json{{"cpus", 1}, {"memory_mb", 256}}.dump(), seconds(60));
-      EXPECT_FALSE(r.ok()) << "spaced answered instead of dying at the fault point";
+      expectDeathAt(step.fault, "POST", "/v1/sandboxes", json{{"cpus", 1}, {"memory_mb", 256}}.dump());
     }
-    EXPECT_TRUE(daemon_->stop(SIGKILL).signaled);
     daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
     ASSERT_TRUE(daemon_);
     json all = daemon_->callJson("GET", "/v1/sandboxes?state=running,failed,deleted,creating", nullptr, 200);
@@ -985,19 +985,12 @@ TEST_F(SpacedTest, CrashAtEachStepOfASnapshot) {
   for (const char* fault : {"snapshot.disk_frozen", "snapshot.captured", "snapshot.published", "snapshot.recorded"}) {
     SCOPED_TRACE(fault);
     const bool kept = std::string(fault) == "snapshot.recorded";
-    ::setenv("SPACE_FAULT", fault, 1);
-    daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
-    ::unsetenv("SPACE_FAULT");
+    startWithFault(fault);
     ASSERT_TRUE(daemon_);
     const std::string id = daemon_->create();
     ASSERT_FALSE(id.empty());
     execJson(*daemon_, id, json{{"command", "echo kept > /home/user/kept.txt; sync"}});
-    auto client = http::Client::create(daemon_->url());
-    ASSERT_TRUE(client.ok());
-    auto r = client->request("POST", "/v1/sandboxes/" + id + "/snapshots",
-                             {{"Authorization", "Bearer " + daemon_->key()}}, "", seconds(60));
-    EXPECT_FALSE(r.ok()) << "spaced answered instead of dying at the fault point";
-    EXPECT_TRUE(daemon_->stop(SIGKILL).signaled);
+    expectDeathAt(fault, "POST", "/v1/sandboxes/" + id + "/snapshots");
     daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
     ASSERT_TRUE(daemon_);
     EXPECT_EQ(daemon_->callJson("GET", "/v1/sandboxes/" + id, nullptr, 200)["state"], "running");
