@@ -599,12 +599,6 @@ Result<std::unique_ptr<AgentClient>> AgentClient::connect(UniqueFd fd, Clock::ti
     };
     SPACE_TRY(feed(match->rest));
 
-    // The answer alone does not prove the guest's channel is still in that handshake: a
-    // restored guest is told its host left and came back (QEMU reports the port's saved
-    // connection state after a load), and its agent may drop the state that answered us just
-    // after answering. It then scans for a hello and would take our HTTP/2 for junk, leaving
-    // every call to time out. The guest sends its SETTINGS only once a session took our
-    // preface, so wait for them; without them, make the handshake again.
     // What the session has to say (our preface first; later a SETTINGS ack, or a GOAWAY for a
     // guest that broke the protocol), written at once.
     auto sendPending = [&]() -> Status {
@@ -616,8 +610,14 @@ Result<std::unique_ptr<AgentClient>> AgentClient::connect(UniqueFd fd, Clock::ti
       return pending.empty() ? okStatus() : writeAll(fd.get(), pending, deadline);
     };
     SPACE_TRY(sendPending());
-    // Doubled with each attempt: a guest that is merely slow gets there, while a lost
-    // handshake is made again within a second.
+    // The answer alone does not prove the guest's channel is still in that handshake: a
+    // restored guest is told its host left and came back (QEMU reports the port's saved
+    // connection state after a load), and its agent may drop the state that answered us just
+    // after answering. It then scans for a hello and would take our HTTP/2 for junk, leaving
+    // every call to time out. The guest sends its SETTINGS only once a session took our
+    // preface, so wait for them; without them, make the handshake again. The wait is doubled
+    // with each attempt: a guest that is merely slow gets there, while a lost handshake is made
+    // again within a second. (It costs no measurable create time: bench/RESULTS.md.)
     const auto confirm_until = std::min(deadline, Clock::now() + kSessionConfirm * (1 << std::min(attempt - 1, 4)));
     while (!impl->peer_settings && Clock::now() < confirm_until) {
       auto n = readHandshakeBytes(fd.get(), watch, confirm_until, buf, sizeof buf);
