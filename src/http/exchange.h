@@ -65,7 +65,7 @@ class Exchange {
  private:
   Error ioFailure(std::string_view doing, boost::system::error_code ec);
   Status sendContinueIfExpected();
-  bool decideKeepAlive();
+  bool decideKeepAlive(int status);
 
   SocketStream& stream_;
   boost::beast::flat_buffer& buffer_;

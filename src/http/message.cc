@@ -288,6 +288,15 @@ Result<size_t> Exchange::readBodySome(char* buf, size_t max) {
     if (ec == beast_http::error::need_buffer) ec = {};
     size_t n = max - parser_.get().body().size;
     if (ec == beast_http::error::partial_message) return ioFailure("reading the request body", ec);
+    if (ec == beast_http::error::buffer_overflow) {
+      // A chunk header (size and extensions) or the trailer must fit the connection's buffer:
+      // Beast holds each of them whole before parsing it, so without this cap a client sending
+      // an endless extension or trailer grows the buffer without limit.
+      failBody(413,
+               makeError(ErrorCode::kResourceExhausted, "a chunk header or the trailer of the request body exceeds " +
+                                                            std::to_string(buffer_.max_size()) + " bytes"));
+      return body_failure_->second;
+    }
     if (isHttpParseError(ec)) {
       failBody(400, makeError(ErrorCode::kInvalidArgument, "malformed request body: " + ec.message()));
       return body_failure_->second;
@@ -298,9 +307,11 @@ Result<size_t> Exchange::readBodySome(char* buf, size_t max) {
   }
 }
 
-bool Exchange::decideKeepAlive() {
+bool Exchange::decideKeepAlive(int status) {
+  // A 401 ends the connection: a client without a valid key gets one answer, not a socket it
+  // can keep open for the idle timeout.
   response_keep_alive_ = parser_.get().keep_alive() && parser_.is_done() && !body_failure_ && !close_delimited_ &&
-                         !close_after_response_ && !stopping_.load();
+                         !close_after_response_ && !stopping_.load() && status != 401;
   return response_keep_alive_;
 }
 
@@ -317,7 +328,7 @@ void addFields(Message& message, const std::vector<std::pair<std::string, std::s
 
 Status Exchange::writeComplete(int status, std::string_view content_type, std::string_view body) {
   if (io_failed_) return io_error_;
-  bool keep_alive = decideKeepAlive();
+  bool keep_alive = decideKeepAlive(status);
   unsigned version = parser_.get().version() >= 11 ? 11 : 10;
   boost::system::error_code ec;
   if (head_request_ || statusForbidsBody(status)) {
@@ -348,7 +359,7 @@ Status Exchange::writeStreamHead(int status, std::string_view content_type) {
   unsigned version = parser_.get().version() >= 11 ? 11 : 10;
   // HTTP/1.0 has no chunked encoding: the end of the connection ends the body.
   close_delimited_ = version == 10 && !head_request_;
-  bool keep_alive = decideKeepAlive();
+  bool keep_alive = decideKeepAlive(status);
   beast_http::response<beast_http::empty_body> message;
   message.version(version);
   message.result(static_cast<unsigned>(status));

@@ -52,18 +52,30 @@ double millisecondsSince(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
+// The client part of "ip:port" (or "[v6]:port"): connection limits count per address.
+std::string clientOf(const std::string& remote) {
+  size_t colon = remote.rfind(':');
+  return colon == std::string::npos ? remote : remote.substr(0, colon);
+}
+
 }  // namespace
 
+// Fields other than thread and abort_fd are guarded by Server::mutex_.
 struct Server::Connection {
   std::thread thread;
-  bool finished = false;  // guarded by Server::mutex_
+  std::string client;
+  UniqueFd abort_fd{eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};  // fails this connection's socket I/O
+  bool busy = false;                                          // running a request: never evicted
+  bool evicted = false;                                       // made room for a newer connection; closing
+  bool finished = false;
+  Clock::time_point idle_since = Clock::now();
 };
 
 Result<std::unique_ptr<Server>> Server::start(const std::string& listen, Handler handler, ServerLimits limits) {
   auto listener = detail::listenTcp(listen, 128);
   if (!listener.ok()) return listener.error();
   std::unique_ptr<Server> server(new Server(std::move(listener.value()), std::move(handler), limits));
-  if (!server->stop_fd_.valid() || !server->abort_fd_.valid()) {
+  if (!server->stop_fd_.valid()) {
     return makeError(ErrorCode::kResourceExhausted, "cannot create the server's eventfds (out of descriptors?)");
   }
   try {
@@ -79,8 +91,7 @@ Server::Server(UniqueFd listener, Handler handler, ServerLimits limits)
     : listener_(std::move(listener)),
       handler_(std::move(handler)),
       limits_(limits),
-      stop_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
-      abort_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+      stop_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
   address_ = detail::localAddress(listener_.get());
   auto parsed = detail::parseHostPort(address_, true);
   if (parsed.ok()) port_ = parsed->port;
@@ -100,7 +111,7 @@ void Server::stop(std::chrono::milliseconds grace) {
       if (!connection_ended_.wait_for(lock, grace, [&] { return open_connections_ == 0; })) {
         spdlog::warn("http: {} connection(s) still busy after {} ms; failing their I/O", open_connections_,
                      grace.count());
-        signalEventFd(abort_fd_.get());
+        for (Connection& connection : connections_) signalEventFd(connection.abort_fd.get());
       }
       all.splice(all.end(), connections_);
     }
@@ -122,11 +133,67 @@ void Server::reapFinished() {
   for (Connection& connection : finished) connection.thread.join();
 }
 
-void Server::rejectOverloaded(UniqueFd fd) {
-  spdlog::warn("http: rejecting {}: {} connections open", detail::peerAddress(fd.get()), limits_.max_connections);
-  std::string response = errorResponseBytes(
-      503, ErrorCode::kUnavailable,
-      "the server has too many open connections (" + std::to_string(limits_.max_connections) + "); retry later");
+bool Server::admit(const std::string& client, std::string& why) {
+  size_t from_client = 0;
+  Connection* oldest_idle = nullptr;
+  Connection* oldest_idle_of_client = nullptr;
+  size_t closing = 0;
+  for (Connection& c : connections_) {
+    if (c.finished) continue;
+    if (c.evicted) {
+      ++closing;
+      continue;
+    }
+    bool same = c.client == client;
+    if (same) ++from_client;
+    if (c.busy) continue;
+    if (!oldest_idle || c.idle_since < oldest_idle->idle_since) oldest_idle = &c;
+    if (same && (!oldest_idle_of_client || c.idle_since < oldest_idle_of_client->idle_since)) {
+      oldest_idle_of_client = &c;
+    }
+  }
+  size_t live = open_connections_ - closing;
+  Connection* victim = nullptr;
+  if (from_client >= limits_.max_connections_per_client) {
+    victim = oldest_idle_of_client;
+    if (!victim) {
+      why = "this client has " + std::to_string(from_client) + " connections running requests (the limit is " +
+            std::to_string(limits_.max_connections_per_client) + ")";
+      return false;
+    }
+  } else if (live >= limits_.max_connections) {
+    victim = oldest_idle;
+    if (!victim) {
+      why = "the server has " + std::to_string(live) + " connections running requests (the limit is " +
+            std::to_string(limits_.max_connections) + ")";
+      return false;
+    }
+  }
+  // Evicted connections close within moments, but a client opening connections faster than
+  // that must not push the thread count past twice the limit.
+  if (open_connections_ >= 2 * limits_.max_connections) {
+    why = "the server is closing " + std::to_string(closing) + " connections to make room";
+    return false;
+  }
+  if (victim) {
+    victim->evicted = true;
+    signalEventFd(victim->abort_fd.get());
+    spdlog::debug("http: closing an idle connection of {} to admit one from {}", victim->client, client);
+  }
+  return true;
+}
+
+bool Server::setBusy(Connection& connection, bool busy) {
+  std::lock_guard lock(mutex_);
+  if (connection.evicted) return false;
+  connection.busy = busy;
+  if (!busy) connection.idle_since = Clock::now();
+  return true;
+}
+
+void Server::rejectOverloaded(UniqueFd fd, const std::string& why) {
+  spdlog::warn("http: rejecting {}: {}", detail::peerAddress(fd.get()), why);
+  std::string response = errorResponseBytes(503, ErrorCode::kUnavailable, why + "; retry later");
   // Non-blocking and best effort: the acceptor must not wait for an unwanted client. A short
   // response fits the socket buffer; what the client already sent is drained so closing does
   // not reset the connection over the response.
@@ -162,20 +229,29 @@ void Server::acceptLoop() {
     setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     reapFinished();
 
+    std::string remote = detail::peerAddress(fd.get());
+    std::string client = clientOf(remote);
     std::unique_lock lock(mutex_);
-    if (open_connections_ >= limits_.max_connections) {
+    std::string why;
+    if (!admit(client, why)) {
       lock.unlock();
-      rejectOverloaded(std::move(fd));
+      rejectOverloaded(std::move(fd), why);
       continue;
     }
     connections_.emplace_back();
     Connection& connection = connections_.back();
+    connection.client = client;
+    if (!connection.abort_fd.valid()) {
+      connections_.pop_back();
+      lock.unlock();
+      rejectOverloaded(std::move(fd), "the server is out of file descriptors");
+      continue;
+    }
     try {
-      connection.thread = std::thread([this, &connection, fd = std::move(fd)]() mutable {
-        std::string remote = detail::peerAddress(fd.get());
+      connection.thread = std::thread([this, &connection, remote, fd = std::move(fd)]() mutable {
         try {
-          detail::SocketStream stream(std::move(fd), abort_fd_.get());
-          serveConnection(stream, remote);
+          detail::SocketStream stream(std::move(fd), connection.abort_fd.get());
+          serveConnection(connection, stream, remote);
         } catch (const std::exception& e) {
           // Out of memory, most likely: lose this connection, not the process.
           spdlog::error("http: connection from {} failed: {}", remote, e.what());
@@ -194,9 +270,9 @@ void Server::acceptLoop() {
   }
 }
 
-void Server::serveConnection(detail::SocketStream& stream, const std::string& remote) {
+void Server::serveConnection(Connection& connection, detail::SocketStream& stream, const std::string& remote) {
   stream.setTimeouts(limits_.read_timeout, limits_.write_timeout);
-  boost::beast::flat_buffer buffer;
+  boost::beast::flat_buffer buffer(limits_.max_header_bytes + limits_.max_buffered_bytes);
   bool first_request = true;
   bool drain_before_close = false;
   auto answerAndClose = [&](int status, ErrorCode code, const std::string& message) {
@@ -207,26 +283,31 @@ void Server::serveConnection(detail::SocketStream& stream, const std::string& re
     drain_before_close = true;
   };
 
+  auto accepted = Clock::now();
+  auto first_header_deadline = accepted + std::min(limits_.read_timeout, limits_.first_request_timeout);
   while (true) {
     if (buffer.size() == 0) {
-      auto wait = first_request ? limits_.read_timeout : limits_.idle_timeout;
-      auto ready = stream.waitReadable(Clock::now() + wait, stop_fd_.get());
+      auto ready = stream.waitReadable(first_request ? first_header_deadline : Clock::now() + limits_.idle_timeout,
+                                       stop_fd_.get());
+      auto wait = first_request ? first_header_deadline - accepted : std::chrono::milliseconds(limits_.idle_timeout);
       if (ready == detail::SocketStream::Wait::kTimedOut && first_request) {
-        spdlog::debug("http: {} sent nothing for {} ms; closing", remote, wait.count());
+        spdlog::debug("http: {} sent nothing for {} ms; closing", remote,
+                      std::chrono::duration_cast<std::chrono::milliseconds>(wait).count());
       }
       if (ready != detail::SocketStream::Wait::kReadable) break;
     } else if (stopping_) {
       break;
     }
-    first_request = false;
     auto started = Clock::now();
+    auto header_deadline = first_request ? first_header_deadline : started + limits_.read_timeout;
+    first_request = false;
 
     detail::RequestParser parser;
     parser.header_limit(
         static_cast<uint32_t>(std::min<size_t>(limits_.max_header_bytes, std::numeric_limits<uint32_t>::max())));
     parser.body_limit(boost::none);  // handlers choose their limits with readBody(max_bytes)
     boost::system::error_code ec;
-    stream.setReadDeadline(started + limits_.read_timeout);
+    stream.setReadDeadline(header_deadline);
     beast_http::read_header(stream, buffer, parser, ec);
     stream.setReadDeadline(Clock::time_point::max());
     if (ec == beast_http::error::header_limit || ec == beast_http::error::buffer_overflow) {
@@ -244,6 +325,7 @@ void Server::serveConnection(detail::SocketStream& stream, const std::string& re
       break;
     }
 
+    if (!setBusy(connection, true)) break;  // evicted while its header arrived
     detail::Exchange exchange(stream, buffer, parser, limits_.read_timeout, stopping_);
     Request& request = exchange.request();
     Response& response = exchange.response();
@@ -273,6 +355,7 @@ void Server::serveConnection(detail::SocketStream& stream, const std::string& re
       drain_before_close = !exchange.ioFailed() && !exchange.bodyComplete();
       break;
     }
+    if (!setBusy(connection, false)) break;
   }
   if (drain_before_close) stream.closeGracefully(Clock::now() + kLingerTime, kLingerBytes);
 }

@@ -8,8 +8,10 @@
 // Every socket operation has a timeout, so a client that stops sending or reading (slowloris)
 // only holds its thread for read_timeout / write_timeout. The server answers on its own, as
 // errorBody JSON: 400 for malformed HTTP, 431 for a header over the limit, 413 when the handler
-// refused a body as too large, 500 when the handler threw or did not respond, 503 over
-// max_connections. A connection is kept alive only if the handler consumed the request body.
+// refused a body as too large (or a chunk header or trailer overflowed the buffer), 500 when the
+// handler threw or did not respond, 503 when the connection limits are reached and no idle
+// connection can make room. A connection is kept alive only if the handler consumed the request
+// body, and never after a 401.
 #pragma once
 
 #include <atomic>
@@ -34,12 +36,23 @@ class SocketStream;
 
 struct ServerLimits {
   size_t max_header_bytes = 16 * 1024;  // request line and fields; over it: 431
-  size_t max_connections = 256;         // open connections; over it: 503 and close
+  // What one connection may buffer beyond the header: a chunk header (size and extensions) or
+  // a request trailer larger than this fails the request (413) and closes the connection.
+  size_t max_buffered_bytes = 64 * 1024;
+  size_t max_connections = 256;  // open connections
+  // Open connections of one client address. A new connection over either limit takes the place
+  // of the one that has waited longest for its next request (sent nothing, or a header still
+  // incomplete); when every connection is running a request, the new one gets 503. Idle
+  // sockets therefore cannot lock out a client with a request to make.
+  size_t max_connections_per_client = 64;
   // For each read: a client silent for longer is dropped. The whole request header must also
   // arrive within it, so a client trickling header bytes cannot hold the thread either.
   std::chrono::milliseconds read_timeout{30000};
   std::chrono::milliseconds write_timeout{30000};  // for each write: a client not reading is dropped
   std::chrono::milliseconds idle_timeout{60000};   // keep-alive between requests
+  // A new connection must complete its first request header within this (and read_timeout):
+  // a client that has not yet shown a key holds a thread only briefly.
+  std::chrono::milliseconds first_request_timeout{10000};
 };
 
 class Server {
@@ -68,19 +81,23 @@ class Server {
 
   Server(UniqueFd listener, Handler handler, ServerLimits limits);
   void acceptLoop();
-  void serveConnection(detail::SocketStream& stream, const std::string& remote);
+  void serveConnection(Connection& connection, detail::SocketStream& stream, const std::string& remote);
   void reapFinished();
-  void rejectOverloaded(UniqueFd fd);
+  void rejectOverloaded(UniqueFd fd, const std::string& why);
+  // Under mutex_: makes room for a connection from `client`; false when none can be made.
+  bool admit(const std::string& client, std::string& why);
+  // Under mutex_: the connection marks itself idle (evictable) or running a request; false
+  // when it was evicted meanwhile and must close.
+  bool setBusy(Connection& connection, bool busy);
 
   UniqueFd listener_;
   Handler handler_;
   ServerLimits limits_;
   std::string address_;
   uint16_t port_ = 0;
-  // eventfds that stay readable once signalled: stop_fd_ wakes idle connections and the
-  // acceptor, abort_fd_ fails every socket operation once the grace period is over.
+  // An eventfd that stays readable once signalled: wakes idle connections and the acceptor.
+  // Each connection has its own abort eventfd (evicted, or the grace period is over).
   UniqueFd stop_fd_;
-  UniqueFd abort_fd_;
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
   std::once_flag stop_once_;
@@ -88,7 +105,7 @@ class Server {
   std::mutex mutex_;
   std::condition_variable connection_ended_;
   std::list<Connection> connections_;  // guarded by mutex_
-  size_t open_connections_ = 0;        // guarded by mutex_
+  size_t open_connections_ = 0;        // guarded by mutex_; includes evicted ones still closing
 };
 
 }  // namespace space::http
