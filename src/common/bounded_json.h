@@ -23,6 +23,24 @@ struct JsonLimits {
   size_t max_values = size_t{1} << 20;
 };
 
+// The bounds check of parseJsonBounded, fed piece by piece as bytes arrive: a reader of a
+// request body stops at the first bound crossed instead of buffering the whole body first.
+// Allocates nothing; the pieces may split a string or an escape anywhere.
+class JsonBoundsScanner {
+ public:
+  explicit JsonBoundsScanner(const JsonLimits& limits = {}) : limits_(limits) {}
+  // kInvalidArgument naming the bound once one is crossed (and for every later piece).
+  Status feed(std::string_view piece);
+
+ private:
+  JsonLimits limits_;
+  int depth_ = 0;
+  size_t values_ = 1;
+  bool in_string_ = false;
+  bool escaped_ = false;  // the previous byte was a backslash inside a string
+  int exceeded_ = 0;      // 0: no bound crossed; 1: depth; 2: values
+};
+
 // Parses `text` as one JSON document within `limits`. Errors are kInvalidArgument and say which
 // bound was hit (or that the text is not JSON); callers re-code them for their peer.
 Result<nlohmann::json> parseJsonBounded(std::string_view text, const JsonLimits& limits = {});

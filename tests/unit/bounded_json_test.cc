@@ -82,5 +82,41 @@ TEST(BoundedJson, OrdinaryDocumentsAndErrors) {
   EXPECT_FALSE(parseJsonBounded("[1] trailing").ok());
 }
 
+// A body reader feeds the scanner as bytes arrive; its verdict must not depend on where the
+// pieces split, in particular not inside a string or between a backslash and what it escapes.
+TEST(BoundedJson, ScannerFedInPiecesAgreesWithTheWholeText) {
+  JsonLimits limits{.max_depth = 3, .max_values = 4};
+  const std::string cases[] = {
+      R"(["a\"[[[[", "\"", [1]])",  // brackets and an escaped quote inside strings: depth 2
+      R"([[["x"]]])",               // depth 3: at the limit
+      R"([[[["x"]]]])",             // depth 4: over
+      R"([1,2,3,"a,b,c"])",         // 4 values; the commas in the string do not count
+      R"([1,2,3,4,5])",             // 5 values: over
+  };
+  for (const std::string& text : cases) {
+    JsonBoundsScanner whole(limits);
+    bool whole_ok = whole.feed(text).ok();
+    for (size_t split = 0; split <= text.size(); ++split) {
+      for (size_t split2 = split; split2 <= text.size(); ++split2) {
+        JsonBoundsScanner pieces(limits);
+        bool ok = pieces.feed(text.substr(0, split)).ok();
+        ok = pieces.feed(text.substr(split, split2 - split)).ok() && ok;
+        ok = pieces.feed(text.substr(split2)).ok() && ok;
+        ASSERT_EQ(ok, whole_ok) << text << " split at " << split << "," << split2;
+      }
+    }
+  }
+  EXPECT_TRUE(JsonBoundsScanner(limits).feed(cases[0]).ok());
+  EXPECT_TRUE(JsonBoundsScanner(limits).feed(cases[1]).ok());
+  EXPECT_FALSE(JsonBoundsScanner(limits).feed(cases[2]).ok());
+  EXPECT_TRUE(JsonBoundsScanner(limits).feed(cases[3]).ok());
+  EXPECT_FALSE(JsonBoundsScanner(limits).feed(cases[4]).ok());
+
+  // Once a bound is crossed, every later piece is refused too.
+  JsonBoundsScanner sticky(limits);
+  EXPECT_FALSE(sticky.feed("[[[[").ok());
+  EXPECT_FALSE(sticky.feed("]]]]").ok());
+}
+
 }  // namespace
 }  // namespace space
