@@ -10,14 +10,35 @@ Error invalid(const std::string& name, const std::string& what) {
   return makeError(ErrorCode::kInvalidArgument, name + ": " + what);
 }
 
+// Request bodies nest a few levels and hold at most thousands of values (env, metadata, argv).
+constexpr JsonLimits kBodyLimits{.max_depth = 32, .max_values = 100000};
+
+Error notJson(const Error& why) {
+  return makeError(ErrorCode::kInvalidArgument, "request body is not valid JSON: " + why.message);
+}
+
 }  // namespace
+
+Result<nlohmann::json> readJsonBody(http::Request& request, size_t max_bytes) {
+  JsonBoundsScanner scanner(kBodyLimits);
+  auto body = request.readBody(max_bytes, [&](std::string_view piece) -> Status {
+    auto ok = scanner.feed(piece);
+    if (!ok.ok()) return notJson(ok.error());
+    return okStatus();
+  });
+  if (!body.ok()) {
+    if (body.error().code == ErrorCode::kResourceExhausted) {
+      return makeError(ErrorCode::kResourceExhausted, body.error().message, "payload_too_large");
+    }
+    return body.error();
+  }
+  return parseJsonBody(body.value());
+}
 
 Result<nlohmann::json> parseJsonBody(std::string_view body) {
   if (body.find_first_not_of(" \t\r\n") == std::string_view::npos) return nlohmann::json::object();
-  // Request bodies nest a few levels and hold at most thousands of values (env, metadata, argv).
-  auto bounded = parseJsonBounded(body, JsonLimits{.max_depth = 32, .max_values = 100000});
-  if (!bounded.ok())
-    return makeError(ErrorCode::kInvalidArgument, "request body is not valid JSON: " + bounded.error().message);
+  auto bounded = parseJsonBounded(body, kBodyLimits);
+  if (!bounded.ok()) return notJson(bounded.error());
   nlohmann::json parsed = std::move(bounded.value());
   if (!parsed.is_object()) return makeError(ErrorCode::kInvalidArgument, "request body must be a JSON object");
   return parsed;

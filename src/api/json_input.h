@@ -14,11 +14,18 @@
 #include <vector>
 
 #include "common/result.h"
+#include "http/message.h"
 
 namespace space::api {
 
 // Parses a request body; an empty body is an empty object.
 Result<nlohmann::json> parseJsonBody(std::string_view body);
+
+// Reads the request's body (at most max_bytes: else kResourceExhausted, reason
+// "payload_too_large") and parses it as parseJsonBody does. The nesting and value bounds are
+// checked while the bytes arrive, so a body nested past them is refused after its first bytes,
+// never buffered whole.
+Result<nlohmann::json> readJsonBody(http::Request& request, size_t max_bytes);
 
 class ObjectReader {
  public:

@@ -82,7 +82,9 @@ const std::string& Request::pathParam(std::string_view name) const {
   return it == path_params_.end() ? kMissing : it->second;
 }
 
-Result<std::string> Request::readBody(size_t max_bytes) {
+Result<std::string> Request::readBody(size_t max_bytes) { return readBody(max_bytes, BodyCheck()); }
+
+Result<std::string> Request::readBody(size_t max_bytes, const BodyCheck& check) {
   if (body_use_ != BodyUse::kNone) {
     return makeError(ErrorCode::kFailedPrecondition, "the request body was already read");
   }
@@ -93,7 +95,9 @@ Result<std::string> Request::readBody(size_t max_bytes) {
     return error;
   }
   std::string body;
-  if (content_length_) body.reserve(static_cast<size_t>(*content_length_));
+  // What the client declares is reserved only up to a step: a body refused by `check` after
+  // its first bytes must not have cost its declared size.
+  if (content_length_) body.reserve(static_cast<size_t>(std::min<uint64_t>(*content_length_, kBodyReadStep)));
   while (true) {
     // One byte past the limit tells a chunked body that is too large from one that fits.
     size_t room = max_bytes - body.size();
@@ -104,6 +108,12 @@ Result<std::string> Request::readBody(size_t max_bytes) {
     if (!n.ok()) return n.error();
     body.resize(old_size + *n);
     if (*n == 0) return body;
+    if (check) {
+      if (auto ok = check(std::string_view(body).substr(old_size)); !ok.ok()) {
+        exchange_->failBody(400, ok.error());
+        return ok.error();
+      }
+    }
     if (body.size() > max_bytes) {
       Error error = bodyTooLarge(max_bytes);
       exchange_->failBody(413, error);

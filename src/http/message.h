@@ -62,6 +62,11 @@ class Request {
   // handler that returns without responding then gets a 413 from the server). The body can be
   // consumed once: by readBody, or by readSome calls.
   Result<std::string> readBody(size_t max_bytes);
+  // The same, with `check` called on each piece as it arrives: its first error stops the read
+  // (the server answers 400 with it if the handler does not answer), so a body that is wrong
+  // from its first bytes is refused without buffering the rest.
+  using BodyCheck = std::function<Status(std::string_view piece)>;
+  Result<std::string> readBody(size_t max_bytes, const BodyCheck& check);
   // Up to `max` (> 0) bytes of the body as they arrive; 0 at the end of the body. Each call
   // waits at most the server's read_timeout for the client.
   Result<size_t> readSome(char* buf, size_t max);
