@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <system_error>
 #include <thread>
 
 #include "agentproto/wire.h"
@@ -637,8 +638,19 @@ Result<std::unique_ptr<AgentClient>> AgentClient::connect(UniqueFd fd, Clock::ti
 
   impl->fd = std::move(fd);
   impl->wake = UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  // Both fail when the host runs out of threads or descriptors: the VM is fine, this node is
+  // full, so the caller gets an error rather than a terminated daemon.
+  if (!impl->wake.valid()) {
+    return makeError(ErrorCode::kResourceExhausted, std::string("agent client: eventfd: ") + strerror(errno),
+                     "insufficient_capacity");
+  }
   Impl* raw = impl.get();
-  impl->thread = std::thread([raw] { raw->run(); });
+  try {
+    impl->thread = std::thread([raw] { raw->run(); });
+  } catch (const std::system_error& e) {
+    return makeError(ErrorCode::kResourceExhausted,
+                     std::string("agent client: cannot start its I/O thread: ") + e.what(), "insufficient_capacity");
+  }
   client->impl_ = std::move(impl);
   return client;
 }
