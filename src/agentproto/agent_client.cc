@@ -9,8 +9,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cassert>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <random>
@@ -89,15 +91,23 @@ struct Call : std::enable_shared_from_this<Call>, AgentStream {
   std::optional<std::chrono::milliseconds> timeout_header;
   std::string req_body;
   size_t req_off = 0;
-  AgentClient::UploadSource source;
+  // An upload fed by a source (`piped`) comes through `up_chunks`: the caller's thread appends,
+  // readBody takes, both under `m`, never waiting on each other for longer than a copy.
+  bool piped = false;
+  std::deque<std::string> up_chunks;
+  size_t up_front_off = 0;   // bytes of up_chunks.front() already sent
+  size_t up_bytes = 0;       // bytes in up_chunks not yet sent
+  bool up_eof = false;       // the source said it was done
+  bool up_deferred = false;  // readBody found nothing and parked the stream: resume it
+  // A download's bytes on their way to the caller's thread (under `m`). Never more than the
+  // stream's window: the window reopens only as the caller takes them.
+  std::string down_buf;
   // response
   std::string body;
   EnvelopeDecoder decoder{AgentClient::kMaxEnvelope};
   bool got_end = false;
-  std::optional<Error> source_error;  // the upload source's own failure, reported at close
   AgentClient::MessageFn on_message;
   AgentClient::EndFn on_end;
-  AgentClient::DownloadSink sink;
   // completion
   std::mutex m;
   std::condition_variable cv;
@@ -114,8 +124,6 @@ struct Call : std::enable_shared_from_this<Call>, AgentStream {
     auto end_cb = std::move(on_end);
     on_end = nullptr;
     on_message = nullptr;
-    sink = nullptr;
-    source = nullptr;
     if (end_cb) end_cb(st);
     {
       std::lock_guard<std::mutex> lock(m);
@@ -226,20 +234,60 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
     call->complete(std::move(why));
   }
 
+  // The caller-thread side of piped uploads and downloads reaches the session only through
+  // these, run on the I/O thread. They capture `this` rather than a shared_ptr: a queued task
+  // owning its Impl would keep it alive forever if the thread never ran it, and the thread is
+  // joined before an Impl that has one dies.
+  void abortLater(const std::shared_ptr<Call>& call, Error why) {
+    post([this, call, why = std::move(why)] { cancel(call, why); });
+  }
+  void resumeLater(const std::shared_ptr<Call>& call) {
+    post([this, call] {
+      // Invalid (and harmless) once the stream is gone.
+      if (!dead && calls.count(call->stream_id) > 0) (void)nghttp2_session_resume_data(session, call->stream_id);
+    });
+  }
+  // The caller took `n` bytes of a download: the guest may send that many more on its stream.
+  void consumeLater(const std::shared_ptr<Call>& call, size_t n) {
+    post([this, call, n] {
+      if (!dead && calls.count(call->stream_id) > 0) {
+        (void)nghttp2_session_consume_stream(session, call->stream_id, n);
+      }
+    });
+  }
+
   static ssize_t readBody(nghttp2_session*, int32_t id, uint8_t* buf, size_t len, uint32_t* flags, nghttp2_data_source*,
                           void* ud) {
     auto* impl = static_cast<Impl*>(ud);
     auto it = impl->calls.find(id);
     if (it == impl->calls.end()) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;  // cancelled
     Call* call = it->second.get();
-    if (call->source) {
-      auto n = call->source(reinterpret_cast<char*>(buf), len);
-      if (!n.ok()) {
-        call->source_error = n.error();
-        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    if (call->piped) {
+      std::lock_guard<std::mutex> lock(call->m);
+      if (call->up_bytes == 0) {
+        if (call->up_eof) {
+          *flags |= NGHTTP2_DATA_FLAG_EOF;
+          return 0;
+        }
+        call->up_deferred = true;
+        return NGHTTP2_ERR_DEFERRED;
       }
-      if (n.value() == 0) *flags |= NGHTTP2_DATA_FLAG_EOF;
-      return static_cast<ssize_t>(n.value());
+      size_t n = 0;
+      while (n < len && !call->up_chunks.empty()) {
+        const std::string& front = call->up_chunks.front();
+        size_t take = std::min(len - n, front.size() - call->up_front_off);
+        memcpy(buf + n, front.data() + call->up_front_off, take);
+        n += take;
+        call->up_front_off += take;
+        if (call->up_front_off == front.size()) {
+          call->up_chunks.pop_front();
+          call->up_front_off = 0;
+        }
+      }
+      call->up_bytes -= n;
+      if (call->up_bytes == 0 && call->up_eof) *flags |= NGHTTP2_DATA_FLAG_EOF;
+      call->cv.notify_all();  // room for the producer
+      return static_cast<ssize_t>(n);
     }
     size_t n = std::min(len, call->req_body.size() - call->req_off);
     memcpy(buf, call->req_body.data() + call->req_off, n);
@@ -268,11 +316,27 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
     return 0;
   }
 
+  // Window updates are ours to send (NGHTTP2_OPT_NO_AUTO_WINDOW_UPDATE). The connection's
+  // window reopens at once for every byte, so no stream can hold up the others; a stream's own
+  // window reopens at once too, except a download's, which waits for its reader.
   static int onData(nghttp2_session* s, uint8_t, int32_t id, const uint8_t* data, size_t len, void* ud) {
     auto* impl = static_cast<Impl*>(ud);
+    (void)nghttp2_session_consume_connection(s, len);
     auto it = impl->calls.find(id);
-    if (it == impl->calls.end()) return 0;
+    if (it == impl->calls.end()) {
+      (void)nghttp2_session_consume_stream(s, id, len);
+      return 0;
+    }
     auto call = it->second;
+    if (call->kind == Call::Kind::kDownload && call->status == 200) {
+      {
+        std::lock_guard<std::mutex> lock(call->m);
+        call->down_buf.append(reinterpret_cast<const char*>(data), len);
+      }
+      call->cv.notify_all();
+      return 0;
+    }
+    (void)nghttp2_session_consume_stream(s, id, len);
     std::string_view chunk(reinterpret_cast<const char*>(data), len);
     auto abort = [&](Error e) {
       impl->cancel(call, std::move(e));
@@ -305,19 +369,11 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
       }
       return 0;
     }
-    if (call->kind == Call::Kind::kDownload && call->status == 200) {
-      if (call->sink) {
-        auto st = call->sink(chunk);
-        if (!st.ok()) return abort(st.error());
-      }
-      return 0;
-    }
     size_t limit = call->status == 200 ? AgentClient::kMaxUnaryResponse : kMaxErrorBody;
     if (call->body.size() + len > limit) {
       return abort(makeError(ErrorCode::kUnavailable, "agent response exceeds " + std::to_string(limit) + " bytes"));
     }
     call->body.append(chunk);
-    (void)s;
     return 0;
   }
 
@@ -339,10 +395,6 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
         call->complete(makeError(ErrorCode::kUnavailable,
                                  error_code != 0 ? "agent reset the stream" : "agent stream ended without EndStream"));
       }
-      return 0;
-    }
-    if (call->source_error) {
-      call->complete(*call->source_error);
       return 0;
     }
     // A reset after a 200 means a truncated body: never report it as success.
@@ -566,6 +618,9 @@ Result<std::unique_ptr<AgentClient>> AgentClient::connect(UniqueFd fd, Clock::ti
     nghttp2_option_new(&opt);
     nghttp2_option_set_max_reserved_remote_streams(opt, 0);
     nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
+    // A download's reader may be slow (it writes to an API client); holding back only its
+    // stream's window is what keeps it from stalling the rest (see onData).
+    nghttp2_option_set_no_auto_window_update(opt, 1);
     nghttp2_session_client_new2(&impl->session, cbs, impl.get(), opt);
     nghttp2_option_del(opt);
     nghttp2_session_callbacks_del(cbs);
@@ -726,32 +781,79 @@ std::shared_ptr<AgentStream> AgentClient::stream(const std::string& method, cons
 Result<Json> AgentClient::upload(const std::string& path, UploadSource source, const CallOptions& options) {
   auto call = newCall(impl_, Call::Kind::kUpload, "/files?path=" + percentEncode(path), options);
   call->content_type = "application/octet-stream";
-  call->source = std::move(source);
+  call->piped = true;
   start(impl_, call);
+  // The source runs here, on the caller's thread, so a client that trickles its body holds up
+  // this call and nothing else. The I/O thread only ever copies what is already buffered.
+  std::string chunk;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(call->m);
+      call->cv.wait(lock, [&] { return call->finished || call->up_bytes + kUploadChunk <= kUploadBuffer; });
+      if (call->finished) break;
+    }
+    chunk.resize(kUploadChunk);
+    auto n = source(chunk.data(), chunk.size());
+    if (!n.ok()) {
+      impl_->abortLater(call, n.error());
+      break;
+    }
+    assert(n.value() <= kUploadChunk);
+    chunk.resize(n.value());
+    bool resume = false;
+    {
+      std::lock_guard<std::mutex> lock(call->m);
+      if (call->finished) break;  // e.g. the deadline passed while the source was blocked
+      if (chunk.empty()) {
+        call->up_eof = true;
+      } else {
+        call->up_bytes += chunk.size();
+        call->up_chunks.push_back(std::move(chunk));
+      }
+      resume = std::exchange(call->up_deferred, false);
+    }
+    if (resume) impl_->resumeLater(call);
+    if (n.value() == 0) break;
+    chunk = std::string();
+  }
   auto st = call->waitDone(std::nullopt);
   if (!st.ok()) return st.error();
   return std::move(call->value);
 }
 
 Result<Json> AgentClient::upload(const std::string& path, std::string data, const CallOptions& options) {
-  auto shared = std::make_shared<std::string>(std::move(data));
-  auto off = std::make_shared<size_t>(0);
-  return upload(
-      path,
-      [shared, off](char* out, size_t max) -> Result<size_t> {
-        size_t n = std::min(max, shared->size() - *off);
-        memcpy(out, shared->data() + *off, n);
-        *off += n;
-        return n;
-      },
-      options);
+  // All of it is at hand: sent from req_body like a unary request, no producer needed.
+  auto call = newCall(impl_, Call::Kind::kUpload, "/files?path=" + percentEncode(path), options);
+  call->content_type = "application/octet-stream";
+  call->req_body = std::move(data);
+  start(impl_, call);
+  auto st = call->waitDone(std::nullopt);
+  if (!st.ok()) return st.error();
+  return std::move(call->value);
 }
 
 Status AgentClient::download(const std::string& path, DownloadSink sink, const CallOptions& options) {
   auto call = newCall(impl_, Call::Kind::kDownload, "/files?path=" + percentEncode(path), options);
-  call->sink = std::move(sink);
   start(impl_, call);
-  return call->waitDone(std::nullopt);
+  // The sink runs here, on the caller's thread. Until it has taken the bytes, the guest may not
+  // send more on this stream (consumeLater): a slow reader slows its own download only.
+  std::string taken;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(call->m);
+      call->cv.wait(lock, [&] { return call->finished || !call->down_buf.empty(); });
+      // The bytes that came before a clean end are delivered; after a failure they would only
+      // make a truncated file look longer.
+      if (call->finished && (!call->end_status.ok() || call->down_buf.empty())) return call->end_status;
+      taken.swap(call->down_buf);
+    }
+    if (auto st = sink(taken); !st.ok()) {
+      impl_->abortLater(call, st.error());
+      return st;
+    }
+    impl_->consumeLater(call, taken.size());
+    taken.clear();
+  }
 }
 
 Result<std::string> AgentClient::download(const std::string& path, size_t max_bytes, const CallOptions& options) {

@@ -5,6 +5,10 @@
 //   stream()    server-streaming Connect RPC (callbacks per message, then the end status)
 //   upload()    POST /files, body streamed with HTTP/2 flow control
 //   download()  GET /files, body streamed into a sink
+// The I/O thread never runs caller code that may block: an upload's source and a download's
+// sink run on the thread that called upload()/download(), with a bounded buffer in between, so
+// a slow API client slows its own transfer and not the other calls to this VM, nor their
+// deadlines.
 // Everything the guest sends is hostile: frames are bounded by nghttp2 settings, messages and
 // bodies by explicit limits, every call has a deadline, and a protocol violation fails this
 // client (all pending calls get `unavailable`) and nothing else. Create a new client to
@@ -56,6 +60,10 @@ class AgentClient {
  public:
   static constexpr size_t kMaxUnaryResponse = 16 << 20;
   static constexpr size_t kMaxEnvelope = 8 << 20;
+  // Upload bytes read from a source but not yet handed to HTTP/2: at most kUploadBuffer; each
+  // source call is asked for at most kUploadChunk.
+  static constexpr size_t kUploadBuffer = 1 << 20;
+  static constexpr size_t kUploadChunk = 64 << 10;
 
   static Result<std::unique_ptr<AgentClient>> connect(UniqueFd fd, Clock::time_point deadline,
                                                       const HandshakeWatch& watch = {});
@@ -74,16 +82,27 @@ class AgentClient {
 
   using MessageFn = std::function<void(const Json& message)>;
   using EndFn = std::function<void(const Status& end)>;
-  // Callbacks run on the client's I/O thread: keep them short and never call back into this
-  // client from them synchronously.
+  // Callbacks run on the client's I/O thread: keep them short, never block in them and never
+  // call back into this client from them synchronously. They may still run after the caller
+  // stopped waiting (a wait that timed out, a cancel() not yet carried out), until on_end has
+  // run: capture state they own (a shared_ptr), never the caller's stack.
   std::shared_ptr<AgentStream> stream(const std::string& method, const Json& request, const CallOptions& options,
                                       MessageFn on_message, EndFn on_end);
 
-  // Produces upload bytes: fills `out` with up to `max` bytes, returns how many; 0 = done.
+  // Produces upload bytes: fills `out` with up to `max` bytes, returns how many; 0 = done; an
+  // error fails the upload with that error.
   using UploadSource = std::function<Result<size_t>(char* out, size_t max)>;
+  // `source` is called on this (the calling) thread only, never after upload() returned. The
+  // call's deadline is kept on the I/O thread even while the source blocks: the stream is reset
+  // then, and upload() returns deadline_exceeded as soon as the source returns. So a source
+  // should bound its own waits (the HTTP server's reads do).
   Result<Json> upload(const std::string& path, UploadSource source, const CallOptions& options = {});
   Result<Json> upload(const std::string& path, std::string data, const CallOptions& options = {});
+  // Consumes download bytes in order; an error cancels the download and download() returns it.
   using DownloadSink = std::function<Status(std::string_view chunk)>;
+  // `sink` is called on this (the calling) thread only, never after download() returned. The
+  // guest is held back by HTTP/2 flow control on this stream alone while the sink is slow, so
+  // at most one stream window (8 MiB) waits for it. Deadlines as for upload().
   Status download(const std::string& path, DownloadSink sink, const CallOptions& options = {});
   Result<std::string> download(const std::string& path, size_t max_bytes, const CallOptions& options = {});
 

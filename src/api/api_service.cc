@@ -903,7 +903,8 @@ void ApiService::downloadFile(Call& c) {
   options.timeout = std::chrono::hours(1);
   bool client_gone = false;
   // The response starts with the first chunk, so an error before it (no such file, a
-  // directory) is still a proper error response.
+  // directory) is still a proper error response. The sink runs on this thread (never the
+  // agent client's I/O thread), so a client that reads slowly slows only its own download.
   auto done = agent->agent->download(
       path.value(),
       [&](std::string_view chunk) -> Status {
@@ -940,6 +941,9 @@ void ApiService::uploadFile(Call& c) {
   options.user = user.value();
   options.timeout = std::chrono::hours(1);
   std::optional<Error> body_error;
+  // The source runs on this thread (never the agent client's I/O thread), so a client that
+  // trickles its body holds up only its own upload; each read waits at most the server's
+  // read timeout.
   auto result = agent->agent->upload(
       path.value(),
       [&](char* out, size_t max) -> Result<size_t> {
