@@ -65,78 +65,96 @@ Result<ProcessEvent> decodeProcessEvent(const Json& message) {
   return out;
 }
 
-Result<CommandResult> runCommand(AgentClient& agent, const CommandSpec& spec, size_t max_output,
-                                 const std::function<bool()>& abandon) {
-  auto started = Clock::now();
+namespace {
+
+// What the stream's callbacks fill in. They run on the client's I/O thread and may outlive
+// runCommand's frame (it returns at its deadline or when abandoned, without waiting for the
+// I/O thread to carry out the cancel), so they own this jointly with it.
+struct CommandState {
   std::mutex m;
   std::condition_variable cv;
   CommandResult result;
-  bool got_start = false, got_end = false, stream_over = false;
+  bool got_start = false;
+  bool got_end = false;
+  bool stream_over = false;
   std::optional<Error> failure;
+};
+
+void onProcessMessage(CommandState& state, size_t max_output, const Json& msg) {
+  auto ev = decodeProcessEvent(msg);
+  std::lock_guard<std::mutex> lock(state.m);
+  if (!ev.ok()) {
+    state.failure = ev.error();
+    return;
+  }
+  CommandResult& result = state.result;
+  switch (ev->kind) {
+    case ProcessEvent::Kind::kStart:
+      result.pid = ev->pid;
+      state.got_start = true;
+      state.cv.notify_all();
+      break;
+    case ProcessEvent::Kind::kStdout:
+    case ProcessEvent::Kind::kPty:
+    case ProcessEvent::Kind::kStderr: {
+      std::string& sink = ev->kind == ProcessEvent::Kind::kStderr ? result.stderr_data : result.stdout_data;
+      if (result.stdout_data.size() + result.stderr_data.size() + ev->data.size() > max_output) {
+        state.failure =
+            makeError(ErrorCode::kResourceExhausted, "command output exceeds " + std::to_string(max_output) + " bytes",
+                      "output_too_large");
+      } else {
+        sink += ev->data;
+      }
+      break;
+    }
+    case ProcessEvent::Kind::kEnd:
+      result.exit_code = ev->end.exit_code;
+      result.exited = ev->end.exited;
+      result.status = ev->end.status;
+      state.got_end = true;
+      break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+Result<CommandResult> runCommand(AgentClient& agent, const CommandSpec& spec, size_t max_output,
+                                 const std::function<bool()>& abandon) {
+  auto started = Clock::now();
+  auto state = std::make_shared<CommandState>();
   CallOptions options;
   options.user = spec.user;
   options.timeout = spec.timeout;
   options.local_grace = std::chrono::seconds(5);
   auto stream = agent.stream(
       "/process.Process/Start", startRequest(spec), options,
-      [&](const Json& msg) {
-        auto ev = decodeProcessEvent(msg);
-        std::lock_guard<std::mutex> lock(m);
-        if (!ev.ok()) {
-          failure = ev.error();
-          return;
-        }
-        switch (ev->kind) {
-          case ProcessEvent::Kind::kStart:
-            result.pid = ev->pid;
-            got_start = true;
-            cv.notify_all();
-            break;
-          case ProcessEvent::Kind::kStdout:
-          case ProcessEvent::Kind::kPty:
-          case ProcessEvent::Kind::kStderr: {
-            std::string& sink = ev->kind == ProcessEvent::Kind::kStderr ? result.stderr_data : result.stdout_data;
-            if (result.stdout_data.size() + result.stderr_data.size() + ev->data.size() > max_output) {
-              failure =
-                  makeError(ErrorCode::kResourceExhausted,
-                            "command output exceeds " + std::to_string(max_output) + " bytes", "output_too_large");
-            } else {
-              sink += ev->data;
-            }
-            break;
-          }
-          case ProcessEvent::Kind::kEnd:
-            result.exit_code = ev->end.exit_code;
-            result.exited = ev->end.exited;
-            result.status = ev->end.status;
-            got_end = true;
-            break;
-          default: break;
-        }
-      },
-      [&](const Status&) {
-        std::lock_guard<std::mutex> lock(m);
-        stream_over = true;
-        cv.notify_all();
+      [state, max_output](const Json& msg) { onProcessMessage(*state, max_output, msg); },
+      [state](const Status&) {
+        std::lock_guard<std::mutex> lock(state->m);
+        state->stream_over = true;
+        state->cv.notify_all();
       });
-  // The callbacks above use this frame: whatever way we leave, the stream must be over first.
-  struct EndStreamOnExit {
+  // Leaving early (deadline, abandoned, stdin failed) stops the stream; nothing here waits for
+  // that, since the callbacks touch only `state`.
+  struct CancelOnExit {
     std::shared_ptr<AgentStream> stream;
-    ~EndStreamOnExit() {
+    ~CancelOnExit() {
       if (!stream->done()) stream->cancel();
-      (void)stream->wait(std::chrono::hours(1));
     }
   } guard{stream};
   // A zero timeout means "no deadline", as for the stream itself.
   const auto wait_limit =
       spec.timeout.count() > 0 ? spec.timeout + std::chrono::seconds(5) : std::chrono::hours(24 * 100);
   if (spec.stdin_data) {
+    int pid = 0;
     {
-      std::unique_lock<std::mutex> lock(m);
-      cv.wait_for(lock, wait_limit, [&] { return got_start || stream_over; });
+      std::unique_lock<std::mutex> lock(state->m);
+      state->cv.wait_for(lock, wait_limit, [&] { return state->got_start || state->stream_over; });
+      if (state->got_start) pid = state->result.pid;
     }
-    if (got_start) {
-      Json pid_sel{{"pid", result.pid}};
+    if (pid != 0) {
+      Json pid_sel{{"pid", pid}};
       if (!spec.stdin_data->empty()) {
         auto sent = agent.call("/process.Process/SendInput",
                                Json{{"process", pid_sel}, {"input", {{"stdin", base64Encode(*spec.stdin_data)}}}});
@@ -153,9 +171,10 @@ Result<CommandResult> runCommand(AgentClient& agent, const CommandSpec& spec, si
     end = stream->wait(std::chrono::milliseconds(1000));
   }
   if (!end.ok()) return end.error();
-  std::lock_guard<std::mutex> lock(m);
-  if (failure) return *failure;
-  if (!got_end) return makeError(ErrorCode::kUnavailable, "process stream ended without an end event");
+  std::lock_guard<std::mutex> lock(state->m);
+  if (state->failure) return *state->failure;
+  if (!state->got_end) return makeError(ErrorCode::kUnavailable, "process stream ended without an end event");
+  CommandResult result = std::move(state->result);
   result.duration = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
   return result;
 }
