@@ -235,15 +235,14 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
   }
 
   // The caller-thread side of piped uploads and downloads reaches the session only through
-  // these, run on the I/O thread. They capture `this` rather than a shared_ptr: a queued task
-  // owning its Impl would keep it alive forever if the thread never ran it, and the thread is
-  // joined before an Impl that has one dies.
+  // these, run on the I/O thread. They capture `this` rather than a shared_ptr (a queued task
+  // owning its Impl would keep it alive forever if the thread never ran it): they are posted
+  // only from inside upload()/download(), while the client, and so its thread, is alive.
   void abortLater(const std::shared_ptr<Call>& call, Error why) {
     post([this, call, why = std::move(why)] { cancel(call, why); });
   }
   void resumeLater(const std::shared_ptr<Call>& call) {
     post([this, call] {
-      // Invalid (and harmless) once the stream is gone.
       if (!dead && calls.count(call->stream_id) > 0) (void)nghttp2_session_resume_data(session, call->stream_id);
     });
   }
