@@ -265,7 +265,7 @@ std::vector<std::pair<std::string, std::string>> ApiService::routes() {
 }
 
 ApiService::ApiService(sandbox::SandboxManager& manager, KeyRing& keys, ApiLimits limits)
-    : manager_(manager), keys_(keys), limits_(limits) {
+    : manager_(manager), keys_(keys), limits_(limits), tenant_gate_(limits.max_requests_per_tenant) {
   // The router only matches; handle() runs the route's method with the authenticated tenant.
   for (const auto& r : routeTable()) router_.add(r.method, r.pattern, http::Handler());
 }
@@ -294,6 +294,18 @@ void ApiService::handle(http::Request& req, http::Response& res) {
       return;
     }
     call.tenant = *tenant;
+  }
+  TenantGate::Ticket ticket;
+  if (!call.tenant.empty()) {
+    ticket = tenant_gate_.enter(call.tenant);
+    if (!ticket.admitted()) {
+      metrics_.countError("too_many_requests");
+      res.setHeader("Retry-After", "1");
+      (void)res.sendError(429, "too_many_requests",
+                          "this tenant already has " + std::to_string(tenant_gate_.maxInFlight()) +
+                              " requests running; retry when one has finished");
+      return;
+    }
   }
   if (found.kind == http::Router::Match::Kind::kNotFound) {
     return fail(call, makeError(ErrorCode::kNotFound, "no route for " + req.method() + " " + req.path(), "no_route"));
@@ -326,16 +338,7 @@ void ApiService::fail(Call& c, const Error& error) {
   (void)c.res.send(httpStatus(error), "application/json", dumpJson(body));
 }
 
-Result<json> ApiService::readJson(Call& c, size_t max_bytes) {
-  auto body = c.req.readBody(max_bytes);
-  if (!body.ok()) {
-    if (body.error().code == ErrorCode::kResourceExhausted) {
-      return makeError(ErrorCode::kResourceExhausted, body.error().message, "payload_too_large");
-    }
-    return body.error();
-  }
-  return parseJsonBody(body.value());
-}
+Result<json> ApiService::readJson(Call& c, size_t max_bytes) { return readJsonBody(c.req, max_bytes); }
 
 // --- open and node-wide ----------------------------------------------------------------------
 

@@ -13,6 +13,7 @@
 
 #include "api/auth.h"
 #include "api/metrics.h"
+#include "api/tenant_gate.h"
 #include "http/message.h"
 #include "http/router.h"
 #include "sandbox/manager.h"
@@ -23,10 +24,14 @@ struct ApiLimits {
   size_t max_json_body = 1 << 20;  // create, timeout, file operations
   // Exec bodies (they carry stdin) and non-streamed output are held in memory, several times
   // over while being encoded: kept moderate; larger data goes through files or streams.
-  size_t max_exec_body = 16 << 20;
+  // Eight concurrent ones stay within tens of MB.
+  size_t max_exec_body = 4 << 20;
   size_t max_exec_output = 16 << 20;
   size_t max_stream_backlog = 8 << 20;  // streamed output waiting for a slow client
   size_t max_console_bytes = 1 << 20;
+  // Requests one tenant may run at once (streams included): the server's connection limits
+  // are per client address, and a tenant may use many.
+  size_t max_requests_per_tenant = 64;
 };
 
 // The served OpenAPI document (docs/openapi.json, embedded at build time).
@@ -95,6 +100,7 @@ class ApiService {
   sandbox::SandboxManager& manager_;
   KeyRing& keys_;
   ApiLimits limits_;
+  TenantGate tenant_gate_;
   Metrics metrics_;
   http::Router router_;
 };

@@ -23,15 +23,25 @@ class TenantGate {
    public:
     Ticket() = default;
     Ticket(Ticket&& other) noexcept : gate_(other.gate_), tenant_(std::move(other.tenant_)) { other.gate_ = nullptr; }
-    Ticket& operator=(Ticket&&) = delete;
-    Ticket(const Ticket&) = delete;
-    ~Ticket() {
-      if (gate_) gate_->leave(tenant_);
+    Ticket& operator=(Ticket&& other) noexcept {
+      if (this != &other) {
+        release();
+        gate_ = other.gate_;
+        tenant_ = std::move(other.tenant_);
+        other.gate_ = nullptr;
+      }
+      return *this;
     }
+    Ticket(const Ticket&) = delete;
+    ~Ticket() { release(); }
     bool admitted() const { return gate_ != nullptr; }
 
    private:
     friend class TenantGate;
+    void release() {
+      if (gate_) gate_->leave(tenant_);
+      gate_ = nullptr;
+    }
     Ticket(TenantGate* gate, std::string tenant) : gate_(gate), tenant_(std::move(tenant)) {}
     TenantGate* gate_ = nullptr;
     std::string tenant_;

@@ -186,6 +186,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-branch", config.max_branch, "children one branch request may create")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
+  api::ApiLimits api_limits;
+  app.add_option("--max-requests-per-tenant", api_limits.max_requests_per_tenant,
+                 "requests one tenant may have running at once (streams included); more get 429")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   app.add_flag("--no-snapshots", no_snapshots,
                "boot every sandbox instead of restoring its template's snapshot (slower; for comparison)");
   app.add_option("--on-shutdown", on_shutdown,
@@ -266,7 +271,7 @@ int main(int argc, char** argv) {
   auto manager = sandbox::SandboxManager::start(config, *store.value());
   if (!manager.ok()) return fatal(manager.error().message);
 
-  api::ApiService service(*manager.value(), keys);
+  api::ApiService service(*manager.value(), keys, api_limits);
   auto server = http::Server::start(listen, [&](http::Request& rq, http::Response& rs) { service.handle(rq, rs); });
   if (!server.ok()) {
     manager.value()->shutdown(sandbox::ShutdownMode::kKeepRunning);
