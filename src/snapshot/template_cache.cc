@@ -71,9 +71,20 @@ TemplateSnapshot snapshotIn(const std::string& dir, json meta) {
 }  // namespace
 
 Result<std::string> TemplateCache::dirName(const TemplateKey& key) {
+  const std::string fields = json{key.name,       key.kernel_path, key.rootfs_path,
+                                  key.vcpus,      key.memory_mib,  vmm::acceleratorName(key.accelerator),
+                                  key.qemu_binary}
+                                 .dump(-1, ' ', false, json::error_handler_t::replace);
+  {
+    std::lock_guard guard(mu_);
+    if (auto it = dir_names_.find(fields); it != dir_names_.end()) return it->second;
+  }
   auto k = keyJson(key);
-  if (!k.ok()) return k.error();
-  return key.name + "-" + sha256Hex(k->dump()).substr(0, 16);
+  if (!k.ok()) return k.error();  // not remembered: a missing image may appear later
+  std::string name = key.name + "-" + sha256Hex(k->dump()).substr(0, 16);
+  std::lock_guard guard(mu_);
+  dir_names_.emplace(fields, name);
+  return name;
 }
 
 Result<TemplateSnapshot> TemplateCache::ensure(const TemplateKey& key, std::chrono::milliseconds boot_timeout) {

@@ -46,15 +46,19 @@ class TemplateCache {
   // The snapshot for `key`, built first if missing (a cold boot: seconds). Concurrent callers
   // for one key wait for one build.
   Result<TemplateSnapshot> ensure(const TemplateKey& key, std::chrono::milliseconds boot_timeout);
-  // The directory name a key maps to (exposed for tests).
-  static Result<std::string> dirName(const TemplateKey& key);
+  // The directory name a key maps to: computed from the files' identities (stat, a PATH walk for
+  // QEMU, SHA-256) on the first call for that key and remembered after, so a create never pays for
+  // it again. Images replaced in place while spaced runs are therefore seen at its next start;
+  // the image cache never does that (a new recipe is a new path).
+  Result<std::string> dirName(const TemplateKey& key);
 
  private:
   Result<TemplateSnapshot> build(const TemplateKey& key, const std::string& final_dir,
                                  std::chrono::milliseconds boot_timeout);
   std::string root_;
-  std::mutex mu_;  // guards locks_
+  std::mutex mu_;  // guards locks_ and dir_names_
   std::map<std::string, std::shared_ptr<std::mutex>> locks_;
+  std::map<std::string, std::string> dir_names_;  // memo of dirName, by the key's fields
 };
 
 }  // namespace space::snapshot

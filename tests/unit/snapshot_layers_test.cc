@@ -8,6 +8,7 @@
 #include "common/fs.h"
 #include "common/process.h"
 #include "snapshot/layers.h"
+#include "snapshot/template_cache.h"
 
 namespace space::snapshot {
 namespace {
@@ -103,6 +104,41 @@ TEST_F(LayersTest, AnUnreadableLayerSweepsNothing) {
   std::filesystem::remove(l1);
   std::filesystem::create_directory(l1);
   EXPECT_FALSE(reachableLayers({disk}).has_value());
+}
+
+// The template key is computed (stat, PATH walk, SHA-256) once per key and process, not on
+// every create; a fresh cache (spaced's next start) sees files that changed meanwhile.
+TEST(TemplateCache, KeyIsComputedOncePerKeyAndProcess) {
+  auto dir = TempDir::create("/tmp", "space-template-key-");
+  ASSERT_TRUE(dir.ok());
+  const std::string kernel = dir->path() + "/vmlinux";
+  const std::string rootfs = dir->path() + "/rootfs.ext4";
+  std::ofstream(kernel) << "kernel";
+  std::ofstream(rootfs) << "rootfs";
+  TemplateKey key{.name = "base",
+                  .kernel_path = kernel,
+                  .rootfs_path = rootfs,
+                  .vcpus = 1,
+                  .memory_mib = 256,
+                  .accelerator = vmm::Accelerator::kTcg,
+                  .qemu_binary = "true"};  // any program in PATH
+  TemplateCache cache(dir->path());
+  auto first = cache.dirName(key);
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  EXPECT_TRUE(first->starts_with("base-"));
+
+  std::ofstream(rootfs) << "a rebuilt rootfs of another size";
+  auto again = cache.dirName(key);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *first);  // remembered: no stat on the request path
+  auto restarted = TemplateCache(dir->path()).dirName(key);
+  ASSERT_TRUE(restarted.ok());
+  EXPECT_NE(*restarted, *first);  // a new process keys the changed image anew
+
+  key.memory_mib = 512;
+  EXPECT_NE(cache.dirName(key).value(), *first);  // another size is another key
+  key.kernel_path = dir->path() + "/missing";
+  EXPECT_FALSE(cache.dirName(key).ok());
 }
 
 }  // namespace
