@@ -32,19 +32,20 @@
 #include <vector>
 
 #include "agentproto/base64.h"
-#include "common/fs.h"
-#include "http/client.h"
-#include "http/url.h"
+#include "apiclient/api_client.h"
+#include "common/bounded_json.h"
 
 namespace {
 
 using namespace space;
+using apiclient::field;
+using apiclient::kRequestTimeout;
+using apiclient::Query;
+using apiclient::sandboxPath;
+using apiclient::snapshotPath;
 using nlohmann::json;
 using std::chrono::milliseconds;
 
-constexpr const char* kDefaultDataDir = "/var/lib/space";
-constexpr const char* kFallbackUrl = "http://127.0.0.1:8080";
-constexpr milliseconds kRequestTimeout = std::chrono::seconds(60);
 // Creating a sandbox boots a VM, which without KVM (TCG) takes a while.
 constexpr milliseconds kCreateTimeout = std::chrono::minutes(5);
 // Saving a guest's memory and disk; the daemon itself gives up after 5 minutes.
@@ -54,7 +55,8 @@ constexpr int kBranchParallel = 4;
 // What the daemon may take beyond a command's own timeout before we stop waiting for it.
 constexpr milliseconds kExecSlack = std::chrono::seconds(30);
 constexpr int64_t kDaemonExecTimeoutS = 60;  // the daemon's default when a request names none
-constexpr size_t kMaxErrorBody = 64 * 1024;
+// An upload's answer is one small JSON document; a daemon that sends more gets it cut.
+constexpr size_t kMaxAnswer = 64 * 1024;
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
 
@@ -105,14 +107,6 @@ Result<std::string> readAll(int fd, const char* what) {
     if (n == 0) return out;
     out.append(buf, static_cast<size_t>(n));
   }
-}
-
-// A field of an object, or null: the daemon's answers are trusted for shape, not for presence.
-const json& field(const json& object, const char* name) {
-  static const json kNull;
-  if (!object.is_object()) return kNull;
-  auto it = object.find(name);
-  return it == object.end() ? kNull : *it;
 }
 
 std::string text(const json& value) {
@@ -282,191 +276,6 @@ int exitCodeOf(const json& exit_code, const json& status) {
   return kExitFailure;
 }
 
-// --- the API ---------------------------------------------------------------------------------
-
-struct GlobalOptions {
-  std::string api;
-  std::string api_key;
-  std::string data_dir;
-};
-
-// Where the daemon is and how we authenticate, each with where it came from for error messages.
-struct Endpoint {
-  std::string url;
-  std::string url_source;  // "from SPACE_API"; empty for --api
-
-  std::string key;
-  std::string key_source;
-};
-
-std::string trimmed(std::string s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  size_t start = 0;
-  while (start < s.size() && std::isspace(static_cast<unsigned char>(s[start]))) ++start;
-  return s.substr(start);
-}
-
-const char* env(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? v : nullptr;
-}
-
-Result<Endpoint> resolveEndpoint(GlobalOptions g) {
-  if (g.data_dir.empty()) g.data_dir = env("SPACE_DATA_DIR") ? env("SPACE_DATA_DIR") : kDefaultDataDir;
-  Endpoint e;
-  if (!g.api.empty()) {
-    e.url = g.api;
-  } else if (const char* v = env("SPACE_API")) {
-    e.url = v, e.url_source = "from SPACE_API";
-  } else {
-    // The daemon says where it listens, so `spaced --listen 127.0.0.1:0` needs no configuration.
-    const std::string file = g.data_dir + "/spaced.json";
-    if (auto content = readSmallFile(file, 64 * 1024); content.ok()) {
-      auto doc = json::parse(content.value(), nullptr, false);
-      if (field(doc, "url").is_string()) e.url = field(doc, "url").get<std::string>(), e.url_source = "from " + file;
-    }
-    if (e.url.empty()) e.url = kFallbackUrl, e.url_source = "the default: " + file + " is missing or unreadable";
-  }
-  if (!g.api_key.empty()) {
-    e.key = g.api_key, e.key_source = "--api-key";
-  } else if (const char* v = env("SPACE_API_KEY")) {
-    e.key = v, e.key_source = "SPACE_API_KEY";
-  } else {
-    const std::string file = g.data_dir + "/api-key";
-    auto content = readSmallFile(file, 4096);
-    if (content.ok()) e.key = trimmed(content.value()), e.key_source = file;
-    if (e.key.empty()) {
-      std::string why = content.ok() ? file + " is empty" : content.error().message;
-      if (!content.ok() && access(file.c_str(), R_OK) != 0 && errno == EACCES) {
-        why += "; only the user running spaced may read it: try sudo";
-      }
-      return makeError(ErrorCode::kInvalidArgument,
-                       "no API key: looked at --api-key, SPACE_API_KEY and " + file + " (" + why +
-                           "). Give the key, or name spaced's data directory with --data-dir or SPACE_DATA_DIR");
-    }
-  }
-  return e;
-}
-
-std::string sandboxPath(const std::string& id) { return "/v1/sandboxes/" + http::urlEncode(id); }
-
-std::string snapshotPath(const std::string& id) { return "/v1/snapshots/" + http::urlEncode(id); }
-
-// A query string of encoded values: names are ours, values come from the user.
-class Query {
- public:
-  Query& add(const std::string& name, const std::string& value) {
-    text_ += (text_.empty() ? "?" : "&") + name + "=" + http::urlEncode(value);
-    return *this;
-  }
-  std::string on(const std::string& path) const { return path + text_; }
-
- private:
-  std::string text_;
-};
-
-class Api {
- public:
-  using BodyCallback = std::function<Status(std::string_view)>;
-
-  Api(http::Client client, Endpoint endpoint) : client_(std::move(client)), endpoint_(std::move(endpoint)) {}
-
-  // A JSON request; the parsed answer (null for an empty one) or the API's error.
-  Result<json> call(const std::string& method, const std::string& target, const std::optional<json>& body = {},
-                    milliseconds timeout = kRequestTimeout) const {
-    auto response = send(method, target, body ? http::RequestBody(dumpJson(*body)) : http::RequestBody(),
-                         body ? "application/json" : "", timeout);
-    if (!response.ok()) return response.error();
-    if (response->body.empty()) return json();
-    auto parsed = json::parse(response->body, nullptr, false);
-    if (parsed.is_discarded()) {
-      return makeError(ErrorCode::kInternal, "spaced answered " + method + " " + target + " with invalid JSON");
-    }
-    return parsed;
-  }
-
-  // The whole answer to a request with a 2xx status; any other status is the API's error.
-  Result<http::ClientResponse> send(const std::string& method, const std::string& target, http::RequestBody body,
-                                    const std::string& content_type, milliseconds timeout) const {
-    auto response = client_.request(method, target, headers(content_type, {}), std::move(body), timeout);
-    if (!response.ok()) return transportError(response.error());
-    if (response->status < 200 || response->status >= 300) return apiError(response->status, response->body);
-    return response;
-  }
-
-  // The body of a 2xx answer goes to on_body as it arrives; any other status is the API's error.
-  // An error of on_body ends the request and is returned as it is. `timeout` bounds each wait.
-  Status stream(const std::string& method, const std::string& target, const std::string& content_type,
-                std::map<std::string, std::string> extra_headers, http::RequestBody body, const BodyCallback& on_body,
-                milliseconds timeout) const {
-    int status = 0;
-    std::string error_body;
-    std::optional<Error> callback_error;
-    auto done = client_.requestStreaming(
-        method, target, headers(content_type, std::move(extra_headers)), std::move(body),
-        [&](const http::ClientResponse& head) {
-          status = head.status;
-          return okStatus();
-        },
-        [&](std::string_view chunk) -> Status {
-          if (status < 200 || status >= 300) {
-            error_body.append(chunk.substr(0, kMaxErrorBody - std::min(kMaxErrorBody, error_body.size())));
-            return okStatus();
-          }
-          auto ok = on_body(chunk);
-          if (!ok.ok()) callback_error = ok.error();
-          return ok;
-        },
-        timeout);
-    if (callback_error) return *callback_error;
-    if (!done.ok()) return transportError(done.error());
-    if (status < 200 || status >= 300) return apiError(status, error_body);
-    return okStatus();
-  }
-
-  // A failure to talk to the daemon at all, worded for the person who has to start it.
-  Error transportError(const Error& e) const {
-    std::string where = endpoint_.url + (endpoint_.url_source.empty() ? "" : " (" + endpoint_.url_source + ")");
-    if (e.message.starts_with("cannot connect")) {
-      return makeError(e.code, "cannot reach spaced at " + where + ": " + e.message + " (is it running? make run)");
-    }
-    if (e.message.starts_with("cannot resolve")) {
-      return makeError(e.code, "cannot reach spaced at " + where + ": " + e.message);
-    }
-    if (e.code == ErrorCode::kInvalidArgument) return e;  // a request we could not even form
-    return makeError(e.code, "talking to spaced at " + where + ": " + e.message);
-  }
-
-  Error apiError(int status, const std::string& body) const {
-    http::ClientResponse response;
-    response.status = status;
-    response.body = body;
-    Error e = http::responseError(response);
-    auto doc = json::parse(body, nullptr, false);
-    const json& error = field(doc, "error");
-    if (!field(error, "message").is_string()) {
-      e.message = "spaced at " + endpoint_.url + " answered " + e.message;
-      return e;
-    }
-    e.reason = text(field(error, "code"));
-    std::string state = text(field(error, "state"));
-    if (!state.empty() && e.message.find(state) == std::string::npos) e.message += " (the sandbox is " + state + ")";
-    if (status == 401) e.message += "; the key came from " + endpoint_.key_source;
-    return e;
-  }
-
- private:
-  std::map<std::string, std::string> headers(const std::string& content_type,
-                                             std::map<std::string, std::string> extra) const {
-    extra["Authorization"] = "Bearer " + endpoint_.key;
-    if (!content_type.empty()) extra["Content-Type"] = content_type;
-    return extra;
-  }
-
-  http::Client client_;
-  Endpoint endpoint_;
-};
-
 // --- sandboxes -------------------------------------------------------------------------------
 
 // What create, run and branch share: how long the sandbox lives and what it starts with.
@@ -568,7 +377,7 @@ void printSandbox(const json& s) {
   printTable(rows);
 }
 
-int cmdCreate(const Api& api, const CreateOptions& o, bool as_json) {
+int cmdCreate(const apiclient::Client& api, const CreateOptions& o, bool as_json) {
   auto created = api.call("POST", "/v1/sandboxes", createRequest(o), kCreateTimeout);
   if (!created.ok()) return fail(created.error());
   if (as_json) {
@@ -586,7 +395,7 @@ struct ListOptions {
   bool all = false;
 };
 
-int cmdList(const Api& api, const ListOptions& o, bool as_json) {
+int cmdList(const apiclient::Client& api, const ListOptions& o, bool as_json) {
   json sandboxes = json::array();
   std::string cursor;
   do {
@@ -617,7 +426,7 @@ int cmdList(const Api& api, const ListOptions& o, bool as_json) {
   return 0;
 }
 
-int cmdGet(const Api& api, const std::string& id, bool as_json) {
+int cmdGet(const apiclient::Client& api, const std::string& id, bool as_json) {
   auto sandbox = api.call("GET", sandboxPath(id));
   if (!sandbox.ok()) return fail(sandbox.error());
   if (as_json) {
@@ -629,8 +438,8 @@ int cmdGet(const Api& api, const std::string& id, bool as_json) {
 }
 
 // rm and snapshot rm: each id in turn, whatever happened to the ones before.
-int cmdRemove(const Api& api, const std::vector<std::string>& ids, std::string (*path)(const std::string&),
-              bool as_json) {
+int cmdRemove(const apiclient::Client& api, const std::vector<std::string>& ids,
+              std::string (*path)(const std::string&), bool as_json) {
   json deleted = json::array(), failed = json::array();
   for (const auto& id : ids) {
     auto done = api.call("DELETE", path(id));
@@ -646,7 +455,7 @@ int cmdRemove(const Api& api, const std::vector<std::string>& ids, std::string (
   return failed.empty() ? 0 : kExitFailure;
 }
 
-int cmdTimeout(const Api& api, const std::string& id, int64_t seconds, bool as_json) {
+int cmdTimeout(const apiclient::Client& api, const std::string& id, int64_t seconds, bool as_json) {
   auto sandbox = api.call("POST", sandboxPath(id) + "/timeout", json{{"timeout_s", seconds}});
   if (!sandbox.ok()) return fail(sandbox.error());
   if (as_json) {
@@ -659,7 +468,7 @@ int cmdTimeout(const Api& api, const std::string& id, int64_t seconds, bool as_j
 }
 
 // pause / resume: the sandbox's new state, or its JSON.
-int cmdRunState(const Api& api, const std::string& id, const char* action, bool as_json) {
+int cmdRunState(const apiclient::Client& api, const std::string& id, const char* action, bool as_json) {
   auto sandbox = api.call("POST", sandboxPath(id) + "/" + action, json::object());
   if (!sandbox.ok()) return fail(sandbox.error());
   if (as_json) {
@@ -670,7 +479,7 @@ int cmdRunState(const Api& api, const std::string& id, const char* action, bool 
   return 0;
 }
 
-int cmdLogs(const Api& api, const std::string& id, int64_t tail_bytes, bool as_json) {
+int cmdLogs(const apiclient::Client& api, const std::string& id, int64_t tail_bytes, bool as_json) {
   Query query;
   if (tail_bytes > 0) query.add("tail_bytes", std::to_string(tail_bytes));
   auto log = api.send("GET", query.on(sandboxPath(id) + "/logs"), {}, "", kRequestTimeout);
@@ -690,7 +499,8 @@ struct SnapshotOptions {
   std::vector<std::string> metadata;
 };
 
-int cmdSnapshotCreate(const Api& api, const std::string& sandbox_id, const SnapshotOptions& o, bool as_json) {
+int cmdSnapshotCreate(const apiclient::Client& api, const std::string& sandbox_id, const SnapshotOptions& o,
+                      bool as_json) {
   json request = json::object();
   if (!o.name.empty()) request["name"] = o.name;
   if (!o.metadata.empty()) request["metadata"] = pairs(o.metadata);
@@ -710,7 +520,7 @@ struct SnapshotListOptions {
   bool all = false;
 };
 
-int cmdSnapshotList(const Api& api, const SnapshotListOptions& o, bool as_json) {
+int cmdSnapshotList(const apiclient::Client& api, const SnapshotListOptions& o, bool as_json) {
   json snapshots = json::array();
   std::string cursor;
   do {
@@ -742,7 +552,7 @@ int cmdSnapshotList(const Api& api, const SnapshotListOptions& o, bool as_json) 
   return 0;
 }
 
-int cmdSnapshotGet(const Api& api, const std::string& id, bool as_json) {
+int cmdSnapshotGet(const apiclient::Client& api, const std::string& id, bool as_json) {
   auto snapshot = api.call("GET", snapshotPath(id));
   if (!snapshot.ok()) return fail(snapshot.error());
   if (as_json) {
@@ -768,7 +578,7 @@ struct BranchOptions {
   SandboxSettings settings;
 };
 
-int cmdBranch(const Api& api, const std::string& snapshot_id, const BranchOptions& o, bool as_json) {
+int cmdBranch(const apiclient::Client& api, const std::string& snapshot_id, const BranchOptions& o, bool as_json) {
   json request = settingsRequest(o.settings);
   if (o.count != 1) request["count"] = o.count;
   // The daemon answers once every child runs (or, if one fails, once the others are deleted).
@@ -842,7 +652,7 @@ const char* signalName(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGHU
 
 // Ctrl-C during exec: the first is passed on to the remote command (which may want to clean up),
 // the second detaches and leaves it running.
-void forwardSignal(const Api& api, RemoteProcess& process, int sig) {
+void forwardSignal(const apiclient::Client& api, RemoteProcess& process, int sig) {
   int pid = process.pid;
   if (pid == 0) {
     std::cerr << "\nspacectl: interrupted; if the command started, spacectl ps " << process.sandbox_id << " shows it\n";
@@ -863,15 +673,12 @@ void forwardSignal(const Api& api, RemoteProcess& process, int sig) {
 
 // Runs the command with its output streamed to ours as it arrives (NDJSON lines); returns the
 // exit code spacectl should end with.
-int streamExec(const Api& api, json request, RemoteProcess& process) {
+int streamExec(const apiclient::Client& api, json request, RemoteProcess& process) {
   request["stream"] = true;
-  std::string partial;
   json exit_code, exit_status;
   bool exited = false;
   std::optional<Error> stream_error;
-  auto onLine = [&](std::string_view line) -> Status {
-    if (line.empty()) return okStatus();
-    auto event = json::parse(line, nullptr, false);
+  auto onEvent = [&](const json& event) -> Status {
     std::string type = text(field(event, "type"));
     if (type == "start") {
       process.pid = field(event, "pid").is_number_integer() ? field(event, "pid").get<int>() : 0;
@@ -886,24 +693,10 @@ int streamExec(const Api& api, json request, RemoteProcess& process) {
     } else if (type == "error") {
       const json& e = field(event, "error");
       stream_error = makeError(ErrorCode::kInternal, text(field(e, "message")), text(field(e, "code")));
-    } else if (event.is_discarded()) {
-      return makeError(ErrorCode::kInternal, "spaced sent a stream line that is not JSON");
     }
     return okStatus();  // other types: a newer daemon's additions
   };
-  auto done = api.stream(
-      "POST", sandboxPath(process.sandbox_id) + "/exec", "application/json", {{"Accept", "application/x-ndjson"}},
-      dumpJson(request),
-      [&](std::string_view chunk) -> Status {
-        partial.append(chunk);
-        size_t start = 0;
-        for (size_t nl; (nl = partial.find('\n', start)) != std::string::npos; start = nl + 1) {
-          SPACE_TRY(onLine(std::string_view(partial).substr(start, nl - start)));
-        }
-        partial.erase(0, start);
-        return okStatus();
-      },
-      execWait(request));
+  auto done = api.streamLines("POST", sandboxPath(process.sandbox_id) + "/exec", request, onEvent, execWait(request));
   if (!done.ok()) return done.error().reason == kBrokenPipe ? 128 + SIGPIPE : fail(done.error());
   if (stream_error) return fail(*stream_error);
   if (!exited) return fail("the output stream ended before the command's exit status arrived");
@@ -911,14 +704,14 @@ int streamExec(const Api& api, json request, RemoteProcess& process) {
 }
 
 // The non-streamed exec: one JSON document with all the output, for scripts.
-int jsonExec(const Api& api, const std::string& id, const json& request) {
+int jsonExec(const apiclient::Client& api, const std::string& id, const json& request) {
   auto result = api.call("POST", sandboxPath(id) + "/exec", request, execWait(request));
   if (!result.ok()) return fail(result.error());
   printJson(*result);
   return exitCodeOf(field(*result, "exit_code"), field(*result, "status"));
 }
 
-int cmdExec(const Api& api, const std::string& id, const ExecOptions& o, bool as_json) {
+int cmdExec(const apiclient::Client& api, const std::string& id, const ExecOptions& o, bool as_json) {
   auto request = execRequest(o);
   if (!request.ok()) return fail(request.error());
   RemoteProcess process;
@@ -931,7 +724,7 @@ int cmdExec(const Api& api, const std::string& id, const ExecOptions& o, bool as
 // when the command is over, or the signal thread on Ctrl-C.
 class SandboxCleanup {
  public:
-  explicit SandboxCleanup(const Api& api) : api_(api) {}
+  explicit SandboxCleanup(const apiclient::Client& api) : api_(api) {}
 
   void adopt(const std::string& id) {
     std::lock_guard lock(m_);
@@ -958,14 +751,15 @@ class SandboxCleanup {
   }
 
  private:
-  const Api& api_;
+  const apiclient::Client& api_;
   std::mutex m_;
   std::string id_;
   bool attempted_ = false;
   bool ok_ = true;
 };
 
-int cmdRun(const Api& api, const CreateOptions& create, const ExecOptions& exec, bool remove, bool as_json) {
+int cmdRun(const apiclient::Client& api, const CreateOptions& create, const ExecOptions& exec, bool remove,
+           bool as_json) {
   auto request = execRequest(exec);
   if (!request.ok()) return fail(request.error());
   SandboxCleanup cleanup(api);
@@ -1000,7 +794,7 @@ int cmdRun(const Api& api, const CreateOptions& create, const ExecOptions& exec,
   return rc;
 }
 
-int cmdProcesses(const Api& api, const std::string& id, bool as_json) {
+int cmdProcesses(const apiclient::Client& api, const std::string& id, bool as_json) {
   auto list = api.call("GET", sandboxPath(id) + "/processes");
   if (!list.ok()) return fail(list.error());
   if (as_json) {
@@ -1018,7 +812,7 @@ int cmdProcesses(const Api& api, const std::string& id, bool as_json) {
   return 0;
 }
 
-int cmdKill(const Api& api, const std::string& id, int pid, std::string signal, bool as_json) {
+int cmdKill(const apiclient::Client& api, const std::string& id, int pid, std::string signal, bool as_json) {
   static const std::map<std::string, std::string> kNumbers = {{"1", "SIGHUP"},   {"2", "SIGINT"},   {"3", "SIGQUIT"},
                                                               {"9", "SIGKILL"},  {"10", "SIGUSR1"}, {"12", "SIGUSR2"},
                                                               {"15", "SIGTERM"}, {"18", "SIGCONT"}, {"19", "SIGSTOP"}};
@@ -1072,7 +866,8 @@ class Fd {
   int fd_;
 };
 
-int upload(const Api& api, const std::string& local, RemotePath remote, const std::string& user, bool as_json) {
+int upload(const apiclient::Client& api, const std::string& local, RemotePath remote, const std::string& user,
+           bool as_json) {
   const bool from_stdin = local == "-";
   Fd file(from_stdin ? STDIN_FILENO : ::open(local.c_str(), O_RDONLY | O_CLOEXEC));
   if (file.get() < 0) return fail(errnoError(local));
@@ -1107,22 +902,23 @@ int upload(const Api& api, const std::string& local, RemotePath remote, const st
   auto done = api.stream(
       "PUT", filesTarget(remote, user), "application/octet-stream", {}, http::RequestBody::fromSource(source, length),
       [&](std::string_view chunk) {
-        answer.append(chunk.substr(0, kMaxErrorBody - std::min(kMaxErrorBody, answer.size())));
+        answer.append(chunk.substr(0, kMaxAnswer - std::min(kMaxAnswer, answer.size())));
         return okStatus();
       },
       kRequestTimeout);
   if (read_error) return fail(*read_error);
   if (!done.ok()) return fail(done.error());
   if (as_json) {
-    auto entry = json::parse(answer, nullptr, false);
-    printJson(entry.is_discarded() ? json::object() : entry);
+    auto entry = parseJsonBounded(answer);
+    printJson(entry.ok() ? *entry : json::object());
   }
   return 0;
 }
 
 // Into a temporary file next to the destination, renamed over it only when complete: a failed
 // or interrupted copy leaves the old file (or none), never half of the new one.
-int download(const Api& api, const RemotePath& remote, std::string local, const std::string& user, bool as_json) {
+int download(const apiclient::Client& api, const RemotePath& remote, std::string local, const std::string& user,
+             bool as_json) {
   uint64_t bytes = 0;
   auto target = filesTarget(remote, user);
   if (local == "-") {
@@ -1183,7 +979,8 @@ int download(const Api& api, const RemotePath& remote, std::string local, const 
   return 0;
 }
 
-int cmdCopy(const Api& api, const std::string& from, const std::string& to, const std::string& user, bool as_json) {
+int cmdCopy(const apiclient::Client& api, const std::string& from, const std::string& to, const std::string& user,
+            bool as_json) {
   auto remote_from = parseRemote(from), remote_to = parseRemote(to);
   if (remote_from.has_value() == remote_to.has_value()) {
     std::cerr << "spacectl: cp copies between a sandbox and this machine: exactly one of SRC and DST must be "
@@ -1275,7 +1072,7 @@ int main(int argc, char** argv) {
   CLI::App app{kDescription, "spacectl"};
   app.require_subcommand(1);
   app.fallthrough();  // global options also after the subcommand: spacectl ls --api URL
-  GlobalOptions global;
+  apiclient::EndpointFlags global;
   app.add_option("--api", global.api,
                  "daemon URL, e.g. http://127.0.0.1:8080 (env SPACE_API; default: <data-dir>/spaced.json)");
   app.add_option("--api-key", global.api_key, "API key (env SPACE_API_KEY; default: <data-dir>/api-key)");
@@ -1284,14 +1081,15 @@ int main(int argc, char** argv) {
 
   bool as_json = false;
   app.add_flag("--json", as_json, "print the API's JSON (one document) instead of text; also after the subcommand");
-  std::vector<std::pair<CLI::App*, std::function<int(const Api&)>>> commands;
-  auto nested = [&](CLI::App* parent, const char* name, const char* help, std::function<int(const Api&)> run) {
+  std::vector<std::pair<CLI::App*, std::function<int(const apiclient::Client&)>>> commands;
+  auto nested = [&](CLI::App* parent, const char* name, const char* help,
+                    std::function<int(const apiclient::Client&)> run) {
     auto* sub = parent->add_subcommand(name, help);
     sub->add_flag("--json", as_json, "print the API's JSON (one document) instead of text");
     commands.emplace_back(sub, std::move(run));
     return sub;
   };
-  auto command = [&](const char* name, const char* help, std::function<int(const Api&)> run) {
+  auto command = [&](const char* name, const char* help, std::function<int(const apiclient::Client&)> run) {
     return nested(&app, name, help, std::move(run));
   };
   std::string id, user, from, to, signal = "SIGTERM";
@@ -1307,10 +1105,11 @@ int main(int argc, char** argv) {
   BranchOptions branch;
 
   auto* c_create = command("create", "create a sandbox and print its id",
-                           [&](const Api& api) { return cmdCreate(api, create, as_json); });
+                           [&](const apiclient::Client& api) { return cmdCreate(api, create, as_json); });
   addCreateOptions(c_create, create);
 
-  auto* c_ls = command("ls", "list sandboxes", [&](const Api& api) { return cmdList(api, list, as_json); });
+  auto* c_ls =
+      command("ls", "list sandboxes", [&](const apiclient::Client& api) { return cmdList(api, list, as_json); });
   c_ls->add_option(
           "--state", list.states,
           "only these states (comma-separated or repeated): creating, running, paused, suspended, failed, deleted")
@@ -1322,15 +1121,16 @@ int main(int argc, char** argv) {
   c_ls->add_option("--limit", list.limit, "sandboxes per page (1..1000)")->check(CLI::Range(1, 1000));
   c_ls->add_flag("--all", list.all, "follow next_cursor through every page");
 
-  auto* c_get = command("get", "show one sandbox", [&](const Api& api) { return cmdGet(api, id, as_json); });
+  auto* c_get =
+      command("get", "show one sandbox", [&](const apiclient::Client& api) { return cmdGet(api, id, as_json); });
   c_get->add_option("id", id, "sandbox id")->required();
 
   auto* c_rm = command("rm", "delete sandboxes (exit 1 if any could not be deleted)",
-                       [&](const Api& api) { return cmdRemove(api, ids, sandboxPath, as_json); });
+                       [&](const apiclient::Client& api) { return cmdRemove(api, ids, sandboxPath, as_json); });
   c_rm->add_option("ids", ids, "sandbox ids")->required();
 
   auto* c_exec = command("exec", "run a command in a sandbox, its output streamed as it runs",
-                         [&](const Api& api) { return cmdExec(api, id, exec, as_json); });
+                         [&](const apiclient::Client& api) { return cmdExec(api, id, exec, as_json); });
   c_exec->add_option("id", id, "sandbox id")->required();
   c_exec->add_option("--env", exec.env, "environment variable for the command (repeatable)")
       ->check(kKeyValue)
@@ -1341,7 +1141,7 @@ int main(int argc, char** argv) {
   c_exec->footer("Example: spacectl exec sb_x --cwd /tmp -- ls -la\nCtrl-C passes SIGINT on; a second one detaches.");
 
   auto* c_run = command("run", "create a sandbox and run a command in it (--rm: delete it afterwards)",
-                        [&](const Api& api) { return cmdRun(api, create, exec, remove, as_json); });
+                        [&](const apiclient::Client& api) { return cmdRun(api, create, exec, remove, as_json); });
   c_run->add_flag("--rm", remove, "delete the sandbox when the command ends, fails or is interrupted");
   addCreateOptions(c_run, create);
   c_run
@@ -1352,7 +1152,7 @@ int main(int argc, char** argv) {
   c_run->footer("Example: spacectl run --rm --cpus 2 -- 'nproc && free -m'\nWithout --rm the id goes to stderr.");
 
   auto* c_cp = command("cp", "copy a file into or out of a sandbox (ID:/path on one side; - for stdin/stdout)",
-                       [&](const Api& api) { return cmdCopy(api, from, to, user, as_json); });
+                       [&](const apiclient::Client& api) { return cmdCopy(api, from, to, user, as_json); });
   c_cp->add_option("src", from, "source: a local file, -, or ID:/path")->required();
   c_cp->add_option("dst", to, "destination: a local file or directory, -, or ID:/path (ending in / keeps the name)")
       ->required();
@@ -1360,14 +1160,14 @@ int main(int argc, char** argv) {
   c_cp->footer("Examples: spacectl cp app.tar.gz sb_x:/tmp/\n          spacectl cp sb_x:/var/log/app.log - | less");
 
   auto* c_logs = command("logs", "print a sandbox's console (kernel and boot) log",
-                         [&](const Api& api) { return cmdLogs(api, id, tail_bytes, as_json); });
+                         [&](const apiclient::Client& api) { return cmdLogs(api, id, tail_bytes, as_json); });
   c_logs->add_option("id", id, "sandbox id")->required();
   c_logs->add_option("--tail-bytes", tail_bytes, "only the last N bytes (daemon default 64 KiB)")
       ->check(CLI::Range(int64_t(1), int64_t(INT32_MAX)));
 
   auto* c_timeout =
       command("timeout", "set a sandbox's timeout to SECONDS from now (it then is deleted, or suspended: --on-timeout)",
-              [&](const Api& api) { return cmdTimeout(api, id, seconds, as_json); });
+              [&](const apiclient::Client& api) { return cmdTimeout(api, id, seconds, as_json); });
   c_timeout->add_option("id", id, "sandbox id")->required();
   c_timeout->add_option("seconds", seconds, "seconds from now")->required()->check(kSeconds);
 
@@ -1381,7 +1181,7 @@ int main(int argc, char** argv) {
 
   auto* c_snap_create =
       nested(c_snapshot, "create", "snapshot a running or paused sandbox (it stays so) and print the snapshot's id",
-             [&](const Api& api) { return cmdSnapshotCreate(api, id, snapshot, as_json); });
+             [&](const apiclient::Client& api) { return cmdSnapshotCreate(api, id, snapshot, as_json); });
   c_snap_create->add_option("id", id, "sandbox id")->required();
   c_snap_create->add_option("--name", snapshot.name, "a name to recognise it by (at most 128 characters)");
   c_snap_create->add_option("--metadata", snapshot.metadata, "label, e.g. stage=warm (repeatable)")
@@ -1390,24 +1190,24 @@ int main(int argc, char** argv) {
   c_snap_create->footer("Example: snap=$(spacectl snapshot create sb_x --name deps-installed)");
 
   auto* c_snap_ls = nested(c_snapshot, "ls", "list snapshots, oldest first",
-                           [&](const Api& api) { return cmdSnapshotList(api, snapshot_list, as_json); });
+                           [&](const apiclient::Client& api) { return cmdSnapshotList(api, snapshot_list, as_json); });
   c_snap_ls->add_option("--sandbox", snapshot_list.sandbox_id, "only the snapshots of this sandbox");
   c_snap_ls->add_option("--limit", snapshot_list.limit, "snapshots per page (1..1000, daemon default 100)")
       ->check(CLI::Range(1, 1000));
   c_snap_ls->add_flag("--all", snapshot_list.all, "follow next_cursor through every page");
 
-  auto* c_snap_get =
-      nested(c_snapshot, "get", "show one snapshot", [&](const Api& api) { return cmdSnapshotGet(api, id, as_json); });
+  auto* c_snap_get = nested(c_snapshot, "get", "show one snapshot",
+                            [&](const apiclient::Client& api) { return cmdSnapshotGet(api, id, as_json); });
   c_snap_get->add_option("id", id, "snapshot id (snap_...)")->required();
 
   auto* c_snap_rm = nested(c_snapshot, "rm",
                            "delete snapshots; sandboxes started from them keep working (exit 1 if any could not be "
                            "deleted)",
-                           [&](const Api& api) { return cmdRemove(api, ids, snapshotPath, as_json); });
+                           [&](const apiclient::Client& api) { return cmdRemove(api, ids, snapshotPath, as_json); });
   c_snap_rm->add_option("ids", ids, "snapshot ids")->required();
 
   auto* c_branch = command("branch", "start sandboxes from a snapshot, all or none, and print their ids (one per line)",
-                           [&](const Api& api) { return cmdBranch(api, id, branch, as_json); });
+                           [&](const apiclient::Client& api) { return cmdBranch(api, id, branch, as_json); });
   c_branch->add_option("id", id, "snapshot id (snap_...)")->required();
   c_branch->add_option("-n,--count", branch.count, "how many sandboxes (at most 64, or spaced's --max-branch)")
       ->check(CLI::Range(1, 1024))
@@ -1420,22 +1220,22 @@ int main(int argc, char** argv) {
       "Example: spacectl branch snap_x -n 8 --timeout 600 --metadata run=7");
 
   auto* c_pause = command("pause", "pause a sandbox: its vCPUs stop, memory stays (resume with spacectl resume)",
-                          [&](const Api& api) { return cmdRunState(api, id, "pause", as_json); });
+                          [&](const apiclient::Client& api) { return cmdRunState(api, id, "pause", as_json); });
   c_pause->add_option("id", id, "sandbox id")->required();
   auto* c_suspend = command("suspend", "suspend a sandbox: its memory and state go to disk, its VM exits",
-                            [&](const Api& api) { return cmdRunState(api, id, "suspend", as_json); });
+                            [&](const apiclient::Client& api) { return cmdRunState(api, id, "suspend", as_json); });
   c_suspend->add_option("id", id, "sandbox id")->required();
   auto* c_resume =
       command("resume", "resume a paused or suspended sandbox (one its timeout suspended gets the timeout again)",
-              [&](const Api& api) { return cmdRunState(api, id, "resume", as_json); });
+              [&](const apiclient::Client& api) { return cmdRunState(api, id, "resume", as_json); });
   c_resume->add_option("id", id, "sandbox id")->required();
 
   auto* c_ps = command("ps", "list the processes running in a sandbox",
-                       [&](const Api& api) { return cmdProcesses(api, id, as_json); });
+                       [&](const apiclient::Client& api) { return cmdProcesses(api, id, as_json); });
   c_ps->add_option("id", id, "sandbox id")->required();
 
   auto* c_kill = command("kill", "send a signal to a process in a sandbox",
-                         [&](const Api& api) { return cmdKill(api, id, pid, signal, as_json); });
+                         [&](const apiclient::Client& api) { return cmdKill(api, id, pid, signal, as_json); });
   c_kill->add_option("id", id, "sandbox id")->required();
   c_kill->add_option("pid", pid, "process id (see spacectl ps)")->required()->check(CLI::Range(1, 4194304));
   c_kill
@@ -1449,19 +1249,16 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : kExitUsage;
   }
 
-  auto endpoint = resolveEndpoint(global);
+  auto endpoint = apiclient::resolveEndpoint(global);
   if (!endpoint.ok()) return fail(endpoint.error());
-  auto client = http::Client::create(endpoint->url);
-  if (!client.ok()) {
-    const std::string& source = endpoint->url_source;
-    std::cerr << "spacectl: bad daemon URL " << endpoint->url << (source.empty() ? "" : " (" + source + ")") << ": "
-              << client.error().message << "\n";
+  auto api = apiclient::Client::create(std::move(endpoint.value()));
+  if (!api.ok()) {
+    std::cerr << "spacectl: " << api.error().message << "\n";
     return kExitUsage;
   }
   startSignalThread();
-  Api api(std::move(client.value()), std::move(endpoint.value()));
   for (const auto& [sub, run] : commands) {
-    if (sub->parsed()) return run(api);
+    if (sub->parsed()) return run(*api);
   }
   return kExitUsage;
 }
