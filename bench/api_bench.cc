@@ -12,13 +12,14 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "apiclient/api_client.h"
 #include "common/fs.h"
 #include "common/process.h"
-#include "http/client.h"
 #include "percentiles.h"  // next to this file
 #include "vmm/vm.h"
 
@@ -109,48 +110,50 @@ int main(int argc, char** argv) {
   if (no_snapshots) daemon_argv.push_back("--no-snapshots");
   auto daemon = ChildProcess::spawn(daemon_argv, SpawnOptions{dir->path() + "/spaced.log", "", true});
   if (!daemon.ok()) die(daemon.error().message);
-  std::string url;
-  for (int i = 0; i < 3000 && url.empty(); ++i) {
-    if (auto endpoint = readSmallFile(data_dir + "/spaced.json", 4096); endpoint.ok()) {
-      url = json::parse(endpoint.value())["url"].get<std::string>();
+  std::optional<apiclient::Endpoint> endpoint;
+  std::string not_yet;
+  for (int i = 0; i < 3000 && !endpoint; ++i) {
+    if (auto e = apiclient::endpointOfDataDir(data_dir); e.ok()) {
+      endpoint = std::move(e.value());
     } else {
+      not_yet = e.error().message;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
-  if (url.empty()) die("spaced did not start");
-  auto key = readSmallFile(data_dir + "/api-key", 4096);
-  if (!key.ok()) die(key.error().message);
-  const std::map<std::string, std::string> auth{{"Authorization", "Bearer " + key->substr(0, key->find('\n'))}};
-  auto client = http::Client::create(url);
-  if (!client.ok()) die(client.error().message);
+  if (!endpoint) die("spaced did not start: " + not_yet);
+  auto api = apiclient::Client::create(std::move(*endpoint));
+  if (!api.ok()) die(api.error().message);
+  auto call = [&](const std::string& method, const std::string& target, const std::optional<json>& body,
+                  std::chrono::milliseconds timeout = apiclient::kRequestTimeout) {
+    auto r = api->call(method, target, body, timeout);
+    if (!r.ok()) die(method + " " + target + ": " + r.error().message);
+    return std::move(r.value());
+  };
+  auto idOf = [](const json& sandbox) {
+    const json& id = apiclient::field(sandbox, "id");
+    if (!id.is_string()) die("spaced answered a create without an id: " + sandbox.dump());
+    return id.get<std::string>();
+  };
 
   std::vector<double> api_create, api_exec, api_delete, api_first_exec;
-  std::string keep;
-  {  // the first create builds the template snapshot: not part of the measurement
-    auto first = client->request("POST", "/v1/sandboxes", auth, json{{"cpus", 1}, {"memory_mb", 256}}.dump(),
-                                 std::chrono::seconds(180));
-    if (!first.ok() || first->status != 201) die("first create failed: " + (first.ok() ? first->body : ""));
-    keep = json::parse(first->body)["id"].get<std::string>();
-  }
+  const json size{{"cpus", 1}, {"memory_mb", 256}};
+  const json exec_true{{"argv", {"true"}}};
+  // The first create builds the template snapshot: not part of the measurement.
+  const std::string keep = idOf(call("POST", "/v1/sandboxes", size, std::chrono::seconds(180)));
   for (int i = 0; i < creates; ++i) {
     auto t0 = Clock::now();
-    auto r = client->request("POST", "/v1/sandboxes", auth, json{{"cpus", 1}, {"memory_mb", 256}}.dump());
-    if (!r.ok() || r->status != 201) die("create failed: " + (r.ok() ? r->body : r.error().message));
+    json created = call("POST", "/v1/sandboxes", size);
     api_create.push_back(Ms(Clock::now() - t0).count());
-    std::string id = json::parse(r->body)["id"].get<std::string>();
-    auto e = client->request("POST", "/v1/sandboxes/" + id + "/exec", auth, json{{"argv", {"true"}}}.dump());
-    if (!e.ok() || e->status != 200) die("first exec failed");
+    const std::string id = idOf(created);
+    call("POST", apiclient::sandboxPath(id) + "/exec", exec_true);
     api_first_exec.push_back(Ms(Clock::now() - t0).count());
     t0 = Clock::now();
-    auto d = client->request("DELETE", "/v1/sandboxes/" + id, auth);
-    if (!d.ok() || d->status != 204) die("delete failed");
+    call("DELETE", apiclient::sandboxPath(id), std::nullopt);
     api_delete.push_back(Ms(Clock::now() - t0).count());
   }
-  const std::string body = json{{"argv", {"true"}}}.dump();
   for (int j = 0; j < execs; ++j) {
     auto t0 = Clock::now();
-    auto r = client->request("POST", "/v1/sandboxes/" + keep + "/exec", auth, body);
-    if (!r.ok() || r->status != 200) die("exec failed: " + (r.ok() ? r->body : r.error().message));
+    call("POST", apiclient::sandboxPath(keep) + "/exec", exec_true);
     api_exec.push_back(Ms(Clock::now() - t0).count());
   }
   ::kill(daemon->pid(), SIGTERM);

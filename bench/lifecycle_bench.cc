@@ -25,7 +25,6 @@
 #include <filesystem>
 #include <fstream>
 #include <latch>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -36,10 +35,10 @@
 #include <thread>
 #include <vector>
 
+#include "apiclient/api_client.h"
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/process.h"
-#include "http/client.h"
 #include "percentiles.h"  // next to this file
 #include "vmm/accelerator.h"
 #include "vmm/vm.h"
@@ -81,8 +80,7 @@ struct Daemon {
   std::string dir;       // <root>/<name>: log and data dir
   std::string data_dir;  // canonical, as spaced names it on QEMU command lines
   std::optional<ChildProcess> process;
-  std::optional<http::Client> client;
-  std::map<std::string, std::string> auth;
+  std::optional<apiclient::Client> api;
 };
 
 // What the cleanup needs, reachable from die() and the signal thread: exit() runs no
@@ -198,48 +196,50 @@ Daemon& startDaemon(const std::string& name, const std::vector<std::string>& ext
     d.process.emplace(std::move(process.value()));
     g_daemons.push_back(std::move(owned));
   }
-  std::string url;
-  for (int i = 0; i < 6000 && url.empty(); ++i) {
-    if (auto endpoint = readSmallFile(data_dir + "/spaced.json", 4096); endpoint.ok()) {
-      url = json::parse(endpoint.value())["url"].get<std::string>();
+  std::optional<apiclient::Endpoint> endpoint;
+  std::string not_yet;
+  for (int i = 0; i < 6000 && !endpoint; ++i) {
+    if (auto e = apiclient::endpointOfDataDir(data_dir); e.ok()) {
+      endpoint = std::move(e.value());
     } else if (auto exited = d.process->tryWait()) {
       die("spaced (" + name + ") exited: " + exited->describe() + "\n" + fileTail(log, 2000));
     } else {
+      not_yet = e.error().message;
       std::this_thread::sleep_for(milliseconds(10));
     }
   }
-  if (url.empty()) die("spaced (" + name + ") did not start within 60 s\n" + fileTail(log, 2000));
-  auto key = readSmallFile(data_dir + "/api-key", 4096);
-  if (!key.ok()) die(key.error().message);
-  d.auth = {{"Authorization", "Bearer " + key->substr(0, key->find('\n'))}};
-  auto client = http::Client::create(url);
-  if (!client.ok()) die(client.error().message);
-  d.client.emplace(std::move(client.value()));
+  if (!endpoint) die("spaced (" + name + ") did not start within 60 s: " + not_yet + "\n" + fileTail(log, 2000));
+  auto api = apiclient::Client::create(std::move(*endpoint));
+  if (!api.ok()) die(api.error().message);
+  d.api.emplace(std::move(api.value()));
   d.data_dir = std::filesystem::canonical(data_dir).string();
   return d;
 }
 
 // --- requests -----------------------------------------------------------------------------
 
-http::ClientResponse call(Daemon& d, const std::string& method, const std::string& target, const std::string& body,
-                          int expect, milliseconds timeout = seconds(60)) {
-  auto r = d.client->request(method, target, d.auth, body, timeout);
-  if (!r.ok()) die(method + " " + target + ": " + r.error().message);
-  if (r->status != expect) {
-    die(method + " " + target + ": " + std::to_string(r->status) + " " + r->body + "\n" +
-        fileTail(d.dir + "/spaced.log", 2000));
-  }
+// The answer of a call that must succeed; anything else ends the run with spaced's log.
+json call(Daemon& d, const std::string& method, const std::string& target, const std::optional<json>& body = {},
+          milliseconds timeout = seconds(60)) {
+  auto r = d.api->call(method, target, body, timeout);
+  if (!r.ok()) die(method + " " + target + ": " + r.error().message + "\n" + fileTail(d.dir + "/spaced.log", 2000));
   return std::move(r.value());
 }
 
-std::string createSandbox(Daemon& d, const std::string& body, milliseconds timeout = seconds(60)) {
-  return json::parse(call(d, "POST", "/v1/sandboxes", body, 201, timeout).body)["id"].get<std::string>();
+std::string idOf(const json& answer) {
+  const json& id = apiclient::field(answer, "id");
+  if (!id.is_string()) die("an answer without an id: " + answer.dump());
+  return id.get<std::string>();
 }
 
-void deleteSandbox(Daemon& d, const std::string& id) { call(d, "DELETE", "/v1/sandboxes/" + id, "", 204); }
+std::string createSandbox(Daemon& d, const json& body, milliseconds timeout = seconds(60)) {
+  return idOf(call(d, "POST", "/v1/sandboxes", body, timeout));
+}
+
+void deleteSandbox(Daemon& d, const std::string& id) { call(d, "DELETE", apiclient::sandboxPath(id)); }
 
 // A longer life than the default 300 s: the ops rounds alone can take minutes under TCG.
-const std::string kLongLived = json{{"timeout_s", 7200}}.dump();
+const json kLongLived{{"timeout_s", 7200}};
 
 struct Pool {
   double ready = 0, target = 0;
@@ -247,7 +247,9 @@ struct Pool {
 
 Pool poolGauges(Daemon& d) {
   Pool p;
-  std::istringstream in(call(d, "GET", "/metrics", "", 200).body);
+  auto metrics = d.api->send("GET", "/metrics", {}, "", seconds(60));
+  if (!metrics.ok()) die("GET /metrics: " + metrics.error().message);
+  std::istringstream in(metrics->body);
   for (std::string line; std::getline(in, line);) {
     if (line.rfind("space_warm_pool_ready ", 0) == 0) p.ready = strtod(line.c_str() + 22, nullptr);
     if (line.rfind("space_warm_pool_target ", 0) == 0) p.target = strtod(line.c_str() + 23, nullptr);
@@ -270,7 +272,7 @@ bool waitPoolFull(Daemon& d, milliseconds cap) {
 // The template snapshot build (a cold boot and a save) happens on the first create; with a pool,
 // the refill thread may be the one that does it.
 void warmUp(Daemon& d) {
-  deleteSandbox(d, createSandbox(d, "{}", seconds(300)));
+  deleteSandbox(d, createSandbox(d, json::object(), seconds(300)));
   waitPoolFull(d, seconds(300));
 }
 
@@ -304,7 +306,7 @@ struct CreateLoop {
 
 CreateLoop createLoop(Daemon& d, int n, bool pooled, bool paced) {
   CreateLoop out;
-  const std::string exec_body = json{{"argv", {"true"}}}.dump();
+  const json exec_true{{"argv", {"true"}}};
   for (int i = 0; i < n; ++i) {
     if (pooled) {
       bool full = paced ? waitPoolFull(d, seconds(60)) : [&] {
@@ -314,11 +316,11 @@ CreateLoop createLoop(Daemon& d, int n, bool pooled, bool paced) {
       if (full) ++out.pool_full;
     }
     auto t0 = Clock::now();
-    std::string id = createSandbox(d, "{}");
+    std::string id = createSandbox(d, json::object());
     out.create.push_back(Ms(Clock::now() - t0).count());
-    auto e = call(d, "POST", "/v1/sandboxes/" + id + "/exec", exec_body, 200);
+    json e = call(d, "POST", apiclient::sandboxPath(id) + "/exec", exec_true);
     out.first_exec.push_back(Ms(Clock::now() - t0).count());
-    if (json::parse(e.body)["exit_code"] != 0) die("exec `true` failed: " + e.body);
+    if (apiclient::field(e, "exit_code") != 0) die("exec `true` failed: " + e.dump());
     deleteSandbox(d, id);
   }
   return out;
@@ -395,7 +397,7 @@ Burst sequentialBurst(Daemon& d, int n) {
   auto t0 = Clock::now();
   for (int i = 0; i < n; ++i) {
     auto s = Clock::now();
-    ids.push_back(createSandbox(d, "{}", seconds(300)));
+    ids.push_back(createSandbox(d, json::object(), seconds(300)));
     b.latency.push_back(Ms(Clock::now() - s).count());
   }
   b.wall_ms = Ms(Clock::now() - t0).count();
@@ -407,26 +409,25 @@ Burst concurrentBurst(Daemon& d, int n) {
   struct Slot {
     double ms = 0;
     Clock::time_point end;
-    int status = 0;
-    std::string body;
+    std::optional<json> created;
+    std::string error;
   };
   std::vector<Slot> slots(static_cast<size_t>(n));
   std::latch go(1);
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
-      http::Client client = *d.client;
+      const apiclient::Client api = *d.api;
       Slot& s = slots[static_cast<size_t>(i)];
       go.wait();
       auto t0 = Clock::now();
-      auto r = client.request("POST", "/v1/sandboxes", d.auth, "{}", seconds(600));
+      auto r = api.call("POST", "/v1/sandboxes", json::object(), seconds(600));
       s.end = Clock::now();
       s.ms = Ms(s.end - t0).count();
       if (r.ok()) {
-        s.status = r->status;
-        s.body = r->body;
+        s.created = std::move(r.value());
       } else {
-        s.body = r.error().message;
+        s.error = r.error().message;
       }
     });
   }
@@ -441,10 +442,10 @@ Burst concurrentBurst(Daemon& d, int n) {
   std::vector<std::string> ids;
   std::string failure;
   for (const auto& s : slots) {
-    if (s.status == 201) {
-      ids.push_back(json::parse(s.body)["id"].get<std::string>());
+    if (s.created) {
+      ids.push_back(idOf(*s.created));
     } else if (failure.empty()) {
-      failure = std::to_string(s.status) + " " + s.body;
+      failure = s.error;
     }
     b.latency.push_back(s.ms);
     last = std::max(last, s.end);
@@ -466,33 +467,27 @@ json burstJson(const Burst& b) {
 // Starts `sleep` through a streamed exec and hangs up once it has started: the process keeps
 // running in the guest (what a suspend and a snapshot then have to carry along).
 int64_t startBackgroundProcess(Daemon& d, const std::string& id) {
-  const std::string body = json{{"argv", {"sleep", "1000000"}}, {"stream", true}, {"timeout_s", 0}}.dump();
-  std::string seen;
-  int64_t pid = -1;
-  auto r = d.client->requestStreaming(
-      "POST", "/v1/sandboxes/" + id + "/exec", d.auth, body,
-      [](const http::ClientResponse& head) -> Status {
-        if (head.status != 200) return makeError(ErrorCode::kInternal, "status " + std::to_string(head.status));
-        return Ok{};
-      },
-      [&](std::string_view chunk) -> Status {
-        seen.append(chunk);
-        if (auto nl = seen.find('\n'); nl != std::string::npos) {
-          auto line = json::parse(seen.substr(0, nl), nullptr, false);
-          if (!line.is_discarded() && line.value("type", "") == "start") pid = line.value("pid", int64_t{-1});
-          return makeError(ErrorCode::kCanceled, "started");  // hangs up
-        }
-        return Ok{};
+  const json body{{"argv", {"sleep", "1000000"}}, {"stream", true}, {"timeout_s", 0}};
+  json first;
+  auto r = d.api->streamLines(
+      "POST", apiclient::sandboxPath(id) + "/exec", body,
+      [&](const json& line) -> Status {
+        first = line;
+        return makeError(ErrorCode::kCanceled, "started");  // hangs up
       },
       seconds(60));
-  if (pid < 0) die("background process did not start: " + (r.ok() ? seen : r.error().message + " " + seen));
-  return pid;
+  const json& pid = apiclient::field(first, "pid");
+  if (apiclient::field(first, "type") != "start" || !pid.is_number_integer()) {
+    const std::string why = !first.is_null() ? first.dump() : !r.ok() ? r.error().message : "the stream ended";
+    die("background process did not start: " + why);
+  }
+  return pid.get<int64_t>();
 }
 
 bool processRunning(Daemon& d, const std::string& id, int64_t pid) {
-  auto list = json::parse(call(d, "GET", "/v1/sandboxes/" + id + "/processes", "", 200).body);
-  for (const auto& p : list["processes"]) {
-    if (p.value("pid", int64_t{-1}) == pid) return true;
+  json list = call(d, "GET", apiclient::sandboxPath(id) + "/processes");
+  for (const auto& p : apiclient::field(list, "processes")) {
+    if (apiclient::field(p, "pid") == pid) return true;
   }
   return false;
 }
@@ -502,25 +497,24 @@ struct Ops {
   bool process_survived = false;
 };
 
-void timed(std::vector<double>& into, Daemon& d, const std::string& target, const std::string& state,
-           int expect = 200) {
+void timed(std::vector<double>& into, Daemon& d, const std::string& target, const std::string& state) {
   auto t0 = Clock::now();
-  auto r = call(d, "POST", target, "", expect, seconds(300));
+  json r = call(d, "POST", target, std::nullopt, seconds(300));
   into.push_back(Ms(Clock::now() - t0).count());
-  if (!state.empty() && json::parse(r.body).value("state", "") != state) die(target + ": not " + state + ": " + r.body);
+  if (apiclient::field(r, "state") != state) die(target + ": not " + state + ": " + r.dump());
 }
 
 Ops opsLoop(Daemon& d, int n, int snapshots) {
   Ops o;
   waitPoolFull(d, seconds(60));
   const std::string id = createSandbox(d, kLongLived);
-  const std::string sb = "/v1/sandboxes/" + id;
+  const std::string sb = apiclient::sandboxPath(id);
   const int64_t pid = startBackgroundProcess(d, id);
   if (!processRunning(d, id, pid)) die("the background process is not listed");
   waitPoolFull(d, seconds(60));
   for (int i = 0; i < n; ++i) {
     auto t0 = Clock::now();
-    call(d, "GET", sb, "", 200);
+    call(d, "GET", sb);
     o.get.push_back(Ms(Clock::now() - t0).count());
   }
   for (int i = 0; i < n; ++i) {
@@ -533,9 +527,9 @@ Ops opsLoop(Daemon& d, int n, int snapshots) {
   }
   for (int i = 0; i < snapshots; ++i) {
     auto t0 = Clock::now();
-    auto r = call(d, "POST", sb + "/snapshots", "{}", 201, seconds(300));
+    json snapshot = call(d, "POST", sb + "/snapshots", json::object(), seconds(300));
     o.snapshot.push_back(Ms(Clock::now() - t0).count());
-    call(d, "DELETE", "/v1/snapshots/" + json::parse(r.body)["id"].get<std::string>(), "", 204);
+    call(d, "DELETE", apiclient::snapshotPath(idOf(snapshot)));
   }
   o.process_survived = processRunning(d, id, pid);
   deleteSandbox(d, id);
@@ -554,9 +548,8 @@ Branch branchLoop(Daemon& d, const std::vector<int>& counts, int baseline) {
   waitPoolFull(d, seconds(60));
   const std::string source = createSandbox(d, kLongLived);
   const std::string snap =
-      json::parse(call(d, "POST", "/v1/sandboxes/" + source + "/snapshots", "{}", 201, seconds(300)).body)["id"]
-          .get<std::string>();
-  const std::string from_snapshot = json{{"snapshot", snap}, {"timeout_s", 7200}}.dump();
+      idOf(call(d, "POST", apiclient::sandboxPath(source) + "/snapshots", json::object(), seconds(300)));
+  const json from_snapshot{{"snapshot", snap}, {"timeout_s", 7200}};
   for (int i = 0; i < baseline; ++i) {
     waitPoolFull(d, seconds(60));
     auto t0 = Clock::now();
@@ -567,17 +560,17 @@ Branch branchLoop(Daemon& d, const std::vector<int>& counts, int baseline) {
   for (int count : counts) {
     waitPoolFull(d, seconds(60));
     auto t0 = Clock::now();
-    auto r = call(d, "POST", "/v1/snapshots/" + snap + "/branch", json{{"count", count}, {"timeout_s", 7200}}.dump(),
-                  201, seconds(600));
+    json r = call(d, "POST", apiclient::snapshotPath(snap) + "/branch", json{{"count", count}, {"timeout_s", 7200}},
+                  seconds(600));
     b.runs.emplace_back(count, Ms(Clock::now() - t0).count());
-    auto children = json::parse(r.body)["sandboxes"];
-    if (children.size() != static_cast<size_t>(count)) die("branch answered " + std::to_string(children.size()));
+    const json& children = apiclient::field(r, "sandboxes");
+    if (!children.is_array() || children.size() != static_cast<size_t>(count)) die("branch answered " + r.dump());
     for (const auto& c : children) {
-      if (c.value("state", "") != "running") die("a branch child is not running: " + c.dump());
-      deleteSandbox(d, c["id"].get<std::string>());
+      if (apiclient::field(c, "state") != "running") die("a branch child is not running: " + c.dump());
+      deleteSandbox(d, idOf(c));
     }
   }
-  call(d, "DELETE", "/v1/snapshots/" + snap, "", 204);
+  call(d, "DELETE", apiclient::snapshotPath(snap));
   deleteSandbox(d, source);
   return b;
 }
