@@ -44,7 +44,7 @@ Status writeFileAtomic(const std::string& path, const std::string& data, int mod
   std::string tmp = path + ".tmp-XXXXXX";
   std::vector<char> tmpl(tmp.begin(), tmp.end());
   tmpl.push_back('\0');
-  Fd f{mkstemp(tmpl.data())};
+  Fd f{mkostemp(tmpl.data(), O_CLOEXEC)};  // never inherited by a VM or helper started meanwhile
   if (f.fd < 0) return sysError("create temp file for", path);
   std::string tmp_path(tmpl.data());
   auto fail = [&](const char* what) {

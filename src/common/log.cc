@@ -21,6 +21,26 @@ class JsonMessageFlag : public spdlog::custom_flag_formatter {
   std::unique_ptr<custom_flag_formatter> clone() const override { return std::make_unique<JsonMessageFlag>(); }
 };
 
+// %V: the message with control characters written as \xNN. Messages quote what guests and
+// clients send (file names, agent errors, console lines); a newline or terminal escape in them
+// must not forge a log line or drive the reader's terminal.
+class EscapedMessageFlag : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&, spdlog::memory_buf_t& dest) override {
+    static constexpr char kHex[] = "0123456789abcdef";
+    for (char c : std::string_view(msg.payload.data(), msg.payload.size())) {
+      auto byte = static_cast<unsigned char>(c);
+      if (byte < 0x20 || byte == 0x7f) {
+        const char escaped[4] = {'\\', 'x', kHex[byte >> 4], kHex[byte & 0xf]};
+        dest.append(escaped, escaped + 4);
+      } else {
+        dest.push_back(c);
+      }
+    }
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override { return std::make_unique<EscapedMessageFlag>(); }
+};
+
 }  // namespace
 
 Status initLogging(const std::string& level, bool json) {
@@ -36,7 +56,7 @@ Status initLogging(const std::string& level, bool json) {
     formatter->add_flag<JsonMessageFlag>('Q').set_pattern(
         R"({"time":"%Y-%m-%dT%H:%M:%S.%e%z","level":"%l","pid":%P,"msg":%Q})");
   } else {
-    formatter->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%-5l%$ %v");
+    formatter->add_flag<EscapedMessageFlag>('V').set_pattern("%Y-%m-%d %H:%M:%S.%e %^%-5l%$ %V");
   }
   logger->set_formatter(std::move(formatter));
   logger->set_level(lvl);

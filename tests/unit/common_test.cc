@@ -1,12 +1,17 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <filesystem>
+#include <thread>
 
 #include "common/fs.h"
+#include "common/log.h"
 #include "common/process.h"
 #include "common/unix_socket.h"
 
@@ -78,6 +83,51 @@ TEST(Fs, WriteFileAtomicIntoMissingDirFailsCleanly) {
   auto st = writeFileAtomic("/nonexistent-dir/f", "x");
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.error().code, ErrorCode::kInternal);
+}
+
+// The temp file must not leak into a child started while it is open (a QEMU, a helper).
+TEST(Fs, WriteFileAtomicTempFileIsCloseOnExec) {
+  // Every descriptor this process opens from here on is checked at the rename: none lacks
+  // FD_CLOEXEC. writeFileAtomic opens only its temp file and the directory.
+  auto dir = TempDir::create("/tmp", "space-atomic-");
+  ASSERT_TRUE(dir.ok());
+  int probe = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ::close(probe);  // the temp file will get this number (the lowest free one)
+  std::atomic<bool> stop{false};
+  std::atomic<bool> leaked{false};
+  std::thread watcher([&] {
+    while (!stop) {
+      int flags = fcntl(probe, F_GETFD);
+      if (flags >= 0 && !(flags & FD_CLOEXEC)) leaked = true;
+    }
+  });
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(writeFileAtomic(dir->path() + "/f", std::string(1 << 16, 'x'), 0600).ok());
+  stop = true;
+  watcher.join();
+  EXPECT_FALSE(leaked.load());
+}
+
+// Text logs write control characters as \xNN: a guest's file name or error text with a newline
+// or a terminal escape cannot forge a log line.
+TEST(Logging, TextLogsEscapeControlCharacters) {
+  auto dir = TempDir::create("/tmp", "space-log-");
+  ASSERT_TRUE(dir.ok());
+  const std::string file = dir->path() + "/stderr";
+  int saved = ::dup(2);
+  int out = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  ASSERT_GE(out, 0);
+  ::dup2(out, 2);
+  ::close(out);
+  ASSERT_TRUE(initLogging("info", false).ok());
+  spdlog::info("guest said: {}", "ok\n2026-12-01 00:00:00.000 error forged\x1b[2J\x7f");
+  spdlog::default_logger()->flush();
+  ::dup2(saved, 2);
+  ::close(saved);
+  auto text = readSmallFile(file, 4096);
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find("guest said: ok\\x0a2026-12-01 00:00:00.000 error forged\\x1b[2J\\x7f\n"), std::string::npos)
+      << *text;
+  EXPECT_EQ(std::count(text->begin(), text->end(), '\n'), 1);
 }
 
 TEST(Fs, ReadFileTailAndLimits) {
