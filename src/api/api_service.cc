@@ -264,8 +264,12 @@ std::vector<std::pair<std::string, std::string>> ApiService::routes() {
   return out;
 }
 
-ApiService::ApiService(sandbox::SandboxManager& manager, KeyRing& keys, ApiLimits limits)
-    : manager_(manager), keys_(keys), limits_(limits), tenant_gate_(limits.max_requests_per_tenant) {
+ApiService::ApiService(sandbox::SandboxManager& manager, KeyRing& keys, ApiLimits limits, std::string operator_tenant)
+    : manager_(manager),
+      keys_(keys),
+      limits_(limits),
+      operator_tenant_(std::move(operator_tenant)),
+      tenant_gate_(limits.max_requests_per_tenant) {
   // The router only matches; handle() runs the route's method with the authenticated tenant.
   for (const auto& r : routeTable()) router_.add(r.method, r.pattern, http::Handler());
 }
@@ -323,7 +327,12 @@ void ApiService::handle(http::Request& req, http::Response& res) {
   (this->*(route->handler))(call);
 }
 
-void ApiService::fail(Call& c, const Error& error) {
+void ApiService::fail(Call& c, const Error& error_in) {
+  Error error = error_in;
+  // The node's free capacity follows from what every tenant runs: only the operator hears it.
+  if (error.reason == "insufficient_capacity" && c.tenant != operator_tenant_) {
+    error.message = "this node has not enough free vCPUs or memory for this request now; retry later or ask for less";
+  }
   std::string code = error.reason.empty() ? errorCodeName(error.code) : error.reason;
   metrics_.countError(code);
   if (c.res.started()) {
@@ -350,6 +359,13 @@ void ApiService::openapi(Call& c) {
 }
 
 void ApiService::metrics(Call& c) {
+  // Node-wide figures describe every tenant's sandboxes together.
+  if (c.tenant != operator_tenant_) {
+    metrics_.countError("permission_denied");
+    (void)c.res.sendError(403, "permission_denied",
+                          "node metrics need the operator's key (tenant \"" + operator_tenant_ + "\")");
+    return;
+  }
   auto stats = manager_.stats();
   std::map<std::string, Metrics::Gauge> gauges;
   auto& by_state = gauges["space_sandboxes"];

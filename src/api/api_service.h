@@ -39,7 +39,10 @@ std::string_view openApiDocument();
 
 class ApiService {
  public:
-  ApiService(sandbox::SandboxManager& manager, KeyRing& keys, ApiLimits limits = {});
+  // `operator_tenant` is the node's operator: the only tenant that reads node-wide figures
+  // (/metrics, the free capacity named in a refused create).
+  ApiService(sandbox::SandboxManager& manager, KeyRing& keys, ApiLimits limits = {},
+             std::string operator_tenant = "default");
   ApiService(const ApiService&) = delete;
   ApiService& operator=(const ApiService&) = delete;
 
@@ -100,6 +103,7 @@ class ApiService {
   sandbox::SandboxManager& manager_;
   KeyRing& keys_;
   ApiLimits limits_;
+  std::string operator_tenant_;
   TenantGate tenant_gate_;
   Metrics metrics_;
   http::Router router_;

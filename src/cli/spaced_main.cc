@@ -1,11 +1,13 @@
 // spaced: the SPACE host daemon. Owns the sandboxes of this node (microVMs), keeps their state
 // in SQLite under the data directory, and serves the REST API (docs/api.md).
 //
-//   spaced [--listen 127.0.0.1:8080] [--data-dir /var/lib/space] [--api-key KEY] ...
+//   spaced [--listen 127.0.0.1:8080] [--data-dir /var/lib/space] [--api-key-file FILE] ...
 //   spaced tenant add NAME | tenant ls | tenant rm NAME
 //
 // Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 1 when it cannot start, 2 for usage.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
@@ -14,6 +16,8 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -45,14 +49,56 @@ Result<std::unique_ptr<store::StateStore>> openStore(const std::string& data_dir
   std::filesystem::create_directories(data_dir, ec);
   if (ec) return makeError(ErrorCode::kInternal, "create data dir " + data_dir + ": " + ec.message());
   // Keys, sockets and guest consoles live here: not for other users' eyes.
-  ::chmod(data_dir.c_str(), 0700);
+  if (::chmod(data_dir.c_str(), 0700) != 0) {
+    return makeError(ErrorCode::kPermissionDenied,
+                     "cannot make " + data_dir + " private (chmod 0700): " + std::string(strerror(errno)));
+  }
   return store::StateStore::open(data_dir + "/state.db");
 }
 
-// The default tenant's key: --api-key if given (it then replaces the tenant's other keys),
-// else the one kept in <data-dir>/api-key, else a new one written there (mode 0600).
+// Whether "ip:port" / "[v6]:port" names a loopback address (127.0.0.0/8 or ::1).
+bool isLoopbackListen(const std::string& listen) {
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
+
+// The key given with --api-key-file or SPACE_API_KEY (empty when neither): never on the command
+// line, where every local user reads it in /proc/*/cmdline.
+Result<std::string> givenKey(const std::string& key_file) {
+  std::string key;
+  if (!key_file.empty()) {
+    auto text = readSmallFile(key_file, 4096);
+    if (!text.ok()) return makeError(ErrorCode::kInvalidArgument, "--api-key-file: " + text.error().message);
+    key = text.value();
+  } else if (const char* env = std::getenv("SPACE_API_KEY"); env != nullptr) {
+    key = env;
+  }
+  while (!key.empty() && (key.back() == '\n' || key.back() == '\r' || key.back() == ' ')) key.pop_back();
+  return key;
+}
+
+// An existing key file readable by others is made private again (and said so): a copy made with
+// the wrong umask must not stay readable by every local user.
+void keepPrivate(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || (st.st_mode & 077) == 0) return;
+  if (::chmod(path.c_str(), 0600) == 0) {
+    spdlog::warn("spaced: {} was readable by other users (mode {:o}); made it 0600", path, st.st_mode & 0777);
+  } else {
+    spdlog::warn("spaced: {} is readable by other users (mode {:o}) and chmod 0600 failed: {}", path, st.st_mode & 0777,
+                 strerror(errno));
+  }
+}
+
+// The default tenant's key: the given one (it then replaces the tenant's other keys), else the
+// one kept in <data-dir>/api-key, else a new one written there (mode 0600).
 Result<std::string> bootstrapKey(store::StateStore& store, const std::string& data_dir, const std::string& given) {
   const std::string key_file = data_dir + "/api-key";
+  keepPrivate(key_file);
   std::string key = given;
   if (key.empty()) {
     auto existing = readSmallFile(key_file, 4096);
@@ -73,7 +119,7 @@ Result<std::string> bootstrapKey(store::StateStore& store, const std::string& da
   for (const auto& k : keys.value()) known = known || (k.key_sha256_hex == digest && k.tenant == kDefaultTenant);
   if (!given.empty() && !known) (void)store.removeApiKeys(kDefaultTenant);
   if (!known) {
-    store::ApiKeyRecord rec{kDefaultTenant, digest, given.empty() ? "generated" : "--api-key", 0};
+    store::ApiKeyRecord rec{kDefaultTenant, digest, given.empty() ? "generated" : "given at start", 0};
     SPACE_TRY(store.addApiKey(rec));
   }
   if (generated || !given.empty()) SPACE_TRY(writeFileAtomic(key_file, key + "\n", 0600));
@@ -127,7 +173,9 @@ int main(int argc, char** argv) {
       "Then:    spacectl run --rm -- uname -a"};
   std::string listen = "127.0.0.1:8080";
   std::string data_dir = "/var/lib/space";
-  std::string api_key;
+  std::string api_key_file;
+  std::string api_key_in_argv;
+  bool plaintext_remote = false;
   std::string log_level = "info";
   bool log_json = false;
   std::string accel = "auto";
@@ -138,10 +186,15 @@ int main(int argc, char** argv) {
   double boot_timeout_s = 60;
 
   app.add_option("--listen", listen, "address to serve the API on (ip:port; port 0 picks one)")->capture_default_str();
+  app.add_flag("--allow-plaintext-remote", plaintext_remote,
+               "allow --listen on an address beyond loopback although the API has no TLS yet (keys and data "
+               "cross the network in clear: only behind a TLS-terminating proxy or on a private network)");
   app.add_option("--data-dir", data_dir, "state database, API key, sandbox files")->capture_default_str();
-  app.add_option("--api-key", api_key,
-                 "API key of tenant \"default\"; a key not known yet replaces that tenant's other keys. "
-                 "Default: the one kept in <data-dir>/api-key, generated on first start");
+  app.add_option("--api-key-file", api_key_file,
+                 "file holding the API key of tenant \"default\" (the operator; env SPACE_API_KEY also works); a "
+                 "key not known yet replaces that tenant's other keys. Default: the one kept in <data-dir>/api-key, "
+                 "generated on first start");
+  app.add_option("--api-key", api_key_in_argv, "refused: use --api-key-file or SPACE_API_KEY")->group("");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")->capture_default_str();
   app.add_flag("--log-json", log_json, "log one JSON object per line (stderr)");
   app.add_option("--kernel", base.kernel_path, "guest kernel of template \"base\"; env SPACE_KERNEL")
@@ -230,6 +283,18 @@ int main(int argc, char** argv) {
                          data_dir, tenant_name, tenant_json);
   }
 
+  if (!api_key_in_argv.empty()) {
+    std::cerr << "spaced: --api-key is refused: every local user reads a process's arguments in /proc/*/cmdline. "
+                 "Put the key in a file (mode 0600) and pass --api-key-file FILE, or set SPACE_API_KEY\n";
+    return 2;
+  }
+  if (!isLoopbackListen(listen) && !plaintext_remote) {
+    std::cerr << "spaced: refusing to serve " << listen
+              << " beyond loopback: the API has no TLS yet, so keys and data would cross the network in clear. "
+                 "Put a TLS-terminating proxy in front and pass --allow-plaintext-remote, or listen on 127.0.0.1\n";
+    return 2;
+  }
+
   auto parsed_accel = vmm::parseAccelerator(accel);
   if (!parsed_accel.ok()) return fatal(parsed_accel.error().message);
   // Resolve the image links now: a sandbox's disk overlay names its base image by path, and the
@@ -257,7 +322,9 @@ int main(int argc, char** argv) {
   if (!lock.valid() || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
     return fatal("another spaced is using " + data_dir + " (" + data_dir + "/spaced.lock is locked)");
   }
-  auto key = bootstrapKey(*store.value(), data_dir, api_key);
+  auto given = givenKey(api_key_file);
+  if (!given.ok()) return fatal(given.error().message);
+  auto key = bootstrapKey(*store.value(), data_dir, given.value());
   if (!key.ok()) return fatal(key.error().message);
   api::KeyRing keys(*store.value());
   if (auto loaded = keys.load(); !loaded.ok()) return fatal(loaded.error().message);
@@ -271,7 +338,7 @@ int main(int argc, char** argv) {
   auto manager = sandbox::SandboxManager::start(config, *store.value());
   if (!manager.ok()) return fatal(manager.error().message);
 
-  api::ApiService service(*manager.value(), keys, api_limits);
+  api::ApiService service(*manager.value(), keys, api_limits, kDefaultTenant);
   auto server = http::Server::start(listen, [&](http::Request& rq, http::Response& rs) { service.handle(rq, rs); });
   if (!server.ok()) {
     manager.value()->shutdown(sandbox::ShutdownMode::kKeepRunning);
