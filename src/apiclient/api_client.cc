@@ -77,8 +77,12 @@ Result<Endpoint> resolveEndpoint(EndpointFlags flags) {
     if (auto url = urlOfDaemonFile(file)) e.url = *url, e.url_source = "from " + file;
     if (e.url.empty()) e.url = kFallbackUrl, e.url_source = "the default: " + file + " is missing or unreadable";
   }
-  if (!flags.api_key.empty()) {
-    e.key = flags.api_key, e.key_source = "--api-key";
+  if (!flags.api_key_file.empty()) {
+    auto content = readSmallFile(flags.api_key_file, 4096);
+    if (!content.ok()) return makeError(ErrorCode::kInvalidArgument, "--api-key-file: " + content.error().message);
+    e.key = trimmed(content.value()), e.key_source = flags.api_key_file;
+    if (e.key.empty())
+      return makeError(ErrorCode::kInvalidArgument, "--api-key-file: " + flags.api_key_file + " is empty");
   } else if (const char* v = env("SPACE_API_KEY")) {
     e.key = v, e.key_source = "SPACE_API_KEY";
   } else {
@@ -92,7 +96,7 @@ Result<Endpoint> resolveEndpoint(EndpointFlags flags) {
         why += "; only the user running spaced may read it: try sudo";
       }
       return makeError(ErrorCode::kInvalidArgument,
-                       "no API key: looked at --api-key, SPACE_API_KEY and " + file + " (" + why +
+                       "no API key: looked at --api-key-file, SPACE_API_KEY and " + file + " (" + why +
                            "). Give the key, or name spaced's data directory with --data-dir or SPACE_DATA_DIR");
     }
   }

@@ -4,7 +4,7 @@
 //
 // Finding the daemon (resolveEndpoint): the URL given (spacectl --api), else env SPACE_API,
 // else the "url" spaced wrote to <data-dir>/spaced.json when it started listening, else
-// http://127.0.0.1:8080. The key: the one given (--api-key), else env SPACE_API_KEY, else the
+// http://127.0.0.1:8080. The key: the file given (--api-key-file), else env SPACE_API_KEY, else the
 // file <data-dir>/api-key. The data dir: the one given (--data-dir), else env SPACE_DATA_DIR,
 // else /var/lib/space. A program that started spaced itself on a data dir of its own asks only
 // that dir (endpointOfDataDir), so nothing in its environment can point it elsewhere.
@@ -45,10 +45,11 @@ inline constexpr std::chrono::milliseconds kRequestTimeout = std::chrono::second
 // this only stops a daemon that never ends a line from filling our memory.
 inline constexpr size_t kMaxStreamLine = size_t{16} << 20;
 
-// What the user named explicitly (spacectl's --api, --api-key, --data-dir); empty: not named.
+// What the user named explicitly (spacectl's --api, --api-key-file, --data-dir); empty: not named.
+// A key itself is never a flag: every local user reads a process's arguments in /proc/*/cmdline.
 struct EndpointFlags {
   std::string api;
-  std::string api_key;
+  std::string api_key_file;
   std::string data_dir;
 };
 

@@ -49,7 +49,7 @@ constexpr const char* kDescription =
     "  spacectl rm $id\n"
     "\n"
     "The daemon: --api, env SPACE_API, else the url spaced wrote to <data-dir>/spaced.json, else\n"
-    "http://127.0.0.1:8080. The key: --api-key, env SPACE_API_KEY, else <data-dir>/api-key.\n"
+    "http://127.0.0.1:8080. The key: --api-key-file, env SPACE_API_KEY, else <data-dir>/api-key.\n"
     "\n"
     "Exit codes: 0 ok; exec/run: the remote command's (128+N if signal N killed it);\n"
     "1 API or connection error; 2 usage error; 130 interrupted (Ctrl-C).\n";
@@ -118,7 +118,10 @@ int main(int argc, char** argv) {
   apiclient::EndpointFlags global;
   app.add_option("--api", global.api,
                  "daemon URL, e.g. http://127.0.0.1:8080 (env SPACE_API; default: <data-dir>/spaced.json)");
-  app.add_option("--api-key", global.api_key, "API key (env SPACE_API_KEY; default: <data-dir>/api-key)");
+  app.add_option("--api-key-file", global.api_key_file,
+                 "file holding the API key (env SPACE_API_KEY; default: <data-dir>/api-key)");
+  std::string key_in_argv;
+  app.add_option("--api-key", key_in_argv, "refused: use --api-key-file or SPACE_API_KEY")->group("");
   app.add_option("--data-dir", global.data_dir,
                  "spaced's data directory (env SPACE_DATA_DIR; default: /var/lib/space)");
 
@@ -290,6 +293,11 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kExitUsage;
+  }
+  if (!key_in_argv.empty()) {
+    std::cerr << "spacectl: --api-key is refused: every local user reads a process's arguments in /proc/*/cmdline. "
+                 "Pass --api-key-file FILE or set SPACE_API_KEY\n";
+    return kExitUsage;
   }
 
   auto endpoint = apiclient::resolveEndpoint(global);
