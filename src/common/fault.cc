@@ -4,8 +4,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
+#include <utility>
 
 namespace space {
 
@@ -16,35 +19,45 @@ std::string fromEnv(const char* name) {
   return v ? v : "";
 }
 
+// "<name>@<n>": the name and n (`fallback` without "@").
+std::pair<std::string, long> nameAndNumber(const char* variable, long fallback) {
+  std::string name = fromEnv(variable);
+  long n = fallback;
+  if (auto at = name.find('@'); at != std::string::npos) {
+    n = std::atol(name.c_str() + at + 1);
+    name.resize(at);
+  }
+  return {name, n};
+}
+
+void say(std::string_view what, std::string_view name) {
+  // write(2) only: a point may be reached on any thread, and this must not allocate or lock.
+  (void)!write(STDERR_FILENO, what.data(), what.size());
+  (void)!write(STDERR_FILENO, name.data(), name.size());
+  (void)!write(STDERR_FILENO, "\n", 1);
+}
+
 }  // namespace
 
 void faultPoint(std::string_view name) {
+  static const auto delay = nameAndNumber("SPACE_FAULT_DELAY", 0);
+  if (!delay.first.empty() && delay.first == name && delay.second > 0) {
+    // Said before the sleep: a test waits for this line to know the step is under way.
+    say("spaced: fault point reached, delaying: ", name);
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay.second));
+  }
   static const std::string armed = fromEnv("SPACE_FAULT");
   if (armed.empty() || armed != name) return;
-  static constexpr char kMessage[] = "spaced: fault point reached, killing myself: ";
-  (void)!write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
-  (void)!write(STDERR_FILENO, name.data(), name.size());
-  (void)!write(STDERR_FILENO, "\n", 1);
+  say("spaced: fault point reached, killing myself: ", name);
   kill(getpid(), SIGKILL);
   _exit(137);  // not reached
 }
 
 bool faultFails(std::string_view name) {
-  struct Armed {
-    std::string name;
-    long nth = 1;
-  };
-  static const Armed armed = [] {
-    Armed a{fromEnv("SPACE_FAULT_FAIL")};
-    if (auto at = a.name.find('@'); at != std::string::npos) {
-      a.nth = std::atol(a.name.c_str() + at + 1);
-      a.name.resize(at);
-    }
-    return a;
-  }();
+  static const auto armed = nameAndNumber("SPACE_FAULT_FAIL", 1);
   static std::atomic<long> reached{0};
-  if (armed.name.empty() || armed.name != name) return false;
-  return ++reached == armed.nth;
+  if (armed.first.empty() || armed.first != name) return false;
+  return ++reached == armed.second;
 }
 
 }  // namespace space

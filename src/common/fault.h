@@ -3,6 +3,10 @@
 //   SPACE_FAULT=resume.recorded        faultPoint("resume.recorded") kills the process with
 //                                      SIGKILL, exactly as `kill -9` would, so a test can stop
 //                                      spaced between two specific steps and check recovery;
+//   SPACE_FAULT_DELAY=suspend.saved@3000
+//                                      faultPoint("suspend.saved") sleeps 3000 ms each time it
+//                                      is reached, so a test can make one step slow (a guest or
+//                                      a disk that takes its time) and see what else waits;
 //   SPACE_FAULT_FAIL=create.configured@3
 //                                      faultFails("create.configured") is true the 3rd time it
 //                                      is reached (@N omitted: the 1st), and the caller fails
