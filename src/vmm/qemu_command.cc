@@ -60,8 +60,13 @@ std::vector<std::string> buildQemuArgv(const VmSpec& spec, const VmPaths& paths,
 
   std::string disk = spec.disk_mode == DiskMode::kOverlay ? paths.disk : spec.rootfs_path;
   std::string format = spec.disk_mode == DiskMode::kOverlay ? "qcow2" : "raw";
+  // werror=enospc: when the host's disk is full the guest is stopped (QMP status "io-error",
+  // event BLOCK_IO_ERROR) instead of seeing its write fail, which would make its filesystem
+  // go read-only or lose data; once there is room, `cont` retries the write. Other errors are
+  // the guest's to see. (QEMU's default too; stated because the owner relies on it.)
   add({"-blockdev", "driver=file,node-name=rootfile,filename=" + disk + ",aio=threads,cache.direct=off", "-blockdev",
-       "driver=" + format + ",node-name=root,file=rootfile", "-device", "virtio-blk-device,drive=root"});
+       "driver=" + format + ",node-name=root,file=rootfile", "-device",
+       "virtio-blk-device,drive=root,werror=enospc,rerror=report"});
 
   add({"-chardev", "socket,id=agent,path=" + paths.agent_socket + ",server=on,wait=off", "-device",
        "virtio-serial-device,max_ports=2", "-device",

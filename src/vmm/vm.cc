@@ -124,14 +124,26 @@ Result<std::unique_ptr<Vm>> Vm::prepare(const VmSpec& spec, const VmStartOptions
 }
 
 Status Vm::restore(const std::string& state_file, milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  SPACE_TRY(loadPrepared(state_file, deadline));
+  return awaitAgent(deadline);
+}
+
+Status Vm::loadPrepared(const std::string& state_file, Clock::time_point deadline) {
   if (!waiting_for_state_) return makeError(ErrorCode::kFailedPrecondition, "the VM is not waiting for a state");
   waiting_for_state_ = false;
-  auto started = Clock::now();
-  auto deadline = started + timeout;
+  restore_started_ = Clock::now();
   auto loaded = loadState(state_file, deadline, /*start=*/true, /*ignore_shared=*/true);
   if (!loaded.ok()) return bootFailure("restore failed: " + loaded.error().message);
-  timing_.to_running = since(started);
-  return waitForAgent(started, deadline);
+  timing_.to_running = since(restore_started_);
+  return okStatus();
+}
+
+Status Vm::awaitAgent(Clock::time_point deadline) {
+  if (restore_started_ == Clock::time_point{}) {
+    return makeError(ErrorCode::kFailedPrecondition, "awaitAgent() follows loadPrepared()");
+  }
+  return waitForAgent(restore_started_, deadline);
 }
 
 Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
@@ -166,20 +178,17 @@ Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
   vm->qmp_.emplace(std::move(qmp.value()));
   auto status = vm->queryStatus();
   if (!status.ok()) return makeError(status.error().code, "QEMU's monitor: " + status.error().message);
-  if (status.value() == "paused" || status.value() == "postmigrate") {
-    // A stopped guest cannot answer the handshake; resume() attaches the agent.
-    vm->agent_ = agentproto::AgentClient::disconnected("the VM is paused");
+  if (status.value() == "paused" || status.value() == "postmigrate" || status.value() == "io-error") {
+    // A stopped guest cannot answer the handshake; resume() attaches the agent. (io-error:
+    // stopped on a full disk; the owner finds out through diskErrorStop().)
+    vm->agent_ = agentproto::AgentClient::disconnected("the VM is stopped");
   } else if (status.value() == "running") {
-    auto fd = connectUnix(vm->paths_.agent_socket, deadline);
-    if (!fd.ok()) return makeError(fd.error().code, "cannot reach the agent port: " + fd.error().message);
     agentproto::HandshakeWatch watch{{vm->process_->pidfd()}, [&vm]() -> std::optional<Error> {
                                        if (!vm->processRunning())
                                          return makeError(ErrorCode::kUnavailable, "QEMU exited");
                                        return std::nullopt;
                                      }};
-    auto agent = agentproto::AgentClient::connect(std::move(fd.value()), deadline, watch);
-    if (!agent.ok()) return makeError(agent.error().code, "agent handshake failed: " + agent.error().message);
-    vm->agent_ = std::move(agent.value());
+    SPACE_TRY(vm->connectAgent(deadline, watch));
   } else {
     return makeError(ErrorCode::kUnavailable, "the VM is in QEMU state '" + status.value() + "'");
   }
@@ -268,22 +277,42 @@ std::optional<Error> Vm::checkAlive() {
   return std::nullopt;
 }
 
-Status Vm::waitForAgent(Clock::time_point spawned_at, Clock::time_point deadline) {
+Status Vm::connectAgent(Clock::time_point deadline, const agentproto::HandshakeWatch& watch) {
   auto fd = connectUnix(paths_.agent_socket, deadline);
-  if (!fd.ok()) return bootFailure("cannot reach the agent port: " + fd.error().message);
-  agentproto::HandshakeWatch watch{{qmp_->fd(), process_->pidfd()}, [this] { return checkAlive(); }};
+  if (!fd.ok()) return makeError(fd.error().code, "cannot reach the agent port: " + fd.error().message);
+  // If this fails, both descriptors close and QEMU sees the connection end, as it must: it
+  // serves the port's next connection only then.
+  UniqueFd second(::fcntl(fd->get(), F_DUPFD_CLOEXEC, 0));
+  if (!second.valid()) return makeError(ErrorCode::kInternal, std::string("dup: ") + strerror(errno));
   auto agent = agentproto::AgentClient::connect(std::move(fd.value()), deadline, watch);
   if (!agent.ok()) {
-    if (agent.error().code == ErrorCode::kDeadlineExceeded) {
+    // What the watch reported (a boot failure, with the guest's console) is complete as it is.
+    if (agent.error().message.find("--- guest console") != std::string::npos) return agent.error();
+    return makeError(agent.error().code, "agent handshake failed: " + agent.error().message);
+  }
+  agent_ = std::move(agent.value());
+  agent_connection_ = std::move(second);
+  return okStatus();
+}
+
+void Vm::disconnectAgent(const std::string& reason) {
+  if (agent_connection_.valid()) ::shutdown(agent_connection_.get(), SHUT_RDWR);
+  agent_connection_.reset();
+  agent_ = agentproto::AgentClient::disconnected(reason);
+}
+
+Status Vm::waitForAgent(Clock::time_point spawned_at, Clock::time_point deadline) {
+  agentproto::HandshakeWatch watch{{qmp_->fd(), process_->pidfd()}, [this] { return checkAlive(); }};
+  if (auto connected = connectAgent(deadline, watch); !connected.ok()) {
+    if (connected.error().code == ErrorCode::kDeadlineExceeded) {
       return bootFailure("guest did not come up within " +
                          std::to_string(std::chrono::duration_cast<milliseconds>(deadline - spawned_at).count()) +
                          " ms (boot hang)");
     }
     // A failure from checkAlive() already carries the console; others get it added.
-    if (agent.error().message.find("--- guest console") != std::string::npos) return agent.error();
-    return bootFailure("agent handshake failed: " + agent.error().message);
+    if (connected.error().message.find("--- guest console") != std::string::npos) return connected.error();
+    return bootFailure(connected.error().message);
   }
-  agent_ = std::move(agent.value());
   timing_.to_ready = since(spawned_at);
   timing_.guest_uptime_at_init_s = agent_->info().uptime_s;
   spdlog::info(
@@ -295,21 +324,23 @@ Status Vm::waitForAgent(Clock::time_point spawned_at, Clock::time_point deadline
 
 Status Vm::reconnectAgent(milliseconds timeout) {
   if (!processRunning()) return makeError(ErrorCode::kUnavailable, "VM is not running");
-  // QEMU serves one connection on the port at a time: the old one must go first. Until a new
-  // one works, agent() is a disconnected client whose calls fail cleanly.
-  agent_ = agentproto::AgentClient::disconnected("reconnecting");
-  auto deadline = Clock::now() + timeout;
-  auto fd = connectUnix(paths_.agent_socket, deadline);
-  if (!fd.ok()) {
-    agent_ = agentproto::AgentClient::disconnected("reconnect failed: " + fd.error().message);
-    return fd.error();
+  // QEMU serves one connection on the port at a time: the old one must go first, even while
+  // a lease still holds its client. Until a new one works, agent() is a disconnected client
+  // whose calls fail cleanly.
+  disconnectAgent("reconnecting");
+  // A guest that stops meanwhile (QEMU stopped it: a full disk) will not answer: no need to
+  // wait for the deadline to know.
+  agentproto::HandshakeWatch watch{{qmp_->fd(), process_->pidfd()}, [this]() -> std::optional<Error> {
+                                     if (!processRunning()) return makeError(ErrorCode::kUnavailable, "QEMU exited");
+                                     if (stopReported()) {
+                                       return makeError(ErrorCode::kUnavailable, "the guest was stopped by QEMU");
+                                     }
+                                     return std::nullopt;
+                                   }};
+  if (auto connected = connectAgent(Clock::now() + timeout, watch); !connected.ok()) {
+    agent_ = agentproto::AgentClient::disconnected("reconnect failed: " + connected.error().message);
+    return connected.error();
   }
-  auto agent = agentproto::AgentClient::connect(std::move(fd.value()), deadline);
-  if (!agent.ok()) {
-    agent_ = agentproto::AgentClient::disconnected("reconnect failed: " + agent.error().message);
-    return agent.error();
-  }
-  agent_ = std::move(agent.value());
   return okStatus();
 }
 
@@ -359,6 +390,10 @@ Status Vm::pause() {
 
 Status Vm::resume() {
   if (!processRunning()) return makeError(ErrorCode::kUnavailable, "VM is not running");
+  // Stops reported until now (our own pause, a full disk) are answered by this cont; one
+  // reported after it is news.
+  (void)stopReported();
+  stop_reported_ = false;
   auto r = qmp_->execute("cont");
   if (!r.ok()) return r.error();
   if (!agent_ || !agent_->alive()) return reconnectAgent(milliseconds(10000));
@@ -373,6 +408,42 @@ Result<std::string> Vm::queryStatus() {
     return makeError(ErrorCode::kUnavailable, "QMP query-status: unexpected reply");
   }
   return (*r)["status"].get<std::string>();
+}
+
+bool Vm::stopReported() {
+  if (!qmp_ || !processRunning()) return stop_reported_;
+  (void)qmp_->pump();  // a closed or broken monitor shows as the process ending
+  while (qmp_->hasEvents()) {
+    QmpEvent ev = qmp_->popEvent();
+    if (ev.name == "STOP") stop_reported_ = true;
+    if (ev.name != "BLOCK_IO_ERROR" || !ev.data.is_object()) continue;
+    // QEMU's words, from strerror; bounded anyway (QEMU runs guest code).
+    if (auto reason = ev.data.find("reason"); reason != ev.data.end() && reason->is_string()) {
+      disk_error_ = reason->get<std::string>().substr(0, 200);
+    }
+    if (auto action = ev.data.find("action"); action != ev.data.end() && *action == "stop") stop_reported_ = true;
+  }
+  return stop_reported_;
+}
+
+Result<std::optional<std::string>> Vm::diskErrorStop() {
+  auto status = queryStatus();
+  if (!status.ok()) return status.error();  // still reported: asked again later
+  stop_reported_ = false;
+  if (status.value() != "io-error") return std::optional<std::string>();
+  (void)stopReported();  // the BLOCK_IO_ERROR that came with the reply, if not read before
+  stop_reported_ = false;
+  if (!disk_error_.empty()) return std::optional<std::string>(disk_error_);
+  // No event seen (e.g. it stopped before this Vm adopted it): the drive's own status says.
+  auto blocks = qmp_->execute("query-block");
+  if (blocks.ok() && blocks->is_array()) {
+    for (const auto& b : *blocks) {
+      if (b.is_object() && b.contains("io-status") && b["io-status"] == "nospace") {
+        return std::optional<std::string>("No space left on device");
+      }
+    }
+  }
+  return std::optional<std::string>("I/O error");
 }
 
 Result<agentproto::CommandResult> Vm::exec(const agentproto::CommandSpec& spec) {
@@ -623,11 +694,12 @@ void Vm::quit() {
     if (qmp_) (void)qmp_->execute("quit", nullptr, milliseconds(1000));
     if (!process_->waitFor(milliseconds(5000))) process_->kill();
   }
-  agent_ = agentproto::AgentClient::disconnected("the VM was stopped");
+  disconnectAgent("the VM was stopped");
 }
 
 void Vm::detach() {
   agent_.reset();
+  agent_connection_.reset();  // closed, not shut down: a lease still using the agent keeps working
   qmp_.reset();
   if (process_) process_->disown();
   process_.reset();
@@ -641,6 +713,7 @@ void Vm::destroy() {
     if (!process_->waitFor(milliseconds(2000))) process_->kill();
   }
   agent_.reset();
+  agent_connection_.reset();
   qmp_.reset();
   process_.reset();
   run_dir_.reset();  // removes sockets, console log, overlay

@@ -70,6 +70,12 @@ class Vm {
   // for the agent: together they are start() with restore_from.
   static Result<std::unique_ptr<Vm>> prepare(const VmSpec& spec, const VmStartOptions& options = {});
   Status restore(const std::string& state_file, std::chrono::milliseconds timeout);
+  // restore() in its two halves, for an owner that must keep the state's files in place only
+  // while they are read, not while a guest takes its time to answer: loadPrepared() loads the
+  // state and starts the guest (after it, QEMU needs no file it has not opened), awaitAgent()
+  // waits for the agent's handshake.
+  Status loadPrepared(const std::string& state_file, Clock::time_point deadline);
+  Status awaitAgent(Clock::time_point deadline);
   // Takes charge of a running VM that an earlier owner detached from (or lost by crashing):
   // checks that the pid is still that QEMU, re-attaches QMP and, unless the VM is paused, the
   // agent. kNotFound if the process is gone (its run directory is removed then). On any other
@@ -82,6 +88,18 @@ class Vm {
   Status pause();                     // QMP stop: vCPUs halt, memory stays
   Status resume();                    // QMP cont; re-attaches the agent if it was not attached
   Result<std::string> queryStatus();  // QMP query-status "status", e.g. "running", "paused"
+
+  // A guest can stop without being told to: QEMU stops it when its disk cannot be written
+  // (ENOSPC on the host: the drive's werror=enospc), rather than fail the guest's write.
+  // stopReported() reads the events QEMU sent since the last look, never waiting, and is true
+  // while one of them said the guest stopped (STOP, BLOCK_IO_ERROR) and diskErrorStop() has not
+  // looked since. diskErrorStop() asks QEMU (query-status "io-error"): the error QEMU gave
+  // (e.g. "No space left on device"), or nullopt if the guest is not stopped on one.
+  bool stopReported();
+  Result<std::optional<std::string>> diskErrorStop();
+  // Ends the agent connection now (calls in progress, e.g. an exec waiting for a stopped
+  // guest, fail with `unavailable`); agent() answers `reason` until resume() reconnects.
+  void disconnectAgent(const std::string& reason);
 
   // The channel to the guest agent (processes, files). Valid while the VM lives.
   agentproto::AgentClient& agent() { return *agent_; }
@@ -145,6 +163,9 @@ class Vm {
   static Result<std::unique_ptr<Vm>> launch(const VmSpec& spec, const VmStartOptions& options, bool defer_state);
   Status boot(const VmSpec& spec, const VmStartOptions& options, bool defer_state);
   Status waitForAgent(Clock::time_point spawned, Clock::time_point deadline);
+  // Connects to the agent port and shakes hands; the new client becomes agent_ (the old
+  // connection, if any, was ended first: QEMU serves one at a time).
+  Status connectAgent(Clock::time_point deadline, const agentproto::HandshakeWatch& watch);
   Status loadState(const std::string& state_file, Clock::time_point deadline, bool start, bool ignore_shared);
   std::optional<Error> checkAlive();
   Error bootFailure(const std::string& what);
@@ -156,6 +177,12 @@ class Vm {
   std::optional<ChildProcess> process_;
   std::optional<QmpClient> qmp_;
   std::shared_ptr<agentproto::AgentClient> agent_;
+  // A second descriptor of agent_'s connection: holders of the client (leases) may keep it
+  // alive after the Vm replaced it, and shutdown(2) on this ends the connection regardless.
+  UniqueFd agent_connection_;
+  bool stop_reported_ = false;
+  std::string disk_error_;  // what the last BLOCK_IO_ERROR said
+  Clock::time_point restore_started_{};
   BootTiming timing_;
   std::string identity_;
   uint64_t memory_mib_ = 0;

@@ -59,6 +59,8 @@ TEST(QemuCommand, OverlayDiskByDefaultDirectOnRequest) {
   EXPECT_TRUE(
       hasPair(argv, "-blockdev", "driver=file,node-name=rootfile,filename=/r/disk.qcow2,aio=threads,cache.direct=off"));
   EXPECT_TRUE(hasPair(argv, "-blockdev", "driver=qcow2,node-name=root,file=rootfile"));
+  // A full host disk stops the guest (the owner sees it) rather than failing its writes.
+  EXPECT_TRUE(hasPair(argv, "-device", "virtio-blk-device,drive=root,werror=enospc,rerror=report"));
   s.disk_mode = DiskMode::kDirect;
   argv = buildQemuArgv(s, VmPaths::inRunDir("/r"), Accelerator::kTcg);
   EXPECT_TRUE(hasPair(argv, "-blockdev", "driver=raw,node-name=root,file=rootfile"));
