@@ -537,23 +537,39 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   options.run_dir = rec.run_dir;
   options.host_capacity = host.value();  // probed above: once per create
   auto started = Clock::now();
+  const auto deadline = started + config_.boot_timeout;
   const char* how = "booted in";
-  std::shared_lock<std::shared_mutex> storage;  // keeps the snapshot's files while QEMU opens them
+  bool up = false;  // the agent answered
   if (accel) {
     spec.accelerator = accel->accelerator;
     spec.rootfs_format = "qcow2";
     spec.memory_private = true;
     if (from_snapshot) {
-      storage = std::shared_lock(storage_mu_);
-      // Deleted since it was looked up? Its files may be gone (deletion holds the lock exclusively).
-      if (auto still = store_.getSnapshot(from_snapshot->id); !still.ok()) {
-        return fail(snapshotNotFound(from_snapshot->id));
-      }
-      auto files = snapshot::snapshotFilesIn(snapshotDir(from_snapshot->id), from_snapshot->disk);
-      spec.rootfs_path = files.disk;
-      spec.memory_file = files.memory_file;
-      options.restore_from = files.state_file;
       how = "branched in";
+      // The snapshot's files must stay while QEMU opens them and the state loads, and no
+      // longer: a guest slow to answer must not hold up the snapshot's deletion.
+      auto opening = openSnapshotFiles(from_snapshot->id);
+      if (!opening.ok()) return fail(opening.error());
+      std::string state_file;
+      {
+        std::shared_lock layers(layers_mu_);  // the child's overlay is made over the snapshot's layer
+        // Deleted since it was looked up? Then its files are gone.
+        if (auto still = store_.getSnapshot(from_snapshot->id); !still.ok()) {
+          return fail(snapshotNotFound(from_snapshot->id));
+        }
+        auto files = snapshot::snapshotFilesIn(snapshotDir(from_snapshot->id), from_snapshot->disk);
+        spec.rootfs_path = files.disk;
+        spec.memory_file = files.memory_file;
+        state_file = files.state_file;
+        auto vm = vmm::Vm::prepare(spec, options);
+        if (!vm.ok()) return fail(vm.error());
+        live->vm = std::move(vm.value());
+      }
+      if (auto loaded = live->vm->loadPrepared(state_file, deadline); !loaded.ok()) return fail(loaded.error());
+      opening.value().reset();  // QEMU holds what it needs of the files now
+      faultPoint("create.state_loaded");
+      if (auto answered = live->vm->awaitAgent(deadline); !answered.ok()) return fail(answered.error());
+      up = true;
     } else {
       snapshot::TemplateKey key{tpl->second.name, tpl->second.kernel_path, tpl->second.rootfs_path, cpus,
                                 memory_mb,        accel->accelerator,      spec.qemu_binary};
@@ -570,15 +586,14 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
       warm.reset();  // a VM waiting for a snapshot since rebuilt is dropped
     }
   }
-  if (live->vm) {
+  if (!live->vm) {
+    auto vm = vmm::Vm::start(spec, options);
+    if (!vm.ok()) return fail(vm.error());
+    live->vm = std::move(vm.value());
+  } else if (!up) {  // from the warm pool: it loads the state now
     if (auto restored = live->vm->restore(options.restore_from, config_.boot_timeout); !restored.ok()) {
       return fail(restored.error());
     }
-  } else {
-    auto vm = vmm::Vm::start(spec, options);
-    if (storage.owns_lock()) storage.unlock();
-    if (!vm.ok()) return fail(vm.error());
-    live->vm = std::move(vm.value());
   }
   // Its own identity before anyone sees it running: a restored clone still has the template's
   // hostname, a clock stopped at the snapshot and the template's random state.
@@ -1038,11 +1053,12 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
   take.memory_mib = rec->memory_mb;
   take.accelerator = sandbox.vm->accelerator();
   take.timeout = std::chrono::minutes(5);
-  // Step 1 holds the sandbox (it is stopped) and, shared, the storage lock: the new layer is
-  // named by no disk until the sandbox's new overlay names it.
-  std::shared_lock storage(storage_mu_);
+  // Step 1 holds the sandbox (it is stopped) and, shared, the layers lock: the new layer is
+  // named by no disk until the sandbox's new overlay names it, so no sweep may run meanwhile.
+  // (Nothing else waits for it: deleting snapshots does not take it, and sweeps only try.)
+  std::shared_lock layers(layers_mu_);
   auto capture = snapshot::captureSnapshot(*sandbox.vm, sandbox.state == SandboxState::kRunning, take);
-  storage.unlock();
+  layers.unlock();
   if (!capture.ok()) {
     layers_dirty_ = true;
     const bool usable =
@@ -1097,20 +1113,53 @@ Result<store::SnapshotPage> SandboxManager::listSnapshots(const store::SnapshotF
   return store_.listSnapshots(filter);
 }
 
+Result<std::shared_ptr<void>> SandboxManager::openSnapshotFiles(const std::string& id) {
+  {
+    std::lock_guard use(snapshot_use_mu_);
+    if (snapshots_deleting_.count(id)) return snapshotNotFound(id);
+    ++snapshot_openers_[id];
+  }
+  return std::shared_ptr<void>(nullptr, [this, id](void*) {
+    {
+      std::lock_guard use(snapshot_use_mu_);
+      if (--snapshot_openers_[id] == 0) snapshot_openers_.erase(id);
+    }
+    snapshot_unused_.notify_all();
+  });
+}
+
 Status SandboxManager::deleteSnapshot(const std::string& tenant, const std::string& snapshot_id) {
   auto snap = getSnapshot(tenant, snapshot_id);
   if (!snap.ok()) return snap.error();
   {
-    // Exclusive: no child is starting from these files while they go.
-    std::unique_lock storage(storage_mu_);
+    // No child is opening these files while they go, and none starts from them from now on.
+    // The wait is for QEMU to open them (children's guests are not waited for), and only for
+    // this snapshot's children.
+    std::unique_lock use(snapshot_use_mu_);
+    snapshot_unused_.wait(use, [&] { return !snapshots_deleting_.count(snapshot_id); });  // a concurrent delete
+    snapshots_deleting_.insert(snapshot_id);
+    snapshot_unused_.wait(use, [&] { return !snapshot_openers_.count(snapshot_id); });
+  }
+  auto deleted = [&]() -> Status {
+    auto still = getSnapshot(tenant, snapshot_id);  // a concurrent delete may have won
+    if (!still.ok()) return still.error();
     // The record first: a crash then leaves an unrecorded directory, which recovery removes,
     // rather than a record naming files that are gone.
     SPACE_TRY(store_.deleteSnapshot(snapshot_id));
     std::error_code ec;
     std::filesystem::remove_all(snap->dir, ec);
     if (ec) spdlog::warn("snapshot {}: remove {}: {}", snapshot_id, snap->dir, ec.message());
+    return okStatus();
+  }();
+  {
+    std::lock_guard use(snapshot_use_mu_);
+    snapshots_deleting_.erase(snapshot_id);
   }
-  collectLayers(/*wait=*/true);  // its layer goes too, unless disks still stand on it
+  snapshot_unused_.notify_all();
+  if (!deleted.ok()) return deleted.error();
+  // Its layer goes too, unless disks still stand on it. Not waited for: if a snapshot is being
+  // taken or a child started, the housekeeping thread sweeps it within a round or so.
+  collectLayers(/*wait=*/false);
   spdlog::info("snapshot {}: deleted", snapshot_id);
   return okStatus();
 }
@@ -1159,10 +1208,10 @@ Result<std::vector<store::SandboxRecord>> SandboxManager::branch(const CreateReq
 }
 
 void SandboxManager::collectLayers(bool wait) {
-  std::unique_lock storage(storage_mu_, std::defer_lock);
+  std::unique_lock layers(layers_mu_, std::defer_lock);
   if (wait) {
-    storage.lock();
-  } else if (!storage.try_lock()) {
+    layers.lock();
+  } else if (!layers.try_lock()) {
     layers_dirty_ = true;  // busy starting VMs or taking a snapshot: next round
     return;
   }

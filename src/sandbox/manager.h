@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <shared_mutex>
 #include <string>
 #include <thread>
@@ -203,6 +204,9 @@ class SandboxManager {
   Status reserve(const std::shared_ptr<Live>& live);
   void unreserve(const Live& live);
   void expireSuspended(int64_t now_ms);
+  // A child is opening snapshot `id`'s files: deleteSnapshot(id) waits until the returned
+  // guard is gone. kNotFound if the snapshot is being deleted.
+  Result<std::shared_ptr<void>> openSnapshotFiles(const std::string& id);
   // pause/resume: moves a live sandbox between running and paused.
   Result<store::SandboxRecord> changeRunState(const std::string& tenant, const std::string& id, SandboxState to);
   std::string sandboxDir(const std::string& id) const;
@@ -218,10 +222,18 @@ class SandboxManager {
   uint32_t reserved_vcpus_ = 0;
   uint64_t reserved_memory_mb_ = 0;
 
-  // Disk layers and snapshot files: shared while they are being created or used to start VMs,
-  // exclusive to delete them (so a child never starts from files being removed).
-  std::shared_mutex storage_mu_;
+  // Disk layers: shared while one is being made or a new disk made over one (a snapshot's
+  // capture, a child's overlay), exclusive to sweep them. Only the sweep takes it exclusively,
+  // and while spaced runs only with try_lock, so no request ever waits behind a capture for it.
+  std::shared_mutex layers_mu_;
   std::atomic<bool> layers_dirty_{false};
+  // Children opening a snapshot's files (QEMU starting, the state loading), per snapshot, and
+  // snapshots being deleted. Deleting one waits only for its own children to have opened its
+  // files, never for a guest to answer; no new child starts from it meanwhile.
+  std::mutex snapshot_use_mu_;
+  std::condition_variable snapshot_unused_;
+  std::map<std::string, int> snapshot_openers_;
+  std::set<std::string> snapshots_deleting_;
 
   std::mutex wake_mu_;
   std::condition_variable wake_;
