@@ -170,11 +170,18 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
   std::unique_ptr<SandboxManager> manager(new SandboxManager(std::move(config), store));
   manager->templates_ = std::make_unique<snapshot::TemplateCache>(manager->config_.data_dir + "/templates");
   SPACE_TRY(manager->recover());
-  manager->housekeeper_ = std::thread([m = manager.get()] { m->housekeeping(); });
+  // From here a failure returns through ~SandboxManager, which stops whatever was started.
+  auto actions = ActionPool::start(manager->config_.housekeeping_workers);
+  if (!actions.ok()) return actions.error();
+  manager->actions_ = std::move(actions.value());
+  auto housekeeper = startThread("housekeeping.thread", [m = manager.get()] { m->housekeeping(); });
+  if (!housekeeper.ok()) return housekeeper.error();
+  manager->housekeeper_ = std::move(housekeeper.value());
   if (manager->config_.use_snapshots && manager->config_.warm_pool_size > 0 &&
       manager->config_.templates.count("base")) {
-    manager->pool_ =
-        std::make_unique<WarmPool>(manager->config_.warm_pool_size, [m = manager.get()] { return m->makeWarmVm(); });
+    auto pool = WarmPool::start(manager->config_.warm_pool_size, [m = manager.get()] { return m->makeWarmVm(); });
+    if (!pool.ok()) return pool.error();
+    manager->pool_ = std::move(pool.value());
   }
   return manager;
 }
@@ -893,41 +900,45 @@ void SandboxManager::expireSuspended(int64_t now_ms) {
   auto rows = store_.sandboxesInStates({"suspended"});
   if (!rows.ok()) return;
   for (const auto& row : rows.value()) {
-    if (row.expires_at_ms > now_ms) continue;
-    // Claimed in live_ (as already ended) while its files and record change, so a resume
-    // cannot start from them meanwhile (its reserve() is refused: "changing state; retry").
-    auto claim = liveFromRecord(row);
-    claim->state = SandboxState::kDeleted;
-    claim->finished = true;
-    {
-      std::lock_guard lock(mu_);
-      if (!live_.emplace(row.id, claim).second) continue;  // being resumed
-    }
-    auto rec = store_.getSandbox(row.id);  // as it is now that nobody else can change it
-    if (rec.ok() && rec->state == stateName(SandboxState::kSuspended) && rec->expires_at_ms <= now_ms) {
-      if (rec->on_timeout == "suspend" && rec->state_reason != kTimeoutSuspendReason) {
-        // Suspended already (by request or idleness) when its timeout came: kept, as if the
-        // timeout had suspended it.
-        rec->state_reason = kTimeoutSuspendReason;
-        rec->expires_at_ms = now_ms + std::chrono::duration_cast<milliseconds>(config_.suspended_retention).count();
-        if (store_.updateSandbox(rec.value()).ok())
-          spdlog::info("sandbox {}: timed out while suspended; kept", rec->id);
-      } else {
-        std::error_code ec;
-        std::filesystem::remove_all(rec->run_dir, ec);
-        layers_dirty_ = true;
-        rec->state_reason = rec->state_reason == kTimeoutSuspendReason
-                                ? "retention: kept suspended after its timeout for " +
-                                      std::to_string(config_.suspended_retention.count()) + " s, never resumed"
-                                : "timeout: its timeout_s expired (while suspended)";
-        rec->state = stateName(SandboxState::kDeleted);
-        if (store_.updateSandbox(rec.value()).ok())
-          spdlog::info("sandbox {}: deleted ({})", rec->id, rec->state_reason);
-      }
-    }
-    std::lock_guard lock(mu_);
-    live_.erase(row.id);
+    if (row.expires_at_ms > now_ms || actions_->busy(row.id)) continue;
+    // Removing its files (its saved RAM and disk) takes a while: not on the housekeeping thread.
+    (void)actions_->submit(
+        {row.id, row.tenant, ActionPool::Kind::kQuick, [this, row, now_ms] { expireOneSuspended(row, now_ms); }});
   }
+}
+
+void SandboxManager::expireOneSuspended(const store::SandboxRecord& row, int64_t now_ms) {
+  // Claimed in live_ (as already ended) while its files and record change, so a resume
+  // cannot start from them meanwhile (its reserve() is refused: "changing state; retry").
+  auto claim = liveFromRecord(row);
+  claim->state = SandboxState::kDeleted;
+  claim->finished = true;
+  {
+    std::lock_guard lock(mu_);
+    if (!live_.emplace(row.id, claim).second) return;  // being resumed
+  }
+  auto rec = store_.getSandbox(row.id);  // as it is now that nobody else can change it
+  if (rec.ok() && rec->state == stateName(SandboxState::kSuspended) && rec->expires_at_ms <= now_ms) {
+    if (rec->on_timeout == "suspend" && rec->state_reason != kTimeoutSuspendReason) {
+      // Suspended already (by request or idleness) when its timeout came: kept, as if the
+      // timeout had suspended it.
+      rec->state_reason = kTimeoutSuspendReason;
+      rec->expires_at_ms = now_ms + std::chrono::duration_cast<milliseconds>(config_.suspended_retention).count();
+      if (store_.updateSandbox(rec.value()).ok()) spdlog::info("sandbox {}: timed out while suspended; kept", rec->id);
+    } else {
+      std::error_code ec;
+      std::filesystem::remove_all(rec->run_dir, ec);
+      layers_dirty_ = true;
+      rec->state_reason = rec->state_reason == kTimeoutSuspendReason
+                              ? "retention: kept suspended after its timeout for " +
+                                    std::to_string(config_.suspended_retention.count()) + " s, never resumed"
+                              : "timeout: its timeout_s expired (while suspended)";
+      rec->state = stateName(SandboxState::kDeleted);
+      if (store_.updateSandbox(rec.value()).ok()) spdlog::info("sandbox {}: deleted ({})", rec->id, rec->state_reason);
+    }
+  }
+  std::lock_guard lock(mu_);
+  live_.erase(row.id);
 }
 
 Result<store::SandboxRecord> SandboxManager::changeRunState(const std::string& tenant, const std::string& id,
@@ -1177,17 +1188,25 @@ Result<std::vector<store::SandboxRecord>> SandboxManager::branch(const CreateReq
   std::atomic<uint32_t> next{0};
   std::atomic<bool> failed{false};
   std::vector<std::thread> threads;
+  std::optional<Error> no_thread;
   for (uint32_t w = 0; w < workers; ++w) {
-    threads.emplace_back([&] {
+    auto thread = startThread("branch.worker", [&] {
       for (uint32_t i = next++; i < count && !failed; i = next++) {
         made[i] = create(request);
         if (!made[i].ok()) failed = true;
       }
     });
+    if (!thread.ok()) {
+      // All or none: the workers started stop after their current child, which is deleted below.
+      no_thread = thread.error();
+      failed = true;
+      break;
+    }
+    threads.push_back(std::move(thread.value()));
   }
   for (auto& t : threads) t.join();
   std::vector<store::SandboxRecord> children;
-  std::optional<Error> first_error;
+  std::optional<Error> first_error = no_thread;
   for (auto& r : made) {
     if (r.ok()) {
       children.push_back(r.value());
@@ -1330,46 +1349,68 @@ ManagerStats SandboxManager::stats() {
 
 // --- background work -------------------------------------------------------------------------
 
-void SandboxManager::checkOne(const std::string& id, int64_t now_ms) {
-  std::shared_ptr<Live> live;
+SandboxManager::Due SandboxManager::dueFor(Live& live, int64_t now_ms) {
+  if (live.finished || live.state == SandboxState::kCreating) return Due::kNothing;
+  if (now_ms >= live.expires_at_ms) return Due::kTimeout;
+  const bool idle = live.idle_suspend_s > 0 && live.active_calls == 0 &&
+                    now_ms - live.last_active_ms >= live.idle_suspend_s * 1000 &&
+                    (live.state == SandboxState::kRunning || live.state == SandboxState::kPaused);
+  if (idle) return Due::kIdle;
+  if (!live.vm) return Due::kNothing;
+  if (!live.vm->processRunning()) return Due::kVmExited;
+  return Due::kNothing;
+}
+
+void SandboxManager::checkOne(const std::shared_ptr<Live>& live, int64_t now_ms) {
+  if (actions_->busy(live->id)) return;  // its last action is still under way
+  Due due = Due::kNothing;
   {
-    std::lock_guard lock(mu_);
-    auto it = live_.find(id);
-    if (it == live_.end()) return;
-    live = it->second;
+    // A sandbox busy with a lifecycle operation (booting, a request) is checked next round.
+    std::unique_lock control(live->control, std::try_to_lock);
+    if (!control.owns_lock()) return;
+    due = dueFor(*live, now_ms);
+    if (due == Due::kNothing && live->vm) live->vm->trimConsole(kConsoleMaxBytes, kConsoleKeepBytes);
   }
-  // A sandbox busy with a lifecycle operation (booting, being deleted) is checked next round.
+  if (due == Due::kNothing) return;
+  // Suspending streams the guest's RAM to disk (seconds to minutes); the rest ends a VM.
+  const bool slow = due == Due::kIdle || (due == Due::kTimeout && live->on_timeout == "suspend");
+  (void)actions_->submit({live->id, live->tenant, slow ? ActionPool::Kind::kSlow : ActionPool::Kind::kQuick,
+                          [this, live, due] { act(live, due); }});
+}
+
+void SandboxManager::act(const std::shared_ptr<Live>& live, Due due) {
+  // Not waited for: a worker must not sit behind a request that holds the sandbox (a snapshot,
+  // a resume); the next round decides again.
   std::unique_lock control(live->control, std::try_to_lock);
-  if (!control.owns_lock() || live->finished || live->state == SandboxState::kCreating) return;
-  if (now_ms >= live->expires_at_ms) {
-    if (live->on_timeout != "suspend") {
-      (void)finish(live, SandboxState::kDeleted, "timeout: its timeout_s expired");
+  const int64_t now_ms = nowMs();
+  if (!control.owns_lock() || dueFor(*live, now_ms) != due) return;  // changed meanwhile
+  switch (due) {
+    case Due::kNothing: return;
+    case Due::kTimeout:
+      if (live->on_timeout != "suspend") {
+        (void)finish(live, SandboxState::kDeleted, "timeout: its timeout_s expired");
+        return;
+      }
+      if (auto suspended = suspendLocked(live, SuspendCause::kTimeout); !suspended.ok() && !live->finished) {
+        // Kept running rather than lost (e.g. the disk is full); tried again shortly.
+        spdlog::warn("sandbox {}: its timeout could not suspend it (retrying in 30 s): {}", live->id,
+                     suspended.error().message);
+        live->expires_at_ms = nowMs() + 30000;
+      }
+      return;
+    case Due::kIdle:
+      if (auto suspended = suspendLocked(live, SuspendCause::kIdle); !suspended.ok() && !live->finished) {
+        spdlog::warn("sandbox {}: idle, but could not be suspended: {}", live->id, suspended.error().message);
+        live->last_active_ms = nowMs();  // tried again after another idle period
+      }
+      return;
+    case Due::kVmExited: {
+      auto exit = live->vm->exitStatus();
+      std::string reason = "its VM stopped (QEMU " + (exit ? exit->describe() : std::string("exited")) + ")";
+      if (auto line = lastConsoleLine(*live->vm); !line.empty()) reason += "; console: " + line;
+      (void)finish(live, SandboxState::kFailed, reason);
       return;
     }
-    if (auto suspended = suspendLocked(live, SuspendCause::kTimeout); !suspended.ok() && !live->finished) {
-      // Kept running rather than lost (e.g. the disk is full); tried again shortly.
-      spdlog::warn("sandbox {}: its timeout could not suspend it (retrying in 30 s): {}", live->id,
-                   suspended.error().message);
-      live->expires_at_ms = now_ms + 30000;
-    }
-    return;
-  }
-  const bool idle = live->idle_suspend_s > 0 && live->active_calls == 0 &&
-                    now_ms - live->last_active_ms >= live->idle_suspend_s * 1000 &&
-                    (live->state == SandboxState::kRunning || live->state == SandboxState::kPaused);
-  if (idle) {
-    if (auto suspended = suspendLocked(live, SuspendCause::kIdle); !suspended.ok() && !live->finished) {
-      spdlog::warn("sandbox {}: idle, but could not be suspended: {}", live->id, suspended.error().message);
-      live->last_active_ms = now_ms;  // tried again after another idle period
-    }
-    return;
-  }
-  if (live->vm) live->vm->trimConsole(kConsoleMaxBytes, kConsoleKeepBytes);
-  if (live->vm && !live->vm->processRunning()) {
-    auto exit = live->vm->exitStatus();
-    std::string reason = "its VM stopped (QEMU " + (exit ? exit->describe() : std::string("exited")) + ")";
-    if (auto line = lastConsoleLine(*live->vm); !line.empty()) reason += "; console: " + line;
-    (void)finish(live, SandboxState::kFailed, reason);
   }
 }
 
@@ -1379,13 +1420,15 @@ void SandboxManager::housekeeping() {
   std::unique_lock wake(wake_mu_);
   while (!stopping_) {
     wake.unlock();
-    std::vector<std::string> ids;
+    // Only decisions here; what takes time is done by actions_, so every sandbox is looked at
+    // every round whatever another one's suspend costs.
+    std::vector<std::shared_ptr<Live>> all;
     {
       std::lock_guard lock(mu_);
-      for (const auto& [id, live] : live_) ids.push_back(id);
+      for (const auto& [id, live] : live_) all.push_back(live);
     }
     const int64_t now = nowMs();
-    for (const auto& id : ids) checkOne(id, now);
+    for (const auto& live : all) checkOne(live, now);
     if (Clock::now() - last_suspended_check > std::chrono::seconds(2)) {
       last_suspended_check = Clock::now();
       expireSuspended(now);
@@ -1413,7 +1456,8 @@ void SandboxManager::shutdown(ShutdownMode mode) {
   }
   wake_.notify_all();
   if (housekeeper_.joinable()) housekeeper_.join();
-  pool_.reset();  // waiting VMs are no sandboxes: never left running
+  if (actions_) actions_->stop();  // what runs finishes (a suspend is not cut short)
+  pool_.reset();                   // waiting VMs are no sandboxes: never left running
   std::vector<std::shared_ptr<Live>> all;
   {
     std::lock_guard lock(mu_);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "sandbox/action_pool.h"
 #include "sandbox/lifecycle.h"
 #include "sandbox/warm_pool.h"
 #include "snapshot/template_cache.h"
@@ -74,6 +75,8 @@ struct ManagerConfig {
 
   // How often the background thread checks expiries and VM health.
   std::chrono::milliseconds housekeeping_interval{500};
+  // The threads that carry out what those checks find due (see ActionPool).
+  ActionPool::Limits housekeeping_workers;
 };
 
 struct CreateRequest {
@@ -185,7 +188,11 @@ class SandboxManager {
   SandboxManager(ManagerConfig config, store::StateStore& store) : config_(std::move(config)), store_(store) {}
   Status recover();
   void housekeeping();
-  void checkOne(const std::string& id, int64_t now_ms);
+  // What housekeeping found due for a sandbox; decided on its thread, done by actions_.
+  enum class Due { kNothing, kTimeout, kIdle, kVmExited };
+  Due dueFor(Live& live, int64_t now_ms);  // `control` held; never waits
+  void checkOne(const std::shared_ptr<Live>& live, int64_t now_ms);
+  void act(const std::shared_ptr<Live>& live, Due due);
   // Ends a sandbox that holds a VM: destroys the VM, records `to` with `reason`, frees its reservation.
   Status finish(const std::shared_ptr<Live>& live, SandboxState to, const std::string& reason);
   Result<std::shared_ptr<Live>> findLive(const std::string& tenant, const std::string& id);
@@ -204,6 +211,7 @@ class SandboxManager {
   Status reserve(const std::shared_ptr<Live>& live);
   void unreserve(const Live& live);
   void expireSuspended(int64_t now_ms);
+  void expireOneSuspended(const store::SandboxRecord& row, int64_t now_ms);
   // A child is opening snapshot `id`'s files: deleteSnapshot(id) waits until the returned
   // guard is gone. kNotFound if the snapshot is being deleted.
   Result<std::shared_ptr<void>> openSnapshotFiles(const std::string& id);
@@ -239,6 +247,7 @@ class SandboxManager {
   std::condition_variable wake_;
   bool stopping_ = false;
   bool shut_down_ = false;
+  std::unique_ptr<ActionPool> actions_;
   std::thread housekeeper_;
 };
 

@@ -2,10 +2,18 @@
 
 #include <spdlog/spdlog.h>
 
+#include "sandbox/action_pool.h"
+
 namespace space::sandbox {
 
-WarmPool::WarmPool(size_t target, Maker make) : target_(target), make_(std::move(make)) {
-  if (target_ > 0) thread_ = std::thread([this] { refill(); });
+Result<std::unique_ptr<WarmPool>> WarmPool::start(size_t target, Maker make) {
+  std::unique_ptr<WarmPool> pool(new WarmPool(target, std::move(make)));
+  if (target > 0) {
+    auto thread = startThread("warm_pool.refill", [p = pool.get()] { p->refill(); });
+    if (!thread.ok()) return thread.error();
+    pool->thread_ = std::move(thread.value());
+  }
+  return pool;
 }
 
 WarmPool::~WarmPool() {

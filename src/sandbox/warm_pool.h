@@ -34,8 +34,9 @@ struct WarmVm {
 class WarmPool {
  public:
   using Maker = std::function<Result<WarmVm>()>;
-  // Starts the refill thread; `make` runs on it, one VM at a time.
-  WarmPool(size_t target, Maker make);
+  // Starts the refill thread; `make` runs on it, one VM at a time. kResourceExhausted (reason
+  // "insufficient_capacity") if the thread cannot be started.
+  static Result<std::unique_ptr<WarmPool>> start(size_t target, Maker make);
   ~WarmPool();  // stops refilling; waiting VMs are killed and their files removed
   WarmPool(const WarmPool&) = delete;
   WarmPool& operator=(const WarmPool&) = delete;
@@ -47,6 +48,7 @@ class WarmPool {
   size_t size();
 
  private:
+  WarmPool(size_t target, Maker make) : target_(target), make_(std::move(make)) {}
   void refill();
 
   const size_t target_;
