@@ -38,6 +38,8 @@ struct SandboxManager::Live {
   SandboxState state = SandboxState::kCreating;
   std::unique_ptr<vmm::Vm> vm;
   bool finished = false;  // ended (deleted/failed) and out of live_
+  // Paused because QEMU stopped the guest on a disk error: what QEMU said (else empty).
+  std::string disk_error;
 };
 
 int64_t nowMs() {
@@ -94,6 +96,16 @@ Error snapshotNotFound(const std::string& id) {
 }
 
 constexpr const char* kTimeoutSuspendReason = "timeout: suspended (on_timeout is suspend)";
+
+// What a sandbox whose guest QEMU stopped on a disk error says, as its state_reason and to calls.
+std::string diskStopReason(const std::string& error) {
+  return "disk error: the VM was stopped because it could not write to the node's disk (" + error +
+         "); free space on the node, then resume it";
+}
+
+Error diskStopped(const std::string& id, const std::string& error) {
+  return makeError(ErrorCode::kResourceExhausted, "sandbox " + id + " is paused: " + diskStopReason(error));
+}
 
 // The last non-empty line of the console: usually what the guest said before it died.
 std::string lastConsoleLine(const vmm::Vm& vm) {
@@ -248,6 +260,7 @@ Status SandboxManager::recover() {
     auto& row = rows.value()[i];
     std::string reason;
     std::unique_ptr<vmm::Vm> vm;
+    std::optional<std::string> disk_error;
     if (row.state != "creating" && !row.run_dir.empty() && std::filesystem::exists(row.run_dir + kSuspendedState)) {
       // The guest was saved but the suspension not recorded: finish it. Its QEMU, if still
       // there, is stopped by the orphan sweep below.
@@ -267,7 +280,12 @@ Status SandboxManager::recover() {
       auto found = adoptions[i].get();
       std::error_code ec;
       std::filesystem::remove(row.run_dir + kSuspendedState + ".tmp", ec);  // a suspend cut short
-      if (found.ok() && row.state == "running") {
+      if (found.ok()) {
+        // Stopped on a full disk, before or while spaced was down: kept paused, saying why
+        // (continuing it would only stop it again while there is no room).
+        if (auto stopped = found.value()->diskErrorStop(); stopped.ok()) disk_error = stopped.value();
+      }
+      if (found.ok() && row.state == "running" && !disk_error) {
         // Recorded running but stopped: a suspend or pause was cut short before it was
         // recorded. Continue the guest, as the record says.
         auto status = found.value()->queryStatus();
@@ -285,8 +303,16 @@ Status SandboxManager::recover() {
     }
     if (vm) {
       auto live = liveFromRecord(row);
-      live->state = row.state == "paused" ? SandboxState::kPaused : SandboxState::kRunning;
+      live->state = row.state == "paused" || disk_error ? SandboxState::kPaused : SandboxState::kRunning;
       live->vm = std::move(vm);
+      if (disk_error) {
+        live->disk_error = *disk_error;
+        row.state = stateName(SandboxState::kPaused);
+        row.state_reason = diskStopReason(*disk_error);
+        if (auto saved = store_.updateSandbox(row); !saved.ok()) {
+          spdlog::error("sandbox {}: cannot record its disk error: {}", row.id, saved.error().message);
+        }
+      }
       reserved_vcpus_ += row.cpus;
       reserved_memory_mb_ += row.memory_mb;
       live_[row.id] = std::move(live);
@@ -640,7 +666,21 @@ Result<store::SandboxRecord> SandboxManager::getOwned(const std::string& tenant,
 }
 
 Result<store::SandboxRecord> SandboxManager::get(const std::string& tenant, const std::string& id) {
-  return getOwned(tenant, id);
+  auto rec = getOwned(tenant, id);
+  if (!rec.ok() || rec->state != stateName(SandboxState::kRunning)) return rec;
+  // Recorded running, but stopped on a full disk that also refused the record's update.
+  std::shared_ptr<Live> live;
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = live_.find(id); it != live_.end()) live = it->second;
+  }
+  if (!live) return rec;
+  std::unique_lock control(live->control, std::try_to_lock);  // a read never waits for an operation
+  if (control.owns_lock() && !live->finished && live->state == SandboxState::kPaused && !live->disk_error.empty()) {
+    rec->state = stateName(SandboxState::kPaused);
+    rec->state_reason = diskStopReason(live->disk_error);
+  }
+  return rec;
 }
 
 Result<store::SandboxPage> SandboxManager::list(const store::ListFilter& filter) {
@@ -977,15 +1017,32 @@ Result<store::SandboxRecord> SandboxManager::changeRunState(const std::string& t
       (void)finish(live.value(), SandboxState::kFailed, reason);
       return makeError(ErrorCode::kUnavailable, "sandbox " + id + " failed: " + reason, "sandbox_failed");
     }
+    // Continued, and QEMU stopped it again at once: its disk is still full.
+    if (to == SandboxState::kRunning) {
+      if (auto stopped = sandbox.vm->diskErrorStop(); stopped.ok() && stopped.value()) {
+        markDiskStopped(sandbox, **stopped);
+        return makeError(ErrorCode::kResourceExhausted,
+                         "cannot resume sandbox " + id + ": " + diskStopReason(**stopped));
+      }
+    }
     return makeError(done.error().code,
                      std::string("cannot ") + operation + " sandbox " + id + ": " + done.error().message);
   }
   auto rec = store_.getSandbox(id);
-  if (!rec.ok()) return rec.error();
-  rec->state = stateName(to);
-  rec->state_reason.clear();
-  SPACE_TRY(store_.updateSandbox(rec.value()));
+  Status recorded = rec.ok() ? okStatus() : Status(rec.error());
+  if (rec.ok()) {
+    rec->state = stateName(to);
+    rec->state_reason.clear();
+    recorded = store_.updateSandbox(rec.value());
+  }
+  if (!recorded.ok()) {
+    // Not recorded (e.g. the database's disk is full): undone, so the VM is as the record and
+    // this object say, and the call can be retried.
+    (void)(to == SandboxState::kPaused ? sandbox.vm->resume() : sandbox.vm->pause());
+    return recorded.error();
+  }
   sandbox.state = to;
+  sandbox.disk_error.clear();
   spdlog::info("sandbox {}: {}", id, stateName(to));
   return store_.getSandbox(id);
 }
@@ -1288,6 +1345,9 @@ Result<AgentLease> SandboxManager::agent(const std::string& tenant, const std::s
     control.unlock();  // suspended (e.g. idle) since the lookup: resume it like any suspended one
     return agent(tenant, id, operation);
   }
+  if (live.value()->state == SandboxState::kPaused && !live.value()->disk_error.empty()) {
+    return diskStopped(id, live.value()->disk_error);
+  }
   SPACE_TRY(requireState(live.value()->state, SandboxState::kRunning, operation));
   ++live.value()->active_calls;
   std::shared_ptr<void> activity(nullptr, [sandbox = live.value()](void*) {
@@ -1307,6 +1367,10 @@ Error SandboxManager::agentFailed(const AgentLease& lease, const Error& error) {
   }
   if (!live) return makeError(ErrorCode::kUnavailable, "sandbox " + lease.sandbox_id + " ended: " + error.message);
   std::lock_guard control(live->control);
+  // Cut off because the guest stopped on a full disk (markDiskStopped ended the connection).
+  if (!live->finished && live->state == SandboxState::kPaused && !live->disk_error.empty()) {
+    return diskStopped(lease.sandbox_id, live->disk_error);
+  }
   if (live->finished || !live->vm || live->vm->processRunning()) return error;
   auto exit = live->vm->exitStatus();
   std::string reason = "its VM stopped (QEMU " + (exit ? exit->describe() : std::string("exited")) + ")";
@@ -1358,6 +1422,7 @@ SandboxManager::Due SandboxManager::dueFor(Live& live, int64_t now_ms) {
   if (idle) return Due::kIdle;
   if (!live.vm) return Due::kNothing;
   if (!live.vm->processRunning()) return Due::kVmExited;
+  if (live.state == SandboxState::kRunning && live.vm->stopReported()) return Due::kStopReported;
   return Due::kNothing;
 }
 
@@ -1372,7 +1437,8 @@ void SandboxManager::checkOne(const std::shared_ptr<Live>& live, int64_t now_ms)
     if (due == Due::kNothing && live->vm) live->vm->trimConsole(kConsoleMaxBytes, kConsoleKeepBytes);
   }
   if (due == Due::kNothing) return;
-  // Suspending streams the guest's RAM to disk (seconds to minutes); the rest ends a VM.
+  // Suspending streams the guest's RAM to disk (seconds to minutes); the rest ends a VM or asks
+  // QEMU one question.
   const bool slow = due == Due::kIdle || (due == Due::kTimeout && live->on_timeout == "suspend");
   (void)actions_->submit({live->id, live->tenant, slow ? ActionPool::Kind::kSlow : ActionPool::Kind::kQuick,
                           [this, live, due] { act(live, due); }});
@@ -1411,7 +1477,32 @@ void SandboxManager::act(const std::shared_ptr<Live>& live, Due due) {
       (void)finish(live, SandboxState::kFailed, reason);
       return;
     }
+    case Due::kStopReported:
+      // Usually our own pause or save; what matters is a guest QEMU stopped by itself.
+      if (auto stopped = live->vm->diskErrorStop(); stopped.ok() && stopped.value()) {
+        markDiskStopped(*live, **stopped);
+      }
+      return;
   }
+}
+
+void SandboxManager::markDiskStopped(Live& live, const std::string& error) {
+  const bool was_recorded = live.state == SandboxState::kPaused && live.disk_error == error;
+  live.state = SandboxState::kPaused;
+  live.disk_error = error;
+  // Calls waiting on the stopped guest (an exec) end now, and say why (agentFailed).
+  live.vm->disconnectAgent(diskStopReason(error));
+  if (was_recorded) return;
+  spdlog::warn("sandbox {}: {}", live.id, diskStopReason(error));
+  auto rec = store_.getSandbox(live.id);
+  Status saved = rec.ok() ? okStatus() : Status(rec.error());
+  if (rec.ok()) {
+    rec->state = stateName(SandboxState::kPaused);
+    rec->state_reason = diskStopReason(error);
+    saved = store_.updateSandbox(rec.value());
+  }
+  // The state database may be on the full disk too: get() says it anyway (from live_).
+  if (!saved.ok()) spdlog::error("sandbox {}: cannot record its disk error: {}", live.id, saved.error().message);
 }
 
 void SandboxManager::housekeeping() {

@@ -140,6 +140,11 @@ class SandboxManager {
   // Boots a sandbox and returns it running. Errors: kInvalidArgument (request), kNotFound
   // (template), kResourceExhausted (node limits), kUnavailable (the VM failed to boot; the
   // sandbox is then recorded as failed and its id named in the message).
+  //
+  // A VM whose guest QEMU stopped because the node's disk is full (its writes failed with
+  // ENOSPC) becomes `paused` with a state_reason saying so; calls needing its agent answer
+  // kResourceExhausted with that reason (exec calls in progress too, at once) until a resume
+  // finds room again.
   Result<store::SandboxRecord> create(const CreateRequest& request);
   // kNotFound for unknown ids and for other tenants' sandboxes.
   Result<store::SandboxRecord> get(const std::string& tenant, const std::string& id);
@@ -189,10 +194,12 @@ class SandboxManager {
   Status recover();
   void housekeeping();
   // What housekeeping found due for a sandbox; decided on its thread, done by actions_.
-  enum class Due { kNothing, kTimeout, kIdle, kVmExited };
+  enum class Due { kNothing, kTimeout, kIdle, kVmExited, kStopReported };
   Due dueFor(Live& live, int64_t now_ms);  // `control` held; never waits
   void checkOne(const std::shared_ptr<Live>& live, int64_t now_ms);
   void act(const std::shared_ptr<Live>& live, Due due);
+  // The guest stopped on a disk error: recorded paused with why, agent calls ended. `control` held.
+  void markDiskStopped(Live& live, const std::string& error);
   // Ends a sandbox that holds a VM: destroys the VM, records `to` with `reason`, frees its reservation.
   Status finish(const std::shared_ptr<Live>& live, SandboxState to, const std::string& reason);
   Result<std::shared_ptr<Live>> findLive(const std::string& tenant, const std::string& id);
