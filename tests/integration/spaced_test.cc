@@ -239,6 +239,48 @@ class SpacedTest : public testing::Test {
         << daemon_->log();
   }
 
+  // A new tenant's API key (`spaced tenant add`), once the running daemon accepts it.
+  std::string addTenant(const std::string& name) {
+    const std::string out = dir_->path() + "/tenant-" + name + ".json";
+    auto add = ChildProcess::spawn({SPACED_BIN, "tenant", "add", name, "--json", "--data-dir", data_dir_},
+                                   SpawnOptions{out, dir_->path() + "/tenant.err", true});
+    if (!add.ok()) return "";
+    auto added = add->waitFor(seconds(30));
+    auto text = readSmallFile(out, 4096);
+    if (!added || added->exit_code != 0 || !text.ok()) return "";
+    const std::string key = json::parse(text.value())["api_key"].get<std::string>();
+    // The key ring reloads at most once a second.
+    for (auto until = Clock::now() + seconds(10);
+         Clock::now() < until && daemon_->call("GET", "/v1/sandboxes", "", key).status != 200;) {
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    return key;
+  }
+  // The daemon's log since `from` (a size it had) contains `text`, within `timeout`.
+  bool waitForLog(const std::string& text, size_t from, std::chrono::milliseconds timeout) {
+    for (auto until = Clock::now() + timeout; Clock::now() < until; std::this_thread::sleep_for(milliseconds(100))) {
+      auto log = readSmallFile(logPath(), 64 << 20);
+      if (log.ok() && log->size() > from && log->find(text, from) != std::string::npos) return true;
+    }
+    return false;
+  }
+  size_t logSize() const {
+    std::error_code ec;
+    auto size = std::filesystem::file_size(logPath(), ec);
+    return ec ? 0 : size;
+  }
+  std::string logPath() const { return data_dir_ + ".log"; }
+  // GET until the sandbox is in `want` (or `timeout` passed); the last answer.
+  json waitState(const std::string& id, const std::string& want, std::chrono::milliseconds timeout,
+                 const std::string& key = "\x01") {
+    json sb;
+    for (auto until = Clock::now() + timeout; Clock::now() < until; std::this_thread::sleep_for(milliseconds(100))) {
+      sb = daemon_->callJson("GET", "/v1/sandboxes/" + id, nullptr, 200, key);
+      if (sb.value("state", "") == want) break;
+    }
+    return sb;
+  }
+
   std::optional<TempDir> dir_;
   std::string data_dir_;
   std::unique_ptr<Daemon> daemon_;
@@ -1407,6 +1449,209 @@ TEST_F(SpacedTest, AFullDiskFailsSnapshotAndSuspendAndTheSandboxRunsOn) {
   const std::string child = d.create(json{{"snapshot", snap["id"]}});
   EXPECT_EQ(execJson(d, child, json{{"command", "cat /home/user/kept.txt"}})["stdout"], "kept\n");
   daemon_.reset();  // before the mount goes
+}
+
+// Housekeeping only decides; suspends and kills run on a few workers. One tenant's suspend that
+// takes 15 s (SPACE_FAULT_DELAY at suspend.saved) delays neither another tenant's timeout nor
+// the health check that notices another VM died.
+TEST_F(SpacedTest, OneTenantsSlowSuspendDelaysNoOneElsesTimeoutOrHealthCheck) {
+  ::setenv("SPACE_FAULT_DELAY", "suspend.saved@15000", 1);
+  daemon_ = Daemon::start(data_dir_);
+  ::unsetenv("SPACE_FAULT_DELAY");
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string bob = addTenant("bob");
+  ASSERT_FALSE(bob.empty());
+  const size_t log_from = logSize();
+  // Bob's sandbox is idle after 1 s; its suspend then takes 15 s.
+  const std::string slow =
+      d.callJson("POST", "/v1/sandboxes", json{{"cpus", 1}, {"memory_mb", 256}, {"idle_suspend_s", 1}}, 201, bob)
+          .value("id", "");
+  ASSERT_FALSE(slow.empty());
+  ASSERT_TRUE(waitForLog("fault point reached, delaying: suspend.saved", log_from, seconds(30)));
+  // Meanwhile the default tenant's sandboxes: one with a 2 s timeout, one whose QEMU dies.
+  const auto created = Clock::now();
+  const std::string timed = d.create(json{{"cpus", 1}, {"memory_mb", 256}, {"timeout_s", 2}});
+  const std::string dying = d.create();
+  ASSERT_FALSE(timed.empty());
+  ASSERT_FALSE(dying.empty());
+  auto qemu = qemuProcessesUnder(sandboxDir(dying));
+  ASSERT_EQ(qemu.size(), 1u);
+  ::kill(qemu[0], SIGKILL);
+  json t = waitState(timed, "deleted", seconds(10));
+  EXPECT_EQ(t["state"], "deleted") << t;
+  EXPECT_NE(t.value("state_reason", "").find("timeout"), std::string::npos) << t;
+  json f = waitState(dying, "failed", seconds(5));
+  EXPECT_EQ(f["state"], "failed") << f;
+  // Its timeout was 2 s after its create; the other suspend has 10 s or more to go.
+  EXPECT_LT(Clock::now() - created, seconds(8)) << "waited for the other tenant's suspend";
+  EXPECT_EQ(d.callJson("GET", "/v1/sandboxes/" + slow, nullptr, 200, bob)["state"], "running")
+      << "the slow suspend is still under way";
+  json s = waitState(slow, "suspended", seconds(30), bob);
+  EXPECT_EQ(s["state"], "suspended") << s;
+  EXPECT_NE(s.value("state_reason", "").find("idle"), std::string::npos) << s;
+}
+
+// Deleting a snapshot waits neither for a child of it whose guest is slow to answer (the delay
+// at create.state_loaded: QEMU has opened the files, the agent has not answered) nor for
+// another snapshot being taken (the delay at snapshot.disk_frozen, inside its capture).
+TEST_F(SpacedTest, SnapshotDeletionWaitsForNoGuestAndNoOtherSnapshot) {
+  ::setenv("SPACE_FAULT_DELAY", "create.state_loaded@10000", 1);
+  daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+  ::unsetenv("SPACE_FAULT_DELAY");
+  ASSERT_TRUE(daemon_);
+  const std::string parent = daemon_->create();
+  ASSERT_FALSE(parent.empty());
+  execJson(*daemon_, parent, json{{"command", "echo from-parent > /home/user/f.txt; sync"}});
+  const std::string snaps = "/v1/sandboxes/" + parent + "/snapshots";
+  const std::string first = daemon_->callJson("POST", snaps, json::object(), 201).value("id", "");
+  const std::string second = daemon_->callJson("POST", snaps, json::object(), 201).value("id", "");
+  ASSERT_FALSE(first.empty());
+  ASSERT_FALSE(second.empty());
+  {
+    SCOPED_TRACE("a child whose guest is slow to answer");
+    size_t log_from = logSize();
+    auto child = std::async(std::launch::async, [&] {
+      return daemon_->callJson("POST", "/v1/sandboxes", json{{"snapshot", first}}, 201).value("id", "");
+    });
+    ASSERT_TRUE(waitForLog("fault point reached, delaying: create.state_loaded", log_from, seconds(30)));
+    auto asked = Clock::now();
+    EXPECT_EQ(daemon_->call("DELETE", "/v1/snapshots/" + first).status, 204);
+    EXPECT_LT(Clock::now() - asked, seconds(4)) << "the deletion waited for the child's guest";
+    const std::string id = child.get();  // its QEMU had the files: it comes up all the same
+    ASSERT_FALSE(id.empty());
+    EXPECT_EQ(execJson(*daemon_, id, json{{"command", "cat /home/user/f.txt"}})["stdout"], "from-parent\n");
+  }
+  daemon_->stop(SIGTERM);  // kept running
+  ::setenv("SPACE_FAULT_DELAY", "snapshot.disk_frozen@10000", 1);
+  daemon_ = Daemon::start(data_dir_);
+  ::unsetenv("SPACE_FAULT_DELAY");
+  ASSERT_TRUE(daemon_);
+  {
+    SCOPED_TRACE("another snapshot being taken");
+    size_t log_from = logSize();
+    auto third = std::async(std::launch::async,
+                            [&] { return daemon_->callJson("POST", snaps, json::object(), 201).value("id", ""); });
+    ASSERT_TRUE(waitForLog("fault point reached, delaying: snapshot.disk_frozen", log_from, seconds(30)));
+    auto asked = Clock::now();
+    EXPECT_EQ(daemon_->call("DELETE", "/v1/snapshots/" + second).status, 204);
+    EXPECT_LT(Clock::now() - asked, seconds(4)) << "the deletion waited for the other snapshot";
+    const std::string taken = third.get();
+    ASSERT_FALSE(taken.empty());
+    const std::string child = daemon_->create(json{{"snapshot", taken}});
+    EXPECT_EQ(execJson(*daemon_, child, json{{"command", "cat /home/user/f.txt"}})["stdout"], "from-parent\n");
+  }
+  EXPECT_EQ(daemon_->callJson("GET", "/v1/snapshots", nullptr, 200)["snapshots"].size(), 1u);
+}
+
+// A node disk that fills while a guest writes: QEMU stops that guest (werror=enospc) rather than
+// fail its write. The sandbox must not look healthy: it is paused and says why, the exec that
+// was writing ends at once with 507 (not at its timeout), so do later calls and a resume while
+// the disk is still full; once there is room, resume continues the guest where it stopped.
+TEST_F(SpacedTest, AVmStoppedByAFullDiskIsPausedAndSaysWhy) {
+  auto fs = Mount::loop("ext4", dir_->path() + "/ext4.img", dir_->path() + "/fs", uint64_t{1200} << 20);
+  ASSERT_TRUE(fs) << "mkfs.ext4 + loop mount (the tests run as root)";
+  data_dir_ = dir_->path() + "/fs/data";
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string id = d.create();
+  ASSERT_FALSE(id.empty());
+  const std::string sb = "/v1/sandboxes/" + id;
+  const std::string filler = dir_->path() + "/fs/filler";
+  {
+    uint64_t free_bytes = fs->freeBytes();
+    ASSERT_GT(free_bytes, uint64_t{4} << 20);
+    int fd = ::open(filler.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    ASSERT_GE(fd, 0);
+    EXPECT_EQ(::posix_fallocate(fd, 0, static_cast<off_t>(free_bytes - (uint64_t{4} << 20))), 0);
+    ::close(fd);
+  }
+  auto asked = Clock::now();
+  json cut = execJson(
+      d, id, json{{"command", "head -c 64000000 /dev/urandom > /home/user/big; sync; echo written"}, {"timeout_s", 40}},
+      507);
+  EXPECT_LT(Clock::now() - asked, seconds(25)) << "the exec waited for its timeout";
+  EXPECT_EQ(cut["error"].value("code", ""), "resource_exhausted") << cut;
+  EXPECT_NE(cut["error"].value("message", "").find("No space left on device"), std::string::npos) << cut;
+  json paused = d.callJson("GET", sb, nullptr, 200);
+  EXPECT_EQ(paused["state"], "paused") << paused;
+  EXPECT_NE(paused.value("state_reason", "").find("disk error"), std::string::npos) << paused;
+  EXPECT_NE(paused.value("state_reason", "").find("No space left on device"), std::string::npos) << paused;
+  // Calls answer at once.
+  asked = Clock::now();
+  execJson(d, id, json{{"command", "true"}}, 507);
+  EXPECT_LT(Clock::now() - asked, seconds(2));
+  // A resume while the disk is still full: QEMU retries the write and stops the guest again,
+  // before the agent answers (507) or after (200, and the next health check pauses it again).
+  auto again = d.call("POST", sb + "/resume");
+  EXPECT_TRUE(again.status == 507 || again.status == 200) << again.status << " " << again.body;
+  paused = waitState(id, "paused", seconds(10));
+  EXPECT_EQ(paused["state"], "paused") << paused;
+  EXPECT_NE(paused.value("state_reason", "").find("disk error"), std::string::npos) << paused;
+  execJson(d, id, json{{"command", "true"}}, 507);
+  // Room again: the guest continues where QEMU stopped it; its write completes.
+  std::filesystem::remove(filler);
+  json resumed = d.callJson("POST", sb + "/resume", nullptr, 200);
+  EXPECT_EQ(resumed["state"], "running") << resumed;
+  EXPECT_FALSE(resumed.contains("state_reason")) << resumed;
+  json out =
+      execJson(d, id,
+               json{{"command", "while pgrep -x head >/dev/null; do sleep 0.2; done; sync; stat -c %s /home/user/big"},
+                    {"timeout_s", 50}});
+  EXPECT_EQ(out["stdout"], "64000000\n") << out;
+  EXPECT_EQ(d.callJson("GET", sb, nullptr, 200)["state"], "running");
+  daemon_.reset();  // before the mount goes
+}
+
+// A thread that cannot be started (SPACE_FAULT_FAIL at branch.worker makes the second one fail as
+// EAGAIN would) fails the branch with 503 and leaves nothing: what the first worker started is
+// deleted again. The daemon goes on serving.
+TEST_F(SpacedTest, ABranchThatCannotStartItsThreadsFailsWith503AndLeavesNothing) {
+  ::setenv("SPACE_FAULT_FAIL", "branch.worker@2", 1);
+  daemon_ = Daemon::start(data_dir_);
+  ::unsetenv("SPACE_FAULT_FAIL");
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string parent = d.create();
+  ASSERT_FALSE(parent.empty());
+  const std::string snap =
+      d.callJson("POST", "/v1/sandboxes/" + parent + "/snapshots", json::object(), 201).value("id", "");
+  ASSERT_FALSE(snap.empty());
+  json e = d.callJson("POST", "/v1/snapshots/" + snap + "/branch", json{{"count", 3}}, 503);
+  EXPECT_EQ(e["error"].value("code", ""), "insufficient_capacity") << e;
+  EXPECT_NE(e["error"].value("message", "").find("cannot start a thread"), std::string::npos) << e;
+  json running = d.callJson("GET", "/v1/sandboxes?state=running", nullptr, 200);
+  ASSERT_EQ(running["sandboxes"].size(), 1u) << running;
+  EXPECT_EQ(running["sandboxes"][0]["id"], parent);
+  EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 1u);
+  // The failure point is spent: the next branch works.
+  json branched = d.callJson("POST", "/v1/snapshots/" + snap + "/branch", json{{"count", 2}}, 201);
+  EXPECT_EQ(branched["sandboxes"].size(), 2u);
+}
+
+// Threads spaced needs from the start (housekeeping, its workers, the warm pool's refill): one
+// that cannot be started is an error spaced exits with, not an abort, and it leaves no VM.
+TEST_F(SpacedTest, AThreadThatCannotStartAtStartupIsAnErrorNotACrash) {
+  for (const char* point : {"housekeeping.worker@3", "housekeeping.thread", "warm_pool.refill"}) {
+    SCOPED_TRACE(point);
+    ::setenv("SPACE_FAULT_FAIL", point, 1);
+    const std::string log = dir_->path() + "/start.log";
+    std::filesystem::remove(log);
+    auto p = ChildProcess::spawn({SPACED_BIN, "--listen", "127.0.0.1:0", "--data-dir", data_dir_, "--kernel",
+                                  kImages + "/vmlinux", "--rootfs", kImages + "/rootfs.ext4", "--warm-pool", "1"},
+                                 SpawnOptions{log, "", true});
+    ::unsetenv("SPACE_FAULT_FAIL");
+    ASSERT_TRUE(p.ok());
+    auto status = p->waitFor(seconds(60));
+    ASSERT_TRUE(status.has_value()) << "spaced kept running";
+    EXPECT_FALSE(status->signaled) << status->describe();
+    EXPECT_EQ(status->exit_code, 1);
+    auto text = readSmallFile(log, 1 << 20);
+    const std::string said = text.ok() ? text.value() : "";
+    EXPECT_NE(said.find("cannot start a thread"), std::string::npos) << said;
+    EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+  }
 }
 
 // The same storage design on btrfs as on the ext4 work disk: hard-linked layers, overlays and
