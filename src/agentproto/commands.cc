@@ -170,6 +170,8 @@ Result<CommandResult> runCommand(AgentClient& agent, const CommandSpec& spec, si
     if (abandon()) return makeError(ErrorCode::kCanceled, "abandoned while the command ran");
     end = stream->wait(std::chrono::milliseconds(1000));
   }
+  // The stream may have ended between the last wait timing out and the done() check above.
+  if (stream->done()) end = stream->wait(std::chrono::milliseconds(0));
   if (!end.ok()) return end.error();
   std::lock_guard<std::mutex> lock(state->m);
   if (state->failure) return *state->failure;

@@ -26,6 +26,18 @@ struct ApiService::Call {
 
 namespace {
 
+// An upper bound on the bytes `text` takes as a JSON string (quotes aside): control bytes are
+// written as \u00XX, '"' and '\\' escaped, and a byte that is not valid UTF-8 is replaced by
+// U+FFFD (3 bytes); counting every non-ASCII byte as 3 covers that.
+size_t jsonEncodedBound(std::string_view text) {
+  size_t n = 0;
+  for (char ch : text) {
+    auto c = static_cast<unsigned char>(ch);
+    n += c < 0x20 ? 6 : c == '"' || c == '\\' ? 2 : c >= 0x80 ? 3 : 1;
+  }
+  return n;
+}
+
 constexpr uint32_t kMaxCpus = 256;
 constexpr int64_t kMaxMemoryMb = 1 << 20;
 constexpr const char* kNdjson = "application/x-ndjson";
@@ -299,10 +311,15 @@ void ApiService::handle(http::Request& req, http::Response& res) {
     }
     call.tenant = *tenant;
   }
+  // Only a tenant's requests, counted by its gate, keep a connection: open routes and refusals
+  // (401 by the server, 429 here) close it, so nobody without a ticket can keep connection
+  // threads busy with a stream of cheap requests read slowly.
+  if (call.tenant.empty()) res.closeConnection();
   TenantGate::Ticket ticket;
   if (!call.tenant.empty()) {
     ticket = tenant_gate_.enter(call.tenant);
     if (!ticket.admitted()) {
+      res.closeConnection();
       metrics_.countError("too_many_requests");
       res.setHeader("Retry-After", "1");
       (void)res.sendError(429, "too_many_requests",
@@ -658,6 +675,10 @@ void ApiService::exec(Call& c) {
     if (!data) return fail(c, makeError(ErrorCode::kInvalidArgument, "stdin: not valid base64"));
     spec.stdin_data = std::move(*data);
   }
+  // What the request held is in `spec` now; a streamed exec may run for a day, so the body, its
+  // DOM and the base64 copy go at once.
+  stdin_b64 = std::optional<std::string>();
+  body.value() = json();
   spec.timeout = std::chrono::seconds(timeout.value() ? *timeout.value() : 60);
   bool streamed = stream.value().value_or(false);
   if (auto accept = c.req.header("accept"); accept && accept->find(kNdjson) != std::string::npos) streamed = true;
@@ -683,11 +704,21 @@ void ApiService::exec(Call& c) {
     return fail(c, manager_.agentFailed(agent.value(), result.error()));
   }
   metrics_.exec_seconds.observe(std::chrono::duration<double>(Clock::now() - started).count());
+  // The limit holds for the answer as sent: JSON writes a control byte as 6 bytes and an invalid
+  // UTF-8 byte as 3, so 16 MiB of raw output could become a ~100 MiB body.
+  size_t encoded = jsonEncodedBound(result->stdout_data) + jsonEncodedBound(result->stderr_data);
+  if (encoded > limits_.max_exec_output) {
+    return fail(c, makeError(ErrorCode::kResourceExhausted,
+                             "the output (" + std::to_string(encoded) + " bytes as JSON) is over the limit of " +
+                                 std::to_string(limits_.max_exec_output) +
+                                 " bytes; stream it (\"stream\": true) or write it to a file",
+                             "output_too_large"));
+  }
   json out{{"pid", result->pid},
            {"exit_code", result->exit_code},
            {"status", result->status},
-           {"stdout", result->stdout_data},
-           {"stderr", result->stderr_data},
+           {"stdout", std::move(result->stdout_data)},
+           {"stderr", std::move(result->stderr_data)},
            {"duration_ms", std::chrono::duration_cast<milliseconds>(Clock::now() - started).count()}};
   (void)c.res.send(200, "application/json", dumpJson(out));
 }

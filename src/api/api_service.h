@@ -26,7 +26,7 @@ struct ApiLimits {
   // over while being encoded: kept moderate; larger data goes through files or streams.
   // Eight concurrent ones stay within tens of MB.
   size_t max_exec_body = 4 << 20;
-  size_t max_exec_output = 16 << 20;
+  size_t max_exec_output = 4 << 20;  // as JSON: escapes count
   size_t max_stream_backlog = 8 << 20;  // streamed output waiting for a slow client
   size_t max_console_bytes = 1 << 20;
   // Requests one tenant may run at once (streams included): the server's connection limits

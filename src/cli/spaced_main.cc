@@ -77,6 +77,8 @@ Result<std::string> givenKey(const std::string& key_file) {
   } else if (const char* env = std::getenv("SPACE_API_KEY"); env != nullptr) {
     key = env;
   }
+  // Every process spaced starts (QEMU, qemu-img) inherits its environment: the key leaves it.
+  ::unsetenv("SPACE_API_KEY");
   while (!key.empty() && (key.back() == '\n' || key.back() == '\r' || key.back() == ' ')) key.pop_back();
   return key;
 }

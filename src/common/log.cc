@@ -21,16 +21,17 @@ class JsonMessageFlag : public spdlog::custom_flag_formatter {
   std::unique_ptr<custom_flag_formatter> clone() const override { return std::make_unique<JsonMessageFlag>(); }
 };
 
-// %V: the message with control characters written as \xNN. Messages quote what guests and
-// clients send (file names, agent errors, console lines); a newline or terminal escape in them
-// must not forge a log line or drive the reader's terminal.
+// %V: the message with control characters and every non-ASCII byte written as \xNN. Messages
+// quote what guests and clients send (file names, agent errors, console lines); a newline, a
+// terminal escape, a UTF-8 C1 control (CSI, OSC) or a bidi override in them must not forge a
+// log line, drive the reader's terminal or disguise what it shows.
 class EscapedMessageFlag : public spdlog::custom_flag_formatter {
  public:
   void format(const spdlog::details::log_msg& msg, const std::tm&, spdlog::memory_buf_t& dest) override {
     static constexpr char kHex[] = "0123456789abcdef";
     for (char c : std::string_view(msg.payload.data(), msg.payload.size())) {
       auto byte = static_cast<unsigned char>(c);
-      if (byte < 0x20 || byte == 0x7f) {
+      if (byte < 0x20 || byte >= 0x7f) {
         const char escaped[4] = {'\\', 'x', kHex[byte >> 4], kHex[byte & 0xf]};
         dest.append(escaped, escaped + 4);
       } else {

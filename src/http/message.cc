@@ -82,6 +82,8 @@ const std::string& Request::pathParam(std::string_view name) const {
   return it == path_params_.end() ? kMissing : it->second;
 }
 
+void Response::closeConnection() { exchange_->closeAfterResponse(); }
+
 Result<std::string> Request::readBody(size_t max_bytes) { return readBody(max_bytes, BodyCheck()); }
 
 Result<std::string> Request::readBody(size_t max_bytes, const BodyCheck& check) {

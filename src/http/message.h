@@ -118,6 +118,11 @@ class Response {
   // counts as gone.
   bool clientGone() const;
 
+  // The connection closes after this response (call before send/begin). For answers given
+  // without an authenticated tenant: a client must not keep a connection, and the thread behind
+  // it, busy with a stream of cheap requests it reads slowly.
+  void closeConnection();
+
   // Whether the status line went out (by send or begin): afterwards only write/end make sense.
   bool started() const { return started_; }
   // The status sent, 0 before.

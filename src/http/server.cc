@@ -1,5 +1,6 @@
 #include "http/server.h"
 
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -52,10 +53,23 @@ double millisecondsSince(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-// The client part of "ip:port" (or "[v6]:port"): connection limits count per address.
+// Who a connection counts against for max_connections_per_client: its address, except that
+// addresses one party gets in bulk count as one. Any local user can bind any of 127.0.0.0/8, and
+// a host is given a whole IPv6 /64.
 std::string clientOf(const std::string& remote) {
   size_t colon = remote.rfind(':');
-  return colon == std::string::npos ? remote : remote.substr(0, colon);
+  std::string host = colon == std::string::npos ? remote : remote.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127 ? "127.0.0.0/8" : host;
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return "127.0.0.0/8";
+    std::memset(v6.s6_addr + 8, 0, 8);
+    char text[INET6_ADDRSTRLEN];
+    if (inet_ntop(AF_INET6, &v6, text, sizeof text)) return std::string(text) + "/64";
+  }
+  return host;
 }
 
 }  // namespace

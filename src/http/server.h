@@ -39,7 +39,7 @@ struct ServerLimits {
   // What one connection may buffer beyond the header: a chunk header (size and extensions) or
   // a request trailer larger than this fails the request (413) and closes the connection.
   size_t max_buffered_bytes = 64 * 1024;
-  size_t max_connections = 256;  // open connections
+  size_t max_connections = 512;  // open connections
   // Open connections of one client address. A new connection over either limit takes the place
   // of the one that has waited longest for its next request (sent nothing, or a header still
   // incomplete); when every connection is running a request, the new one gets 503. Idle

@@ -59,9 +59,10 @@ Status validateSpec(const VmSpec& spec, const HostCapacity& host) {
                    std::to_string(kMinMemoryMib) + " MiB the guest needs to boot");
   }
   if (spec.memory_mib > host.available_memory_mib) {
-    return makeError(ErrorCode::kResourceExhausted, "memory_mib = " + std::to_string(spec.memory_mib) +
-                                                        ": more than the host's available " +
-                                                        std::to_string(host.available_memory_mib) + " MiB");
+    // The host's free memory follows from every tenant's VMs: it is not told to the caller.
+    return makeError(ErrorCode::kResourceExhausted,
+                     "memory_mib = " + std::to_string(spec.memory_mib) + ": more than the host has available now",
+                     "insufficient_capacity");
   }
   if (spec.kernel_path.empty()) return invalid("kernel_path is empty");
   if (spec.rootfs_path.empty()) return invalid("rootfs_path is empty");

@@ -119,13 +119,16 @@ TEST(Logging, TextLogsEscapeControlCharacters) {
   ::dup2(out, 2);
   ::close(out);
   ASSERT_TRUE(initLogging("info", false).ok());
-  spdlog::info("guest said: {}", "ok\n2026-12-01 00:00:00.000 error forged\x1b[2J\x7f");
+  spdlog::info("guest said: {}",
+               "ok\n2026-12-01 00:00:00.000 error forged\x1b[2J\x7f\xc2\x9b"
+               "2J");
   spdlog::default_logger()->flush();
   ::dup2(saved, 2);
   ::close(saved);
   auto text = readSmallFile(file, 4096);
   ASSERT_TRUE(text.ok());
-  EXPECT_NE(text->find("guest said: ok\\x0a2026-12-01 00:00:00.000 error forged\\x1b[2J\\x7f\n"), std::string::npos)
+  EXPECT_NE(text->find("guest said: ok\\x0a2026-12-01 00:00:00.000 error forged\\x1b[2J\\x7f\\xc2\\x9b2J\n"),
+            std::string::npos)
       << *text;
   EXPECT_EQ(std::count(text->begin(), text->end(), '\n'), 1);
 }

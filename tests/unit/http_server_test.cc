@@ -620,6 +620,58 @@ TEST(HttpServer, OneClientsRunningRequestsAreCappedPerClient) {
   EXPECT_EQ(second.get()->status, 200);
 }
 
+// Every loopback address is one client: a local user may bind any of 127.0.0.0/8.
+TEST(HttpServer, AllOfLoopbackCountsAsOneClient) {
+  ServerLimits limits;
+  limits.max_connections_per_client = 1;
+  std::promise<void> entered;
+  std::promise<void> release;
+  auto release_future = release.get_future().share();
+  auto server = startServer(
+      [&](Request&, Response& response) {
+        entered.set_value();
+        release_future.wait();
+        (void)response.send(200, "text/plain", "done");
+      },
+      limits);
+  ASSERT_TRUE(server);
+  auto busy = std::async(std::launch::async, [&] { return clientFor(*server).request("GET", "/slow"); });
+  entered.get_future().wait();
+  UniqueFd other(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  from.sin_addr.s_addr = htonl(0x7f000002);  // 127.0.0.2
+  ASSERT_EQ(bind(other.get(), reinterpret_cast<sockaddr*>(&from), sizeof from), 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(server->port());
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(other.get(), reinterpret_cast<sockaddr*>(&to), sizeof to), 0);
+  timeval limit{5, 0};
+  setsockopt(other.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  sendRaw(other.get(), "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string answer = readUntilClosed(other.get());
+  release.set_value();
+  EXPECT_NE(answer.find("503"), std::string::npos) << answer;
+  EXPECT_EQ(busy.get()->status, 200);
+}
+
+// A handler may end the connection after its answer (spaced does for answers without a key).
+TEST(HttpServer, HandlerCanCloseTheConnection) {
+  auto server = startServer([](Request&, Response& response) {
+    response.closeConnection();
+    (void)response.send(200, "text/plain", "bye");
+  });
+  ASSERT_TRUE(server);
+  auto fd = connectRaw(server->port());
+  sendRaw(fd.get(), "GET / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string all = readUntilClosed(fd.get());
+  EXPECT_NE(all.find("Connection: close"), std::string::npos) << all;
+  size_t first = all.find("bye");
+  ASSERT_NE(first, std::string::npos);
+  EXPECT_EQ(all.find("bye", first + 3), std::string::npos) << "the pipelined second request was served";
+}
+
 // An answer of 401 ends the connection: a client without a key gets no socket to keep.
 TEST(HttpServer, UnauthorizedClosesTheConnection) {
   auto server =
