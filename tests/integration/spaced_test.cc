@@ -1,11 +1,14 @@
 // End-to-end tests of the daemon: a real `spaced` process, real microVMs (TCG here), driven
 // over HTTP like any client. Each test starts its own daemon on a fresh data directory.
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -22,6 +25,7 @@
 #include "agentproto/base64.h"
 #include "common/fs.h"
 #include "common/process.h"
+#include "common/unix_socket.h"
 #include "http/client.h"
 #include "http/url.h"
 #include "vmm/qmp_client.h"
@@ -666,7 +670,7 @@ TEST_F(SpacedTest, TenantsSeeOnlyTheirOwnSandboxes) {
   EXPECT_EQ(d.call("GET", "/v1/sandboxes", "").status, 200);  // the other tenant is unaffected
 }
 
-// Exec's limits through the API: a timeout kills the command, output over 16 MiB is refused,
+// Exec's limits through the API: a timeout kills the command, output over 4 MiB (as JSON) is refused,
 // a client that goes away leaves the command running; list paging; the running QEMU's seccomp.
 TEST_F(SpacedTest, ExecLimitsListPagingAndSeccompThroughTheApi) {
   daemon_ = Daemon::start(data_dir_);
@@ -688,6 +692,11 @@ TEST_F(SpacedTest, ExecLimitsListPagingAndSeccompThroughTheApi) {
 
   json big = execJson(d, id, json{{"command", "head -c 20000000 /dev/zero"}}, 422);
   EXPECT_EQ(big["error"]["code"], "output_too_large") << big;
+  // The limit counts the answer as JSON: 1 MB of NUL bytes is 6 MB of "\u0000".
+  json escaped = execJson(d, id, json{{"command", "head -c 1000000 /dev/zero"}}, 422);
+  EXPECT_NE(escaped["error"]["message"].get<std::string>().find("as JSON"), std::string::npos) << escaped;
+  EXPECT_EQ(execJson(d, id, json{{"command", "head -c 1000000 /dev/zero | tr '\\0' a | wc -c"}})["stdout"],
+            "1000000\n");
 
   // A client that disconnects from a non-streamed exec: the command still runs to its end.
   {
@@ -2083,6 +2092,179 @@ TEST_F(SpacedTest, SpacectlSnapshotsAndBranches) {
   EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
   unsetenv("SPACE_API");
   unsetenv("SPACE_API_KEY");
+}
+
+// Hostile API clients against the real daemon (issue 15, item 2): what they send cannot grow
+// spaced's memory or lock out other requests and tenants. No VM is needed: all of it happens
+// before a sandbox would be touched.
+namespace hostile {
+
+// spaced's peak resident memory since the last reset (root may reset another process's peak).
+void resetPeak(pid_t pid) { std::ofstream("/proc/" + std::to_string(pid) + "/clear_refs") << "5"; }
+size_t peakBytes(pid_t pid) {
+  auto status = readSmallFile("/proc/" + std::to_string(pid) + "/status", 64 * 1024);
+  if (!status.ok()) return 0;
+  size_t at = status->find("VmHWM:");
+  return at == std::string::npos ? 0 : std::stoull(status->substr(at + 6)) * 1024;
+}
+
+uint16_t portOf(const std::string& url) { return static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1))); }
+
+UniqueFd connectTo(uint16_t port) {
+  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  timeval limit{20, 0};
+  setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  return fd;
+}
+
+// Sends `head`, then `filler` until `max_bytes` went out or the daemon stops taking it, while
+// reading its answer; returns {bytes sent, answer}.
+std::pair<size_t, std::string> flood(uint16_t port, const std::string& head, const std::string& filler,
+                                     size_t max_bytes) {
+  auto fd = connectTo(port);
+  auto reader = std::async(std::launch::async, [&] {
+    std::string out;
+    char buf[4096];
+    ssize_t n;
+    while ((n = recv(fd.get(), buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
+    return out;
+  });
+  size_t sent = 0;
+  if (send(fd.get(), head.data(), head.size(), MSG_NOSIGNAL) > 0) sent = head.size();
+  while (sent < max_bytes) {
+    ssize_t n = send(fd.get(), filler.data(), std::min(filler.size(), max_bytes - sent), MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  shutdown(fd.get(), SHUT_WR);
+  return {sent, reader.get()};
+}
+
+}  // namespace hostile
+
+TEST_F(SpacedTest, HostileClientsNeitherGrowTheDaemonNorLockOthersOut) {
+  daemon_ = Daemon::start(data_dir_, {"--max-requests-per-tenant", "2"});
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const uint16_t port = hostile::portOf(d.url());
+  const std::string auth = "Authorization: Bearer " + d.key() + "\r\n";
+
+  // 1 GB of trailer: the connection is closed long before, and spaced's memory barely moves.
+  hostile::resetPeak(d.pid());
+  size_t before = hostile::peakBytes(d.pid());
+  auto [sent, answer] = hostile::flood(
+      port, "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\n" + auth + "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n",
+      "X-Trailer: " + std::string(64 * 1024, 'a') + "\r\n", size_t{1} << 30);
+  EXPECT_LT(sent, size_t{1} << 30);
+  size_t peak = hostile::peakBytes(d.pid());
+  EXPECT_LT(peak > before ? peak - before : 0, size_t{64} << 20);
+
+  // Eight concurrent 16 MiB bodies of nested arrays (chunked: no length to refuse them by): 400
+  // each, refused from their first bytes.
+  hostile::resetPeak(d.pid());
+  before = hostile::peakBytes(d.pid());
+  std::vector<std::future<std::pair<size_t, std::string>>> nested;
+  for (int i = 0; i < 8; ++i) {
+    nested.push_back(std::async(std::launch::async, [&] {
+      return hostile::flood(
+          port, "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\n" + auth + "Transfer-Encoding: chunked\r\n\r\n1000000\r\n",
+          std::string(64 * 1024, '['), 16 << 20);
+    }));
+  }
+  for (auto& f : nested) {
+    std::string text = f.get().second;
+    EXPECT_NE(text.find("HTTP/1.1 400"), std::string::npos) << text.substr(0, 300);
+    EXPECT_NE(text.find("nests deeper than 32 levels"), std::string::npos) << text.substr(0, 300);
+  }
+  peak = hostile::peakBytes(d.pid());
+  EXPECT_LT(peak > before ? peak - before : 0, size_t{100} << 20);
+
+  // Answers without a tenant's ticket close the connection: nobody keeps a thread busy with a
+  // stream of cheap requests read slowly.
+  {
+    auto [sent_health, health] = hostile::flood(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", "", 0);
+    EXPECT_NE(health.find("HTTP/1.1 200"), std::string::npos) << health;
+    EXPECT_NE(health.find("Connection: close"), std::string::npos) << health;
+  }
+
+  // 256 idle sockets from this client do not lock out a valid request from it.
+  {
+    std::vector<UniqueFd> idle;
+    for (int i = 0; i < 256; ++i) idle.push_back(hostile::connectTo(port));
+    EXPECT_EQ(d.call("GET", "/v1/sandboxes").status, 200);
+  }
+
+  // A tenant at its limit of running requests gets 429 with Retry-After; another tenant does
+  // not notice. Two creates whose bodies never arrive are running requests.
+  const std::string bob = addTenant("bob");
+  ASSERT_FALSE(bob.empty());
+  std::vector<UniqueFd> stalled;
+  for (int i = 0; i < 2; ++i) {
+    stalled.push_back(hostile::connectTo(port));
+    std::string head = "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\n" + auth + "Content-Length: 100\r\n\r\n{";
+    ASSERT_GT(send(stalled.back().get(), head.data(), head.size(), MSG_NOSIGNAL), 0);
+  }
+  http::ClientResponse refused;
+  for (auto until = Clock::now() + seconds(10); Clock::now() < until; std::this_thread::sleep_for(milliseconds(50))) {
+    refused = d.call("GET", "/v1/sandboxes");
+    if (refused.status == 429) break;
+  }
+  EXPECT_EQ(refused.status, 429) << refused.body;
+  EXPECT_EQ(refused.headers["retry-after"], "1");
+  EXPECT_EQ(json::parse(refused.body)["error"]["code"], "too_many_requests");
+  EXPECT_EQ(d.call("GET", "/v1/sandboxes", "", bob).status, 200);
+  stalled.clear();  // their requests end; the tenant is served again
+  http::ClientResponse served;
+  for (auto until = Clock::now() + seconds(10); Clock::now() < until; std::this_thread::sleep_for(milliseconds(50))) {
+    served = d.call("GET", "/v1/sandboxes");
+    if (served.status == 200) break;
+  }
+  EXPECT_EQ(served.status, 200) << served.body;
+}
+
+// Keys stay off the command line, key files stay private, the plaintext API stays on loopback,
+// and node-wide figures are the operator's.
+TEST_F(SpacedTest, SecretsStayOffTheCommandLineAndNodeFiguresAreTheOperators) {
+  auto refused = [&](std::vector<std::string> args, const std::string& needle) {
+    const std::string out = dir_->path() + "/refused.log";
+    args.insert(args.begin(), {SPACED_BIN, "--data-dir", data_dir_});
+    auto p = ChildProcess::spawn(args, SpawnOptions{out, "", true});
+    ASSERT_TRUE(p.ok());
+    auto status = p->waitFor(seconds(30));
+    ASSERT_TRUE(status);
+    EXPECT_EQ(status->exit_code, 2);
+    auto text = readSmallFile(out, 64 * 1024);
+    const std::string said = text.ok() ? text.value() : "";
+    EXPECT_NE(said.find(needle), std::string::npos) << said;
+  };
+  refused({"--api-key", "sk_0123456789abcdef0123"}, "--api-key-file");
+  refused({"--listen", "0.0.0.0:0"}, "--allow-plaintext-remote");
+
+  // The key comes from a file; the kept copy, made world-readable meanwhile, is made private.
+  const std::string key_file = dir_->path() + "/operator.key";
+  { std::ofstream(key_file) << "sk_operatorkeyfromafile0123\n"; }
+  daemon_ = Daemon::start(data_dir_, {"--api-key-file", key_file});
+  ASSERT_TRUE(daemon_);
+  EXPECT_EQ(daemon_->key(), "sk_operatorkeyfromafile0123");
+  EXPECT_EQ(daemon_->call("GET", "/metrics").status, 200);
+  const std::string bob = addTenant("bob");
+  ASSERT_FALSE(bob.empty());
+  auto denied = daemon_->call("GET", "/metrics", "", bob);
+  EXPECT_EQ(denied.status, 403);
+  EXPECT_EQ(json::parse(denied.body)["error"]["code"], "permission_denied");
+  daemon_.reset();
+  ::chmod((data_dir_ + "/api-key").c_str(), 0644);
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  struct stat st {};
+  ASSERT_EQ(::stat((data_dir_ + "/api-key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(daemon_->key(), "sk_operatorkeyfromafile0123");
 }
 
 }  // namespace
