@@ -337,11 +337,24 @@ Status Vm::reconnectAgent(milliseconds timeout) {
                                      }
                                      return std::nullopt;
                                    }};
-  if (auto connected = connectAgent(Clock::now() + timeout, watch); !connected.ok()) {
-    agent_ = agentproto::AgentClient::disconnected("reconnect failed: " + connected.error().message);
-    return connected.error();
+  // The guest learns that the host came back from a control message on the port, and can
+  // miss it when connections came and went while it was stopped (seen after a resume that
+  // stopped again on a full disk: the agent then waits for a host that is there). A new
+  // connection says it again, so an unanswered handshake is retried on one, waiting longer
+  // each time so that a slow guest is not interrupted for ever.
+  const auto deadline = Clock::now() + timeout;
+  milliseconds window{2000};
+  while (true) {
+    auto connected = connectAgent(std::min(deadline, Clock::now() + window), watch);
+    if (connected.ok()) return okStatus();
+    if (connected.error().code != ErrorCode::kDeadlineExceeded || Clock::now() >= deadline) {
+      agent_ = agentproto::AgentClient::disconnected("reconnect failed: " + connected.error().message);
+      return connected.error();
+    }
+    spdlog::debug("vmm: guest {}: no answer on the agent port in {} ms; connecting again", process_->pid(),
+                  window.count());
+    window *= 2;
   }
-  return okStatus();
 }
 
 Error Vm::bootFailure(const std::string& what) {
