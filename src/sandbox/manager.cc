@@ -39,6 +39,7 @@ struct SandboxManager::Live {
   std::unique_ptr<vmm::Vm> vm;
   bool finished = false;  // ended (deleted/failed) and out of live_
   // Paused because QEMU stopped the guest on a disk error: what QEMU said (else empty).
+  // Written under the manager's `mu_` too, so that get() reads it without waiting for `control`.
   std::string disk_error;
 };
 
@@ -669,16 +670,10 @@ Result<store::SandboxRecord> SandboxManager::get(const std::string& tenant, cons
   auto rec = getOwned(tenant, id);
   if (!rec.ok() || rec->state != stateName(SandboxState::kRunning)) return rec;
   // Recorded running, but stopped on a full disk that also refused the record's update.
-  std::shared_ptr<Live> live;
-  {
-    std::lock_guard lock(mu_);
-    if (auto it = live_.find(id); it != live_.end()) live = it->second;
-  }
-  if (!live) return rec;
-  std::unique_lock control(live->control, std::try_to_lock);  // a read never waits for an operation
-  if (control.owns_lock() && !live->finished && live->state == SandboxState::kPaused && !live->disk_error.empty()) {
+  std::lock_guard lock(mu_);
+  if (auto it = live_.find(id); it != live_.end() && !it->second->disk_error.empty()) {
     rec->state = stateName(SandboxState::kPaused);
-    rec->state_reason = diskStopReason(live->disk_error);
+    rec->state_reason = diskStopReason(it->second->disk_error);
   }
   return rec;
 }
@@ -1042,7 +1037,10 @@ Result<store::SandboxRecord> SandboxManager::changeRunState(const std::string& t
     return recorded.error();
   }
   sandbox.state = to;
-  sandbox.disk_error.clear();
+  if (!sandbox.disk_error.empty()) {
+    std::lock_guard lock(mu_);
+    sandbox.disk_error.clear();
+  }
   spdlog::info("sandbox {}: {}", id, stateName(to));
   return store_.getSandbox(id);
 }
@@ -1489,7 +1487,10 @@ void SandboxManager::act(const std::shared_ptr<Live>& live, Due due) {
 void SandboxManager::markDiskStopped(Live& live, const std::string& error) {
   const bool was_recorded = live.state == SandboxState::kPaused && live.disk_error == error;
   live.state = SandboxState::kPaused;
-  live.disk_error = error;
+  {
+    std::lock_guard lock(mu_);
+    live.disk_error = error;
+  }
   // Calls waiting on the stopped guest (an exec) end now, and say why (agentFailed).
   live.vm->disconnectAgent(diskStopReason(error));
   if (was_recorded) return;
