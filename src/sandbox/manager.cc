@@ -8,6 +8,7 @@
 #include <fstream>
 #include <future>
 #include <set>
+#include <system_error>
 
 #include "agentproto/base64.h"
 #include "common/fault.h"
@@ -255,7 +256,12 @@ Status SandboxManager::recover() {
                           accel.ok() ? accel.value() : vmm::Accelerator::kTcg,
                           std::chrono::seconds(10),
                           row.memory_mb};
-    adoptions[i] = std::async(std::launch::async, [spec] { return vmm::Vm::adopt(spec); });
+    try {
+      adoptions[i] = std::async(std::launch::async, [spec] { return vmm::Vm::adopt(spec); });
+    } catch (const std::system_error&) {
+      // No thread to spare: adopt this one in turn (slower, but recovery still completes).
+      adoptions[i] = std::async(std::launch::deferred, [spec] { return vmm::Vm::adopt(spec); });
+    }
   }
   for (size_t i = 0; i < rows->size(); ++i) {
     auto& row = rows.value()[i];
