@@ -2200,14 +2200,22 @@ TEST_F(SpacedTest, HostileClientsNeitherGrowTheDaemonNorLockOthersOut) {
   }
 
   // A tenant at its limit of running requests gets 429 with Retry-After; another tenant does
-  // not notice. Two creates whose bodies never arrive are running requests.
+  // not notice. Two creates whose bodies never arrive are running requests: each one's
+  // "100 Continue" says its handler runs (and holds its place) before the test goes on.
   const std::string bob = addTenant("bob");
   ASSERT_FALSE(bob.empty());
   std::vector<UniqueFd> stalled;
   for (int i = 0; i < 2; ++i) {
     stalled.push_back(hostile::connectTo(port));
-    std::string head = "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\n" + auth + "Content-Length: 100\r\n\r\n{";
+    std::string head =
+        "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\n" + auth + "Expect: 100-continue\r\nContent-Length: 100\r\n\r\n";
     ASSERT_GT(send(stalled.back().get(), head.data(), head.size(), MSG_NOSIGNAL), 0);
+    char buf[256];
+    ssize_t n = recv(stalled.back().get(), buf, sizeof buf, 0);  // SO_RCVTIMEO: 20 s
+    ASSERT_GT(n, 0) << "the daemon did not start request " << i;
+    ASSERT_TRUE(std::string(buf, static_cast<size_t>(n)).starts_with("HTTP/1.1 100"))
+        << std::string(buf, static_cast<size_t>(n));
+    ASSERT_GT(send(stalled.back().get(), "{", 1, MSG_NOSIGNAL), 0);
   }
   http::ClientResponse refused;
   for (auto until = Clock::now() + seconds(10); Clock::now() < until; std::this_thread::sleep_for(milliseconds(50))) {
