@@ -22,6 +22,7 @@
 #include <set>
 #include <thread>
 
+#include "../support/raw_http.h"
 #include "agentproto/base64.h"
 #include "common/fs.h"
 #include "common/process.h"
@@ -2097,97 +2098,47 @@ TEST_F(SpacedTest, SpacectlSnapshotsAndBranches) {
 // Hostile API clients against the real daemon (issue 15, item 2): what they send cannot grow
 // spaced's memory or lock out other requests and tenants. No VM is needed: all of it happens
 // before a sandbox would be touched.
-namespace hostile {
-
-// spaced's peak resident memory since the last reset (root may reset another process's peak).
-void resetPeak(pid_t pid) { std::ofstream("/proc/" + std::to_string(pid) + "/clear_refs") << "5"; }
-size_t peakBytes(pid_t pid) {
-  auto status = readSmallFile("/proc/" + std::to_string(pid) + "/status", 64 * 1024);
-  if (!status.ok()) return 0;
-  size_t at = status->find("VmHWM:");
-  return at == std::string::npos ? 0 : std::stoull(status->substr(at + 6)) * 1024;
-}
-
 uint16_t portOf(const std::string& url) { return static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1))); }
-
-UniqueFd connectTo(uint16_t port) {
-  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  timeval limit{20, 0};
-  setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
-  return fd;
-}
-
-// Sends `head`, then `filler` until `max_bytes` went out or the daemon stops taking it, while
-// reading its answer; returns {bytes sent, answer}.
-std::pair<size_t, std::string> flood(uint16_t port, const std::string& head, const std::string& filler,
-                                     size_t max_bytes) {
-  auto fd = connectTo(port);
-  auto reader = std::async(std::launch::async, [&] {
-    std::string out;
-    char buf[4096];
-    ssize_t n;
-    while ((n = recv(fd.get(), buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
-    return out;
-  });
-  size_t sent = 0;
-  if (send(fd.get(), head.data(), head.size(), MSG_NOSIGNAL) > 0) sent = head.size();
-  while (sent < max_bytes) {
-    ssize_t n = send(fd.get(), filler.data(), std::min(filler.size(), max_bytes - sent), MSG_NOSIGNAL);
-    if (n <= 0) break;
-    sent += static_cast<size_t>(n);
-  }
-  shutdown(fd.get(), SHUT_WR);
-  return {sent, reader.get()};
-}
-
-}  // namespace hostile
 
 TEST_F(SpacedTest, HostileClientsNeitherGrowTheDaemonNorLockOthersOut) {
   daemon_ = Daemon::start(data_dir_, {"--max-requests-per-tenant", "2"});
   ASSERT_TRUE(daemon_);
   auto& d = *daemon_;
-  const uint16_t port = hostile::portOf(d.url());
+  const uint16_t port = portOf(d.url());
   const std::string auth = "Authorization: Bearer " + d.key() + "\r\n";
 
   // 1 GB of trailer: the connection is closed long before, and spaced's memory barely moves.
-  hostile::resetPeak(d.pid());
-  size_t before = hostile::peakBytes(d.pid());
-  auto [sent, answer] = hostile::flood(
+  testsupport::resetPeakResident(d.pid());
+  size_t before = testsupport::peakResidentBytes(d.pid());
+  auto [sent, answer] = testsupport::flood(
       port, "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\n" + auth + "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n",
       "X-Trailer: " + std::string(64 * 1024, 'a') + "\r\n", size_t{1} << 30);
   EXPECT_LT(sent, size_t{1} << 30);
-  size_t peak = hostile::peakBytes(d.pid());
-  EXPECT_LT(peak > before ? peak - before : 0, size_t{64} << 20);
+  EXPECT_LT(testsupport::peakGrowth(before, d.pid()), size_t{64} << 20);
 
   // Eight concurrent 16 MiB bodies of nested arrays (chunked: no length to refuse them by): 400
   // each, refused from their first bytes.
-  hostile::resetPeak(d.pid());
-  before = hostile::peakBytes(d.pid());
-  std::vector<std::future<std::pair<size_t, std::string>>> nested;
+  testsupport::resetPeakResident(d.pid());
+  before = testsupport::peakResidentBytes(d.pid());
+  std::vector<std::future<testsupport::Flood>> nested;
   for (int i = 0; i < 8; ++i) {
     nested.push_back(std::async(std::launch::async, [&] {
-      return hostile::flood(
+      return testsupport::flood(
           port, "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\n" + auth + "Transfer-Encoding: chunked\r\n\r\n1000000\r\n",
           std::string(64 * 1024, '['), 16 << 20);
     }));
   }
   for (auto& f : nested) {
-    std::string text = f.get().second;
+    std::string text = f.get().answer;
     EXPECT_NE(text.find("HTTP/1.1 400"), std::string::npos) << text.substr(0, 300);
     EXPECT_NE(text.find("nests deeper than 32 levels"), std::string::npos) << text.substr(0, 300);
   }
-  peak = hostile::peakBytes(d.pid());
-  EXPECT_LT(peak > before ? peak - before : 0, size_t{100} << 20);
+  EXPECT_LT(testsupport::peakGrowth(before, d.pid()), size_t{100} << 20);
 
   // Answers without a tenant's ticket close the connection: nobody keeps a thread busy with a
   // stream of cheap requests read slowly.
   {
-    auto [sent_health, health] = hostile::flood(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", "", 0);
+    auto [sent_health, health] = testsupport::flood(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", "", 0);
     EXPECT_NE(health.find("HTTP/1.1 200"), std::string::npos) << health;
     EXPECT_NE(health.find("Connection: close"), std::string::npos) << health;
   }
@@ -2195,7 +2146,7 @@ TEST_F(SpacedTest, HostileClientsNeitherGrowTheDaemonNorLockOthersOut) {
   // 256 idle sockets from this client do not lock out a valid request from it.
   {
     std::vector<UniqueFd> idle;
-    for (int i = 0; i < 256; ++i) idle.push_back(hostile::connectTo(port));
+    for (int i = 0; i < 256; ++i) idle.push_back(testsupport::connectRaw(port, seconds(20)));
     EXPECT_EQ(d.call("GET", "/v1/sandboxes").status, 200);
   }
 
@@ -2206,7 +2157,7 @@ TEST_F(SpacedTest, HostileClientsNeitherGrowTheDaemonNorLockOthersOut) {
   ASSERT_FALSE(bob.empty());
   std::vector<UniqueFd> stalled;
   for (int i = 0; i < 2; ++i) {
-    stalled.push_back(hostile::connectTo(port));
+    stalled.push_back(testsupport::connectRaw(port, seconds(20)));
     std::string head =
         "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\n" + auth + "Expect: 100-continue\r\nContent-Length: 100\r\n\r\n";
     ASSERT_GT(send(stalled.back().get(), head.data(), head.size(), MSG_NOSIGNAL), 0);

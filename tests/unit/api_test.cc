@@ -1,12 +1,8 @@
 // Pure parts of the API layer: strict JSON input, API keys, metrics text, and the OpenAPI
 // document against the route table.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include <atomic>
-#include <cstdio>
 #include <filesystem>
 #include <future>
 #include <nlohmann/json.hpp>
@@ -14,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "../support/raw_http.h"
 #include "api/api_service.h"
 #include "api/auth.h"
 #include "api/json_input.h"
@@ -37,55 +34,10 @@ TEST(JsonInput, RejectsMalformedAndNonObjects) {
   EXPECT_TRUE(empty->is_object());
 }
 
-// The process's peak resident memory since the last resetPeakResident(): memory a burst
-// allocated and already freed still counts.
-void resetPeakResident() {
-  FILE* f = fopen("/proc/self/clear_refs", "w");
-  ASSERT_NE(f, nullptr);
-  fputs("5", f);
-  fclose(f);
-}
-size_t peakResidentBytes() {
-  FILE* f = fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  size_t kb = 0;
-  while (fgets(line, sizeof line, f)) {
-    if (sscanf(line, "VmHWM: %zu kB", &kb) == 1) break;
-  }
-  fclose(f);
-  return kb * 1024;
-}
-
-// Sends one POST with a declared body of `bytes` bytes of `fill`, reading the answer
-// concurrently (the server may answer and close long before the body is sent); returns the
-// answer.
+// One POST declaring a body of `bytes` bytes of `fill`, sent while the answer is read.
 std::string postFlood(uint16_t port, size_t bytes, char fill) {
-  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return "";
-  timeval limit{10, 0};
-  setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
-  auto reader = std::async(std::launch::async, [&] {
-    std::string out;
-    char buf[4096];
-    ssize_t n;
-    while ((n = recv(fd.get(), buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
-    return out;
-  });
   std::string head = "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(bytes) + "\r\n\r\n";
-  (void)send(fd.get(), head.data(), head.size(), MSG_NOSIGNAL);
-  std::string chunk(64 * 1024, fill);
-  for (size_t sent = 0; sent < bytes;) {
-    ssize_t n = send(fd.get(), chunk.data(), std::min(chunk.size(), bytes - sent), MSG_NOSIGNAL);
-    if (n <= 0) break;
-    sent += static_cast<size_t>(n);
-  }
-  shutdown(fd.get(), SHUT_WR);
-  return reader.get();
+  return testsupport::flood(port, head, std::string(64 * 1024, fill), head.size() + bytes).answer;
 }
 
 // A body nested past the bounds is refused from its first bytes, not after being buffered:
@@ -102,8 +54,8 @@ TEST(JsonInput, NestedBodiesAreRefusedWhileTheyArrive) {
   });
   ASSERT_TRUE(server.ok()) << server.error().message;
   uint16_t port = server.value()->port();
-  resetPeakResident();
-  size_t before = peakResidentBytes();
+  testsupport::resetPeakResident();
+  size_t before = testsupport::peakResidentBytes();
   std::vector<std::future<std::string>> answers;
   for (int i = 0; i < 8; ++i) {
     answers.push_back(std::async(std::launch::async, [port] { return postFlood(port, 16 << 20, '['); }));
@@ -113,9 +65,7 @@ TEST(JsonInput, NestedBodiesAreRefusedWhileTheyArrive) {
     EXPECT_NE(text.find("HTTP/1.1 400"), std::string::npos) << text.substr(0, 300);
     EXPECT_NE(text.find("nests deeper than 32 levels"), std::string::npos) << text.substr(0, 300);
   }
-  size_t peak = peakResidentBytes();
-  size_t grown = peak > before ? peak - before : 0;
-  EXPECT_LT(grown, size_t{100} << 20);
+  EXPECT_LT(testsupport::peakGrowth(before), size_t{100} << 20);
   // Too large is still 413-worthy and named so; an ordinary body still parses.
   auto big = postFlood(port, 17 << 20, ' ');
   EXPECT_NE(big.find("payload_too_large"), std::string::npos) << big.substr(0, 300);

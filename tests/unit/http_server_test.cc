@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "../support/raw_http.h"
 #include "common/unix_socket.h"
 #include "http/client.h"
 #include "http/router.h"
@@ -20,6 +21,9 @@ namespace {
 
 using namespace std::chrono_literals;
 using Json = nlohmann::json;
+using testsupport::connectRaw;
+using testsupport::readUntilClosed;
+using testsupport::sendRaw;
 
 std::unique_ptr<Server> startServer(Handler handler, ServerLimits limits = {}) {
   auto server = Server::start("127.0.0.1:0", std::move(handler), limits);
@@ -31,39 +35,6 @@ std::unique_ptr<Server> startServer(Handler handler, ServerLimits limits = {}) {
 }
 
 Client clientFor(const Server& server) { return Client::create("http://" + server.address()).value(); }
-
-// A plain blocking socket for what Client cannot do: several requests on one connection,
-// malformed bytes, silence. Reads give up after 5 s so a broken server fails the test.
-UniqueFd connectRaw(uint16_t port) {
-  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  timeval limit{5, 0};
-  setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
-  return fd;
-}
-
-void sendRaw(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL);
-    ASSERT_GT(n, 0);
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-}
-
-// Everything until the server closes (or 5 s pass).
-std::string readUntilClosed(int fd) {
-  std::string out;
-  char buf[4096];
-  while (true) {
-    ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) return out;
-    out.append(buf, static_cast<size_t>(n));
-  }
-}
 
 // One Content-Length response; bytes after it stay in `pending`.
 std::string readResponse(int fd, std::string& pending) {
@@ -486,39 +457,6 @@ TEST(HttpServer, OverMaxConnectionsIs503) {
   EXPECT_EQ(first->body, "done");
 }
 
-// The process's peak resident memory since the last resetPeakResident(): memory a burst
-// allocated and already freed still counts.
-void resetPeakResident() {
-  FILE* f = fopen("/proc/self/clear_refs", "w");
-  ASSERT_NE(f, nullptr);
-  fputs("5", f);
-  fclose(f);
-}
-size_t peakResidentBytes() {
-  FILE* f = fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  size_t kb = 0;
-  while (fgets(line, sizeof line, f)) {
-    if (sscanf(line, "VmHWM: %zu kB", &kb) == 1) break;
-  }
-  fclose(f);
-  return kb * 1024;
-}
-
-// Sends `prefix`, then `filler` over and over until the server stops taking it or `max_bytes`
-// went out; returns how much went out.
-size_t flood(int fd, const std::string& prefix, const std::string& filler, size_t max_bytes) {
-  sendRaw(fd, prefix);
-  size_t sent = prefix.size();
-  while (sent < max_bytes) {
-    ssize_t n = send(fd, filler.data(), filler.size(), MSG_NOSIGNAL);
-    if (n <= 0) break;
-    sent += static_cast<size_t>(n);
-  }
-  return sent;
-}
-
 // Beast holds a chunk header (size and extensions) and the trailer whole before parsing them,
 // so without a cap on the connection's buffer either one grows it without limit.
 TEST(HttpServer, EndlessTrailerOrChunkExtensionIsRefusedWithBoundedMemory) {
@@ -546,17 +484,11 @@ TEST(HttpServer, EndlessTrailerOrChunkExtensionIsRefusedWithBoundedMemory) {
       {"chunk extension", head + "3;ext=", filler},
   };
   for (const Case& c : cases) {
-    resetPeakResident();
-    size_t before = peakResidentBytes();
-    auto fd = connectRaw(server->port());
-    auto reader = std::async(std::launch::async, [&] { return readUntilClosed(fd.get()); });
-    size_t sent = flood(fd.get(), c.prefix, c.filler, kGigabyte);
-    shutdown(fd.get(), SHUT_WR);
-    std::string answer = reader.get();
-    size_t peak = peakResidentBytes();
-    size_t grown = peak > before ? peak - before : 0;
+    testsupport::resetPeakResident();
+    size_t before = testsupport::peakResidentBytes();
+    auto [sent, answer] = testsupport::flood(server->port(), c.prefix, c.filler, kGigabyte);
     EXPECT_LT(sent, kGigabyte) << c.name << ": the server kept reading";
-    EXPECT_LT(grown, size_t{64} << 20) << c.name;
+    EXPECT_LT(testsupport::peakGrowth(before), size_t{64} << 20) << c.name;
     // The answer races with the reset that closing an unread socket causes; when it arrives it
     // names the limit.
     if (!answer.empty()) {
