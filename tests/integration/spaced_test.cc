@@ -2101,7 +2101,10 @@ TEST_F(SpacedTest, SpacectlSnapshotsAndBranches) {
 uint16_t portOf(const std::string& url) { return static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1))); }
 
 TEST_F(SpacedTest, HostileClientsNeitherGrowTheDaemonNorLockOthersOut) {
-  daemon_ = Daemon::start(data_dir_, {"--max-requests-per-tenant", "2"});
+  // The tenant may run 8 requests: the 8 concurrent bodies below all run, and 8 held requests
+  // then fill its share.
+  constexpr int kPerTenant = 8;
+  daemon_ = Daemon::start(data_dir_, {"--max-requests-per-tenant", std::to_string(kPerTenant)});
   ASSERT_TRUE(daemon_);
   auto& d = *daemon_;
   const uint16_t port = portOf(d.url());
@@ -2151,12 +2154,12 @@ TEST_F(SpacedTest, HostileClientsNeitherGrowTheDaemonNorLockOthersOut) {
   }
 
   // A tenant at its limit of running requests gets 429 with Retry-After; another tenant does
-  // not notice. Two creates whose bodies never arrive are running requests: each one's
+  // not notice. Creates whose bodies never arrive are running requests: each one's
   // "100 Continue" says its handler runs (and holds its place) before the test goes on.
   const std::string bob = addTenant("bob");
   ASSERT_FALSE(bob.empty());
   std::vector<UniqueFd> stalled;
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < kPerTenant; ++i) {
     stalled.push_back(testsupport::connectRaw(port, seconds(20)));
     std::string head =
         "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\n" + auth + "Expect: 100-continue\r\nContent-Length: 100\r\n\r\n";
