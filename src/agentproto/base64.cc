@@ -75,4 +75,17 @@ std::optional<std::string> base64Decode(std::string_view in) {
   return out;
 }
 
+std::optional<size_t> base64DecodedSize(std::string_view in) {
+  if (in.size() % 4 != 0) return std::nullopt;
+  if (in.empty()) return size_t{0};
+  size_t pad = in[in.size() - 1] != '=' ? 0 : in[in.size() - 2] == '=' ? 2 : 1;
+  for (size_t i = 0; i < in.size() - pad; ++i) {
+    if (kDecode[static_cast<uint8_t>(in[i])] < 0) return std::nullopt;
+  }
+  // Canonical form: the bits dropped by padding must be zero.
+  auto last = static_cast<uint32_t>(kDecode[static_cast<uint8_t>(in[in.size() - 1 - pad])]);
+  if ((pad == 1 && (last & 0x3) != 0) || (pad == 2 && (last & 0xf) != 0)) return std::nullopt;
+  return in.size() / 4 * 3 - pad;
+}
+
 }  // namespace space::agentproto

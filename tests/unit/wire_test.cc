@@ -26,6 +26,36 @@ TEST(Base64, RejectsNonCanonicalInput) {
   for (const char* bad : {"abc", "a$c!", "aGl=", "=AAA", "AA=A", "aGk=x"}) EXPECT_FALSE(base64Decode(bad)) << bad;
 }
 
+// base64DecodedSize accepts exactly what base64Decode accepts: every encoding, every 4-byte
+// text over a small alphabet (padding, bad bits, bad bytes), and a few longer odd ones.
+TEST(Base64, DecodedSizeAgreesWithDecode) {
+  std::string all;
+  for (int i = 0; i < 256; ++i) all.push_back(static_cast<char>(i));
+  for (size_t n = 0; n <= all.size(); ++n) EXPECT_EQ(base64DecodedSize(base64Encode(all.substr(0, n))), n);
+  const std::string alphabet = "AQgh/+=$\0";
+  std::string text(4, 'A');
+  for (char a : alphabet)
+    for (char b : alphabet)
+      for (char c : alphabet)
+        for (char d : alphabet) {
+          text = {a, b, c, d};
+          auto decoded = base64Decode(text);
+          auto size = base64DecodedSize(text);
+          ASSERT_EQ(decoded.has_value(), size.has_value()) << text;
+          if (decoded) {
+            EXPECT_EQ(decoded->size(), *size) << text;
+          }
+        }
+  for (const char* odd : {"", "====", "AAAA====", "AA==AAAA", "aGk=aGk=", "aGkKaGk="}) {
+    auto decoded = base64Decode(odd);
+    auto size = base64DecodedSize(odd);
+    ASSERT_EQ(decoded.has_value(), size.has_value()) << odd;
+    if (decoded) {
+      EXPECT_EQ(decoded->size(), *size) << odd;
+    }
+  }
+}
+
 TEST(Handshake, FindsAnswerAfterJunkAndIgnoresStaleNonces) {
   HandshakeScanner scanner(kOllehPrefix, "n2");
   auto r = scanner.feed("\x00\x01garbage from an old session");
