@@ -26,6 +26,7 @@
 #include <mutex>
 #include <thread>
 
+#include "../support/agent_thread.h"
 #include "agent/channel.h"
 #include "agentproto/agent_client.h"
 #include "agentproto/base64.h"
@@ -39,34 +40,10 @@ using agentproto::AgentClient;
 using agentproto::CallOptions;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
+using testsupport::AgentThread;
 
 // The host's per-stream receive window (agent_client.cc): what one stalled download may hold.
 constexpr size_t kStreamWindow = 8 << 20;
-
-// Runs an agent Channel with `router` on its own thread over `fd`.
-class AgentThread {
- public:
-  AgentThread(int fd, agent::Router& router) : stop_fd_(eventfd(0, EFD_CLOEXEC)) {
-    thread_ = std::thread([this, fd, &router] {
-      agent::EventLoop loop;
-      agent::Channel channel(loop, router, [] { return Json{{"version", "test"}}; });
-      channel.adopt(fd, false);
-      loop.addFd(stop_fd_, EPOLLIN, [&](uint32_t) { loop.stop(); });
-      loop.run();
-      loop.removeFd(stop_fd_);
-    });
-  }
-  ~AgentThread() {
-    uint64_t one = 1;
-    (void)!write(stop_fd_, &one, sizeof one);
-    thread_.join();
-    close(stop_fd_);
-  }
-
- private:
-  int stop_fd_;
-  std::thread thread_;
-};
 
 // Where a test's source or sink blocks until the test lets it go. The wait is bounded so that a
 // test failing on an implementation that blocks its I/O thread still ends.
