@@ -1,0 +1,190 @@
+// GuestOps: the process and file commands a front end (the REST API today, an E2B-compatible
+// one later) runs in a sandbox's guest, as typed requests and results over one AgentClient.
+// It owns what the agent's RPC surface looks like: method paths, envd request shapes, signal
+// names, the "start, then send stdin, then close it" sequence, and decoding the agent's answers
+// into typed values. Front ends parse their own wire format into these types and render the
+// results back; none of them builds an agent request.
+//
+// Everything the guest sends is hostile. Answers are type-checked (a malformed one is
+// `unavailable`, like any protocol violation), a streamed process's output is passed on as the
+// agent's base64 text only once it is known to be canonical base64 of at most kMaxEventData
+// bytes, and events wait for a slow consumer only up to StreamLimits::max_backlog bytes.
+// Errors are returned as the agent reported them; mapping them (e.g. to "the VM died") is the
+// caller's. GuestOps knows nothing of sandboxes: whoever holds the sandbox's agent lease hands
+// it the client, and keeps the lease for as long as the calls and streams run.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "agentproto/agent_client.h"
+#include "agentproto/commands.h"
+#include "common/result.h"
+
+namespace space::guest {
+
+// ---- processes
+
+struct ProcessSpec {
+  // Exactly one: a shell command line (run as `/bin/bash -l -c <command>`) or a program + args.
+  std::string command;
+  std::vector<std::string> argv;
+  std::map<std::string, std::string> env;
+  std::string cwd;                                              // "" = the user's home
+  std::string user;                                             // "" = the sandbox's default user
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};  // the process is killed then; 0 = never
+  // Sent once the process started. nullopt and close_stdin: the process gets no stdin at all.
+  std::optional<std::string> stdin_data;
+  // After stdin_data: close stdin (EOF), or keep it open for sendInput()/closeStdin().
+  bool close_stdin = true;
+};
+
+// The checks every front end makes before it leases a sandbox (so a bad request resumes none):
+// exactly one of command/argv, a non-empty command without NUL bytes, argv naming a program.
+Status checkProcessSpec(const ProcessSpec& spec);
+
+using ProcessOutput = agentproto::CommandResult;
+using ProcessEnd = agentproto::ProcessEnd;
+
+// A decoded data event larger than this is a protocol violation (the agent reads 64 KiB at a time).
+inline constexpr size_t kMaxEventData = 1 << 20;
+
+struct ProcessEvent {
+  enum class Kind { kStart, kStdout, kStderr, kEnd } kind = Kind::kStart;
+  int pid = 0;  // kStart
+  // kStdout (PTY output included), kStderr: the bytes as the agent's canonical base64, unchanged.
+  std::string data_base64;
+  ProcessEnd end;  // kEnd
+};
+
+struct StreamLimits {
+  // Bytes of events (data plus a fixed overhead each) waiting for the consumer; over it the
+  // stream ends in kOverflow and the process runs on.
+  size_t max_backlog = 8 << 20;
+};
+
+// One process's event stream (a start or a connect). A consumer thread calls next() in a loop;
+// the events arrive on the agent client's I/O thread in between. Destroying it stops the stream
+// (the process keeps running in the guest and can be connected to again).
+class ProcessStream {
+ public:
+  enum class State {
+    kOpen,      // more may come
+    kEnded,     // the stream is over: the process ended, or `error` says why not
+    kOverflow,  // the consumer fell more than max_backlog behind; the stream was stopped
+  };
+  struct Batch {
+    std::vector<ProcessEvent> events;  // in order
+    State state = State::kOpen;
+    // With kEnded: the agent's error, a malformed event (unavailable), or stdin that could not
+    // be delivered (then the process was killed; the message starts with "stdin: ").
+    std::optional<Error> error;
+  };
+
+  ~ProcessStream();
+  ProcessStream(const ProcessStream&) = delete;
+  ProcessStream& operator=(const ProcessStream&) = delete;
+
+  // Waits up to `wait` for an event or the end, then returns everything that arrived. Also
+  // delivers the stdin of a started process on this thread once its start event came. Once a
+  // batch says kEnded or kOverflow, later calls return that state again with no events.
+  Batch next(std::chrono::milliseconds wait);
+  // Stops receiving, waiting a bounded time for the agent to see it. The process keeps running.
+  void stop();
+
+ private:
+  friend class GuestOps;
+  struct Shared;  // what the I/O thread's callbacks fill in (guest_ops.cc)
+  ProcessStream(std::shared_ptr<agentproto::AgentClient> agent, std::shared_ptr<Shared> shared,
+                std::shared_ptr<agentproto::AgentStream> stream, std::optional<std::string> stdin_data,
+                bool close_stdin);
+  void deliverStdin(int pid);
+
+  std::shared_ptr<agentproto::AgentClient> agent_;
+  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<agentproto::AgentStream> stream_;
+  std::optional<std::string> stdin_data_;  // still to send (with close_stdin_) once the pid is known
+  bool close_stdin_ = true;
+  bool stdin_done_ = false;
+  std::optional<State> final_;
+};
+
+struct ProcessInfo {
+  int pid = 0;
+  std::string cmd;
+  std::vector<std::string> args;
+  std::string cwd;
+  std::optional<std::string> tag;
+};
+
+enum class Signal { kKill, kTerm, kInt, kHup, kQuit, kUsr1, kUsr2, kStop, kCont };
+// "SIGTERM" or "TERM"; nullopt for any other name (only these signals may be sent).
+std::optional<Signal> parseSignal(std::string_view name);
+
+// ---- files
+
+enum class FileType { kFile, kDirectory, kSymlink, kOther };
+
+// A file as the agent describes it; a field the agent left out is nullopt.
+struct FileEntry {
+  std::optional<std::string> name;
+  std::optional<std::string> path;
+  FileType type = FileType::kOther;
+  uint64_t size = 0;
+  std::optional<uint32_t> mode;
+  std::optional<std::string> permissions;
+  std::optional<std::string> owner;
+  std::optional<std::string> group;
+  std::optional<std::string> modified_at;  // RFC 3339
+  std::optional<std::string> symlink_target;
+};
+
+// Transfers may take long; their own deadline.
+inline constexpr std::chrono::milliseconds kTransferTimeout = std::chrono::hours(1);
+
+// ---- the commands
+
+class GuestOps {
+ public:
+  explicit GuestOps(std::shared_ptr<agentproto::AgentClient> agent);
+
+  // Runs a process to its end and collects its output (stdout + stderr at most `max_output`
+  // bytes, else resource_exhausted "output_too_large"). `abandon` is asked about once a second;
+  // true ends the wait with `canceled` (the process keeps running). Needs close_stdin.
+  Result<ProcessOutput> run(ProcessSpec spec, size_t max_output, const std::function<bool()>& abandon = {});
+  // Starts a process and streams its events; stdin_data is sent (and stdin closed, if asked)
+  // from ProcessStream::next once the process started.
+  Result<std::unique_ptr<ProcessStream>> start(ProcessSpec spec, const StreamLimits& limits = {});
+  // Streams the events of a running process, from now on.
+  std::unique_ptr<ProcessStream> connect(int pid, const StreamLimits& limits = {});
+  Result<std::vector<ProcessInfo>> listProcesses();
+  Status sendSignal(int pid, Signal signal);
+  Status sendInput(int pid, std::string_view data);  // nothing is sent for empty data
+  Status closeStdin(int pid);
+
+  // `user`: "" = the sandbox's default user; the guest applies that user's permissions.
+  Status remove(const std::string& path, const std::string& user);
+  Result<std::vector<FileEntry>> listDir(const std::string& path, int depth, const std::string& user);
+  Result<FileEntry> makeDir(const std::string& path, const std::string& user);
+  Result<FileEntry> move(const std::string& source, const std::string& destination, const std::string& user);
+  // Source and sink run on the calling thread (see AgentClient::upload/download).
+  Result<FileEntry> upload(const std::string& path, agentproto::AgentClient::UploadSource source,
+                           const std::string& user);
+  Status download(const std::string& path, agentproto::AgentClient::DownloadSink sink, const std::string& user);
+
+ private:
+  std::unique_ptr<ProcessStream> openStream(const std::string& method, const agentproto::Json& request,
+                                            const agentproto::CallOptions& options, const StreamLimits& limits,
+                                            std::optional<std::string> stdin_data, bool close_stdin);
+
+  std::shared_ptr<agentproto::AgentClient> agent_;
+};
+
+}  // namespace space::guest
