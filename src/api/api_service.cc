@@ -2,15 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
-#include <condition_variable>
 #include <ctime>
-#include <deque>
-#include <mutex>
-#include <set>
 
 #include "agentproto/base64.h"
-#include "agentproto/commands.h"
 #include "api/json_input.h"
+#include "guest/guest_ops.h"
 
 namespace space::api {
 
@@ -131,37 +127,26 @@ int httpStatus(const Error& e) {
   return 500;
 }
 
-// The envd FileType enum as short names.
-json entryJson(const json& e) {
-  if (!e.is_object()) return json::object();
+json entryJson(const guest::FileEntry& e) {
   json out = json::object();
-  auto copy = [&](const char* from, const char* to) {
-    if (e.contains(from)) out[to] = e[from];
+  auto copy = [&](const std::optional<std::string>& from, const char* to) {
+    if (from) out[to] = *from;
   };
-  copy("name", "name");
-  copy("path", "path");
-  std::string type = e.value("type", std::string());
-  if (e.contains("symlinkTarget")) {
-    out["type"] = "symlink";
-  } else if (type == "FILE_TYPE_FILE") {
-    out["type"] = "file";
-  } else if (type == "FILE_TYPE_DIRECTORY") {
-    out["type"] = "dir";
-  } else {
-    out["type"] = "other";
+  copy(e.name, "name");
+  copy(e.path, "path");
+  switch (e.type) {
+    case guest::FileType::kFile: out["type"] = "file"; break;
+    case guest::FileType::kDirectory: out["type"] = "dir"; break;
+    case guest::FileType::kSymlink: out["type"] = "symlink"; break;
+    case guest::FileType::kOther: out["type"] = "other"; break;
   }
-  // Protobuf's JSON mapping sends 64-bit integers as strings.
-  uint64_t size = 0;
-  if (e.contains("size") && e["size"].is_string())
-    size = std::strtoull(e["size"].get<std::string>().c_str(), nullptr, 10);
-  if (e.contains("size") && e["size"].is_number_unsigned()) size = e["size"].get<uint64_t>();
-  out["size"] = size;
-  copy("mode", "mode");
-  copy("permissions", "permissions");
-  copy("owner", "owner");
-  copy("group", "group");
-  copy("modifiedTime", "modified_at");
-  copy("symlinkTarget", "symlink_target");
+  out["size"] = e.size;
+  if (e.mode) out["mode"] = *e.mode;
+  copy(e.permissions, "permissions");
+  copy(e.owner, "owner");
+  copy(e.group, "group");
+  copy(e.modified_at, "modified_at");
+  copy(e.symlink_target, "symlink_target");
   return out;
 }
 
@@ -218,20 +203,17 @@ Result<int> pidParam(http::Request& req) {
   return static_cast<int>(n);
 }
 
-// NDJSON line for one agent process event.
-std::optional<std::string> eventLine(const agentproto::ProcessEvent& ev) {
-  using Kind = agentproto::ProcessEvent::Kind;
+// NDJSON line for one process event. Output stays the agent's base64 text (GuestOps checked
+// it is canonical and bounded), so no chunk is decoded and encoded again on its way through.
+std::string eventLine(const guest::ProcessEvent& ev) {
+  using Kind = guest::ProcessEvent::Kind;
   switch (ev.kind) {
     case Kind::kStart: return dumpJson(json{{"type", "start"}, {"pid", ev.pid}}) + "\n";
-    case Kind::kStdout:
-    case Kind::kPty: return dumpJson(json{{"type", "stdout"}, {"data", agentproto::base64Encode(ev.data)}}) + "\n";
-    case Kind::kStderr: return dumpJson(json{{"type", "stderr"}, {"data", agentproto::base64Encode(ev.data)}}) + "\n";
-    case Kind::kEnd: {
-      json line{{"type", "exit"}, {"exit_code", ev.end.exit_code}, {"status", ev.end.status}};
-      return dumpJson(line) + "\n";
-    }
-    default: return std::nullopt;
+    case Kind::kStdout: return dumpJson(json{{"type", "stdout"}, {"data", ev.data_base64}}) + "\n";
+    case Kind::kStderr: return dumpJson(json{{"type", "stderr"}, {"data", ev.data_base64}}) + "\n";
+    case Kind::kEnd: break;
   }
+  return dumpJson(json{{"type", "exit"}, {"exit_code", ev.end.exit_code}, {"status", ev.end.status}}) + "\n";
 }
 
 }  // namespace
@@ -616,15 +598,6 @@ Result<sandbox::AgentLease> ApiService::lease(Call& c, std::string_view operatio
   return lease;
 }
 
-Result<json> ApiService::agentCall(Call&, const sandbox::AgentLease& lease, const std::string& method,
-                                   const json& request, const std::string& user) {
-  agentproto::CallOptions options;
-  options.user = user;
-  auto result = lease.agent->call(method, request, options);
-  if (!result.ok()) return manager_.agentFailed(lease, result.error());
-  return result;
-}
-
 void ApiService::exec(Call& c) {
   auto started = Clock::now();
   auto body = readJson(c, limits_.max_exec_body);
@@ -648,7 +621,7 @@ void ApiService::exec(Call& c) {
         in.finish()}) {
     if (!s.ok()) return fail(c, s.error());
   }
-  agentproto::CommandSpec spec;
+  guest::ProcessSpec spec;
   if (command.value().has_value() == argv.value().has_value()) {
     return fail(c, makeError(ErrorCode::kInvalidArgument, "exactly one of command, argv is required"));
   }
@@ -687,18 +660,19 @@ void ApiService::exec(Call& c) {
   if (keep_stdin && !streamed) {
     return fail(c, makeError(ErrorCode::kInvalidArgument, "stdin_open: needs a streamed exec (\"stream\": true)"));
   }
-  if (keep_stdin && !spec.stdin_data) spec.stdin_data = std::string();
+  spec.close_stdin = !keep_stdin;
 
   auto agent = lease(c, "exec");
   if (!agent.ok()) return fail(c, agent.error());
+  guest::GuestOps ops(agent->agent);
   if (streamed) {
-    streamProcess(c, agent.value(), "/process.Process/Start", agentproto::startRequest(spec), spec.user, spec.timeout,
-                  spec.stdin_data, !keep_stdin);
+    auto process = ops.start(std::move(spec), guest::StreamLimits{limits_.max_stream_backlog});
+    if (!process.ok()) return fail(c, process.error());
+    streamProcess(c, agent.value(), *process.value());
     metrics_.exec_seconds.observe(std::chrono::duration<double>(Clock::now() - started).count());
     return;
   }
-  auto result =
-      agentproto::runCommand(*agent->agent, spec, limits_.max_exec_output, [&c] { return c.res.clientGone(); });
+  auto result = ops.run(std::move(spec), limits_.max_exec_output, [&c] { return c.res.clientGone(); });
   if (!result.ok()) {
     if (result.error().code == ErrorCode::kCanceled && c.res.clientGone()) return;  // nobody to answer
     return fail(c, manager_.agentFailed(agent.value(), result.error()));
@@ -723,130 +697,51 @@ void ApiService::exec(Call& c) {
   (void)c.res.send(200, "application/json", dumpJson(out));
 }
 
-void ApiService::streamProcess(Call& c, const sandbox::AgentLease& lease, const std::string& method,
-                               const json& request, const std::string& user, milliseconds timeout,
-                               const std::optional<std::string>& stdin_data, bool close_stdin) {
+void ApiService::streamProcess(Call& c, const sandbox::AgentLease& lease, guest::ProcessStream& process) {
   // Events arrive on the agent client's I/O thread; this (the connection's) thread writes them
   // to the client. A client slower than the backlog bound loses the stream, not the node's memory.
-  struct Shared {
-    std::mutex m;
-    std::condition_variable cv;
-    std::deque<std::string> lines;
-    size_t backlog = 0;
-    bool over = false;
-    bool overflow = false;
-    int pid = 0;
-    std::optional<Error> end_error;
-  };
-  auto shared = std::make_shared<Shared>();
-  const size_t max_backlog = limits_.max_stream_backlog;
-  agentproto::CallOptions options;
-  options.user = user;
-  options.timeout = timeout;
-  options.local_grace = std::chrono::seconds(5);
-  auto stream = lease.agent->stream(
-      method, request, options,
-      [shared, max_backlog](const json& message) {
-        auto ev = agentproto::decodeProcessEvent(message);
-        std::lock_guard lock(shared->m);
-        if (!ev.ok()) {
-          shared->end_error = ev.error();
-          return;
-        }
-        if (ev->kind == agentproto::ProcessEvent::Kind::kStart) shared->pid = ev->pid;
-        auto line = eventLine(ev.value());
-        if (!line || shared->overflow) return;
-        if (shared->backlog + line->size() > max_backlog) {
-          shared->overflow = true;
-        } else {
-          shared->backlog += line->size();
-          shared->lines.push_back(std::move(*line));
-        }
-        shared->cv.notify_all();
-      },
-      [shared](const Status& end) {
-        std::lock_guard lock(shared->m);
-        if (!end.ok() && !shared->end_error) shared->end_error = end.error();
-        shared->over = true;
-        shared->cv.notify_all();
-      });
-
-  bool stdin_sent = !stdin_data.has_value();
-  bool client_gone = false;
   while (true) {
-    std::deque<std::string> batch;
-    bool over = false, overflow = false;
-    int pid = 0;
-    {
-      std::unique_lock lock(shared->m);
-      shared->cv.wait_for(lock, milliseconds(1000), [&] {
-        return !shared->lines.empty() || shared->over || shared->overflow || (!stdin_sent && shared->pid);
-      });
-      batch.swap(shared->lines);
-      shared->backlog = 0;
-      over = shared->over;
-      overflow = shared->overflow;
-      pid = shared->pid;
+    // Wakes at least once a second, so a gone client is noticed while the process is silent.
+    auto batch = process.next(milliseconds(1000));
+    using State = guest::ProcessStream::State;
+    // An error before any event (unknown pid, bad cwd) is a plain error response.
+    if (!c.res.started() && batch.events.empty() && batch.state == State::kEnded && batch.error) {
+      return fail(c, manager_.agentFailed(lease, *batch.error));
     }
-    if (!c.res.started() && (!batch.empty() || over)) {
-      // An error before any event (unknown pid, bad cwd) is a plain error response.
-      std::lock_guard lock(shared->m);
-      if (batch.empty() && shared->end_error) return fail(c, manager_.agentFailed(lease, *shared->end_error));
-    }
-    if (!c.res.started() && !batch.empty()) {
+    bool client_gone = false;
+    if (!c.res.started() && !batch.events.empty()) {
       if (!c.res.begin(200, kNdjson).ok()) client_gone = true;
     }
-    for (const auto& line : batch) {
-      if (client_gone || !c.res.write(line).ok()) client_gone = true;
+    for (const auto& event : batch.events) {
+      if (client_gone || !c.res.write(eventLine(event)).ok()) client_gone = true;
     }
-    if (!stdin_sent && pid) {
-      stdin_sent = true;
-      json sel{{"pid", pid}};
-      Result<json> fed = json::object();
-      if (!stdin_data->empty()) {
-        fed = lease.agent->call("/process.Process/SendInput",
-                                json{{"process", sel}, {"input", {{"stdin", agentproto::base64Encode(*stdin_data)}}}});
-      }
-      if (fed.ok() && close_stdin) fed = lease.agent->call("/process.Process/CloseStdin", json{{"process", sel}});
-      if (!fed.ok()) {
-        // The process must not run on as if its input had arrived: stop it and say why.
-        (void)lease.agent->call("/process.Process/SendSignal", json{{"process", sel}, {"signal", "SIGNAL_SIGKILL"}});
-        std::lock_guard lock(shared->m);
-        if (!shared->end_error) shared->end_error = makeError(fed.error().code, "stdin: " + fed.error().message);
-      }
-    }
-    if (!client_gone && c.res.clientGone()) client_gone = true;
-    if (client_gone) {
+    if (client_gone || c.res.clientGone()) {
       // The process keeps running in the guest and can be re-attached.
-      stream->cancel();
-      (void)stream->wait(milliseconds(5000));
+      process.stop();
       return;
     }
-    if (overflow) {
-      stream->cancel();
-      (void)stream->wait(milliseconds(5000));
-      (void)c.res.write(dumpJson(json{{"type", "error"},
-                                      {"error",
-                                       {{"code", "client_too_slow"},
-                                        {"message", "output backlog over " + std::to_string(max_backlog) +
-                                                        " bytes; the process keeps running, re-attach to it"}}}}) +
-                        "\n");
+    if (batch.state == State::kOverflow) {
+      (void)c.res.write(
+          dumpJson(json{{"type", "error"},
+                        {"error",
+                         {{"code", "client_too_slow"},
+                          {"message", "output backlog over " + std::to_string(limits_.max_stream_backlog) +
+                                          " bytes; the process keeps running, re-attach to it"}}}}) +
+          "\n");
       (void)c.res.end();
       return;
     }
-    if (over) break;
-  }
-  std::optional<Error> end_error;
-  {
-    std::lock_guard lock(shared->m);
-    end_error = shared->end_error;
-  }
-  if (end_error) {
-    Error e = manager_.agentFailed(lease, *end_error);
-    if (!c.res.started()) return fail(c, e);
-    std::string code = e.reason.empty() ? errorCodeName(e.code) : e.reason;
-    metrics_.countError(code);
-    (void)c.res.write(dumpJson(json{{"type", "error"}, {"error", {{"code", code}, {"message", e.message}}}}) + "\n");
+    if (batch.state == State::kEnded) {
+      if (batch.error) {
+        Error e = manager_.agentFailed(lease, *batch.error);
+        if (!c.res.started()) return fail(c, e);
+        std::string code = e.reason.empty() ? errorCodeName(e.code) : e.reason;
+        metrics_.countError(code);
+        (void)c.res.write(dumpJson(json{{"type", "error"}, {"error", {{"code", code}, {"message", e.message}}}}) +
+                          "\n");
+      }
+      break;
+    }
   }
   if (!c.res.started()) (void)c.res.begin(200, kNdjson);
   (void)c.res.end();
@@ -855,20 +750,13 @@ void ApiService::streamProcess(Call& c, const sandbox::AgentLease& lease, const 
 void ApiService::listProcesses(Call& c) {
   auto agent = lease(c, "list processes");
   if (!agent.ok()) return fail(c, agent.error());
-  auto result = agentCall(c, agent.value(), "/process.Process/List", json::object());
-  if (!result.ok()) return fail(c, result.error());
+  auto result = guest::GuestOps(agent->agent).listProcesses();
+  if (!result.ok()) return fail(c, manager_.agentFailed(agent.value(), result.error()));
   json out = json::array();
-  if (result->contains("processes") && (*result)["processes"].is_array()) {
-    for (const auto& p : (*result)["processes"]) {
-      if (!p.is_object()) continue;
-      json cfg = p.value("config", json::object());
-      json entry{{"pid", p.value("pid", 0)},
-                 {"cmd", cfg.value("cmd", "")},
-                 {"args", cfg.value("args", json::array())},
-                 {"cwd", cfg.value("cwd", "")}};
-      if (p.contains("tag")) entry["tag"] = p["tag"];
-      out.push_back(std::move(entry));
-    }
+  for (auto& p : result.value()) {
+    json entry{{"pid", p.pid}, {"cmd", std::move(p.cmd)}, {"args", std::move(p.args)}, {"cwd", std::move(p.cwd)}};
+    if (p.tag) entry["tag"] = std::move(*p.tag);
+    out.push_back(std::move(entry));
   }
   (void)c.res.send(200, "application/json", dumpJson(json{{"processes", out}}));
 }
@@ -878,8 +766,8 @@ void ApiService::attachProcess(Call& c) {
   if (!pid.ok()) return fail(c, pid.error());
   auto agent = lease(c, "attach to a process");
   if (!agent.ok()) return fail(c, agent.error());
-  streamProcess(c, agent.value(), "/process.Process/Connect", json{{"process", {{"pid", pid.value()}}}}, "",
-                milliseconds(0), std::nullopt, false);
+  auto process = guest::GuestOps(agent->agent).connect(pid.value(), guest::StreamLimits{limits_.max_stream_backlog});
+  streamProcess(c, agent.value(), *process);
 }
 
 void ApiService::signalProcess(Call& c) {
@@ -891,20 +779,16 @@ void ApiService::signalProcess(Call& c) {
   auto signal = in.string("signal", 32);
   if (!signal.ok()) return fail(c, signal.error());
   if (auto done = in.finish(); !done.ok()) return fail(c, done.error());
-  std::string name = signal.value().value_or("SIGTERM");
-  if (name.rfind("SIG", 0) != 0) name = "SIG" + name;
-  static const std::set<std::string> kAllowed = {"SIGKILL", "SIGTERM", "SIGINT",  "SIGHUP", "SIGQUIT",
-                                                 "SIGUSR1", "SIGUSR2", "SIGSTOP", "SIGCONT"};
-  if (!kAllowed.count(name)) {
+  auto parsed = guest::parseSignal(signal.value().value_or("SIGTERM"));
+  if (!parsed) {
     return fail(
         c, makeError(ErrorCode::kInvalidArgument,
                      "signal: one of SIGKILL, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGSTOP, SIGCONT"));
   }
   auto agent = lease(c, "signal a process");
   if (!agent.ok()) return fail(c, agent.error());
-  auto result = agentCall(c, agent.value(), "/process.Process/SendSignal",
-                          json{{"process", {{"pid", pid.value()}}}, {"signal", "SIGNAL_" + name}});
-  if (!result.ok()) return fail(c, result.error());
+  auto sent = guest::GuestOps(agent->agent).sendSignal(pid.value(), *parsed);
+  if (!sent.ok()) return fail(c, manager_.agentFailed(agent.value(), sent.error()));
   (void)c.res.send(204, "", "");
 }
 
@@ -926,15 +810,14 @@ void ApiService::processInput(Call& c) {
   }
   auto agent = lease(c, "send input");
   if (!agent.ok()) return fail(c, agent.error());
-  json sel{{"pid", pid.value()}};
-  if (bytes && !bytes->empty()) {
-    auto sent = agentCall(c, agent.value(), "/process.Process/SendInput",
-                          json{{"process", sel}, {"input", {{"stdin", agentproto::base64Encode(*bytes)}}}});
-    if (!sent.ok()) return fail(c, sent.error());
+  guest::GuestOps ops(agent->agent);
+  if (bytes) {
+    auto sent = ops.sendInput(pid.value(), *bytes);
+    if (!sent.ok()) return fail(c, manager_.agentFailed(agent.value(), sent.error()));
   }
   if (eof.value().value_or(false)) {
-    auto closed = agentCall(c, agent.value(), "/process.Process/CloseStdin", json{{"process", sel}});
-    if (!closed.ok()) return fail(c, closed.error());
+    auto closed = ops.closeStdin(pid.value());
+    if (!closed.ok()) return fail(c, manager_.agentFailed(agent.value(), closed.error()));
   }
   (void)c.res.send(204, "", "");
 }
@@ -948,27 +831,25 @@ void ApiService::downloadFile(Call& c) {
   if (!user.ok()) return fail(c, user.error());
   auto agent = lease(c, "read files");
   if (!agent.ok()) return fail(c, agent.error());
-  agentproto::CallOptions options;
-  options.user = user.value();
-  options.timeout = std::chrono::hours(1);
   bool client_gone = false;
   // The response starts with the first chunk, so an error before it (no such file, a
   // directory) is still a proper error response. The sink runs on this thread (never the
   // agent client's I/O thread), so a client that reads slowly slows only its own download.
-  auto done = agent->agent->download(
-      path.value(),
-      [&](std::string_view chunk) -> Status {
-        if (!c.res.started()) {
-          c.res.setHeader("X-Content-Type-Options", "nosniff");
-          if (!c.res.begin(200, "application/octet-stream").ok()) client_gone = true;
-        }
-        if (client_gone || !c.res.write(chunk).ok()) {
-          client_gone = true;
-          return makeError(ErrorCode::kCanceled, "the client went away");
-        }
-        return okStatus();
-      },
-      options);
+  auto done = guest::GuestOps(agent->agent)
+                  .download(
+                      path.value(),
+                      [&](std::string_view chunk) -> Status {
+                        if (!c.res.started()) {
+                          c.res.setHeader("X-Content-Type-Options", "nosniff");
+                          if (!c.res.begin(200, "application/octet-stream").ok()) client_gone = true;
+                        }
+                        if (client_gone || !c.res.write(chunk).ok()) {
+                          client_gone = true;
+                          return makeError(ErrorCode::kCanceled, "the client went away");
+                        }
+                        return okStatus();
+                      },
+                      user.value());
   if (!done.ok()) {
     if (client_gone) return;
     return fail(c, manager_.agentFailed(agent.value(), done.error()));
@@ -987,27 +868,24 @@ void ApiService::uploadFile(Call& c) {
   if (!user.ok()) return fail(c, user.error());
   auto agent = lease(c, "write files");
   if (!agent.ok()) return fail(c, agent.error());
-  agentproto::CallOptions options;
-  options.user = user.value();
-  options.timeout = std::chrono::hours(1);
   std::optional<Error> body_error;
   // The source runs on this thread (never the agent client's I/O thread), so a client that
   // trickles its body holds up only its own upload; each read waits at most the server's
   // read timeout.
-  auto result = agent->agent->upload(
-      path.value(),
-      [&](char* out, size_t max) -> Result<size_t> {
-        auto n = c.req.readSome(out, max);
-        if (!n.ok()) body_error = n.error();
-        return n;
-      },
-      options);
+  auto result = guest::GuestOps(agent->agent)
+                    .upload(
+                        path.value(),
+                        [&](char* out, size_t max) -> Result<size_t> {
+                          auto n = c.req.readSome(out, max);
+                          if (!n.ok()) body_error = n.error();
+                          return n;
+                        },
+                        user.value());
   if (!result.ok()) {
     if (body_error) return fail(c, makeError(ErrorCode::kInvalidArgument, "request body: " + body_error->message));
     return fail(c, manager_.agentFailed(agent.value(), result.error()));
   }
-  json entry = result->is_array() && !result->empty() ? (*result)[0] : result.value();
-  (void)c.res.send(200, "application/json", dumpJson(entryJson(entry)));
+  (void)c.res.send(200, "application/json", dumpJson(entryJson(result.value())));
 }
 
 void ApiService::removeFile(Call& c) {
@@ -1017,9 +895,8 @@ void ApiService::removeFile(Call& c) {
   if (!user.ok()) return fail(c, user.error());
   auto agent = lease(c, "remove files");
   if (!agent.ok()) return fail(c, agent.error());
-  auto result =
-      agentCall(c, agent.value(), "/filesystem.Filesystem/Remove", json{{"path", path.value()}}, user.value());
-  if (!result.ok()) return fail(c, result.error());
+  auto removed = guest::GuestOps(agent->agent).remove(path.value(), user.value());
+  if (!removed.ok()) return fail(c, manager_.agentFailed(agent.value(), removed.error()));
   (void)c.res.send(204, "", "");
 }
 
@@ -1032,13 +909,11 @@ void ApiService::listFiles(Call& c) {
   if (!depth.ok()) return fail(c, depth.error());
   auto agent = lease(c, "list files");
   if (!agent.ok()) return fail(c, agent.error());
-  auto result = agentCall(c, agent.value(), "/filesystem.Filesystem/ListDir",
-                          json{{"path", path.value()}, {"depth", depth.value().value_or(1)}}, user.value());
-  if (!result.ok()) return fail(c, result.error());
+  auto result =
+      guest::GuestOps(agent->agent).listDir(path.value(), static_cast<int>(depth.value().value_or(1)), user.value());
+  if (!result.ok()) return fail(c, manager_.agentFailed(agent.value(), result.error()));
   json entries = json::array();
-  if (result->contains("entries") && (*result)["entries"].is_array()) {
-    for (const auto& e : (*result)["entries"]) entries.push_back(entryJson(e));
-  }
+  for (const auto& e : result.value()) entries.push_back(entryJson(e));
   (void)c.res.send(200, "application/json", dumpJson(json{{"entries", entries}}));
 }
 
@@ -1054,10 +929,9 @@ void ApiService::makeDirectory(Call& c) {
   if (auto ok = checkPath(path.value().value_or(""), "path"); !ok.ok()) return fail(c, ok.error());
   auto agent = lease(c, "make directories");
   if (!agent.ok()) return fail(c, agent.error());
-  auto result = agentCall(c, agent.value(), "/filesystem.Filesystem/MakeDir", json{{"path", *path.value()}},
-                          user.value().value_or(""));
-  if (!result.ok()) return fail(c, result.error());
-  (void)c.res.send(201, "application/json", dumpJson(entryJson(result->value("entry", json::object()))));
+  auto result = guest::GuestOps(agent->agent).makeDir(*path.value(), user.value().value_or(""));
+  if (!result.ok()) return fail(c, manager_.agentFailed(agent.value(), result.error()));
+  (void)c.res.send(201, "application/json", dumpJson(entryJson(result.value())));
 }
 
 void ApiService::moveFile(Call& c) {
@@ -1076,11 +950,9 @@ void ApiService::moveFile(Call& c) {
   if (auto ok = checkPath(destination.value().value_or(""), "destination"); !ok.ok()) return fail(c, ok.error());
   auto agent = lease(c, "move files");
   if (!agent.ok()) return fail(c, agent.error());
-  auto result =
-      agentCall(c, agent.value(), "/filesystem.Filesystem/Move",
-                json{{"source", *source.value()}, {"destination", *destination.value()}}, user.value().value_or(""));
-  if (!result.ok()) return fail(c, result.error());
-  (void)c.res.send(200, "application/json", dumpJson(entryJson(result->value("entry", json::object()))));
+  auto result = guest::GuestOps(agent->agent).move(*source.value(), *destination.value(), user.value().value_or(""));
+  if (!result.ok()) return fail(c, manager_.agentFailed(agent.value(), result.error()));
+  (void)c.res.send(200, "application/json", dumpJson(entryJson(result.value())));
 }
 
 void ApiService::consoleLog(Call& c) {

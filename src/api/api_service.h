@@ -1,6 +1,7 @@
 // ApiService: the /v1 REST API of spaced over a SandboxManager. It turns HTTP requests into
-// manager and agent calls and their results into JSON (errors: {"error":{"code","message"}}
-// with a status that fits the code). Every route except /healthz needs `Authorization: Bearer
+// manager calls and guest commands (guest::GuestOps, through the sandbox's agent lease) and
+// their results into JSON (errors: {"error":{"code","message"}} with a status that fits the
+// code). Every route except /healthz needs `Authorization: Bearer
 // <key>`; the key's tenant scopes everything, and another tenant's sandbox is "not found".
 // docs/api.md describes the API; docs/openapi.json is its contract (a test compares the
 // routes below with it).
@@ -14,6 +15,7 @@
 #include "api/auth.h"
 #include "api/metrics.h"
 #include "api/tenant_gate.h"
+#include "guest/guest_ops.h"
 #include "http/message.h"
 #include "http/router.h"
 #include "sandbox/manager.h"
@@ -26,7 +28,7 @@ struct ApiLimits {
   // over while being encoded: kept moderate; larger data goes through files or streams.
   // Eight concurrent ones stay within tens of MB.
   size_t max_exec_body = 4 << 20;
-  size_t max_exec_output = 4 << 20;  // as JSON: escapes count
+  size_t max_exec_output = 4 << 20;     // as JSON: escapes count
   size_t max_stream_backlog = 8 << 20;  // streamed output waiting for a slow client
   size_t max_console_bytes = 1 << 20;
   // Requests one tenant may run at once (streams included): the server's connection limits
@@ -94,11 +96,8 @@ class ApiService {
   void fail(Call& c, const Error& error);
   Result<nlohmann::json> readJson(Call& c, size_t max_bytes);
   Result<sandbox::AgentLease> lease(Call& c, std::string_view operation);
-  Result<nlohmann::json> agentCall(Call& c, const sandbox::AgentLease& lease, const std::string& method,
-                                   const nlohmann::json& request, const std::string& user = {});
-  void streamProcess(Call& c, const sandbox::AgentLease& lease, const std::string& method,
-                     const nlohmann::json& request, const std::string& user, std::chrono::milliseconds timeout,
-                     const std::optional<std::string>& stdin_data, bool close_stdin);
+  // Writes a process's events as NDJSON until it ends, overflows or the client goes away.
+  void streamProcess(Call& c, const sandbox::AgentLease& lease, guest::ProcessStream& process);
 
   sandbox::SandboxManager& manager_;
   KeyRing& keys_;
