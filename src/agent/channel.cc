@@ -45,8 +45,20 @@ void Channel::adopt(int fd, bool owned) {
 }
 
 void Channel::poke() {
+  checkHost();
+  armSafetyPoll();
+}
+
+void Channel::armSafetyPoll() {
+  // Only while no host is attached: SIGIO may miss an attach. An attached port is watched by
+  // epoll, which reports the detach (POLLHUP is level-triggered), so a connected guest keeps no
+  // timer: an idle pooled guest must not wake every second (bench/RESULTS.md, idle CPU).
   loop_.cancelTimer(safety_timer_);
-  safety_timer_ = loop_.addTimer(kSafetyPoll, [this] { poke(); });
+  safety_timer_ = 0;
+  if (fd_ >= 0 && state_ == State::kDisconnected) safety_timer_ = loop_.addTimer(kSafetyPoll, [this] { poke(); });
+}
+
+void Channel::checkHost() {
   if (fd_ < 0) return;
   pollfd p{fd_, POLLIN, 0};
   poll(&p, 1, 0);
@@ -88,6 +100,7 @@ void Channel::disconnect(const char* why) {
     loop_.removeFd(fd_);
     watching_ = false;
   }
+  armSafetyPoll();
 }
 
 void Channel::onEvents(uint32_t events) {

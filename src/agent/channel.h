@@ -26,7 +26,8 @@ class Channel {
   Status open(const std::string& port_path);
   // Takes an already open stream fd (tests: one end of a socketpair). Non-blocking is set here.
   void adopt(int fd, bool owned);
-  // Re-checks whether a host is attached; called on SIGIO and by a slow safety timer.
+  // Re-checks whether a host is attached; called on SIGIO and, while none is, by a slow
+  // safety timer.
   void poke();
 
   uint64_t sessions() const { return sessions_; }
@@ -37,6 +38,8 @@ class Channel {
   void readAvailable();
   void handleBytes(std::string_view bytes);
   void disconnect(const char* why);
+  void checkHost();
+  void armSafetyPoll();
   void attach();
   void flush();
   void updateInterest();
