@@ -511,7 +511,25 @@ StateStore::~StateStore() {
   if (rc != SQLITE_OK) spdlog::warn("closing state database {}: {}", path_, sqlite3_errstr(rc));
 }
 
-Status StateStore::insertSandbox(const SandboxRecord& record) {
+Status StateStore::insertSandbox(SandboxRecord& record) {
+  const int64_t now = nowMs();
+  SPACE_TRY(insertSandboxAt(record, now));
+  record.updated_at_ms = now;
+  return okStatus();
+}
+
+Status StateStore::updateSandbox(SandboxRecord& record) {
+  const int64_t now = nowMs();
+  SPACE_TRY(updateSandboxAt(record, now));
+  record.updated_at_ms = now;
+  return okStatus();
+}
+
+Status StateStore::insertSandbox(const SandboxRecord& record) { return insertSandboxAt(record, nowMs()); }
+
+Status StateStore::updateSandbox(const SandboxRecord& record) { return updateSandboxAt(record, nowMs()); }
+
+Status StateStore::insertSandboxAt(const SandboxRecord& record, int64_t now) {
   auto text = validateSandbox(record);
   if (!text.ok()) return text.error();
   std::lock_guard lock(mu_);
@@ -524,7 +542,7 @@ Status StateStore::insertSandbox(const SandboxRecord& record) {
                                 ":source_snapshot)",
                             op);
   if (!stmt.ok()) return stmt.error();
-  bindSandbox(stmt.value(), record, text.value(), nowMs());
+  bindSandbox(stmt.value(), record, text.value(), now);
   int rc = stmt->step();
   if (rc == SQLITE_CONSTRAINT_PRIMARYKEY) {
     return makeError(ErrorCode::kAlreadyExists, "sandbox " + record.id + " already exists");
@@ -533,7 +551,7 @@ Status StateStore::insertSandbox(const SandboxRecord& record) {
   return okStatus();
 }
 
-Status StateStore::updateSandbox(const SandboxRecord& record) {
+Status StateStore::updateSandboxAt(const SandboxRecord& record, int64_t now) {
   auto text = validateSandbox(record);
   if (!text.ok()) return text.error();
   std::lock_guard lock(mu_);
@@ -548,7 +566,7 @@ Status StateStore::updateSandbox(const SandboxRecord& record) {
                             "source_snapshot = :source_snapshot WHERE id = :id",
                             op);
   if (!stmt.ok()) return stmt.error();
-  bindSandbox(stmt.value(), record, text.value(), nowMs());
+  bindSandbox(stmt.value(), record, text.value(), now);
   SPACE_TRY(stmt->run(op));
   if (sqlite3_changes(db_) == 0) return makeError(ErrorCode::kNotFound, "sandbox " + record.id + " not found");
   return okStatus();

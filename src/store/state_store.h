@@ -121,8 +121,12 @@ class StateStore {
 
   int schemaVersion() const { return schema_version_; }
 
-  Status insertSandbox(const SandboxRecord& record);        // kAlreadyExists on duplicate id
-  Status updateSandbox(const SandboxRecord& record);        // whole row by id; kNotFound if absent
+  Status insertSandbox(const SandboxRecord& record);  // kAlreadyExists on duplicate id
+  Status updateSandbox(const SandboxRecord& record);  // whole row by id; kNotFound if absent
+  // The same, and `record` then says what was written (its updated_at_ms): the caller has the
+  // row as stored without reading it back.
+  Status insertSandbox(SandboxRecord& record);
+  Status updateSandbox(SandboxRecord& record);
   Result<SandboxRecord> getSandbox(const std::string& id);  // kNotFound
   // Stable order: created_at_ms, then id. kInvalidArgument if after_id is not a sandbox of the
   // tenant (including one purged since the previous page).
@@ -149,6 +153,8 @@ class StateStore {
   Status limitGrowthForTesting(int64_t extra_pages);
 
  private:
+  Status insertSandboxAt(const SandboxRecord& record, int64_t now);
+  Status updateSandboxAt(const SandboxRecord& record, int64_t now);
   StateStore(sqlite3* db, std::string path, int schema_version)
       : db_(db), path_(std::move(path)), schema_version_(schema_version) {}
 
