@@ -72,7 +72,18 @@ int main(int argc, char** argv) {
     std::cerr << "space-vm: " << parsed.error().message << "\n";
     return 2;
   }
-  spec.accelerator = parsed.value();
+  // The node's facts as spaced resolves them, so a guest started here boots as its guests do
+  // (the same accelerator choice and kernel arguments).
+  auto facts = probeNodeFacts(parsed.value());
+  if (!facts.ok()) {
+    std::cerr << "space-vm: " << facts.error().message << "\n";
+    return 2;
+  }
+  spec.accelerator = facts->accelerator.accelerator;
+  spec.qemu_binary = facts->qemu_binary;
+  const std::string node_args = facts->guestKernelArgs(spec.accelerator);
+  if (!node_args.empty()) spec.extra_cmdline = node_args + (spec.extra_cmdline.empty() ? "" : " " + spec.extra_cmdline);
+  options.node = &facts.value();
   spec.boot_timeout = std::chrono::milliseconds(static_cast<int64_t>(boot_timeout_s * 1000));
 
   auto vm = Vm::start(spec, options);

@@ -1,48 +1,35 @@
 #include "sandbox/manager.h"
 
-#include <dirent.h>
-#include <openssl/rand.h>
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
 #include <fstream>
-#include <future>
-#include <set>
 #include <system_error>
 
-#include "agentproto/base64.h"
 #include "common/fault.h"
 #include "common/fs.h"
-#include "common/process.h"
-#include "snapshot/layers.h"
-#include "snapshot/sandbox_snapshot.h"
-#include "vmm/accelerator.h"
-#include "vmm/vm_spec.h"
+#include "sandbox/manager_internal.h"
+#include "vmm/node_facts.h"
 
 namespace space::sandbox {
 
 using std::chrono::milliseconds;
+using namespace internal;
 
-struct SandboxManager::Live {
-  std::mutex control;  // serialises lifecycle operations (and QMP use) on this sandbox
-  std::string id;
-  std::string tenant;
-  uint32_t cpus = 0;
-  uint64_t memory_mb = 0;
-  std::atomic<int64_t> expires_at_ms{0};
-  int64_t timeout_s = 0;
-  int64_t idle_suspend_s = 0;
-  std::string on_timeout = "delete";
-  std::atomic<int64_t> last_active_ms{0};
-  std::atomic<int> active_calls{0};  // leases alive: exec streams, file transfers
-  // Guarded by `control`.
-  SandboxState state = SandboxState::kCreating;
-  std::unique_ptr<vmm::Vm> vm;
-  bool finished = false;  // ended (deleted/failed) and out of live_
-  // Paused because QEMU stopped the guest on a disk error: what QEMU said (else empty).
-  // Written under the manager's `mu_` too, so that get() reads it without waiting for `control`.
-  std::string disk_error;
-};
+namespace {
+
+Result<uint64_t> hostMemoryMb() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemTotal:") return kib / 1024;
+  }
+  return makeError(ErrorCode::kInternal, "MemTotal missing from /proc/meminfo");
+}
+
+}  // namespace
 
 int64_t nowMs() {
   return std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -65,72 +52,6 @@ std::string newId(const char* prefix) {
 
 std::string newSandboxId() { return newId("sb_"); }
 std::string newSnapshotId() { return newId("snap_"); }
-
-namespace {
-
-constexpr const char* kSuspendedState = "/suspended.state";
-constexpr size_t kConsoleMaxBytes = 8 << 20;
-constexpr size_t kConsoleKeepBytes = 1 << 20;
-
-// Sandbox ids have '_', which hostnames may not.
-std::string hostnameFor(const std::string& id) {
-  std::string name = id;
-  for (char& c : name) {
-    if (c == '_') c = '-';
-  }
-  return name;
-}
-
-std::string freshEntropy() {
-  unsigned char bytes[64];
-  if (RAND_bytes(bytes, sizeof bytes) != 1) abort();  // no entropy: nothing safe to do
-  return agentproto::base64Encode(std::string(reinterpret_cast<char*>(bytes), sizeof bytes));
-}
-
-std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
-
-Error notFound(const std::string& id) {
-  return makeError(ErrorCode::kNotFound, "sandbox " + id + " not found", "sandbox_not_found");
-}
-
-Error snapshotNotFound(const std::string& id) {
-  return makeError(ErrorCode::kNotFound, "snapshot " + id + " not found", "snapshot_not_found");
-}
-
-constexpr const char* kTimeoutSuspendReason = "timeout: suspended (on_timeout is suspend)";
-
-// What a sandbox whose guest QEMU stopped on a disk error says, as its state_reason and to calls.
-std::string diskStopReason(const std::string& error) {
-  return "disk error: the VM was stopped because it could not write to the node's disk (" + error +
-         "); free space on the node, then resume it";
-}
-
-Error diskStopped(const std::string& id, const std::string& error) {
-  return makeError(ErrorCode::kResourceExhausted, "sandbox " + id + " is paused: " + diskStopReason(error));
-}
-
-// The last non-empty line of the console: usually what the guest said before it died.
-std::string lastConsoleLine(const vmm::Vm& vm) {
-  std::string tail = vm.consoleTail(2048);
-  while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r')) tail.pop_back();
-  auto at = tail.find_last_of('\n');
-  std::string line = at == std::string::npos ? tail : tail.substr(at + 1);
-  if (!line.empty() && line.back() == '\r') line.pop_back();
-  return line;
-}
-
-Result<uint64_t> hostMemoryMb() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit) {
-    if (key == "MemTotal:") return kib / 1024;
-  }
-  return makeError(ErrorCode::kInternal, "MemTotal missing from /proc/meminfo");
-}
-
-}  // namespace
 
 std::string SandboxManager::sandboxDir(const std::string& id) const { return config_.data_dir + "/sandboxes/" + id; }
 
@@ -164,9 +85,10 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
                                                       " s) must be within 1..max timeout (" +
                                                       std::to_string(config.max_timeout_s) + " s)");
   }
-  auto capacity = vmm::probeHostCapacity();
-  if (!capacity.ok()) return capacity.error();
-  if (config.max_total_vcpus == 0) config.max_total_vcpus = 4 * capacity->max_vcpus;
+  // Resolved once: no create probes /dev/kvm, walks PATH or calibrates anything.
+  auto facts = vmm::probeNodeFacts(config.accelerator);
+  if (!facts.ok()) return facts.error();
+  if (config.max_total_vcpus == 0) config.max_total_vcpus = 4 * facts->max_vcpus;
   if (config.max_total_memory_mb == 0) {
     auto total = hostMemoryMb();
     if (!total.ok()) return total.error();
@@ -183,6 +105,9 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
   }
   std::unique_ptr<SandboxManager> manager(new SandboxManager(std::move(config), store));
   manager->templates_ = std::make_unique<snapshot::TemplateCache>(manager->config_.data_dir + "/templates");
+  manager->launcher_ = std::make_unique<Launcher>(
+      Launcher::Config{manager->config_.templates, manager->config_.boot_timeout, manager->config_.use_snapshots},
+      std::move(facts.value()), *manager->templates_);
   SPACE_TRY(manager->recover());
   // From here a failure returns through ~SandboxManager, which stops whatever was started.
   auto actions = ActionPool::start(manager->config_.housekeeping_workers);
@@ -203,193 +128,27 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
 SandboxManager::~SandboxManager() { shutdown(ShutdownMode::kKeepRunning); }
 
 Result<WarmVm> SandboxManager::makeWarmVm() {
-  const Template& tpl = config_.templates.at("base");
-  auto accel = vmm::chooseAccelerator(config_.accelerator, vmm::probeKvm());
-  if (!accel.ok()) return accel.error();
-  snapshot::TemplateKey key{
-      tpl.name, tpl.kernel_path, tpl.rootfs_path, config_.default_cpus, config_.default_memory_mb, accel->accelerator};
-  auto snap = templates_->ensure(key, config_.boot_timeout);
-  if (!snap.ok()) return snap.error();
-  vmm::VmSpec spec;
-  spec.kernel_path = tpl.kernel_path;
-  spec.rootfs_path = snap->disk;
-  spec.rootfs_format = "qcow2";
-  spec.memory_file = snap->memory_file;
-  spec.memory_private = true;
-  spec.vcpus = config_.default_cpus;
-  spec.memory_mib = config_.default_memory_mb;
-  spec.accelerator = accel->accelerator;
-  spec.boot_timeout = config_.boot_timeout;
+  auto tpl = launcher_->findTemplate("base");
+  if (!tpl.ok()) return tpl.error();
   WarmVm warm;
   warm.sandbox_id = newSandboxId();
-  warm.snapshot_dir = snap->dir;
-  warm.state_file = snap->state_file;
-  vmm::VmStartOptions options;
-  options.run_dir = sandboxDir(warm.sandbox_id);
-  auto vm = vmm::Vm::prepare(spec, options);
-  if (!vm.ok()) return vm.error();
-  warm.vm = std::move(vm.value());
+  auto launch = launcher_->fromTemplate(*tpl.value(), config_.default_cpus, config_.default_memory_mb,
+                                        sandboxDir(warm.sandbox_id));
+  if (!launch.ok()) return launch.error();
+  warm.snapshot_dir = launch->template_dir;
+  auto runtime = SandboxRuntime::prepare(launch.value());
+  if (!runtime.ok()) return runtime.error();
+  warm.runtime = std::move(runtime.value());
   return warm;
 }
 
-// --- start-up recovery ---------------------------------------------------------------------
+// --- bounds --------------------------------------------------------------------------------
 
-Status SandboxManager::recover() {
-  auto rows = store_.sandboxesInStates({"creating", "running", "paused"});
-  if (!rows.ok()) return rows.error();
-  int adopted = 0, failed = 0;
-  std::set<std::string> suspended_ids;
-  if (auto suspended = store_.sandboxesInStates({"suspended"}); suspended.ok()) {
-    for (const auto& s : suspended.value()) suspended_ids.insert(s.id);
+Status SandboxManager::checkTimeout(int64_t timeout_s) const {
+  if (timeout_s < 1 || timeout_s > config_.max_timeout_s) {
+    return makeError(ErrorCode::kInvalidArgument, "timeout_s = " + std::to_string(timeout_s) + ": must be within 1.." +
+                                                      std::to_string(config_.max_timeout_s));
   }
-  // Adoptions run in parallel: each may wait up to its timeout for a guest that does not
-  // answer, and the API is not served until recovery is done.
-  std::vector<std::future<Result<std::unique_ptr<vmm::Vm>>>> adoptions(rows->size());
-  for (size_t i = 0; i < rows->size(); ++i) {
-    const auto& row = rows.value()[i];
-    if (row.state == "creating" || row.vm_pid <= 0 || row.run_dir.empty()) continue;
-    if (std::filesystem::exists(row.run_dir + kSuspendedState)) continue;  // a suspend cut short
-    auto accel = vmm::parseAccelerator(row.accelerator);
-    vmm::VmAdoptSpec spec{row.run_dir,
-                          static_cast<pid_t>(row.vm_pid),
-                          row.vm_identity,
-                          accel.ok() ? accel.value() : vmm::Accelerator::kTcg,
-                          std::chrono::seconds(10),
-                          row.memory_mb};
-    try {
-      adoptions[i] = std::async(std::launch::async, [spec] { return vmm::Vm::adopt(spec); });
-    } catch (const std::system_error&) {
-      // No thread to spare: adopt this one in turn (slower, but recovery still completes).
-      adoptions[i] = std::async(std::launch::deferred, [spec] { return vmm::Vm::adopt(spec); });
-    }
-  }
-  for (size_t i = 0; i < rows->size(); ++i) {
-    auto& row = rows.value()[i];
-    std::string reason;
-    std::unique_ptr<vmm::Vm> vm;
-    std::optional<std::string> disk_error;
-    if (row.state != "creating" && !row.run_dir.empty() && std::filesystem::exists(row.run_dir + kSuspendedState)) {
-      // The guest was saved but the suspension not recorded: finish it. Its QEMU, if still
-      // there, is stopped by the orphan sweep below.
-      row.state = stateName(SandboxState::kSuspended);
-      row.state_reason.clear();
-      row.vm_pid = 0;
-      SPACE_TRY(store_.updateSandbox(row));
-      suspended_ids.insert(row.id);
-      spdlog::info("sandbox {}: suspended (recorded at restart)", row.id);
-      continue;
-    }
-    if (row.state == "creating") {
-      reason = "spaced restarted while the sandbox was being created";
-    } else if (!adoptions[i].valid()) {
-      reason = "no VM was recorded for it";
-    } else {
-      auto found = adoptions[i].get();
-      std::error_code ec;
-      std::filesystem::remove(row.run_dir + kSuspendedState + ".tmp", ec);  // a suspend cut short
-      if (found.ok()) {
-        // Stopped on a full disk, before or while spaced was down: kept paused, saying why
-        // (continuing it would only stop it again while there is no room).
-        if (auto stopped = found.value()->diskErrorStop(); stopped.ok()) disk_error = stopped.value();
-      }
-      if (found.ok() && row.state == "running" && !disk_error) {
-        // Recorded running but stopped: a suspend or pause was cut short before it was
-        // recorded. Continue the guest, as the record says.
-        auto status = found.value()->queryStatus();
-        if (status.ok() && status.value() != "running") {
-          if (auto resumed = found.value()->resume(); !resumed.ok()) {
-            found = makeError(resumed.error().code, "cannot continue it: " + resumed.error().message);
-          }
-        }
-      }
-      if (found.ok()) {
-        vm = std::move(found.value());
-      } else {
-        reason = "its VM was lost while spaced was down: " + firstLine(found.error().message);
-      }
-    }
-    if (vm) {
-      auto live = liveFromRecord(row);
-      live->state = row.state == "paused" || disk_error ? SandboxState::kPaused : SandboxState::kRunning;
-      live->vm = std::move(vm);
-      if (disk_error) {
-        live->disk_error = *disk_error;
-        row.state = stateName(SandboxState::kPaused);
-        row.state_reason = diskStopReason(*disk_error);
-        if (auto saved = store_.updateSandbox(row); !saved.ok()) {
-          spdlog::error("sandbox {}: cannot record its disk error: {}", row.id, saved.error().message);
-        }
-      }
-      reserved_vcpus_ += row.cpus;
-      reserved_memory_mb_ += row.memory_mb;
-      live_[row.id] = std::move(live);
-      ++adopted;
-      continue;
-    }
-    row.state = stateName(SandboxState::kFailed);
-    row.state_reason = reason;
-    row.vm_pid = 0;
-    SPACE_TRY(store_.updateSandbox(row));
-    spdlog::warn("sandbox {}: failed: {}", row.id, reason);
-    ++failed;
-  }
-
-  // Orphans: QEMU processes under our sandboxes directory that no live sandbox owns (e.g. one
-  // that was booting when the previous daemon died), then directories nobody owns.
-  const std::string prefix = config_.data_dir + "/sandboxes/";
-  const std::string build_prefix = config_.data_dir + "/templates/.build-";           // a template build cut short
-  const std::string snapshot_build_prefix = config_.data_dir + "/snapshots/.build-";  // a snapshot cut short
-  std::set<pid_t> owned;
-  for (auto& [id, live] : live_) owned.insert(live->vm->pid());
-  int killed = 0;
-  if (DIR* proc = opendir("/proc")) {
-    while (dirent* entry = readdir(proc)) {
-      char* end = nullptr;
-      long pid = strtol(entry->d_name, &end, 10);
-      if (*end != '\0' || pid <= 0 || pid == getpid() || owned.count(static_cast<pid_t>(pid))) continue;
-      // Pidfd first, then the check, then the signal through the pidfd: a pid reused meanwhile
-      // fails the check and is left alone.
-      auto orphan = ChildProcess::adopt(static_cast<pid_t>(pid));
-      if (!orphan.ok()) continue;
-      auto cmdline = processCmdline(static_cast<pid_t>(pid));
-      if (!cmdline.ok() || cmdline->find("qemu-system") == std::string::npos ||
-          (cmdline->find(prefix) == std::string::npos && cmdline->find(build_prefix) == std::string::npos &&
-           cmdline->find(snapshot_build_prefix) == std::string::npos)) {
-        orphan->disown();
-        continue;
-      }
-      orphan->kill();
-      ++killed;
-    }
-    closedir(proc);
-  }
-  int removed = 0;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(prefix, ec)) {
-    if (live_.count(entry.path().filename().string()) || suspended_ids.count(entry.path().filename().string()))
-      continue;
-    std::filesystem::remove_all(entry.path(), ec);
-    ++removed;
-  }
-  for (const auto& entry : std::filesystem::directory_iterator(config_.data_dir + "/templates", ec)) {
-    if (entry.path().filename().string().rfind(".build-", 0) == 0) {
-      std::filesystem::remove_all(entry.path(), ec);
-      ++removed;
-    }
-  }
-  // Snapshots: directories the store does not know (cut short, or published but not recorded).
-  std::set<std::string> recorded_snapshots;
-  auto snapshots = store_.allSnapshots();
-  if (!snapshots.ok()) return snapshots.error();
-  for (const auto& snap : snapshots.value()) recorded_snapshots.insert(snap.id);
-  for (const auto& entry : std::filesystem::directory_iterator(config_.data_dir + "/snapshots", ec)) {
-    if (recorded_snapshots.count(entry.path().filename().string())) continue;
-    std::filesystem::remove_all(entry.path(), ec);
-    ++removed;
-  }
-  collectLayers(/*wait=*/true);
-  spdlog::info("sandboxes: recovered: {} re-adopted, {} failed, {} orphaned QEMU killed, {} stale dirs removed",
-               adopted, failed, killed, removed);
   return okStatus();
 }
 
@@ -449,15 +208,20 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
                                                         " vCPUs and " + std::to_string(snap->memory_mb) +
                                                         " MB; a sandbox restored from it has the same");
     }
+    // A guest saved under one accelerator (and its CPU model) is never restored under another.
+    if (snap->accelerator != vmm::acceleratorName(launcher_->accelerator())) {
+      return makeError(ErrorCode::kFailedPrecondition,
+                       "snapshot " + snap->id + " was taken under " + snap->accelerator + "; this node runs " +
+                           vmm::acceleratorName(launcher_->accelerator()),
+                       "snapshot_incompatible");
+    }
     template_name = snap->template_name;
     cpus = snap->cpus;
     memory_mb = snap->memory_mb;
     from_snapshot = std::move(snap.value());
   }
-  auto tpl = config_.templates.find(template_name);
-  if (tpl == config_.templates.end()) {
-    return makeError(ErrorCode::kNotFound, "template \"" + template_name + "\" not found", "template_not_found");
-  }
+  auto tpl = launcher_->findTemplate(template_name);
+  if (!tpl.ok()) return tpl.error();
   const int64_t timeout_s = request.timeout_s >= 0 ? request.timeout_s : config_.default_timeout_s;
   const int64_t idle_suspend_s = request.idle_suspend_s >= 0 ? request.idle_suspend_s : config_.idle_suspend_s;
   const std::string on_timeout = request.on_timeout.empty() ? "delete" : request.on_timeout;
@@ -466,10 +230,7 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
                                                       std::to_string(vmm::kMinMemoryMib) + ".." +
                                                       std::to_string(config_.max_memory_mb));
   }
-  if (timeout_s < 1 || timeout_s > config_.max_timeout_s) {
-    return makeError(ErrorCode::kInvalidArgument, "timeout_s = " + std::to_string(timeout_s) + ": must be within 1.." +
-                                                      std::to_string(config_.max_timeout_s));
-  }
+  SPACE_TRY(checkTimeout(timeout_s));
   if (idle_suspend_s > config_.max_idle_suspend_s) {
     return makeError(ErrorCode::kInvalidArgument, "idle_suspend_s = " + std::to_string(idle_suspend_s) +
                                                       ": must be within 0.." +
@@ -478,38 +239,9 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   if (on_timeout != "delete" && on_timeout != "suspend") {
     return makeError(ErrorCode::kInvalidArgument, "on_timeout = \"" + on_timeout + "\": must be delete or suspend");
   }
-
   // Checked before anything is recorded: a request the host can never satisfy leaves no trace.
-  auto host = vmm::probeHostCapacity();
-  if (!host.ok()) return host.error();
-  {
-    vmm::VmSpec probe;
-    probe.kernel_path = tpl->second.kernel_path;
-    probe.rootfs_path = tpl->second.rootfs_path;
-    probe.vcpus = cpus;
-    probe.memory_mib = memory_mb;
-    if (auto fits = vmm::validateSpec(probe, host.value()); !fits.ok()) {
-      const Error& e = fits.error();
-      if (e.code == ErrorCode::kResourceExhausted) {
-        return makeError(e.code, "not enough free memory on this node: " + e.message, "insufficient_capacity");
-      }
-      return e;
-    }
-  }
+  SPACE_TRY(launcher_->checkFits(*tpl.value(), cpus, memory_mb));
 
-  std::optional<vmm::AcceleratorChoice> accel;
-  if (from_snapshot || config_.use_snapshots) {
-    auto chosen = vmm::chooseAccelerator(config_.accelerator, vmm::probeKvm());
-    if (!chosen.ok()) return chosen.error();
-    // A guest saved under one accelerator (and its CPU model) is never restored under another.
-    if (from_snapshot && from_snapshot->accelerator != vmm::acceleratorName(chosen->accelerator)) {
-      return makeError(ErrorCode::kFailedPrecondition,
-                       "snapshot " + from_snapshot->id + " was taken under " + from_snapshot->accelerator +
-                           "; this node runs " + vmm::acceleratorName(chosen->accelerator),
-                       "snapshot_incompatible");
-    }
-    accel = chosen.value();
-  }
   // A VM started ahead of need, if one fits: the request then only loads the guest's state.
   std::optional<WarmVm> warm;
   if (pool_ && !from_snapshot && template_name == "base" && cpus == config_.default_cpus &&
@@ -550,7 +282,7 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   faultPoint("create.inserted");
 
   auto fail = [&](const Error& e) -> Error {
-    live->vm.reset();  // kills QEMU and removes its files, if any
+    live->runtime.reset();  // kills QEMU and removes its files, if any
     rec.state = stateName(SandboxState::kFailed);
     rec.state_reason = firstLine(e.message);
     rec.vm_pid = 0;
@@ -566,73 +298,46 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
                      client_error ? e.reason : "sandbox_start_failed");
   };
 
-  vmm::VmSpec spec;
-  spec.kernel_path = tpl->second.kernel_path;
-  spec.rootfs_path = tpl->second.rootfs_path;
-  spec.vcpus = cpus;
-  spec.memory_mib = memory_mb;
-  spec.accelerator = config_.accelerator;
-  spec.boot_timeout = config_.boot_timeout;
-  vmm::VmStartOptions options;
-  options.run_dir = rec.run_dir;
-  options.host_capacity = host.value();  // probed above: once per create
   auto started = Clock::now();
   const auto deadline = started + config_.boot_timeout;
-  const char* how = "booted in";
-  bool up = false;  // the agent answered
-  if (accel) {
-    spec.accelerator = accel->accelerator;
-    spec.rootfs_format = "qcow2";
-    spec.memory_private = true;
-    if (from_snapshot) {
-      how = "branched in";
-      // The snapshot's files must stay while QEMU opens them and the state loads, and no
-      // longer: a guest slow to answer must not hold up the snapshot's deletion.
-      auto opening = openSnapshotFiles(from_snapshot->id);
-      if (!opening.ok()) return fail(opening.error());
-      std::string state_file;
-      {
-        std::shared_lock layers(layers_mu_);  // the child's overlay is made over the snapshot's layer
-        // Deleted since it was looked up? Then its files are gone.
-        if (auto still = store_.getSnapshot(from_snapshot->id); !still.ok()) {
-          return fail(snapshotNotFound(from_snapshot->id));
-        }
-        auto files = snapshot::snapshotFilesIn(snapshotDir(from_snapshot->id), from_snapshot->disk);
-        spec.rootfs_path = files.disk;
-        spec.memory_file = files.memory_file;
-        state_file = files.state_file;
-        auto vm = vmm::Vm::prepare(spec, options);
-        if (!vm.ok()) return fail(vm.error());
-        live->vm = std::move(vm.value());
+  std::string how;
+  if (from_snapshot) {
+    // The snapshot's files must stay while QEMU opens them and the state loads, and no
+    // longer: a guest slow to answer must not hold up the snapshot's deletion.
+    auto opening = openSnapshotFiles(from_snapshot->id);
+    if (!opening.ok()) return fail(opening.error());
+    {
+      std::shared_lock layers(layers_mu_);  // the child's overlay is made over the snapshot's layer
+      // Deleted since it was looked up? Then its files are gone.
+      if (auto still = store_.getSnapshot(from_snapshot->id); !still.ok()) {
+        return fail(snapshotNotFound(from_snapshot->id));
       }
-      if (auto loaded = live->vm->loadPrepared(state_file, deadline); !loaded.ok()) return fail(loaded.error());
-      opening.value().reset();  // QEMU holds what it needs of the files now
-      faultPoint("create.state_loaded");
-      if (auto answered = live->vm->awaitAgent(deadline); !answered.ok()) return fail(answered.error());
-      up = true;
-    } else {
-      snapshot::TemplateKey key{tpl->second.name, tpl->second.kernel_path, tpl->second.rootfs_path, cpus,
-                                memory_mb,        accel->accelerator,      spec.qemu_binary};
-      auto snap = templates_->ensure(key, config_.boot_timeout);
-      if (!snap.ok()) return fail(snap.error());
-      spec.rootfs_path = snap->disk;
-      spec.memory_file = snap->memory_file;
-      options.restore_from = snap->state_file;
-      how = "restored in";
-      if (warm && warm->snapshot_dir == snap->dir) {
-        live->vm = std::move(warm->vm);
-        how = "restored (warm) in";
-      }
-      warm.reset();  // a VM waiting for a snapshot since rebuilt is dropped
+      auto launch = launcher_->fromSnapshot(
+          *tpl.value(), snapshot::snapshotFilesIn(snapshotDir(from_snapshot->id), from_snapshot->disk), cpus, memory_mb,
+          rec.run_dir);
+      how = launch.how;
+      auto runtime = SandboxRuntime::prepare(launch);
+      if (!runtime.ok()) return fail(runtime.error());
+      live->runtime = std::move(runtime.value());
     }
-  }
-  if (!live->vm) {
-    auto vm = vmm::Vm::start(spec, options);
-    if (!vm.ok()) return fail(vm.error());
-    live->vm = std::move(vm.value());
-  } else if (!up) {  // from the warm pool: it loads the state now
-    if (auto restored = live->vm->restore(options.restore_from, config_.boot_timeout); !restored.ok()) {
-      return fail(restored.error());
+    if (auto loaded = live->runtime->load(deadline); !loaded.ok()) return fail(loaded.error());
+    opening.value().reset();  // QEMU holds what it needs of the files now
+    faultPoint("create.state_loaded");
+    if (auto answered = live->runtime->awaitAgent(deadline); !answered.ok()) return fail(answered.error());
+  } else {
+    auto launch = launcher_->fromTemplate(*tpl.value(), cpus, memory_mb, rec.run_dir);
+    if (!launch.ok()) return fail(launch.error());
+    how = launch->how;
+    // A pool entry waiting for a template snapshot since rebuilt is dropped (its VM with it).
+    if (warm && !launch->template_dir.empty() && warm->snapshot_dir == launch->template_dir) {
+      live->runtime = std::move(warm->runtime);
+      how += " (warm)";
+      if (auto restored = live->runtime->restore(config_.boot_timeout); !restored.ok()) return fail(restored.error());
+    } else {
+      warm.reset();
+      auto runtime = SandboxRuntime::start(launch.value());
+      if (!runtime.ok()) return fail(runtime.error());
+      live->runtime = std::move(runtime.value());
     }
   }
   // Its own identity before anyone sees it running: a restored clone still has the template's
@@ -643,22 +348,23 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     for (const auto& [k, v] : request.env) vars[k] = v;
     configure["envVars"] = vars;
   }
-  auto configured = live->vm->agent().call("/agent.Agent/Configure", configure);
+  auto configured = live->vm().agent().call("/agent.Agent/Configure", configure);
   if (!configured.ok()) return fail(configured.error());
   if (faultFails("create.configured"))
     return fail(makeError(ErrorCode::kInternal, "injected failure (SPACE_FAULT_FAIL)"));
   faultPoint("create.configured");
   rec.state = stateName(SandboxState::kRunning);
-  rec.vm_pid = live->vm->pid();
-  rec.vm_identity = live->vm->identity();
-  rec.accelerator = vmm::acceleratorName(live->vm->accelerator());
+  rec.vm_pid = live->vm().pid();
+  rec.vm_identity = live->vm().identity();
+  rec.accelerator = vmm::acceleratorName(live->vm().accelerator());
   if (auto saved = store_.updateSandbox(rec); !saved.ok()) return fail(saved.error());
   faultPoint("create.recorded");
   live->state = SandboxState::kRunning;
   live->last_active_ms = nowMs();
-  spdlog::info("sandbox {}: running (tenant {}, {} vCPU, {} MB, {} {} ms, expires in {} s)", rec.id, rec.tenant, cpus,
-               memory_mb, how, std::chrono::duration_cast<milliseconds>(Clock::now() - started).count(), timeout_s);
-  return store_.getSandbox(rec.id);
+  spdlog::info("sandbox {}: running (tenant {}, {} vCPU, {} MB, {} in {} ms, expires in {} s)", rec.id, rec.tenant,
+               cpus, memory_mb, how, std::chrono::duration_cast<milliseconds>(Clock::now() - started).count(),
+               timeout_s);
+  return rec;  // as recorded: not read back
 }
 
 Result<store::SandboxRecord> SandboxManager::getOwned(const std::string& tenant, const std::string& id) {
@@ -703,7 +409,7 @@ Status SandboxManager::finish(const std::shared_ptr<Live>& live, SandboxState to
   SPACE_TRY(checkTransition(live->state, to, to == SandboxState::kDeleted ? "delete" : "fail"));
   auto rec = store_.getSandbox(live->id);
   if (!rec.ok()) return rec.error();
-  live->vm.reset();  // the work first (QEMU gone, files removed), then the record
+  live->runtime.reset();  // the work first (QEMU gone, files removed), then the record
   layers_dirty_ = true;
   faultPoint(to == SandboxState::kDeleted ? "delete.vm_removed" : "fail.vm_removed");
   rec->state = stateName(to);
@@ -790,10 +496,10 @@ Result<store::SandboxRecord> SandboxManager::suspendLocked(const std::shared_ptr
   auto started = Clock::now();
   // saveState writes a temp file and renames it when complete: a failure (disk full) leaves no
   // partial state, and the guest is continued as it was.
-  auto saved = sandbox.vm->saveState(rec->run_dir + kSuspendedState, std::chrono::minutes(5));
+  auto saved = sandbox.runtime->suspendTo(rec->run_dir + kSuspendedState, std::chrono::minutes(5));
   if (!saved.ok()) {
-    (void)(was_running ? sandbox.vm->resume() : sandbox.vm->reactivateStopped());
-    if (!sandbox.vm->processRunning()) {
+    (void)(was_running ? sandbox.runtime->resume() : sandbox.vm().reactivateStopped());
+    if (!sandbox.vm().processRunning()) {
       (void)finish(live, SandboxState::kFailed, "its VM stopped while suspending");
       return makeError(ErrorCode::kUnavailable, "sandbox " + id + " failed while suspending", "sandbox_failed");
     }
@@ -801,9 +507,7 @@ Result<store::SandboxRecord> SandboxManager::suspendLocked(const std::shared_ptr
                                              (was_running ? " (it keeps running)" : " (it stays paused)"));
   }
   faultPoint("suspend.saved");
-  sandbox.vm->quit();
-  sandbox.vm->detach();  // keep the run dir: it holds the disk and the saved state
-  sandbox.vm.reset();
+  sandbox.runtime.reset();  // released by suspendTo: the run dir with its disk and saved state stays
   rec->state = stateName(SandboxState::kSuspended);
   rec->vm_pid = 0;
   rec->vm_identity.clear();
@@ -827,15 +531,12 @@ Result<store::SandboxRecord> SandboxManager::suspendLocked(const std::shared_ptr
   spdlog::info("sandbox {}: suspended in {} ms{}", id,
                std::chrono::duration_cast<milliseconds>(Clock::now() - started).count(),
                rec->state_reason.empty() ? "" : " (" + rec->state_reason + ")");
-  return store_.getSandbox(id);
+  return rec;  // as recorded
 }
 
 Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::SandboxRecord& suspended) {
-  auto tpl = config_.templates.find(suspended.template_name);
-  if (tpl == config_.templates.end()) {
-    return makeError(ErrorCode::kNotFound, "template \"" + suspended.template_name + "\" not found",
-                     "template_not_found");
-  }
+  auto tpl = launcher_->findTemplate(suspended.template_name);
+  if (!tpl.ok()) return tpl.error();
   store::SandboxRecord rec = suspended;
   // Suspended by its timeout: the time it spent suspended does not count; the timeout starts again.
   const bool rearm = suspended.state_reason == kTimeoutSuspendReason;
@@ -848,42 +549,30 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
     live->finished = true;
     live->state = SandboxState::kSuspended;
   };
-  vmm::VmSpec spec;
-  spec.kernel_path = tpl->second.kernel_path;
-  spec.rootfs_path = suspended.run_dir + "/disk.qcow2";  // named for validation; the Vm opens the newest disk
-  spec.vcpus = suspended.cpus;
-  spec.memory_mib = suspended.memory_mb;
-  auto accel = vmm::parseAccelerator(suspended.accelerator);
-  spec.accelerator = accel.ok() ? accel.value() : config_.accelerator;
-  spec.boot_timeout = config_.boot_timeout;
-  vmm::VmStartOptions options;
-  options.run_dir = suspended.run_dir;
-  options.reuse_run_dir = true;
-  options.restore_from = suspended.run_dir + kSuspendedState;
-  // The guest must not run (and write to its disk) while the saved state could still be loaded
-  // again: it is restored stopped, the resume recorded, the state file removed, and only then
-  // continued. A crash at any step leaves either a suspended sandbox whose disk matches its
-  // saved RAM, or a running one (recovery continues a stopped guest recorded as running).
-  options.stay_paused = true;
+  // Restored stopped (see Launcher::fromSuspended): it is continued only once the resume is
+  // recorded and the state file removed. A crash at any step leaves either a suspended sandbox
+  // whose disk matches its saved RAM, or a running one (recovery continues a stopped guest
+  // recorded as running).
+  auto launch = launcher_->fromSuspended(*tpl.value(), suspended, suspended.run_dir + kSuspendedState);
   auto started = Clock::now();
-  auto vm = vmm::Vm::start(spec, options);
-  if (!vm.ok()) {
+  auto runtime = SandboxRuntime::start(launch);
+  if (!runtime.ok()) {
     unreserve();
     // The saved state and disk are untouched: the sandbox stays suspended and can be retried.
-    return makeError(vm.error().code == ErrorCode::kInvalidArgument ? vm.error().code : ErrorCode::kUnavailable,
-                     "cannot resume sandbox " + suspended.id + ": " + firstLine(vm.error().message));
+    const Error& e = runtime.error();
+    return makeError(e.code == ErrorCode::kInvalidArgument ? e.code : ErrorCode::kUnavailable,
+                     "cannot resume sandbox " + suspended.id + ": " + firstLine(e.message));
   }
-  live->vm = std::move(vm.value());
+  live->runtime = std::move(runtime.value());
   faultPoint("resume.restored");
   rec.state = stateName(SandboxState::kRunning);
   rec.state_reason.clear();
-  rec.vm_pid = live->vm->pid();
-  rec.vm_identity = live->vm->identity();
-  rec.accelerator = vmm::acceleratorName(live->vm->accelerator());
+  rec.vm_pid = live->vm().pid();
+  rec.vm_identity = live->vm().identity();
+  rec.accelerator = vmm::acceleratorName(live->vm().accelerator());
   if (auto saved = store_.updateSandbox(rec); !saved.ok()) {
-    live->vm->quit();
-    live->vm->detach();  // keep the suspended files: the record still says suspended
-    live->vm.reset();
+    live->runtime->release();  // keep the suspended files: the record still says suspended
+    live->runtime.reset();
     unreserve();
     return saved.error();
   }
@@ -893,9 +582,8 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
   if (ec) {
     // The guest has not run and its state is still there: put the record back, and the sandbox
     // stays suspended as it was.
-    live->vm->quit();
-    live->vm->detach();
-    live->vm.reset();
+    live->runtime->release();
+    live->runtime.reset();
     unreserve();
     if (auto back = store_.updateSandbox(suspended); !back.ok()) return back.error();
     return makeError(ErrorCode::kInternal,
@@ -909,13 +597,13 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
   }
   faultPoint("resume.state_removed");
   // From here the saved state is gone: the guest must continue, or it is lost.
-  if (auto resumed = live->vm->resume(); !resumed.ok()) {
-    auto status = live->vm->queryStatus();
+  if (auto resumed = live->runtime->resume(); !resumed.ok()) {
+    auto status = live->vm().queryStatus();
     if (status.ok() && status.value() == "running") {
       // It continued; only its agent was slow to answer (a loaded host under TCG). Give it the
       // boot timeout; if it still does not answer, the sandbox runs on and calls fail as
       // unavailable until it does, which is better than losing the guest.
-      if (auto agent = live->vm->reconnectAgent(config_.boot_timeout); !agent.ok()) {
+      if (auto agent = live->vm().reconnectAgent(config_.boot_timeout); !agent.ok()) {
         spdlog::warn("sandbox {}: resumed, but its agent does not answer yet: {}", suspended.id, agent.error().message);
       }
     } else {
@@ -927,59 +615,14 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
     }
   }
   // The clock stood still while suspended.
-  auto configured = live->vm->agent().call("/agent.Agent/Configure",
-                                           nlohmann::json{{"timeMs", nowMs()}, {"entropy", freshEntropy()}});
+  auto configured = live->vm().agent().call("/agent.Agent/Configure",
+                                            nlohmann::json{{"timeMs", nowMs()}, {"entropy", freshEntropy()}});
   if (!configured.ok())
     spdlog::warn("sandbox {}: resumed, but its clock was not set: {}", suspended.id, configured.error().message);
   live->state = SandboxState::kRunning;
   spdlog::info("sandbox {}: resumed from suspension in {} ms", suspended.id,
                std::chrono::duration_cast<milliseconds>(Clock::now() - started).count());
-  return store_.getSandbox(suspended.id);
-}
-
-void SandboxManager::expireSuspended(int64_t now_ms) {
-  auto rows = store_.sandboxesInStates({"suspended"});
-  if (!rows.ok()) return;
-  for (const auto& row : rows.value()) {
-    if (row.expires_at_ms > now_ms || actions_->busy(row.id)) continue;
-    // Removing its files (its saved RAM and disk) takes a while: not on the housekeeping thread.
-    (void)actions_->submit(
-        {row.id, row.tenant, ActionPool::Kind::kQuick, [this, row, now_ms] { expireOneSuspended(row, now_ms); }});
-  }
-}
-
-void SandboxManager::expireOneSuspended(const store::SandboxRecord& row, int64_t now_ms) {
-  // Claimed in live_ (as already ended) while its files and record change, so a resume
-  // cannot start from them meanwhile (its reserve() is refused: "changing state; retry").
-  auto claim = liveFromRecord(row);
-  claim->state = SandboxState::kDeleted;
-  claim->finished = true;
-  {
-    std::lock_guard lock(mu_);
-    if (!live_.emplace(row.id, claim).second) return;  // being resumed
-  }
-  auto rec = store_.getSandbox(row.id);  // as it is now that nobody else can change it
-  if (rec.ok() && rec->state == stateName(SandboxState::kSuspended) && rec->expires_at_ms <= now_ms) {
-    if (rec->on_timeout == "suspend" && rec->state_reason != kTimeoutSuspendReason) {
-      // Suspended already (by request or idleness) when its timeout came: kept, as if the
-      // timeout had suspended it.
-      rec->state_reason = kTimeoutSuspendReason;
-      rec->expires_at_ms = now_ms + std::chrono::duration_cast<milliseconds>(config_.suspended_retention).count();
-      if (store_.updateSandbox(rec.value()).ok()) spdlog::info("sandbox {}: timed out while suspended; kept", rec->id);
-    } else {
-      std::error_code ec;
-      std::filesystem::remove_all(rec->run_dir, ec);
-      layers_dirty_ = true;
-      rec->state_reason = rec->state_reason == kTimeoutSuspendReason
-                              ? "retention: kept suspended after its timeout for " +
-                                    std::to_string(config_.suspended_retention.count()) + " s, never resumed"
-                              : "timeout: its timeout_s expired (while suspended)";
-      rec->state = stateName(SandboxState::kDeleted);
-      if (store_.updateSandbox(rec.value()).ok()) spdlog::info("sandbox {}: deleted ({})", rec->id, rec->state_reason);
-    }
-  }
-  std::lock_guard lock(mu_);
-  live_.erase(row.id);
+  return rec;  // as recorded
 }
 
 Result<store::SandboxRecord> SandboxManager::changeRunState(const std::string& tenant, const std::string& id,
@@ -1010,17 +653,17 @@ Result<store::SandboxRecord> SandboxManager::changeRunState(const std::string& t
   // caller's intent already holds, and retries after a lost response stay harmless.
   if (sandbox.state == to) return store_.getSandbox(id);
   SPACE_TRY(checkTransition(sandbox.state, to, operation));
-  auto done = to == SandboxState::kPaused ? sandbox.vm->pause() : sandbox.vm->resume();
+  auto done = to == SandboxState::kPaused ? sandbox.runtime->pause() : sandbox.runtime->resume();
   if (!done.ok()) {
-    if (!sandbox.vm->processRunning()) {
-      auto exit = sandbox.vm->exitStatus();
+    if (!sandbox.vm().processRunning()) {
+      auto exit = sandbox.vm().exitStatus();
       std::string reason = "its VM stopped (QEMU " + (exit ? exit->describe() : std::string("exited")) + ")";
       (void)finish(live.value(), SandboxState::kFailed, reason);
       return makeError(ErrorCode::kUnavailable, "sandbox " + id + " failed: " + reason, "sandbox_failed");
     }
     // Continued, and QEMU stopped it again at once: its disk is still full.
     if (to == SandboxState::kRunning) {
-      if (auto stopped = sandbox.vm->diskErrorStop(); stopped.ok() && stopped.value()) {
+      if (auto stopped = sandbox.vm().diskErrorStop(); stopped.ok() && stopped.value()) {
         markDiskStopped(sandbox, **stopped);
         return makeError(ErrorCode::kResourceExhausted,
                          "cannot resume sandbox " + id + ": " + diskStopReason(**stopped));
@@ -1039,7 +682,7 @@ Result<store::SandboxRecord> SandboxManager::changeRunState(const std::string& t
   if (!recorded.ok()) {
     // Not recorded (e.g. the database's disk is full): undone, so the VM is as the record and
     // this object say, and the call can be retried.
-    (void)(to == SandboxState::kPaused ? sandbox.vm->resume() : sandbox.vm->pause());
+    (void)(to == SandboxState::kPaused ? sandbox.runtime->resume() : sandbox.runtime->pause());
     return recorded.error();
   }
   sandbox.state = to;
@@ -1048,15 +691,12 @@ Result<store::SandboxRecord> SandboxManager::changeRunState(const std::string& t
     sandbox.disk_error.clear();
   }
   spdlog::info("sandbox {}: {}", id, stateName(to));
-  return store_.getSandbox(id);
+  return rec;  // as recorded
 }
 
 Result<store::SandboxRecord> SandboxManager::setTimeout(const std::string& tenant, const std::string& id,
                                                         int64_t timeout_s) {
-  if (timeout_s < 1 || timeout_s > config_.max_timeout_s) {
-    return makeError(ErrorCode::kInvalidArgument, "timeout_s = " + std::to_string(timeout_s) + ": must be within 1.." +
-                                                      std::to_string(config_.max_timeout_s));
-  }
+  SPACE_TRY(checkTimeout(timeout_s));
   auto live = findLive(tenant, id);
   if (!live.ok()) {
     auto rec = getOwned(tenant, id);
@@ -1076,252 +716,7 @@ Result<store::SandboxRecord> SandboxManager::setTimeout(const std::string& tenan
   SPACE_TRY(store_.updateSandbox(rec.value()));
   live.value()->expires_at_ms = rec->expires_at_ms;
   live.value()->timeout_s = timeout_s;
-  return store_.getSandbox(id);
-}
-
-// --- snapshots and branching -----------------------------------------------------------------
-
-Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& request) {
-  auto live = findLive(request.tenant, request.sandbox_id);
-  if (!live.ok()) {
-    auto rec = getOwned(request.tenant, request.sandbox_id);
-    if (!rec.ok()) return rec.error();
-    return makeError(ErrorCode::kFailedPrecondition,
-                     "sandbox is " + rec->state + "; only a running or paused sandbox can be snapshotted",
-                     "invalid_state");
-  }
-  auto& sandbox = *live.value();
-  std::unique_lock control(sandbox.control);
-  auto rec = store_.getSandbox(sandbox.id);
-  if (!rec.ok()) return rec.error();
-  if (sandbox.finished || !sandbox.vm ||
-      (sandbox.state != SandboxState::kRunning && sandbox.state != SandboxState::kPaused)) {
-    return makeError(ErrorCode::kFailedPrecondition,
-                     "sandbox is " + rec->state + "; only a running or paused sandbox can be snapshotted",
-                     "invalid_state");
-  }
-  auto tpl = config_.templates.find(rec->template_name);
-  if (tpl == config_.templates.end()) {
-    return makeError(ErrorCode::kNotFound, "template \"" + rec->template_name + "\" not found", "template_not_found");
-  }
-  store::SnapshotRecord snap;
-  snap.id = newSnapshotId();
-  snap.tenant = request.tenant;
-  snap.name = request.name;
-  snap.sandbox_id = sandbox.id;
-  snap.template_name = rec->template_name;
-  snap.cpus = rec->cpus;
-  snap.memory_mb = rec->memory_mb;
-  snap.accelerator = vmm::acceleratorName(sandbox.vm->accelerator());
-  snap.dir = snapshotDir(snap.id);
-  snap.metadata = request.metadata;
-
-  snapshot::TakeSnapshotRequest take;
-  take.id = snap.id;
-  take.snapshots_dir = config_.data_dir + "/snapshots";
-  take.layers_dir = config_.data_dir + "/layers";
-  take.kernel_path = tpl->second.kernel_path;
-  take.vcpus = rec->cpus;
-  take.memory_mib = rec->memory_mb;
-  take.accelerator = sandbox.vm->accelerator();
-  take.timeout = std::chrono::minutes(5);
-  // Step 1 holds the sandbox (it is stopped) and, shared, the layers lock: the new layer is
-  // named by no disk until the sandbox's new overlay names it, so no sweep may run meanwhile.
-  // (Nothing else waits for it: deleting snapshots does not take it, and sweeps only try.)
-  std::shared_lock layers(layers_mu_);
-  auto capture = snapshot::captureSnapshot(*sandbox.vm, sandbox.state == SandboxState::kRunning, take);
-  layers.unlock();
-  if (!capture.ok()) {
-    layers_dirty_ = true;
-    const bool usable =
-        sandbox.vm->processRunning() &&
-        (sandbox.state == SandboxState::kRunning ? sandbox.vm->resume().ok() : sandbox.vm->reactivateStopped().ok());
-    if (!usable) {
-      (void)finish(
-          live.value(), SandboxState::kFailed,
-          "its VM stopped or could not be continued while being snapshotted: " + firstLine(capture.error().message));
-      return makeError(ErrorCode::kUnavailable, "sandbox " + sandbox.id + " failed while being snapshotted",
-                       "sandbox_failed");
-    }
-    return makeError(capture.error().code, "cannot snapshot sandbox " + sandbox.id + ": " +
-                                               firstLine(capture.error().message) + " (the sandbox is unchanged)");
-  }
-  faultPoint("snapshot.captured");
-  // Step 2 needs neither: the sandbox serves calls again while the helper works. (Its layer is
-  // kept by the build directory's name, see collectLayers, even if the sandbox goes meanwhile.)
-  control.unlock();
-  auto files = snapshot::finishSnapshot(std::move(capture.value()), take);
-  if (!files.ok()) {
-    layers_dirty_ = true;
-    return makeError(files.error().code, "cannot snapshot sandbox " + sandbox.id + ": " +
-                                             firstLine(files.error().message) + " (the sandbox is unchanged)");
-  }
-  snap.disk = files->disk;
-  snap.size_bytes = files->size_bytes;
-  snap.created_at_ms = nowMs();
-  faultPoint("snapshot.published");
-  if (auto inserted = store_.insertSnapshot(snap); !inserted.ok()) {
-    std::error_code ec;
-    std::filesystem::remove_all(snap.dir, ec);
-    layers_dirty_ = true;
-    return inserted.error();
-  }
-  faultPoint("snapshot.recorded");
-  spdlog::info("sandbox {}: snapshot {} taken ({} MiB)", sandbox.id, snap.id, snap.size_bytes >> 20);
-  return snap;
-}
-
-Result<store::SnapshotRecord> SandboxManager::getSnapshot(const std::string& tenant, const std::string& snapshot_id) {
-  auto snap = store_.getSnapshot(snapshot_id);
-  if (!snap.ok()) {
-    if (snap.error().code == ErrorCode::kNotFound) return snapshotNotFound(snapshot_id);
-    return snap.error();
-  }
-  if (snap->tenant != tenant) return snapshotNotFound(snapshot_id);
-  return snap;
-}
-
-Result<store::SnapshotPage> SandboxManager::listSnapshots(const store::SnapshotFilter& filter) {
-  return store_.listSnapshots(filter);
-}
-
-Result<std::shared_ptr<void>> SandboxManager::openSnapshotFiles(const std::string& id) {
-  {
-    std::lock_guard use(snapshot_use_mu_);
-    if (snapshots_deleting_.count(id)) return snapshotNotFound(id);
-    ++snapshot_openers_[id];
-  }
-  return std::shared_ptr<void>(nullptr, [this, id](void*) {
-    {
-      std::lock_guard use(snapshot_use_mu_);
-      if (--snapshot_openers_[id] == 0) snapshot_openers_.erase(id);
-    }
-    snapshot_unused_.notify_all();
-  });
-}
-
-Status SandboxManager::deleteSnapshot(const std::string& tenant, const std::string& snapshot_id) {
-  auto snap = getSnapshot(tenant, snapshot_id);
-  if (!snap.ok()) return snap.error();
-  {
-    // No child is opening these files while they go, and none starts from them from now on.
-    // The wait is for QEMU to open them (children's guests are not waited for), and only for
-    // this snapshot's children.
-    std::unique_lock use(snapshot_use_mu_);
-    snapshot_unused_.wait(use, [&] { return !snapshots_deleting_.count(snapshot_id); });  // a concurrent delete
-    snapshots_deleting_.insert(snapshot_id);
-    snapshot_unused_.wait(use, [&] { return !snapshot_openers_.count(snapshot_id); });
-  }
-  auto deleted = [&]() -> Status {
-    auto still = getSnapshot(tenant, snapshot_id);  // a concurrent delete may have won
-    if (!still.ok()) return still.error();
-    // The record first: a crash then leaves an unrecorded directory, which recovery removes,
-    // rather than a record naming files that are gone.
-    SPACE_TRY(store_.deleteSnapshot(snapshot_id));
-    std::error_code ec;
-    std::filesystem::remove_all(snap->dir, ec);
-    if (ec) spdlog::warn("snapshot {}: remove {}: {}", snapshot_id, snap->dir, ec.message());
-    return okStatus();
-  }();
-  {
-    std::lock_guard use(snapshot_use_mu_);
-    snapshots_deleting_.erase(snapshot_id);
-  }
-  snapshot_unused_.notify_all();
-  if (!deleted.ok()) return deleted.error();
-  // Its layer goes too, unless disks still stand on it. Not waited for: if a snapshot is being
-  // taken or a child started, the housekeeping thread sweeps it within a round or so.
-  collectLayers(/*wait=*/false);
-  spdlog::info("snapshot {}: deleted", snapshot_id);
-  return okStatus();
-}
-
-Result<std::vector<store::SandboxRecord>> SandboxManager::branch(const CreateRequest& request, uint32_t count) {
-  if (count < 1 || count > config_.max_branch) {
-    return makeError(ErrorCode::kInvalidArgument,
-                     "count = " + std::to_string(count) + ": must be within 1.." + std::to_string(config_.max_branch));
-  }
-  if (auto snap = getSnapshot(request.tenant, request.snapshot_id); !snap.ok()) return snap.error();
-  auto started = Clock::now();
-  // A few at a time: each start is mostly waiting on its own QEMU, but all share the host's cores.
-  const uint32_t workers = std::min<uint32_t>(count, 4);
-  std::vector<Result<store::SandboxRecord>> made(count, makeError(ErrorCode::kCanceled, "not started"));
-  std::atomic<uint32_t> next{0};
-  std::atomic<bool> failed{false};
-  std::vector<std::thread> threads;
-  std::optional<Error> no_thread;
-  for (uint32_t w = 0; w < workers; ++w) {
-    auto thread = startThread("branch.worker", [&] {
-      for (uint32_t i = next++; i < count && !failed; i = next++) {
-        made[i] = create(request);
-        if (!made[i].ok()) failed = true;
-      }
-    });
-    if (!thread.ok()) {
-      // All or none: the workers started stop after their current child, which is deleted below.
-      no_thread = thread.error();
-      failed = true;
-      break;
-    }
-    threads.push_back(std::move(thread.value()));
-  }
-  for (auto& t : threads) t.join();
-  std::vector<store::SandboxRecord> children;
-  std::optional<Error> first_error = no_thread;
-  for (auto& r : made) {
-    if (r.ok()) {
-      children.push_back(r.value());
-    } else if (!first_error && r.error().code != ErrorCode::kCanceled) {
-      first_error = r.error();
-    }
-  }
-  if (first_error) {
-    for (const auto& child : children) (void)remove(request.tenant, child.id);
-    return makeError(first_error->code,
-                     "branch of " + request.snapshot_id + " failed (" + std::to_string(children.size()) + " of " +
-                         std::to_string(count) + " started, now deleted): " + first_error->message,
-                     first_error->reason);
-  }
-  spdlog::info("snapshot {}: branched into {} sandboxes in {} ms", request.snapshot_id, count,
-               std::chrono::duration_cast<milliseconds>(Clock::now() - started).count());
-  return children;
-}
-
-void SandboxManager::collectLayers(bool wait) {
-  std::unique_lock layers(layers_mu_, std::defer_lock);
-  if (wait) {
-    layers.lock();
-  } else if (!layers.try_lock()) {
-    layers_dirty_ = true;  // busy starting VMs or taking a snapshot: next round
-    return;
-  }
-  std::vector<std::string> roots;
-  std::error_code ec;
-  // Every sandbox directory's disk (running, paused, suspended, or being created).
-  for (const auto& sandbox : std::filesystem::directory_iterator(config_.data_dir + "/sandboxes", ec)) {
-    std::error_code inner;
-    for (const auto& file : std::filesystem::directory_iterator(sandbox.path(), inner)) {
-      if (file.path().extension() == ".qcow2") roots.push_back(file.path().string());
-    }
-  }
-  // Snapshots being built keep their layer (and its helper's overlay stands on it).
-  for (const auto& build : std::filesystem::directory_iterator(config_.data_dir + "/snapshots", ec)) {
-    const std::string name = build.path().filename().string();
-    if (name.rfind(".build-", 0) == 0) roots.push_back(config_.data_dir + "/layers/" + name.substr(7) + ".qcow2");
-  }
-  auto snapshots = store_.allSnapshots();
-  if (!snapshots.ok()) {
-    spdlog::warn("layers: not collected: {}", snapshots.error().message);
-    return;
-  }
-  for (const auto& snap : snapshots.value()) roots.push_back(snap.disk);
-  auto keep = snapshot::reachableLayers(roots);
-  if (!keep) {
-    spdlog::warn("layers: not collected: a disk's backing chain could not be read");
-    return;
-  }
-  int removed = snapshot::sweepLayers(config_.data_dir + "/layers", *keep);
-  if (removed > 0) spdlog::info("layers: removed {} disk layers nothing stands on", removed);
+  return rec;  // as recorded
 }
 
 // --- agent access ----------------------------------------------------------------------------
@@ -1358,7 +753,7 @@ Result<AgentLease> SandboxManager::agent(const std::string& tenant, const std::s
     sandbox->last_active_ms = nowMs();
     --sandbox->active_calls;
   });
-  return AgentLease{id, live.value()->vm->sharedAgent(), false, std::move(activity)};
+  return AgentLease{id, live.value()->vm().sharedAgent(), false, std::move(activity)};
 }
 
 Error SandboxManager::agentFailed(const AgentLease& lease, const Error& error) {
@@ -1375,10 +770,10 @@ Error SandboxManager::agentFailed(const AgentLease& lease, const Error& error) {
   if (!live->finished && live->state == SandboxState::kPaused && !live->disk_error.empty()) {
     return diskStopped(lease.sandbox_id, live->disk_error);
   }
-  if (live->finished || !live->vm || live->vm->processRunning()) return error;
-  auto exit = live->vm->exitStatus();
+  if (live->finished || !live->runtime || live->vm().processRunning()) return error;
+  auto exit = live->vm().exitStatus();
   std::string reason = "its VM stopped (QEMU " + (exit ? exit->describe() : std::string("exited")) + ")";
-  if (auto line = lastConsoleLine(*live->vm); !line.empty()) reason += "; console: " + line;
+  if (auto line = lastConsoleLine(live->vm()); !line.empty()) reason += "; console: " + line;
   (void)finish(live, SandboxState::kFailed, reason);
   return makeError(ErrorCode::kUnavailable, "sandbox " + lease.sandbox_id + " failed: " + reason, "sandbox_failed");
 }
@@ -1392,12 +787,12 @@ Result<std::string> SandboxManager::consoleLog(const std::string& tenant, const 
                      "invalid_state");
   }
   std::lock_guard control(live.value()->control);
-  if (live.value()->finished || !live.value()->vm) {
+  if (live.value()->finished || !live.value()->runtime) {
     return makeError(ErrorCode::kFailedPrecondition,
                      std::string("sandbox is ") + stateName(live.value()->state) + "; its console is gone",
                      "invalid_state");
   }
-  return live.value()->vm->consoleTail(max_bytes);
+  return live.value()->vm().consoleTail(max_bytes);
 }
 
 ManagerStats SandboxManager::stats() {
@@ -1413,135 +808,6 @@ ManagerStats SandboxManager::stats() {
     s.warm_pool_target = config_.warm_pool_size;
   }
   return s;
-}
-
-// --- background work -------------------------------------------------------------------------
-
-SandboxManager::Due SandboxManager::dueFor(Live& live, int64_t now_ms) {
-  if (live.finished || live.state == SandboxState::kCreating) return Due::kNothing;
-  if (now_ms >= live.expires_at_ms) return Due::kTimeout;
-  const bool idle = live.idle_suspend_s > 0 && live.active_calls == 0 &&
-                    now_ms - live.last_active_ms >= live.idle_suspend_s * 1000 &&
-                    (live.state == SandboxState::kRunning || live.state == SandboxState::kPaused);
-  if (idle) return Due::kIdle;
-  if (!live.vm) return Due::kNothing;
-  if (!live.vm->processRunning()) return Due::kVmExited;
-  if (live.state == SandboxState::kRunning && live.vm->stopReported()) return Due::kStopReported;
-  return Due::kNothing;
-}
-
-void SandboxManager::checkOne(const std::shared_ptr<Live>& live, int64_t now_ms) {
-  if (actions_->busy(live->id)) return;  // its last action is still under way
-  Due due = Due::kNothing;
-  {
-    // A sandbox busy with a lifecycle operation (booting, a request) is checked next round.
-    std::unique_lock control(live->control, std::try_to_lock);
-    if (!control.owns_lock()) return;
-    due = dueFor(*live, now_ms);
-    if (due == Due::kNothing && live->vm) live->vm->trimConsole(kConsoleMaxBytes, kConsoleKeepBytes);
-  }
-  if (due == Due::kNothing) return;
-  // Suspending streams the guest's RAM to disk (seconds to minutes); the rest ends a VM or asks
-  // QEMU one question.
-  const bool slow = due == Due::kIdle || (due == Due::kTimeout && live->on_timeout == "suspend");
-  (void)actions_->submit({live->id, live->tenant, slow ? ActionPool::Kind::kSlow : ActionPool::Kind::kQuick,
-                          [this, live, due] { act(live, due); }});
-}
-
-void SandboxManager::act(const std::shared_ptr<Live>& live, Due due) {
-  // Not waited for: a worker must not sit behind a request that holds the sandbox (a snapshot,
-  // a resume); the next round decides again.
-  std::unique_lock control(live->control, std::try_to_lock);
-  const int64_t now_ms = nowMs();
-  if (!control.owns_lock() || dueFor(*live, now_ms) != due) return;  // changed meanwhile
-  switch (due) {
-    case Due::kNothing: return;
-    case Due::kTimeout:
-      if (live->on_timeout != "suspend") {
-        (void)finish(live, SandboxState::kDeleted, "timeout: its timeout_s expired");
-        return;
-      }
-      if (auto suspended = suspendLocked(live, SuspendCause::kTimeout); !suspended.ok() && !live->finished) {
-        // Kept running rather than lost (e.g. the disk is full); tried again shortly.
-        spdlog::warn("sandbox {}: its timeout could not suspend it (retrying in 30 s): {}", live->id,
-                     suspended.error().message);
-        live->expires_at_ms = nowMs() + 30000;
-      }
-      return;
-    case Due::kIdle:
-      if (auto suspended = suspendLocked(live, SuspendCause::kIdle); !suspended.ok() && !live->finished) {
-        spdlog::warn("sandbox {}: idle, but could not be suspended: {}", live->id, suspended.error().message);
-        live->last_active_ms = nowMs();  // tried again after another idle period
-      }
-      return;
-    case Due::kVmExited: {
-      auto exit = live->vm->exitStatus();
-      std::string reason = "its VM stopped (QEMU " + (exit ? exit->describe() : std::string("exited")) + ")";
-      if (auto line = lastConsoleLine(*live->vm); !line.empty()) reason += "; console: " + line;
-      (void)finish(live, SandboxState::kFailed, reason);
-      return;
-    }
-    case Due::kStopReported:
-      // Usually our own pause or save; what matters is a guest QEMU stopped by itself.
-      if (auto stopped = live->vm->diskErrorStop(); stopped.ok() && stopped.value()) {
-        markDiskStopped(*live, **stopped);
-      }
-      return;
-  }
-}
-
-void SandboxManager::markDiskStopped(Live& live, const std::string& error) {
-  const bool was_recorded = live.state == SandboxState::kPaused && live.disk_error == error;
-  live.state = SandboxState::kPaused;
-  {
-    std::lock_guard lock(mu_);
-    live.disk_error = error;
-  }
-  // Calls waiting on the stopped guest (an exec) end now, and say why (agentFailed).
-  live.vm->disconnectAgent(diskStopReason(error));
-  if (was_recorded) return;
-  spdlog::warn("sandbox {}: {}", live.id, diskStopReason(error));
-  auto rec = store_.getSandbox(live.id);
-  Status saved = rec.ok() ? okStatus() : Status(rec.error());
-  if (rec.ok()) {
-    rec->state = stateName(SandboxState::kPaused);
-    rec->state_reason = diskStopReason(error);
-    saved = store_.updateSandbox(rec.value());
-  }
-  // The state database may be on the full disk too: get() says it anyway (from live_).
-  if (!saved.ok()) spdlog::error("sandbox {}: cannot record its disk error: {}", live.id, saved.error().message);
-}
-
-void SandboxManager::housekeeping() {
-  auto last_purge = Clock::time_point{};
-  auto last_suspended_check = Clock::time_point{};
-  std::unique_lock wake(wake_mu_);
-  while (!stopping_) {
-    wake.unlock();
-    // Only decisions here; what takes time is done by actions_, so every sandbox is looked at
-    // every round whatever another one's suspend costs.
-    std::vector<std::shared_ptr<Live>> all;
-    {
-      std::lock_guard lock(mu_);
-      for (const auto& [id, live] : live_) all.push_back(live);
-    }
-    const int64_t now = nowMs();
-    for (const auto& live : all) checkOne(live, now);
-    if (Clock::now() - last_suspended_check > std::chrono::seconds(2)) {
-      last_suspended_check = Clock::now();
-      expireSuspended(now);
-    }
-    if (layers_dirty_.exchange(false)) collectLayers(/*wait=*/false);
-    if (Clock::now() - last_purge > std::chrono::minutes(5)) {
-      last_purge = Clock::now();
-      auto cutoff = now - std::chrono::duration_cast<milliseconds>(config_.deleted_retention).count();
-      if (auto purged = store_.purgeDeletedBefore(cutoff); !purged.ok()) {
-        spdlog::warn("sandboxes: purge of old deleted records failed: {}", purged.error().message);
-      }
-    }
-    wake.lock();
-    wake_.wait_for(wake, config_.housekeeping_interval, [this] { return stopping_; });
-  }
 }
 
 void SandboxManager::shutdown(ShutdownMode mode) {
@@ -1564,13 +830,13 @@ void SandboxManager::shutdown(ShutdownMode mode) {
   int kept = 0, stopped = 0;
   for (auto& live : all) {
     std::lock_guard control(live->control);
-    if (live->finished || !live->vm) continue;
+    if (live->finished || !live->runtime) continue;
     if (mode == ShutdownMode::kKeepRunning) {
-      live->vm->detach();
-      live->vm.reset();
+      live->runtime->detach();
+      live->runtime.reset();
       ++kept;
     } else {
-      (void)live->vm->shutdown(milliseconds(5000));
+      (void)live->vm().shutdown(milliseconds(5000));
       (void)finish(live, SandboxState::kDeleted, "spaced stopped");
       ++stopped;
     }

@@ -1,7 +1,10 @@
 // SandboxManager: owns the sandboxes of one node. It records every sandbox in the state store,
 // boots and destroys their VMs, enforces the node's limits, kills sandboxes whose hard timeout
 // passed, notices VMs that died, and on start finds the sandboxes an earlier daemon left
-// running (re-adopting their VMs, or marking them failed with the reason).
+// running (re-adopting their VMs, or marking them failed with the reason). Every VM it starts
+// comes from the Launcher's specs, and each running sandbox's host resources are one
+// SandboxRuntime. Its parts: manager.cc (requests, limits), recovery.cc, snapshots.cc,
+// housekeeping.cc; manager_internal.h is what they share.
 //
 // Ordering rule (crash safety): a state is recorded after the work it describes, except
 // `creating`, which is recorded before the VM exists so a crash mid-boot is found on restart.
@@ -23,6 +26,7 @@
 
 #include "common/result.h"
 #include "sandbox/action_pool.h"
+#include "sandbox/launcher.h"
 #include "sandbox/lifecycle.h"
 #include "sandbox/warm_pool.h"
 #include "snapshot/template_cache.h"
@@ -30,14 +34,6 @@
 #include "vmm/vm.h"
 
 namespace space::sandbox {
-
-// What a sandbox boots from. (Templates become snapshots with the snapshot work; for now a
-// template is a kernel and a root filesystem image.)
-struct Template {
-  std::string name;
-  std::string kernel_path;
-  std::string rootfs_path;
-};
 
 struct ManagerConfig {
   std::string data_dir;  // sandboxes/<id>/ holds each VM's files
@@ -216,6 +212,8 @@ class SandboxManager {
   // The node's limits, in one place: counts the sandbox in (live_ and the reservations) if it
   // fits, else the refusal (429/503 reasons). unreserve() undoes it.
   Status reserve(const std::shared_ptr<Live>& live);
+  // A sandbox's hard timeout, whether at create or set later: one bound, one message.
+  Status checkTimeout(int64_t timeout_s) const;
   void unreserve(const Live& live);
   void expireSuspended(int64_t now_ms);
   void expireOneSuspended(const store::SandboxRecord& row, int64_t now_ms);
@@ -229,6 +227,7 @@ class SandboxManager {
   ManagerConfig config_;
   store::StateStore& store_;
   std::unique_ptr<snapshot::TemplateCache> templates_;
+  std::unique_ptr<Launcher> launcher_;  // how every VM here is started
   std::unique_ptr<WarmPool> pool_;
   Result<WarmVm> makeWarmVm();
 

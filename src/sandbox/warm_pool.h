@@ -20,15 +20,14 @@
 #include <thread>
 
 #include "common/result.h"
-#include "vmm/vm.h"
+#include "sandbox/runtime.h"
 
 namespace space::sandbox {
 
 struct WarmVm {
-  std::string sandbox_id;    // the id the sandbox will have
-  std::string snapshot_dir;  // the template snapshot it waits for (a rebuilt one makes it stale)
-  std::string state_file;    // what restore() loads
-  std::unique_ptr<vmm::Vm> vm;
+  std::string sandbox_id;                   // the id the sandbox will have
+  std::string snapshot_dir;                 // the template snapshot it waits for (a rebuilt one makes it stale)
+  std::unique_ptr<SandboxRuntime> runtime;  // prepared: its restore() loads the template's state
 };
 
 class WarmPool {

@@ -77,16 +77,17 @@ Result<SnapshotFiles> finishSnapshot(SnapshotCapture capture, const TakeSnapshot
   const std::string dir = capture.build_dir->path();
   SPACE_TRY(checkRoom(dir, allocatedBytes(capture.stream)));
   {
-    vmm::VmSpec spec;
-    spec.kernel_path = req.kernel_path;
+    vmm::VmSpec spec = req.vm_spec;
     spec.rootfs_path = capture.layer;
     spec.rootfs_format = "qcow2";
-    spec.vcpus = req.vcpus;
-    spec.memory_mib = req.memory_mib;
-    spec.accelerator = req.accelerator;
+    spec.disk_mode = vmm::DiskMode::kOverlay;
     spec.memory_file = dir + "/memory";  // shared: the loaded RAM lands in the file
+    spec.memory_private = false;
+    spec.incoming = false;
+    spec.start_paused = false;
     spec.boot_timeout = req.timeout;
     vmm::VmStartOptions options;
+    options.node = req.node;
     options.run_dir = dir + "/vm";
     options.restore_from = capture.stream;
     options.stay_paused = true;

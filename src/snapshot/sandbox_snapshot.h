@@ -33,10 +33,10 @@ struct TakeSnapshotRequest {
   std::string id;             // names the directory and the layer
   std::string snapshots_dir;  // published snapshots: <snapshots_dir>/<id>/
   std::string layers_dir;     // frozen disks: <layers_dir>/<id>.qcow2
-  std::string kernel_path;    // what the sandbox's QEMU was started with
-  uint32_t vcpus = 0;
-  uint64_t memory_mib = 0;
-  vmm::Accelerator accelerator = vmm::Accelerator::kTcg;
+  // What the sandbox's QEMU was started with (kernel, size, accelerator, QEMU binary): the
+  // helper that makes the memory file is started the same way. Disk and memory are set here.
+  vmm::VmSpec vm_spec;
+  const vmm::NodeFacts* node = nullptr;  // the node's facts, if the caller has them
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
 };
 

@@ -27,28 +27,12 @@ Result<json> fileIdentity(const std::string& path) {
       {"path", path}, {"size", st.st_size}, {"mtime_ns", st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec}};
 }
 
-Result<std::string> qemuPath(const std::string& binary) {
-  if (binary.find('/') != std::string::npos) return binary;
-  const char* path = getenv("PATH");
-  std::string dirs = path ? path : "/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= dirs.size()) {
-    size_t colon = dirs.find(':', start);
-    std::string candidate =
-        dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start) + "/" + binary;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-    if (colon == std::string::npos) break;
-    start = colon + 1;
-  }
-  return makeError(ErrorCode::kNotFound, binary + " not found in PATH");
-}
-
 Result<json> keyJson(const TemplateKey& key) {
   auto kernel = fileIdentity(key.kernel_path);
   if (!kernel.ok()) return kernel.error();
   auto rootfs = fileIdentity(key.rootfs_path);
   if (!rootfs.ok()) return rootfs.error();
-  auto qemu_path = qemuPath(key.qemu_binary);
+  auto qemu_path = vmm::findExecutable(key.qemu_binary);
   if (!qemu_path.ok()) return qemu_path.error();
   auto qemu = fileIdentity(qemu_path.value());
   if (!qemu.ok()) return qemu.error();
@@ -61,7 +45,8 @@ Result<json> keyJson(const TemplateKey& key) {
               {"memory_mib", key.memory_mib},
               {"accelerator", vmm::acceleratorName(key.accelerator)},
               // The CPU model the guest saw: what buildQemuArgv gives each accelerator.
-              {"cpu_model", key.accelerator == vmm::Accelerator::kKvm ? "host" : "max"}};
+              {"cpu_model", key.accelerator == vmm::Accelerator::kKvm ? "host" : "max"},
+              {"kernel_args", key.kernel_args}};
 }
 
 TemplateSnapshot snapshotIn(const std::string& dir, json meta) {
@@ -71,9 +56,9 @@ TemplateSnapshot snapshotIn(const std::string& dir, json meta) {
 }  // namespace
 
 Result<std::string> TemplateCache::dirName(const TemplateKey& key) {
-  const std::string fields = json{key.name,       key.kernel_path, key.rootfs_path,
-                                  key.vcpus,      key.memory_mib,  vmm::acceleratorName(key.accelerator),
-                                  key.qemu_binary}
+  const std::string fields = json{key.name,        key.kernel_path, key.rootfs_path,
+                                  key.vcpus,       key.memory_mib,  vmm::acceleratorName(key.accelerator),
+                                  key.qemu_binary, key.kernel_args}
                                  .dump(-1, ' ', false, json::error_handler_t::replace);
   {
     std::lock_guard guard(mu_);
@@ -87,7 +72,8 @@ Result<std::string> TemplateCache::dirName(const TemplateKey& key) {
   return name;
 }
 
-Result<TemplateSnapshot> TemplateCache::ensure(const TemplateKey& key, std::chrono::milliseconds boot_timeout) {
+Result<TemplateSnapshot> TemplateCache::ensure(const TemplateKey& key, std::chrono::milliseconds boot_timeout,
+                                               const vmm::NodeFacts* node) {
   auto name = dirName(key);
   if (!name.ok()) return name.error();
   const std::string dir = root_ + "/" + name.value();
@@ -113,11 +99,11 @@ Result<TemplateSnapshot> TemplateCache::ensure(const TemplateKey& key, std::chro
     fs::rename(dir, aside, ec);
     if (ec) return makeError(ErrorCode::kInternal, "move aside " + dir + ": " + ec.message());
   }
-  return build(key, dir, boot_timeout);
+  return build(key, dir, boot_timeout, node);
 }
 
 Result<TemplateSnapshot> TemplateCache::build(const TemplateKey& key, const std::string& final_dir,
-                                              std::chrono::milliseconds boot_timeout) {
+                                              std::chrono::milliseconds boot_timeout, const vmm::NodeFacts* node) {
   auto started = Clock::now();
   auto meta = keyJson(key);
   if (!meta.ok()) return meta.error();
@@ -133,9 +119,11 @@ Result<TemplateSnapshot> TemplateCache::build(const TemplateKey& key, const std:
   spec.accelerator = key.accelerator;
   spec.boot_timeout = boot_timeout;
   spec.qemu_binary = key.qemu_binary;
+  spec.extra_cmdline = key.kernel_args;
   spec.memory_file = dir + "/memory";  // shared: the guest's RAM lands in the snapshot directly
   vmm::VmStartOptions options;
   options.run_dir = dir + "/vm";
+  options.node = node;
   {
     auto vm = vmm::Vm::start(spec, options);
     if (!vm.ok()) return makeError(vm.error().code, "template " + key.name + ": boot failed: " + vm.error().message);

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "common/result.h"
+#include "vmm/node_facts.h"
 #include "vmm/vm_spec.h"
 
 namespace space::snapshot {
@@ -30,6 +31,9 @@ struct TemplateKey {
   uint64_t memory_mib = 0;
   vmm::Accelerator accelerator = vmm::Accelerator::kTcg;  // resolved
   std::string qemu_binary = "qemu-system-x86_64";
+  // Kernel arguments the template is booted with (the node's, e.g. tsc_early_khz under TCG):
+  // its clones inherit what the booted kernel made of them.
+  std::string kernel_args;
 };
 
 struct TemplateSnapshot {
@@ -44,8 +48,9 @@ class TemplateCache {
  public:
   explicit TemplateCache(std::string root) : root_(std::move(root)) {}
   // The snapshot for `key`, built first if missing (a cold boot: seconds). Concurrent callers
-  // for one key wait for one build.
-  Result<TemplateSnapshot> ensure(const TemplateKey& key, std::chrono::milliseconds boot_timeout);
+  // for one key wait for one build. `node`: the node's facts, so the build probes nothing.
+  Result<TemplateSnapshot> ensure(const TemplateKey& key, std::chrono::milliseconds boot_timeout,
+                                  const vmm::NodeFacts* node = nullptr);
   // The directory name a key maps to: computed from the files' identities (stat, a PATH walk for
   // QEMU, SHA-256) on the first call for that key and remembered after, so a create never pays for
   // it again. Images replaced in place while spaced runs are therefore seen at its next start;
@@ -54,7 +59,7 @@ class TemplateCache {
 
  private:
   Result<TemplateSnapshot> build(const TemplateKey& key, const std::string& final_dir,
-                                 std::chrono::milliseconds boot_timeout);
+                                 std::chrono::milliseconds boot_timeout, const vmm::NodeFacts* node);
   std::string root_;
   std::mutex mu_;  // guards locks_ and dir_names_
   std::map<std::string, std::shared_ptr<std::mutex>> locks_;

@@ -98,13 +98,21 @@ Result<std::unique_ptr<Vm>> Vm::launch(const VmSpec& spec, const VmStartOptions&
   HostCapacity host;
   if (options.host_capacity) {
     host = *options.host_capacity;
+  } else if (options.node) {
+    auto available = availableMemoryMib();
+    if (!available.ok()) return available.error();
+    host = HostCapacity{options.node->max_vcpus, available.value()};
   } else {
     auto probed = probeHostCapacity();
     if (!probed.ok()) return probed.error();
     host = probed.value();
   }
   SPACE_TRY(validateSpec(spec, host));
-  auto choice = chooseAccelerator(spec.accelerator, probeKvm());
+  auto choice = options.node
+                    ? chooseAccelerator(spec.accelerator == Accelerator::kAuto ? options.node->accelerator.accelerator
+                                                                               : spec.accelerator,
+                                        options.node->kvm)
+                    : chooseAccelerator(spec.accelerator, probeKvm());
   if (!choice.ok()) return choice.error();
   logAcceleratorOnce(choice.value());
 

@@ -14,6 +14,7 @@
 #include "common/fs.h"
 #include "common/process.h"
 #include "common/result.h"
+#include "vmm/node_facts.h"
 #include "vmm/qemu_command.h"
 #include "vmm/qmp_client.h"
 #include "vmm/vm_spec.h"
@@ -40,6 +41,9 @@ struct VmStartOptions {
   bool restore_ignore_shared = true;
   // Overrides the probed host capacity (tests use it to check validation without a big host).
   std::optional<HostCapacity> host_capacity;
+  // The node's facts, resolved by the owner at its start (must outlive the call): the VM then
+  // probes nothing but the host's free memory. Unset: probed now (one-off tools, tests).
+  const NodeFacts* node = nullptr;
 };
 
 struct BootTiming {

@@ -119,10 +119,8 @@ TEST_F(SnapshotTest, ASnapshotOfARunningGuestBranchesIntoIndependentChildren) {
   req.id = "snap_test";
   req.snapshots_dir = snaps;
   req.layers_dir = layers;
-  req.kernel_path = spec.kernel_path;
-  req.vcpus = spec.vcpus;
-  req.memory_mib = spec.memory_mib;
-  req.accelerator = (*parent)->accelerator();
+  req.vm_spec = spec;
+  req.vm_spec.accelerator = (*parent)->accelerator();
   auto snap = snapshot::takeSnapshot(**parent, /*was_running=*/true, req);
   ASSERT_TRUE(snap.ok()) << snap.error().message;
   EXPECT_FALSE(std::filesystem::exists(snaps + "/.build-snap_test"));

@@ -29,6 +29,7 @@
 #include "common/unix_socket.h"
 #include "http/client.h"
 #include "http/url.h"
+#include "vmm/accelerator.h"
 #include "vmm/qmp_client.h"
 
 namespace space {
@@ -838,6 +839,15 @@ TEST_F(SpacedTest, SandboxesAreRestoredFromATemplateWithTheirOwnIdentity) {
   }
   EXPECT_NE(seen[0][1], seen[1][1]) << "clones share their random state";
   EXPECT_NE(seen[0][2], seen[1][2]) << "clones share their random state";
+  // The clock source the template's kernel chose, which every clone inherits. Under TCG the
+  // guest's own TSC calibration fails on a busy host and leaves it on jiffies, whose periodic
+  // tick keeps an idle guest at ~5% of a core; spaced gives it the host's TSC frequency
+  // (tsc_early_khz) so it runs on the TSC, tickless when idle.
+  std::string clock = execJson(
+      d, ids[0], json{{"command", "cat /sys/devices/system/clocksource/clocksource0/current_clocksource"}})["stdout"];
+  const bool kvm =
+      vmm::chooseAccelerator(vmm::Accelerator::kAuto, vmm::probeKvm())->accelerator == vmm::Accelerator::kKvm;
+  EXPECT_EQ(clock, kvm ? "kvm-clock\n" : "tsc\n");
 }
 
 // Branched children must not share their random state. A guest kernel reseeds its CRNG by

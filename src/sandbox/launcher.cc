@@ -1,0 +1,111 @@
+#include "sandbox/launcher.h"
+
+namespace space::sandbox {
+
+Result<const Template*> Launcher::findTemplate(const std::string& name) const {
+  auto it = config_.templates.find(name);
+  if (it == config_.templates.end()) {
+    return makeError(ErrorCode::kNotFound, "template \"" + name + "\" not found", "template_not_found");
+  }
+  return &it->second;
+}
+
+vmm::VmSpec Launcher::baseSpec(const Template& tpl, uint32_t cpus, uint64_t memory_mb,
+                               vmm::Accelerator accelerator) const {
+  vmm::VmSpec spec;
+  spec.kernel_path = tpl.kernel_path;
+  spec.rootfs_path = tpl.rootfs_path;
+  spec.vcpus = cpus;
+  spec.memory_mib = memory_mb;
+  spec.accelerator = accelerator;
+  spec.boot_timeout = config_.boot_timeout;
+  spec.qemu_binary = facts_.qemu_binary;
+  spec.extra_cmdline = facts_.guestKernelArgs(accelerator);
+  return spec;
+}
+
+vmm::VmStartOptions Launcher::baseOptions(const std::string& run_dir) const {
+  vmm::VmStartOptions options;
+  options.run_dir = run_dir;
+  options.node = &facts_;
+  return options;
+}
+
+Status Launcher::checkFits(const Template& tpl, uint32_t cpus, uint64_t memory_mb) const {
+  auto available = vmm::availableMemoryMib();
+  if (!available.ok()) return available.error();
+  auto fits = vmm::validateSpec(baseSpec(tpl, cpus, memory_mb, accelerator()),
+                                vmm::HostCapacity{facts_.max_vcpus, available.value()});
+  if (!fits.ok() && fits.error().code == ErrorCode::kResourceExhausted) {
+    return makeError(fits.error().code, "not enough free memory on this node: " + fits.error().message,
+                     "insufficient_capacity");
+  }
+  return fits;
+}
+
+Result<Launch> Launcher::fromTemplate(const Template& tpl, uint32_t cpus, uint64_t memory_mb,
+                                      const std::string& run_dir) {
+  Launch launch;
+  launch.spec = baseSpec(tpl, cpus, memory_mb, accelerator());
+  launch.options = baseOptions(run_dir);
+  if (!config_.use_snapshots) return launch;
+  snapshot::TemplateKey key{tpl.name,  tpl.kernel_path, tpl.rootfs_path,    cpus,
+                            memory_mb, accelerator(),   facts_.qemu_binary, launch.spec.extra_cmdline};
+  auto snap = templates_.ensure(key, config_.boot_timeout, &facts_);
+  if (!snap.ok()) return snap.error();
+  launch.spec.rootfs_path = snap->disk;
+  launch.spec.rootfs_format = "qcow2";
+  launch.spec.memory_file = snap->memory_file;
+  launch.spec.memory_private = true;
+  launch.state_file = snap->state_file;
+  launch.template_dir = snap->dir;
+  launch.how = "restored";
+  return launch;
+}
+
+Launch Launcher::fromSnapshot(const Template& tpl, const snapshot::SnapshotFiles& files, uint32_t cpus,
+                              uint64_t memory_mb, const std::string& run_dir) const {
+  Launch launch;
+  launch.spec = baseSpec(tpl, cpus, memory_mb, accelerator());
+  launch.spec.rootfs_path = files.disk;
+  launch.spec.rootfs_format = "qcow2";
+  launch.spec.memory_file = files.memory_file;
+  launch.spec.memory_private = true;
+  launch.options = baseOptions(run_dir);
+  launch.state_file = files.state_file;
+  launch.how = "branched";
+  return launch;
+}
+
+Launch Launcher::fromSuspended(const Template& tpl, const store::SandboxRecord& rec,
+                               const std::string& state_file) const {
+  auto recorded = vmm::parseAccelerator(rec.accelerator);
+  Launch launch;
+  launch.spec = baseSpec(tpl, rec.cpus, rec.memory_mb, recorded.ok() ? recorded.value() : accelerator());
+  launch.spec.rootfs_path = rec.run_dir + "/disk.qcow2";  // named for validation; the Vm opens the newest disk
+  launch.options = baseOptions(rec.run_dir);
+  launch.options.reuse_run_dir = true;
+  // The guest must not run (and write to its disk) while the saved state could still be
+  // loaded again: the owner records the resume, removes the state, and only then continues it.
+  launch.options.stay_paused = true;
+  launch.state_file = state_file;
+  launch.how = "resumed";
+  return launch;
+}
+
+vmm::VmAdoptSpec Launcher::adoption(const store::SandboxRecord& rec) const {
+  auto recorded = vmm::parseAccelerator(rec.accelerator);
+  return vmm::VmAdoptSpec{rec.run_dir,
+                          static_cast<pid_t>(rec.vm_pid),
+                          rec.vm_identity,
+                          recorded.ok() ? recorded.value() : vmm::Accelerator::kTcg,
+                          std::chrono::seconds(10),
+                          rec.memory_mb};
+}
+
+vmm::VmSpec Launcher::snapshotHelperSpec(const Template& tpl, uint32_t cpus, uint64_t memory_mb,
+                                         vmm::Accelerator accelerator) const {
+  return baseSpec(tpl, cpus, memory_mb, accelerator);
+}
+
+}  // namespace space::sandbox

@@ -1,0 +1,173 @@
+// SandboxManager, start-up recovery: re-adopts or fails what an earlier daemon left, and sweeps orphans.
+#include <dirent.h>
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <future>
+#include <set>
+#include <system_error>
+
+#include "common/process.h"
+#include "sandbox/manager_internal.h"
+
+namespace space::sandbox {
+
+using std::chrono::milliseconds;
+using namespace internal;
+
+// --- start-up recovery ---------------------------------------------------------------------
+
+Status SandboxManager::recover() {
+  auto rows = store_.sandboxesInStates({"creating", "running", "paused"});
+  if (!rows.ok()) return rows.error();
+  int adopted = 0, failed = 0;
+  std::set<std::string> suspended_ids;
+  if (auto suspended = store_.sandboxesInStates({"suspended"}); suspended.ok()) {
+    for (const auto& s : suspended.value()) suspended_ids.insert(s.id);
+  }
+  // Adoptions run in parallel: each may wait up to its timeout for a guest that does not
+  // answer, and the API is not served until recovery is done.
+  std::vector<std::future<Result<std::unique_ptr<SandboxRuntime>>>> adoptions(rows->size());
+  for (size_t i = 0; i < rows->size(); ++i) {
+    const auto& row = rows.value()[i];
+    if (row.state == "creating" || row.vm_pid <= 0 || row.run_dir.empty()) continue;
+    if (std::filesystem::exists(row.run_dir + kSuspendedState)) continue;  // a suspend cut short
+    vmm::VmAdoptSpec spec = launcher_->adoption(row);
+    try {
+      adoptions[i] = std::async(std::launch::async, [spec] { return SandboxRuntime::adopt(spec); });
+    } catch (const std::system_error&) {
+      // No thread to spare: adopt this one in turn (slower, but recovery still completes).
+      adoptions[i] = std::async(std::launch::deferred, [spec] { return SandboxRuntime::adopt(spec); });
+    }
+  }
+  for (size_t i = 0; i < rows->size(); ++i) {
+    auto& row = rows.value()[i];
+    std::string reason;
+    std::unique_ptr<SandboxRuntime> runtime;
+    std::optional<std::string> disk_error;
+    if (row.state != "creating" && !row.run_dir.empty() && std::filesystem::exists(row.run_dir + kSuspendedState)) {
+      // The guest was saved but the suspension not recorded: finish it. Its QEMU, if still
+      // there, is stopped by the orphan sweep below.
+      row.state = stateName(SandboxState::kSuspended);
+      row.state_reason.clear();
+      row.vm_pid = 0;
+      SPACE_TRY(store_.updateSandbox(row));
+      suspended_ids.insert(row.id);
+      spdlog::info("sandbox {}: suspended (recorded at restart)", row.id);
+      continue;
+    }
+    if (row.state == "creating") {
+      reason = "spaced restarted while the sandbox was being created";
+    } else if (!adoptions[i].valid()) {
+      reason = "no VM was recorded for it";
+    } else {
+      auto found = adoptions[i].get();
+      std::error_code ec;
+      std::filesystem::remove(row.run_dir + kSuspendedState + ".tmp", ec);  // a suspend cut short
+      if (found.ok()) {
+        // Stopped on a full disk, before or while spaced was down: kept paused, saying why
+        // (continuing it would only stop it again while there is no room).
+        if (auto stopped = found.value()->vm().diskErrorStop(); stopped.ok()) disk_error = stopped.value();
+      }
+      if (found.ok() && row.state == "running" && !disk_error) {
+        // Recorded running but stopped: a suspend or pause was cut short before it was
+        // recorded. Continue the guest, as the record says.
+        auto status = found.value()->vm().queryStatus();
+        if (status.ok() && status.value() != "running") {
+          if (auto resumed = found.value()->resume(); !resumed.ok()) {
+            found = makeError(resumed.error().code, "cannot continue it: " + resumed.error().message);
+          }
+        }
+      }
+      if (found.ok()) {
+        runtime = std::move(found.value());
+      } else {
+        reason = "its VM was lost while spaced was down: " + firstLine(found.error().message);
+      }
+    }
+    if (runtime) {
+      auto live = liveFromRecord(row);
+      live->state = row.state == "paused" || disk_error ? SandboxState::kPaused : SandboxState::kRunning;
+      live->runtime = std::move(runtime);
+      if (disk_error) {
+        live->disk_error = *disk_error;
+        row.state = stateName(SandboxState::kPaused);
+        row.state_reason = diskStopReason(*disk_error);
+        if (auto saved = store_.updateSandbox(row); !saved.ok()) {
+          spdlog::error("sandbox {}: cannot record its disk error: {}", row.id, saved.error().message);
+        }
+      }
+      reserved_vcpus_ += row.cpus;
+      reserved_memory_mb_ += row.memory_mb;
+      live_[row.id] = std::move(live);
+      ++adopted;
+      continue;
+    }
+    row.state = stateName(SandboxState::kFailed);
+    row.state_reason = reason;
+    row.vm_pid = 0;
+    SPACE_TRY(store_.updateSandbox(row));
+    spdlog::warn("sandbox {}: failed: {}", row.id, reason);
+    ++failed;
+  }
+
+  // Orphans: QEMU processes under our sandboxes directory that no live sandbox owns (e.g. one
+  // that was booting when the previous daemon died), then directories nobody owns.
+  const std::string prefix = config_.data_dir + "/sandboxes/";
+  const std::string build_prefix = config_.data_dir + "/templates/.build-";           // a template build cut short
+  const std::string snapshot_build_prefix = config_.data_dir + "/snapshots/.build-";  // a snapshot cut short
+  std::set<pid_t> owned;
+  for (auto& [id, live] : live_) owned.insert(live->vm().pid());
+  int killed = 0;
+  if (DIR* proc = opendir("/proc")) {
+    while (dirent* entry = readdir(proc)) {
+      char* end = nullptr;
+      long pid = strtol(entry->d_name, &end, 10);
+      if (*end != '\0' || pid <= 0 || pid == getpid() || owned.count(static_cast<pid_t>(pid))) continue;
+      // Pidfd first, then the check, then the signal through the pidfd: a pid reused meanwhile
+      // fails the check and is left alone.
+      auto orphan = ChildProcess::adopt(static_cast<pid_t>(pid));
+      if (!orphan.ok()) continue;
+      auto cmdline = processCmdline(static_cast<pid_t>(pid));
+      if (!cmdline.ok() || cmdline->find("qemu-system") == std::string::npos ||
+          (cmdline->find(prefix) == std::string::npos && cmdline->find(build_prefix) == std::string::npos &&
+           cmdline->find(snapshot_build_prefix) == std::string::npos)) {
+        orphan->disown();
+        continue;
+      }
+      orphan->kill();
+      ++killed;
+    }
+    closedir(proc);
+  }
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(prefix, ec)) {
+    if (live_.count(entry.path().filename().string()) || suspended_ids.count(entry.path().filename().string()))
+      continue;
+    std::filesystem::remove_all(entry.path(), ec);
+    ++removed;
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(config_.data_dir + "/templates", ec)) {
+    if (entry.path().filename().string().rfind(".build-", 0) == 0) {
+      std::filesystem::remove_all(entry.path(), ec);
+      ++removed;
+    }
+  }
+  // Snapshots: directories the store does not know (cut short, or published but not recorded).
+  std::set<std::string> recorded_snapshots;
+  auto snapshots = store_.allSnapshots();
+  if (!snapshots.ok()) return snapshots.error();
+  for (const auto& snap : snapshots.value()) recorded_snapshots.insert(snap.id);
+  for (const auto& entry : std::filesystem::directory_iterator(config_.data_dir + "/snapshots", ec)) {
+    if (recorded_snapshots.count(entry.path().filename().string())) continue;
+    std::filesystem::remove_all(entry.path(), ec);
+    ++removed;
+  }
+  collectLayers(/*wait=*/true);
+  spdlog::info("sandboxes: recovered: {} re-adopted, {} failed, {} orphaned QEMU killed, {} stale dirs removed",
+               adopted, failed, killed, removed);
+  return okStatus();
+}
+
+}  // namespace space::sandbox

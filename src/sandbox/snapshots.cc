@@ -1,0 +1,260 @@
+// SandboxManager, snapshots and branches: taking, listing and deleting snapshots, branching children, and collecting
+// disk layers.
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "common/fault.h"
+#include "common/process.h"
+#include "sandbox/manager_internal.h"
+#include "snapshot/layers.h"
+#include "snapshot/sandbox_snapshot.h"
+
+namespace space::sandbox {
+
+using std::chrono::milliseconds;
+using namespace internal;
+
+// --- snapshots and branching -----------------------------------------------------------------
+
+Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& request) {
+  auto live = findLive(request.tenant, request.sandbox_id);
+  if (!live.ok()) {
+    auto rec = getOwned(request.tenant, request.sandbox_id);
+    if (!rec.ok()) return rec.error();
+    return makeError(ErrorCode::kFailedPrecondition,
+                     "sandbox is " + rec->state + "; only a running or paused sandbox can be snapshotted",
+                     "invalid_state");
+  }
+  auto& sandbox = *live.value();
+  std::unique_lock control(sandbox.control);
+  auto rec = store_.getSandbox(sandbox.id);
+  if (!rec.ok()) return rec.error();
+  if (sandbox.finished || !sandbox.runtime ||
+      (sandbox.state != SandboxState::kRunning && sandbox.state != SandboxState::kPaused)) {
+    return makeError(ErrorCode::kFailedPrecondition,
+                     "sandbox is " + rec->state + "; only a running or paused sandbox can be snapshotted",
+                     "invalid_state");
+  }
+  auto tpl = launcher_->findTemplate(rec->template_name);
+  if (!tpl.ok()) return tpl.error();
+  store::SnapshotRecord snap;
+  snap.id = newSnapshotId();
+  snap.tenant = request.tenant;
+  snap.name = request.name;
+  snap.sandbox_id = sandbox.id;
+  snap.template_name = rec->template_name;
+  snap.cpus = rec->cpus;
+  snap.memory_mb = rec->memory_mb;
+  snap.accelerator = vmm::acceleratorName(sandbox.vm().accelerator());
+  snap.dir = snapshotDir(snap.id);
+  snap.metadata = request.metadata;
+
+  snapshot::TakeSnapshotRequest take;
+  take.id = snap.id;
+  take.snapshots_dir = config_.data_dir + "/snapshots";
+  take.layers_dir = config_.data_dir + "/layers";
+  take.vm_spec = launcher_->snapshotHelperSpec(*tpl.value(), rec->cpus, rec->memory_mb, sandbox.vm().accelerator());
+  take.node = &launcher_->facts();
+  take.timeout = std::chrono::minutes(5);
+  // Step 1 holds the sandbox (it is stopped) and, shared, the layers lock: the new layer is
+  // named by no disk until the sandbox's new overlay names it, so no sweep may run meanwhile.
+  // (Nothing else waits for it: deleting snapshots does not take it, and sweeps only try.)
+  std::shared_lock layers(layers_mu_);
+  auto capture = snapshot::captureSnapshot(sandbox.vm(), sandbox.state == SandboxState::kRunning, take);
+  layers.unlock();
+  if (!capture.ok()) {
+    layers_dirty_ = true;
+    const bool usable = sandbox.vm().processRunning() &&
+                        (sandbox.state == SandboxState::kRunning ? sandbox.runtime->resume().ok()
+                                                                 : sandbox.vm().reactivateStopped().ok());
+    if (!usable) {
+      (void)finish(
+          live.value(), SandboxState::kFailed,
+          "its VM stopped or could not be continued while being snapshotted: " + firstLine(capture.error().message));
+      return makeError(ErrorCode::kUnavailable, "sandbox " + sandbox.id + " failed while being snapshotted",
+                       "sandbox_failed");
+    }
+    return makeError(capture.error().code, "cannot snapshot sandbox " + sandbox.id + ": " +
+                                               firstLine(capture.error().message) + " (the sandbox is unchanged)");
+  }
+  faultPoint("snapshot.captured");
+  // Step 2 needs neither: the sandbox serves calls again while the helper works. (Its layer is
+  // kept by the build directory's name, see collectLayers, even if the sandbox goes meanwhile.)
+  control.unlock();
+  auto files = snapshot::finishSnapshot(std::move(capture.value()), take);
+  if (!files.ok()) {
+    layers_dirty_ = true;
+    return makeError(files.error().code, "cannot snapshot sandbox " + sandbox.id + ": " +
+                                             firstLine(files.error().message) + " (the sandbox is unchanged)");
+  }
+  snap.disk = files->disk;
+  snap.size_bytes = files->size_bytes;
+  snap.created_at_ms = nowMs();
+  faultPoint("snapshot.published");
+  if (auto inserted = store_.insertSnapshot(snap); !inserted.ok()) {
+    std::error_code ec;
+    std::filesystem::remove_all(snap.dir, ec);
+    layers_dirty_ = true;
+    return inserted.error();
+  }
+  faultPoint("snapshot.recorded");
+  spdlog::info("sandbox {}: snapshot {} taken ({} MiB)", sandbox.id, snap.id, snap.size_bytes >> 20);
+  return snap;
+}
+
+Result<store::SnapshotRecord> SandboxManager::getSnapshot(const std::string& tenant, const std::string& snapshot_id) {
+  auto snap = store_.getSnapshot(snapshot_id);
+  if (!snap.ok()) {
+    if (snap.error().code == ErrorCode::kNotFound) return snapshotNotFound(snapshot_id);
+    return snap.error();
+  }
+  if (snap->tenant != tenant) return snapshotNotFound(snapshot_id);
+  return snap;
+}
+
+Result<store::SnapshotPage> SandboxManager::listSnapshots(const store::SnapshotFilter& filter) {
+  return store_.listSnapshots(filter);
+}
+
+Result<std::shared_ptr<void>> SandboxManager::openSnapshotFiles(const std::string& id) {
+  {
+    std::lock_guard use(snapshot_use_mu_);
+    if (snapshots_deleting_.count(id)) return snapshotNotFound(id);
+    ++snapshot_openers_[id];
+  }
+  return std::shared_ptr<void>(nullptr, [this, id](void*) {
+    {
+      std::lock_guard use(snapshot_use_mu_);
+      if (--snapshot_openers_[id] == 0) snapshot_openers_.erase(id);
+    }
+    snapshot_unused_.notify_all();
+  });
+}
+
+Status SandboxManager::deleteSnapshot(const std::string& tenant, const std::string& snapshot_id) {
+  auto snap = getSnapshot(tenant, snapshot_id);
+  if (!snap.ok()) return snap.error();
+  {
+    // No child is opening these files while they go, and none starts from them from now on.
+    // The wait is for QEMU to open them (children's guests are not waited for), and only for
+    // this snapshot's children.
+    std::unique_lock use(snapshot_use_mu_);
+    snapshot_unused_.wait(use, [&] { return !snapshots_deleting_.count(snapshot_id); });  // a concurrent delete
+    snapshots_deleting_.insert(snapshot_id);
+    snapshot_unused_.wait(use, [&] { return !snapshot_openers_.count(snapshot_id); });
+  }
+  auto deleted = [&]() -> Status {
+    auto still = getSnapshot(tenant, snapshot_id);  // a concurrent delete may have won
+    if (!still.ok()) return still.error();
+    // The record first: a crash then leaves an unrecorded directory, which recovery removes,
+    // rather than a record naming files that are gone.
+    SPACE_TRY(store_.deleteSnapshot(snapshot_id));
+    std::error_code ec;
+    std::filesystem::remove_all(snap->dir, ec);
+    if (ec) spdlog::warn("snapshot {}: remove {}: {}", snapshot_id, snap->dir, ec.message());
+    return okStatus();
+  }();
+  {
+    std::lock_guard use(snapshot_use_mu_);
+    snapshots_deleting_.erase(snapshot_id);
+  }
+  snapshot_unused_.notify_all();
+  if (!deleted.ok()) return deleted.error();
+  // Its layer goes too, unless disks still stand on it. Not waited for: if a snapshot is being
+  // taken or a child started, the housekeeping thread sweeps it within a round or so.
+  collectLayers(/*wait=*/false);
+  spdlog::info("snapshot {}: deleted", snapshot_id);
+  return okStatus();
+}
+
+Result<std::vector<store::SandboxRecord>> SandboxManager::branch(const CreateRequest& request, uint32_t count) {
+  if (count < 1 || count > config_.max_branch) {
+    return makeError(ErrorCode::kInvalidArgument,
+                     "count = " + std::to_string(count) + ": must be within 1.." + std::to_string(config_.max_branch));
+  }
+  if (auto snap = getSnapshot(request.tenant, request.snapshot_id); !snap.ok()) return snap.error();
+  auto started = Clock::now();
+  // A few at a time: each start is mostly waiting on its own QEMU, but all share the host's cores.
+  const uint32_t workers = std::min<uint32_t>(count, 4);
+  std::vector<Result<store::SandboxRecord>> made(count, makeError(ErrorCode::kCanceled, "not started"));
+  std::atomic<uint32_t> next{0};
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> threads;
+  std::optional<Error> no_thread;
+  for (uint32_t w = 0; w < workers; ++w) {
+    auto thread = startThread("branch.worker", [&] {
+      for (uint32_t i = next++; i < count && !failed; i = next++) {
+        made[i] = create(request);
+        if (!made[i].ok()) failed = true;
+      }
+    });
+    if (!thread.ok()) {
+      // All or none: the workers started stop after their current child, which is deleted below.
+      no_thread = thread.error();
+      failed = true;
+      break;
+    }
+    threads.push_back(std::move(thread.value()));
+  }
+  for (auto& t : threads) t.join();
+  std::vector<store::SandboxRecord> children;
+  std::optional<Error> first_error = no_thread;
+  for (auto& r : made) {
+    if (r.ok()) {
+      children.push_back(r.value());
+    } else if (!first_error && r.error().code != ErrorCode::kCanceled) {
+      first_error = r.error();
+    }
+  }
+  if (first_error) {
+    for (const auto& child : children) (void)remove(request.tenant, child.id);
+    return makeError(first_error->code,
+                     "branch of " + request.snapshot_id + " failed (" + std::to_string(children.size()) + " of " +
+                         std::to_string(count) + " started, now deleted): " + first_error->message,
+                     first_error->reason);
+  }
+  spdlog::info("snapshot {}: branched into {} sandboxes in {} ms", request.snapshot_id, count,
+               std::chrono::duration_cast<milliseconds>(Clock::now() - started).count());
+  return children;
+}
+
+void SandboxManager::collectLayers(bool wait) {
+  std::unique_lock layers(layers_mu_, std::defer_lock);
+  if (wait) {
+    layers.lock();
+  } else if (!layers.try_lock()) {
+    layers_dirty_ = true;  // busy starting VMs or taking a snapshot: next round
+    return;
+  }
+  std::vector<std::string> roots;
+  std::error_code ec;
+  // Every sandbox directory's disk (running, paused, suspended, or being created).
+  for (const auto& sandbox : std::filesystem::directory_iterator(config_.data_dir + "/sandboxes", ec)) {
+    std::error_code inner;
+    for (const auto& file : std::filesystem::directory_iterator(sandbox.path(), inner)) {
+      if (file.path().extension() == ".qcow2") roots.push_back(file.path().string());
+    }
+  }
+  // Snapshots being built keep their layer (and its helper's overlay stands on it).
+  for (const auto& build : std::filesystem::directory_iterator(config_.data_dir + "/snapshots", ec)) {
+    const std::string name = build.path().filename().string();
+    if (name.rfind(".build-", 0) == 0) roots.push_back(config_.data_dir + "/layers/" + name.substr(7) + ".qcow2");
+  }
+  auto snapshots = store_.allSnapshots();
+  if (!snapshots.ok()) {
+    spdlog::warn("layers: not collected: {}", snapshots.error().message);
+    return;
+  }
+  for (const auto& snap : snapshots.value()) roots.push_back(snap.disk);
+  auto keep = snapshot::reachableLayers(roots);
+  if (!keep) {
+    spdlog::warn("layers: not collected: a disk's backing chain could not be read");
+    return;
+  }
+  int removed = snapshot::sweepLayers(config_.data_dir + "/layers", *keep);
+  if (removed > 0) spdlog::info("layers: removed {} disk layers nothing stands on", removed);
+}
+
+}  // namespace space::sandbox

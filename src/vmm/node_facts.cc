@@ -1,0 +1,100 @@
+#include "vmm/node_facts.h"
+
+#include <spdlog/spdlog.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "common/fs.h"
+
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
+
+namespace space::vmm {
+
+std::string NodeFacts::guestKernelArgs(Accelerator a) const {
+  if (a == Accelerator::kTcg && tsc_khz > 0) return "tsc_early_khz=" + std::to_string(tsc_khz);
+  return "";
+}
+
+Result<std::string> findExecutable(const std::string& binary) {
+  if (binary.find('/') != std::string::npos) {
+    if (::access(binary.c_str(), X_OK) != 0) return makeError(ErrorCode::kNotFound, binary + " is not executable");
+    return binary;
+  }
+  const char* path = getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t colon = dirs.find(':', start);
+    std::string dir = dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    // An empty PATH entry means the current directory: never for the binary that runs guests.
+    if (!dir.empty() && dir[0] == '/') {
+      std::string candidate = dir + "/" + binary;
+      if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    }
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  return makeError(ErrorCode::kNotFound, binary + " not found in PATH");
+}
+
+uint64_t measureTscKhz(int window_ms) {
+#if defined(__x86_64__)
+  // A (TSC, clock) pair read as close together as possible: the tightest of a few tries, so a
+  // preemption between the two reads does not skew the figure.
+  auto pair = [](uint64_t& tsc, int64_t& ns) {
+    uint64_t best_gap = UINT64_MAX;
+    for (int i = 0; i < 5; ++i) {
+      timespec ts{};
+      uint64_t before = __rdtsc();
+      clock_gettime(CLOCK_MONOTONIC_RAW, &ts);
+      uint64_t after = __rdtsc();
+      if (after - before < best_gap) {
+        best_gap = after - before;
+        tsc = before + (after - before) / 2;
+        ns = static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+      }
+    }
+  };
+  uint64_t tsc0 = 0, tsc1 = 0;
+  int64_t ns0 = 0, ns1 = 0;
+  pair(tsc0, ns0);
+  usleep(static_cast<useconds_t>(window_ms) * 1000);
+  pair(tsc1, ns1);
+  if (ns1 <= ns0 || tsc1 <= tsc0) return 0;
+  double khz = static_cast<double>(tsc1 - tsc0) * 1e6 / static_cast<double>(ns1 - ns0);
+  return static_cast<uint64_t>(khz / 1000.0 + 0.5) * 1000;
+#else
+  (void)window_ms;
+  return 0;
+#endif
+}
+
+Result<uint64_t> availableMemoryMib() {
+  auto meminfo = readSmallFile("/proc/meminfo", 1 << 16);
+  if (!meminfo.ok()) return meminfo.error();
+  return parseMemAvailableMib(meminfo.value());
+}
+
+Result<NodeFacts> probeNodeFacts(Accelerator requested, const std::string& qemu_binary) {
+  NodeFacts facts;
+  facts.kvm = probeKvm();
+  auto choice = chooseAccelerator(requested, facts.kvm);
+  if (!choice.ok()) return choice.error();
+  facts.accelerator = choice.value();
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  facts.max_vcpus = cpus > 0 ? static_cast<uint32_t>(cpus) : 1;
+  auto qemu = findExecutable(qemu_binary);
+  if (!qemu.ok()) return qemu.error();
+  facts.qemu_binary = qemu.value();
+  if (facts.accelerator.accelerator == Accelerator::kTcg) facts.tsc_khz = measureTscKhz();
+  spdlog::info("node: accelerator {} ({}), {} CPUs, {}{}", acceleratorName(facts.accelerator.accelerator),
+               facts.accelerator.reason, facts.max_vcpus, facts.qemu_binary,
+               facts.tsc_khz ? ", TSC " + std::to_string(facts.tsc_khz) + " kHz" : std::string());
+  return facts;
+}
+
+}  // namespace space::vmm

@@ -1,0 +1,47 @@
+// Facts about this node that starting a VM needs and that do not change while spaced runs:
+// which accelerator VMs get, how many CPUs the host has, which QEMU binary runs, and the host's
+// TSC frequency. They are resolved once, at start, so that no create pays for a /dev/kvm ioctl,
+// a PATH walk or a calibration. (The host's free memory is not among them: it changes with every
+// VM, so it is read again for each start; see vmm::availableMemoryMib.)
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/result.h"
+#include "vmm/accelerator.h"
+#include "vmm/vm_spec.h"
+
+namespace space::vmm {
+
+struct NodeFacts {
+  AcceleratorChoice accelerator{Accelerator::kTcg, ""};  // for a VM that asks for kAuto
+  KvmProbe kvm;             // what chooseAccelerator() needs for a VM that names its accelerator
+  uint32_t max_vcpus = 1;   // online CPUs: the most one VM may have
+  std::string qemu_binary;  // absolute path
+  // The host's TSC frequency rounded to 1 MHz, or 0 where unknown. Under TCG a guest's TSC runs
+  // at the host's rate, but the guest's calibration of it against the emulated PIT fails on a
+  // busy host; the kernel then falls back to the jiffies clocksource, whose periodic tick never
+  // stops and costs an idle guest ~5% of a core (bench/RESULTS.md, idle CPU). Telling the
+  // guest the frequency (tsc_early_khz=) skips that calibration.
+  uint64_t tsc_khz = 0;
+
+  // The kernel arguments every guest of this node gets under `accelerator`, after SPACE's own.
+  std::string guestKernelArgs(Accelerator accelerator) const;
+};
+
+// Probes the host once. kInvalidArgument if `requested` is kvm and the host has no usable KVM;
+// kNotFound if `qemu_binary` is not an executable (a name is looked up in PATH).
+Result<NodeFacts> probeNodeFacts(Accelerator requested, const std::string& qemu_binary = "qemu-system-x86_64");
+
+// `binary` if it names a path, else the first executable of that name in PATH.
+Result<std::string> findExecutable(const std::string& binary);
+
+// Measures the TSC against CLOCK_MONOTONIC_RAW over `window_ms` and rounds it to 1 MHz (so the
+// figure, which goes into template keys, is the same at every start). 0 on hosts without a TSC.
+uint64_t measureTscKhz(int window_ms = 50);
+
+// MemAvailable from /proc/meminfo, now.
+Result<uint64_t> availableMemoryMib();
+
+}  // namespace space::vmm
