@@ -19,7 +19,8 @@ struct JsonLimits {
   int max_depth = 64;
   // Values of any kind (scalars, arrays, objects; object keys not counted), bounding the DOM's
   // memory independently of the text's size. Counted from the text as an upper bound: the first
-  // value plus one per comma outside strings.
+  // value, plus one per comma and one per opening bracket outside strings (a container's first
+  // element follows no comma, and `[[[...]]]` members would otherwise cost one comma each).
   size_t max_values = size_t{1} << 20;
 };
 

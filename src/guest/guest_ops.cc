@@ -2,8 +2,8 @@
 
 #include <cerrno>
 #include <climits>
-#include <cstdlib>
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
 
 #include "agentproto/base64.h"
@@ -20,6 +20,15 @@ namespace {
 // line, e.g. {"type":"stdout","data":""}), so that empty events still count.
 constexpr size_t kEventOverhead = 64;
 constexpr size_t kMaxStatusText = 4096;
+// Entries a listing may have. Each costs the daemon a few hundred bytes decoded and again as
+// output JSON whatever the guest sent (an empty `{}` is 3 bytes of answer): without a cap a 3 MB
+// answer of a million entries cost ~1 GB (found by review). A guest has at most pid_max (32768
+// by default) processes; a listing of more than 50,000 entries is to be narrowed (path, depth).
+constexpr size_t kMaxListEntries = 50000;
+constexpr size_t kMaxProcesses = 32768;
+// Stdin is fed by unary calls while the stream's consumer waits: a guest that does not answer
+// must not hold it for the default 30 s per call.
+constexpr milliseconds kStdinCallTimeout{15000};
 // How long stop() waits for the agent to see a cancel.
 constexpr milliseconds kStopWait{5000};
 
@@ -70,6 +79,8 @@ Result<std::optional<ProcessEvent>> decodeEvent(const Json& message) {
     out.kind = ProcessEvent::Kind::kEnd;
     if (auto code = it->find("exitCode"); code != it->end()) {
       if (!code->is_number_integer()) return bad();
+      // 2^64-1 is an integer too, and would wrap to -1 as int64.
+      if (code->is_number_unsigned() && code->get<uint64_t>() > static_cast<uint64_t>(INT_MAX)) return bad();
       auto n = code->get<int64_t>();
       if (n < INT_MIN || n > INT_MAX) return bad();
       out.end.exit_code = static_cast<int>(n);
@@ -149,6 +160,9 @@ Result<std::vector<ProcessInfo>> decodeProcessList(const Json& response) {
   auto list = response.find("processes");
   if (list == response.end()) return out;
   if (!list->is_array()) return bad();
+  if (list->size() > kMaxProcesses)
+    return malformed("process list (over " + std::to_string(kMaxProcesses) + " processes)");
+  out.reserve(list->size());
   for (const auto& p : *list) {
     if (!p.is_object()) return bad();
     ProcessInfo info;
@@ -305,12 +319,16 @@ void ProcessStream::deliverStdin(int pid) {
   Result<Json> fed = Json::object();
   if (!data.empty()) {
     fed = agent_->call("/process.Process/SendInput",
-                       Json{{"process", {{"pid", pid}}}, {"input", {{"stdin", agentproto::base64Encode(data)}}}});
+                       Json{{"process", {{"pid", pid}}}, {"input", {{"stdin", agentproto::base64Encode(data)}}}},
+                       agentproto::CallOptions{kStdinCallTimeout});
   }
-  if (fed.ok() && close_stdin_) fed = agent_->call("/process.Process/CloseStdin", selectPid(pid));
+  if (fed.ok() && close_stdin_) {
+    fed = agent_->call("/process.Process/CloseStdin", selectPid(pid), agentproto::CallOptions{kStdinCallTimeout});
+  }
   if (fed.ok()) return;
   // The process must not run on as if its input had arrived: stop it and say why.
-  (void)agent_->call("/process.Process/SendSignal", Json{{"process", {{"pid", pid}}}, {"signal", "SIGNAL_SIGKILL"}});
+  (void)agent_->call("/process.Process/SendSignal", Json{{"process", {{"pid", pid}}}, {"signal", "SIGNAL_SIGKILL"}},
+                     agentproto::CallOptions{kStdinCallTimeout});
   std::lock_guard lock(shared_->m);
   if (!shared_->error) shared_->error = makeError(fed.error().code, "stdin: " + fed.error().message);
 }
@@ -456,6 +474,12 @@ Result<std::vector<FileEntry>> GuestOps::listDir(const std::string& path, int de
   auto entries = result->find("entries");
   if (entries == result->end()) return out;
   if (!entries->is_array()) return malformed("directory listing");
+  if (entries->size() > kMaxListEntries) {
+    return makeError(
+        ErrorCode::kInvalidArgument,
+        "the listing has over " + std::to_string(kMaxListEntries) + " entries; list a narrower path or a smaller depth",
+        "listing_too_large");
+  }
   out.reserve(entries->size());
   for (const auto& e : *entries) {
     auto entry = decodeEntry(e);

@@ -48,9 +48,22 @@ TEST(BoundedJson, ValueLimitBoundsWideDocuments) {
   auto refused = parseJsonBounded(wide, JsonLimits{.max_values = 500});
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.error().message.find("more than 500 values"), std::string::npos) << refused.error().message;
-  auto fits = parseJsonBounded(wide, JsonLimits{.max_values = 1001});
+  // 2001 nodes: the outer array, 1000 inner ones... and the bound counts containers as values
+  // (1 + commas + opening brackets: an upper bound of the nodes the parser builds).
+  EXPECT_FALSE(parseJsonBounded(wide, JsonLimits{.max_values = 2000}).ok());
+  auto fits = parseJsonBounded(wide, JsonLimits{.max_values = 2001});
   ASSERT_TRUE(fits.ok());
   EXPECT_EQ(fits.value().size(), 1000u);
+}
+
+// Members nested deep cost one comma each but many nodes: the bound counts the nodes.
+TEST(BoundedJson, ValueLimitCountsNestedContainers) {
+  std::string member = std::string(62, '[') + std::string(62, ']');
+  // 1 + 2 x 62 = 125 nodes; counted 1 + 1 comma + 125 opening brackets = 127 (an upper bound).
+  // Commas alone would have said 2.
+  std::string text = "[" + member + "," + member + "]";
+  EXPECT_FALSE(parseJsonBounded(text, JsonLimits{.max_values = 126}).ok());
+  EXPECT_TRUE(parseJsonBounded(text, JsonLimits{.max_values = 127}).ok());
 }
 
 // The bound costs linear time: wide documents of many small objects (the shape that made
@@ -85,13 +98,13 @@ TEST(BoundedJson, OrdinaryDocumentsAndErrors) {
 // A body reader feeds the scanner as bytes arrive; its verdict must not depend on where the
 // pieces split, in particular not inside a string or between a backslash and what it escapes.
 TEST(BoundedJson, ScannerFedInPiecesAgreesWithTheWholeText) {
-  JsonLimits limits{.max_depth = 3, .max_values = 4};
+  JsonLimits limits{.max_depth = 3, .max_values = 5};
   const std::string cases[] = {
       R"(["a\"[[[[", "\"", [1]])",  // brackets and an escaped quote inside strings: depth 2
       R"([[["x"]]])",               // depth 3: at the limit
       R"([[[["x"]]]])",             // depth 4: over
-      R"([1,2,3,"a,b,c"])",         // 4 values; the commas in the string do not count
-      R"([1,2,3,4,5])",             // 5 values: over
+      R"([1,2,3,"a,b,c"])",         // 5 values (the array and 4); the commas in the string do not count
+      R"([1,2,3,4,5])",             // 6 values: over
   };
   for (const std::string& text : cases) {
     JsonBoundsScanner whole(limits);
