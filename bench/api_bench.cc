@@ -1,13 +1,19 @@
 // API benchmark: sandbox create and exec latency through the whole stack: HTTP client -> spaced
 // -> SandboxManager -> agent -> guest. spaced restores sandboxes from a template snapshot
-// (built by the first create, which is not counted). Baselines measured in the same run, on the
-// same images: a cold boot (Vm::start in-process), the restore alone (Vm::start from the same
-// template snapshot in-process: QEMU -incoming, no daemon) and exec in-process.
-// Usage: space-api-bench [--creates N] [--execs N] [--warm-pool N] [--no-snapshots] [--json]
+// (built by the first create, which is not counted) or, with --warm-pool N, hands out guests
+// its hot pool keeps running. Baselines measured in the same run, on the same images: the bare
+// QEMU start floor (spawn -> QMP answering, `-M microvm -nodefaults -S`), a cold boot (Vm::start
+// in-process), the restore alone (Vm::start from the same template snapshot in-process: QEMU
+// -incoming, no daemon) and exec in-process.
+// With a pool, each measured create waits first until the pool is full ("pool not exhausted");
+// then --drain creates run back to back without waiting, to show the sustained rate and the
+// latency once the pool is empty while it refills.
+// Usage: space-api-bench [--creates N] [--execs N] [--warm-pool N] [--drain N] [--no-snapshots] [--json]
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +27,8 @@
 #include "common/fs.h"
 #include "common/process.h"
 #include "percentiles.h"  // next to this file
+#include "vmm/node_facts.h"
+#include "vmm/qmp_client.h"
 #include "vmm/vm.h"
 
 namespace {
@@ -53,6 +61,7 @@ int main(int argc, char** argv) {
   int creates = 20;
   int execs = 200;
   int warm_pool = 0;
+  int drain = 0;
   bool no_snapshots = false;
   bool as_json = false;
   CLI::App app{"Create and exec latency through spaced's API, with in-process baselines on the same images."};
@@ -66,12 +75,35 @@ int main(int argc, char** argv) {
   app.add_option("--warm-pool", warm_pool, "spaced --warm-pool: QEMUs started ahead of creates")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
+  app.add_option("--drain", drain, "creates back to back without waiting for the pool (after the measured ones)")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
   app.add_flag("--no-snapshots", no_snapshots, "spaced --no-snapshots: every create boots (the first recorded run)");
   app.add_flag("--json", as_json, "one JSON object on stdout instead of a table");
   CLI11_PARSE(app, argc, argv);
   const std::string images = SPACE_IMAGES_DIR;
   auto dir = TempDir::create("/tmp", "api-bench-");
   if (!dir.ok()) die(dir.error().message);
+
+  // Floor: a bare QEMU, spawned until its monitor answers (what any VM start pays at least).
+  std::vector<double> qemu_floor;
+  {
+    auto qemu = vmm::findExecutable("qemu-system-x86_64");
+    if (!qemu.ok()) die(qemu.error().message);
+    for (int i = 0; i < creates; ++i) {
+      const std::string sock = dir->path() + "/floor.sock";
+      std::filesystem::remove(sock);
+      auto t0 = Clock::now();
+      auto p = ChildProcess::spawn({qemu.value(), "-machine", "microvm", "-nodefaults", "-no-user-config", "-display",
+                                    "none", "-S", "-qmp", "unix:" + sock + ",server=on,wait=off"},
+                                   SpawnOptions{dir->path() + "/floor.log", "", true});
+      if (!p.ok()) die(p.error().message);
+      auto qmp = vmm::QmpClient::connect(sock, Clock::now() + std::chrono::seconds(10));
+      if (!qmp.ok()) die("bare QEMU: " + qmp.error().message);
+      qemu_floor.push_back(Ms(Clock::now() - t0).count());
+      p->kill();
+    }
+  }
 
   // Baseline: the VM layer alone.
   vmm::VmSpec spec;
@@ -104,9 +136,12 @@ int main(int argc, char** argv) {
   // The daemon.
   const std::string data_dir = dir->path() + "/data";
   std::vector<std::string> daemon_argv = {
-      SPACED_BIN, "--listen",       "127.0.0.1:0", "--data-dir",     data_dir,
-      "--kernel", spec.kernel_path, "--rootfs",    spec.rootfs_path, "--log-level",
-      "warn",     "--on-shutdown",  "stop",        "--warm-pool",    std::to_string(warm_pool)};
+      SPACED_BIN, "--listen", "127.0.0.1:0", "--data-dir", data_dir, "--kernel", spec.kernel_path, "--rootfs",
+      spec.rootfs_path, "--log-level", "warn", "--on-shutdown", "stop", "--warm-pool", std::to_string(warm_pool),
+      // The pool holds sandboxes of the default size: the size measured here.
+      "--default-cpus", "1", "--default-memory-mb", "256",
+      // The drain holds --drain sandboxes at once: the node limit must not be what is measured.
+      "--max-vcpus", "256"};
   if (no_snapshots) daemon_argv.push_back("--no-snapshots");
   auto daemon = ChildProcess::spawn(daemon_argv, SpawnOptions{dir->path() + "/spaced.log", "", true});
   if (!daemon.ok()) die(daemon.error().message);
@@ -135,26 +170,56 @@ int main(int argc, char** argv) {
     return id.get<std::string>();
   };
 
-  std::vector<double> api_create, api_exec, api_delete, api_first_exec;
+  std::vector<double> api_create, api_exec, api_exec_shell, api_delete, api_first_exec, api_first_exec_shell;
+  std::vector<double> drain_create;
   const json size{{"cpus", 1}, {"memory_mb", 256}};
   const json exec_true{{"argv", {"true"}}};
+  const json exec_shell_true{{"command", "true"}};  // bash -l -c, as E2B's commands.run
+  auto poolReady = [&] {
+    auto r = api->exchange("GET", "/metrics", "", "", std::chrono::seconds(10));
+    return r.ok() && r->body.find("\nspace_warm_pool_ready " + std::to_string(warm_pool) + "\n") != std::string::npos;
+  };
+  auto waitForPool = [&] {
+    if (warm_pool == 0) return;
+    auto deadline = Clock::now() + std::chrono::seconds(120);
+    while (!poolReady()) {
+      if (Clock::now() > deadline) die("the pool did not fill within 120 s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  };
   // The first create builds the template snapshot: not part of the measurement.
   const std::string keep = idOf(call("POST", "/v1/sandboxes", size, std::chrono::seconds(180)));
   for (int i = 0; i < creates; ++i) {
+    const bool shell = i % 2 == 1;  // the two forms of the first exec, alternately
+    waitForPool();
     auto t0 = Clock::now();
     json created = call("POST", "/v1/sandboxes", size);
     api_create.push_back(Ms(Clock::now() - t0).count());
     const std::string id = idOf(created);
-    call("POST", apiclient::sandboxPath(id) + "/exec", exec_true);
-    api_first_exec.push_back(Ms(Clock::now() - t0).count());
+    call("POST", apiclient::sandboxPath(id) + "/exec", shell ? exec_shell_true : exec_true);
+    (shell ? api_first_exec_shell : api_first_exec).push_back(Ms(Clock::now() - t0).count());
     t0 = Clock::now();
     call("DELETE", apiclient::sandboxPath(id), std::nullopt);
     api_delete.push_back(Ms(Clock::now() - t0).count());
   }
   for (int j = 0; j < execs; ++j) {
     auto t0 = Clock::now();
-    call("POST", apiclient::sandboxPath(keep) + "/exec", exec_true);
-    api_exec.push_back(Ms(Clock::now() - t0).count());
+    call("POST", apiclient::sandboxPath(keep) + "/exec", j % 2 ? exec_shell_true : exec_true);
+    (j % 2 ? api_exec_shell : api_exec).push_back(Ms(Clock::now() - t0).count());
+  }
+  // Back to back: the pool drains, then every create waits for a restore.
+  double drain_s = 0;
+  if (drain > 0) {
+    waitForPool();
+    std::vector<std::string> made;
+    auto d0 = Clock::now();
+    for (int i = 0; i < drain; ++i) {
+      auto t0 = Clock::now();
+      made.push_back(idOf(call("POST", "/v1/sandboxes", size)));
+      drain_create.push_back(Ms(Clock::now() - t0).count());
+    }
+    drain_s = std::chrono::duration<double>(Clock::now() - d0).count();
+    for (const auto& id : made) call("DELETE", apiclient::sandboxPath(id), std::nullopt);
   }
   ::kill(daemon->pid(), SIGTERM);
   daemon->waitFor(std::chrono::seconds(60));
@@ -185,10 +250,19 @@ int main(int argc, char** argv) {
   Stats dc = stats(direct_create), ac = stats(api_create), de = stats(direct_exec), ae = stats(api_exec);
   Stats ad = api_delete.empty() ? Stats{} : stats(api_delete);
   Stats dr = stats(direct_restore), drr = stats(direct_restore_running), afe = stats(api_first_exec);
+  Stats qf = stats(qemu_floor), aes = stats(api_exec_shell), afes = stats(api_first_exec_shell);
+  json drain_json = json::array();
+  for (double ms : drain_create) drain_json.push_back(std::round(ms * 10) / 10);
   if (as_json) {
     json out{{"accelerator", accelerator},
              {"creates", creates},
              {"execs", execs},
+             {"warm_pool", warm_pool},
+             {"baseline_qemu_start_floor_ms", statsJson(qf)},
+             {"api_create_first_exec_shell_ms", statsJson(afes)},
+             {"api_exec_shell_true_ms", statsJson(aes)},
+             {"drain_create_ms", drain_json},
+             {"drain_creates_per_s", drain_s > 0 ? drain / drain_s : 0.0},
              {"baseline_vm_start_ms", statsJson(dc)},
              {"api_create_ms", statsJson(ac)},
              {"api_create_first_exec_ms", statsJson(afe)},
@@ -199,15 +273,24 @@ int main(int argc, char** argv) {
              {"api_exec_true_ms", statsJson(ae)}};
     printf("%s\n", out.dump().c_str());
   } else {
-    printf("accelerator %s, %d creates (1 vCPU, 256 MB), %d execs\n", accelerator.c_str(), creates, execs);
+    printf("accelerator %s, %d creates (1 vCPU, 256 MB), %d execs, spaced --warm-pool %d\n", accelerator.c_str(),
+           creates, execs, warm_pool);
+    printRow("baseline: bare QEMU spawn -> QMP answering", qf);
     printRow("baseline: cold boot, Vm::start in-process", dc);
     printRow("baseline: restore, Vm::start in-process", dr);
     printRow("  of which QEMU spawn -> guest running", drr);
     printRow("POST /v1/sandboxes -> 201 running", ac);
-    printRow("POST /v1/sandboxes + first exec `true`", afe);
+    printRow("POST /v1/sandboxes + first exec argv `true`", afe);
+    printRow("POST /v1/sandboxes + first exec shell `true`", afes);
     printRow("DELETE /v1/sandboxes/{id} -> 204", ad);
     printRow("baseline: Vm::exec `true` (in-process)", de);
-    printRow("POST /v1/sandboxes/{id}/exec `true` -> 200", ae);
+    printRow("POST .../exec argv `true` (running sandbox)", ae);
+    printRow("POST .../exec shell `true` (running sandbox)", aes);
+    if (!drain_create.empty()) {
+      printf("back to back, %d creates: %.1f creates/s; ms each:", drain, drain / drain_s);
+      for (double ms : drain_create) printf(" %.0f", ms);
+      printf("\n");
+    }
   }
   return 0;
 }

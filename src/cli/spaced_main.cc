@@ -234,8 +234,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{60}, int64_t{365} * 24 * 3600));
   app.add_option("--warm-pool", config.warm_pool_size,
-                 "QEMU processes kept started and waiting to become sandboxes of the default size, so a create "
-                 "only loads the guest (0: none)")
+                 "sandboxes of template base and the default size kept running and warmed up ahead of need, so "
+                 "a create only gives one its identity (0: none; each costs its guest's memory in use and ~0.1% "
+                 "of a core when idle under TCG)")
       ->capture_default_str()
       ->check(CLI::Range(0, 64));
   app.add_option("--max-branch", config.max_branch, "children one branch request may create")

@@ -136,8 +136,26 @@ Result<WarmVm> SandboxManager::makeWarmVm() {
                                         sandboxDir(warm.sandbox_id));
   if (!launch.ok()) return launch.error();
   warm.snapshot_dir = launch->template_dir;
-  auto runtime = SandboxRuntime::prepare(launch.value());
+  auto runtime = SandboxRuntime::start(launch.value());
   if (!runtime.ok()) return runtime.error();
+  auto& agent = runtime.value()->vm().agent();
+  // Its own random state at once: a clone of the template must never hand out the template's
+  // randomness, not even to a warm-up command. (The create gives it fresh entropy again.)
+  auto seeded = agent.call("/agent.Agent/Configure", nlohmann::json{{"timeMs", nowMs()}, {"entropy", freshEntropy()}});
+  if (!seeded.ok()) return makeError(seeded.error().code, "warm pool: configure: " + seeded.error().message);
+  // The guest code on the exec path (the agent's process start, bash's start-up) is translated
+  // now, under TCG, rather than on the new sandbox's first exec.
+  for (bool shell : {true, false}) {
+    agentproto::CommandSpec warm_up;
+    if (shell) {
+      warm_up.command = "true";
+    } else {
+      warm_up.argv = {"true"};
+    }
+    warm_up.timeout = config_.boot_timeout;
+    auto ran = agentproto::runCommand(agent, warm_up, 4096);
+    if (!ran.ok()) return makeError(ran.error().code, "warm pool: warm-up: " + ran.error().message);
+  }
   warm.runtime = std::move(runtime.value());
   return warm;
 }
@@ -275,6 +293,54 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     live->finished = true;
     live->state = SandboxState::kFailed;
   };
+  // Its own identity before anyone sees it running: a restored clone still has the template's
+  // hostname, a clock stopped at the snapshot and the template's random state.
+  auto identity = [&] {
+    nlohmann::json configure{{"hostname", hostnameFor(rec.id)}, {"timeMs", nowMs()}, {"entropy", freshEntropy()}};
+    if (!request.env.empty()) {
+      nlohmann::json vars = nlohmann::json::object();
+      for (const auto& [k, v] : request.env) vars[k] = v;
+      configure["envVars"] = vars;
+    }
+    return live->vm().agent().call("/agent.Agent/Configure", configure);
+  };
+  auto started = Clock::now();
+  auto recordRunning = [&] {
+    rec.state = stateName(SandboxState::kRunning);
+    rec.vm_pid = live->vm().pid();
+    rec.vm_identity = live->vm().identity();
+    rec.accelerator = vmm::acceleratorName(live->vm().accelerator());
+  };
+  auto ran = [&](const std::string& how) {
+    live->state = SandboxState::kRunning;
+    live->last_active_ms = nowMs();
+    spdlog::info("sandbox {}: running (tenant {}, {} vCPU, {} MB, {} in {} ms, expires in {} s)", rec.id, rec.tenant,
+                 cpus, memory_mb, how, std::chrono::duration_cast<milliseconds>(Clock::now() - started).count(),
+                 timeout_s);
+  };
+  if (warm) {
+    // A running guest from the pool: it only takes its identity, and is recorded once, running.
+    // (Nothing is recorded before: a crash meanwhile leaves an unrecorded VM, which the next
+    // start's orphan sweep removes, and the client never had an answer.)
+    live->runtime = std::move(warm->runtime);
+    warm.reset();
+    if (auto configured = identity(); configured.ok()) {
+      recordRunning();
+      if (auto inserted = store_.insertSandbox(rec); !inserted.ok()) {
+        live->runtime.reset();
+        release();
+        return inserted.error();
+      }
+      faultPoint("create.recorded");
+      ran("taken from the pool");
+      return rec;  // as recorded: not read back
+    } else {
+      // The pool's guest is unwell: dropped, and this sandbox restored the usual way.
+      spdlog::warn("sandbox {}: the pool's VM did not take its identity ({}); restoring a new one", rec.id,
+                   configured.error().message);
+      live->runtime.reset();  // its QEMU killed and its run directory removed
+    }
+  }
   if (auto inserted = store_.insertSandbox(rec); !inserted.ok()) {
     release();
     return inserted.error();
@@ -298,8 +364,7 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
                      client_error ? e.reason : "sandbox_start_failed");
   };
 
-  auto started = Clock::now();
-  const auto deadline = started + config_.boot_timeout;
+  const auto deadline = Clock::now() + config_.boot_timeout;
   std::string how;
   if (from_snapshot) {
     // The snapshot's files must stay while QEMU opens them and the state loads, and no
@@ -328,42 +393,18 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     auto launch = launcher_->fromTemplate(*tpl.value(), cpus, memory_mb, rec.run_dir);
     if (!launch.ok()) return fail(launch.error());
     how = launch->how;
-    // A pool entry waiting for a template snapshot since rebuilt is dropped (its VM with it).
-    if (warm && !launch->template_dir.empty() && warm->snapshot_dir == launch->template_dir) {
-      live->runtime = std::move(warm->runtime);
-      how += " (warm)";
-      if (auto restored = live->runtime->restore(config_.boot_timeout); !restored.ok()) return fail(restored.error());
-    } else {
-      warm.reset();
-      auto runtime = SandboxRuntime::start(launch.value());
-      if (!runtime.ok()) return fail(runtime.error());
-      live->runtime = std::move(runtime.value());
-    }
+    auto runtime = SandboxRuntime::start(launch.value());
+    if (!runtime.ok()) return fail(runtime.error());
+    live->runtime = std::move(runtime.value());
   }
-  // Its own identity before anyone sees it running: a restored clone still has the template's
-  // hostname, a clock stopped at the snapshot and the template's random state.
-  nlohmann::json configure{{"hostname", hostnameFor(rec.id)}, {"timeMs", nowMs()}, {"entropy", freshEntropy()}};
-  if (!request.env.empty()) {
-    nlohmann::json vars = nlohmann::json::object();
-    for (const auto& [k, v] : request.env) vars[k] = v;
-    configure["envVars"] = vars;
-  }
-  auto configured = live->vm().agent().call("/agent.Agent/Configure", configure);
-  if (!configured.ok()) return fail(configured.error());
+  if (auto configured = identity(); !configured.ok()) return fail(configured.error());
   if (faultFails("create.configured"))
     return fail(makeError(ErrorCode::kInternal, "injected failure (SPACE_FAULT_FAIL)"));
   faultPoint("create.configured");
-  rec.state = stateName(SandboxState::kRunning);
-  rec.vm_pid = live->vm().pid();
-  rec.vm_identity = live->vm().identity();
-  rec.accelerator = vmm::acceleratorName(live->vm().accelerator());
+  recordRunning();
   if (auto saved = store_.updateSandbox(rec); !saved.ok()) return fail(saved.error());
   faultPoint("create.recorded");
-  live->state = SandboxState::kRunning;
-  live->last_active_ms = nowMs();
-  spdlog::info("sandbox {}: running (tenant {}, {} vCPU, {} MB, {} in {} ms, expires in {} s)", rec.id, rec.tenant,
-               cpus, memory_mb, how, std::chrono::duration_cast<milliseconds>(Clock::now() - started).count(),
-               timeout_s);
+  ran(how);
   return rec;  // as recorded: not read back
 }
 

@@ -43,8 +43,8 @@ struct ManagerConfig {
   // Create sandboxes by restoring a template snapshot (built on first use per size) instead of
   // booting. Off: every create is a cold boot (for comparison and debugging).
   bool use_snapshots = true;
-  // QEMU processes kept started, waiting to become sandboxes of template "base" at the default
-  // size (see WarmPool). 0: none; every create starts its QEMU.
+  // Guests of template "base" at the default size kept running and warmed up, waiting to
+  // become sandboxes (see WarmPool). 0: none; every create restores its guest.
   uint32_t warm_pool_size = 2;
 
   // Node limits; a request beyond them is refused, never overcommitted.

@@ -27,8 +27,6 @@ Status SandboxRuntime::load(Clock::time_point deadline) { return vm_->loadPrepar
 
 Status SandboxRuntime::awaitAgent(Clock::time_point deadline) { return vm_->awaitAgent(deadline); }
 
-Status SandboxRuntime::restore(std::chrono::milliseconds timeout) { return vm_->restore(state_file_, timeout); }
-
 Status SandboxRuntime::suspendTo(const std::string& state_file, std::chrono::milliseconds timeout) {
   SPACE_TRY(vm_->saveState(state_file, timeout));
   release();

@@ -35,8 +35,8 @@ class SandboxRuntime {
   // Boots, or restores launch.state_file, and returns once the agent answered (or, with
   // launch.options.stay_paused, once the guest is loaded and stopped).
   static Result<std::unique_ptr<SandboxRuntime>> start(const Launch& launch);
-  // Starts QEMU waiting for launch.state_file (a pool entry, or a child whose snapshot files
-  // must stay open only while they load): load() and awaitAgent() finish the start.
+  // Starts QEMU waiting for launch.state_file (a child whose snapshot files must stay open
+  // only while they load): load() and awaitAgent() finish the start.
   static Result<std::unique_ptr<SandboxRuntime>> prepare(const Launch& launch);
   // Takes charge of what an earlier daemon left running (see vmm::Vm::adopt).
   static Result<std::unique_ptr<SandboxRuntime>> adopt(const vmm::VmAdoptSpec& spec);
@@ -48,8 +48,6 @@ class SandboxRuntime {
   // opened after this), then waits for the agent's handshake.
   Status load(Clock::time_point deadline);
   Status awaitAgent(Clock::time_point deadline);
-  // load() and awaitAgent() together.
-  Status restore(std::chrono::milliseconds timeout);
 
   Status pause() { return vm_->pause(); }
   Status resume() { return vm_->resume(); }

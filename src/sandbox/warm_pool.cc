@@ -29,11 +29,14 @@ WarmPool::~WarmPool() {
 
 std::optional<WarmVm> WarmPool::take() {
   std::lock_guard lock(mu_);
-  if (ready_.empty()) return std::nullopt;
-  WarmVm vm = std::move(ready_.front());
-  ready_.pop_front();
-  changed_.notify_all();
-  return vm;
+  while (!ready_.empty()) {
+    WarmVm vm = std::move(ready_.front());
+    ready_.pop_front();
+    changed_.notify_all();
+    if (vm.runtime && vm.runtime->vm().processRunning()) return vm;
+    spdlog::warn("warm pool: VM {} died while waiting; dropped", vm.sandbox_id);
+  }
+  return std::nullopt;
 }
 
 void WarmPool::put(WarmVm vm) {

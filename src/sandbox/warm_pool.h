@@ -1,12 +1,14 @@
-// WarmPool: QEMU processes started ahead of need, each waiting (`-incoming defer`) to become a
-// sandbox restored from one template snapshot, so a create request pays only for loading the
-// guest's state and the agent's answer, not for starting QEMU and making a disk overlay.
+// WarmPool: sandboxes-to-be kept running ahead of need (a hot pool), so that a create request
+// pays for one agent call (the sandbox's identity) and its record, not for starting QEMU,
+// loading the guest's state or the guest's first, untranslated answers.
 //
-// A background thread keeps the pool at its target size. Each waiting VM already has its
-// sandbox id (its run directory is named by it), its overlay over the snapshot's disk, and its
-// private mapping of the snapshot's memory file. Waiting VMs hold no reservation and no
-// record: a daemon that dies leaves them to the next start's orphan sweep, and shutting the
-// pool down kills them.
+// A background thread keeps the pool at its target size. Each entry is a guest restored from
+// the template snapshot of the default size, with its agent connected, its own entropy and
+// clock given at once, and a warm-up command run (so the guest code on the exec path is
+// already translated under TCG). It already has its sandbox id (its run directory is named by
+// it). Entries hold no reservation and no record: a daemon that dies leaves them to the next
+// start's orphan sweep, and shutting the pool down kills them. An idle entry costs about 0.1%
+// of a core under TCG (bench/RESULTS.md, idle CPU).
 #pragma once
 
 #include <chrono>
@@ -27,7 +29,7 @@ namespace space::sandbox {
 struct WarmVm {
   std::string sandbox_id;                   // the id the sandbox will have
   std::string snapshot_dir;                 // the template snapshot it waits for (a rebuilt one makes it stale)
-  std::unique_ptr<SandboxRuntime> runtime;  // prepared: its restore() loads the template's state
+  std::unique_ptr<SandboxRuntime> runtime;  // running, agent connected, warmed up
 };
 
 class WarmPool {
@@ -40,7 +42,8 @@ class WarmPool {
   WarmPool(const WarmPool&) = delete;
   WarmPool& operator=(const WarmPool&) = delete;
 
-  // A waiting VM, or nothing if the pool is empty (never waits).
+  // A waiting VM, or nothing if the pool is empty (never waits). Entries whose QEMU died
+  // while waiting are dropped, not returned.
   std::optional<WarmVm> take();
   // Returns a VM taken but not used (e.g. the request was refused by a node limit).
   void put(WarmVm vm);

@@ -1378,16 +1378,55 @@ TEST_F(SpacedTest, WarmPoolVmsBecomeSandboxesAndNeverOutliveTheDaemon) {
     }
     return ids;
   };
-  auto deadline = Clock::now() + seconds(60);
-  while (Clock::now() < deadline && (waiting().size() < 2 || qemuProcessesUnder(data_dir_).size() < 2)) {
-    std::this_thread::sleep_for(milliseconds(100));
-  }
+  // Ready: restored, agent connected, warmed up (the metric counts only those).
+  auto poolReady = [&] {
+    auto metrics = daemon_->call("GET", "/metrics");
+    return metrics.body.find("\nspace_warm_pool_ready 2\n") != std::string::npos;
+  };
+  auto deadline = Clock::now() + seconds(90);
+  while (Clock::now() < deadline && !poolReady()) std::this_thread::sleep_for(milliseconds(100));
+  ASSERT_TRUE(poolReady());
   auto before = waiting();
   ASSERT_EQ(before.size(), 2u);
+  // Two creates back to back take both: each its own hostname, random state and clock.
   const std::string id = daemon_->create(json::object());
   ASSERT_FALSE(id.empty());
+  const std::string second = daemon_->create(json::object());
+  ASSERT_FALSE(second.empty());
   EXPECT_TRUE(before.count(id)) << "the sandbox is a VM that was waiting in the pool";
-  EXPECT_EQ(execJson(*daemon_, id, json{{"command", "hostname"}})["stdout"], "sb-" + id.substr(3) + "\n");
+  EXPECT_TRUE(before.count(second)) << "the sandbox is a VM that was waiting in the pool";
+  // Running guests that only took their identity, not QEMUs that had to load one.
+  auto log = readSmallFile(data_dir_ + ".log", 64 << 20);
+  ASSERT_TRUE(log.ok());
+  for (const auto& sandbox : {id, second}) {
+    const auto line = log->find("sandbox " + sandbox + ": running");
+    ASSERT_NE(line, std::string::npos) << sandbox;
+    EXPECT_NE(log->substr(line, log->find('\n', line) - line).find("taken from the pool"), std::string::npos);
+  }
+  const std::string probe =
+      "hostname; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; "
+      "python3 -c 'import uuid; print(uuid.uuid4())'; date +%s.%N";
+  std::vector<std::vector<std::string>> seen;
+  for (const auto& sandbox : {id, second}) {
+    const double host_before =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    std::string out = execJson(*daemon_, sandbox, json{{"command", probe}})["stdout"];
+    const double host_after =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    std::vector<std::string> lines;
+    for (size_t start = 0, nl; (nl = out.find('\n', start)) != std::string::npos; start = nl + 1) {
+      lines.push_back(out.substr(start, nl - start));
+    }
+    ASSERT_EQ(lines.size(), 4u) << out;
+    EXPECT_EQ(lines[0], "sb-" + sandbox.substr(3));
+    const double guest = std::stod(lines[3]);
+    EXPECT_GE(guest, host_before - 1.0) << "guest clock behind the host's";
+    EXPECT_LE(guest, host_after + 1.0) << "guest clock ahead of the host's";
+    seen.push_back(lines);
+  }
+  EXPECT_NE(seen[0][1], seen[1][1]) << "pool guests share their random state";
+  EXPECT_NE(seen[0][2], seen[1][2]) << "pool guests share their random state";
+  ASSERT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + second).status, 204);
   // Another size does not fit the pool: restored the usual way.
   const std::string other = daemon_->create(json{{"cpus", 1}, {"memory_mb", 384}});
   ASSERT_FALSE(other.empty());
