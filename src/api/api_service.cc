@@ -87,7 +87,7 @@ json snapshotJson(const store::SnapshotRecord& s) {
 Status readSandboxSettings(ObjectReader& in, sandbox::CreateRequest& request) {
   auto timeout = in.integer("timeout_s", 1, INT32_MAX);
   if (!timeout.ok()) return timeout.error();
-  auto env = in.stringMap("env", 256);
+  auto env = in.envMap("env", 256);
   if (!env.ok()) return env.error();
   auto metadata = in.stringMap("metadata", 64, 16 * 1024);
   if (!metadata.ok()) return metadata.error();
@@ -107,7 +107,7 @@ Status readSandboxSettings(ObjectReader& in, sandbox::CreateRequest& request) {
 }
 
 int httpStatus(const Error& e) {
-  if (e.reason == "too_many_sandboxes") return 429;
+  if (e.reason == "too_many_sandboxes" || e.reason == "tenant_quota") return 429;
   if (e.reason == "insufficient_capacity" || e.reason == "shutting_down") return 503;
   if (e.reason == "payload_too_large") return 413;
   if (e.reason == "output_too_large") return 422;
@@ -263,7 +263,8 @@ ApiService::ApiService(sandbox::SandboxManager& manager, KeyRing& keys, ApiLimit
       keys_(keys),
       limits_(limits),
       operator_tenant_(std::move(operator_tenant)),
-      tenant_gate_(limits.max_requests_per_tenant) {
+      tenant_gate_(TenantGate::Limits{limits.max_requests_per_tenant, limits.tenant_requests_per_s,
+                                      limits.tenant_request_burst}) {
   // The router only matches; handle() runs the route's method with the authenticated tenant.
   for (const auto& r : routeTable()) router_.add(r.method, r.pattern, http::Handler());
 }
@@ -303,10 +304,14 @@ void ApiService::handle(http::Request& req, http::Response& res) {
     if (!ticket.admitted()) {
       res.closeConnection();
       metrics_.countError("too_many_requests");
-      res.setHeader("Retry-After", "1");
+      res.setHeader("Retry-After", std::to_string(std::max(1, ticket.retryAfterS())));
       (void)res.sendError(429, "too_many_requests",
-                          "this tenant already has " + std::to_string(tenant_gate_.maxInFlight()) +
-                              " requests running; retry when one has finished");
+                          ticket.refusal() == TenantGate::Refusal::kRateLimited
+                              ? "this tenant is over its rate of " + fmt::format("{:g}", tenant_gate_.ratePerS()) +
+                                    " requests per second; retry after " +
+                                    std::to_string(std::max(1, ticket.retryAfterS())) + " s"
+                              : "this tenant already has " + std::to_string(tenant_gate_.maxInFlight()) +
+                                    " requests running; retry when one has finished");
       return;
     }
   }
@@ -605,7 +610,7 @@ void ApiService::exec(Call& c) {
   ObjectReader in(body.value());
   auto command = in.string("command", 128 * 1024);
   auto argv = in.stringArray("argv", 4096, 128 * 1024);
-  auto env = in.stringMap("env", 256);
+  auto env = in.envMap("env", 256);
   auto cwd = in.string("cwd", 4096);
   auto user = in.string("user", 64);
   auto stdin_b64 = in.string("stdin", limits_.max_exec_body);

@@ -34,6 +34,10 @@ struct ApiLimits {
   // Requests one tenant may run at once (streams included): the server's connection limits
   // are per client address, and a tenant may use many.
   size_t max_requests_per_tenant = 64;
+  // Requests one tenant may start per second, sustained, and at once (a token bucket); more get
+  // 429 with Retry-After. 0: no rate limit (spaced sets 100/s and 500 unless told otherwise).
+  double tenant_requests_per_s = 0;
+  double tenant_request_burst = 0;
 };
 
 // The served OpenAPI document (docs/openapi.json, embedded at build time).

@@ -135,4 +135,14 @@ Status checkPath(std::string_view path, std::string_view field) {
   return okStatus();
 }
 
+Result<std::optional<std::map<std::string, std::string>>> ObjectReader::envMap(const std::string& name,
+                                                                               size_t max_entries) {
+  auto map = stringMap(name, max_entries);
+  if (!map.ok() || !map.value()) return map;
+  for (const auto& [key, value] : **map) {
+    if (key.find('=') != std::string::npos) return invalid(name + "." + key, "a variable's name cannot contain '='");
+  }
+  return map;
+}
+
 }  // namespace space::api

@@ -38,6 +38,9 @@ class ObjectReader {
   // An object of string values, e.g. env and metadata.
   Result<std::optional<std::map<std::string, std::string>>> stringMap(const std::string& name, size_t max_entries,
                                                                       size_t max_bytes = 64 * 1024);
+  // Environment variables: a string map whose names contain no '=' (the guest refuses those;
+  // refused here, before a sandbox is made or a pooled guest spent).
+  Result<std::optional<std::map<std::string, std::string>>> envMap(const std::string& name, size_t max_entries);
   Result<std::optional<std::vector<std::string>>> stringArray(const std::string& name, size_t max_entries,
                                                               size_t max_bytes = 64 * 1024);
   // Fails on the first field that no accessor above asked for.

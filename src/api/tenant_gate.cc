@@ -1,15 +1,30 @@
 #include "api/tenant_gate.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace space::api {
 
 TenantGate::Ticket TenantGate::enter(const std::string& tenant) {
   std::lock_guard lock(mutex_);
-  size_t& count = in_flight_[tenant];
-  if (count >= max_in_flight_) {
-    if (count == 0) in_flight_.erase(tenant);
-    return Ticket();
+  auto it = in_flight_.find(tenant);
+  if (it != in_flight_.end() && it->second >= limits_.max_in_flight) return Ticket(Refusal::kTooManyRunning, 1);
+  if (limits_.rate_per_s > 0) {
+    const double burst = std::max(limits_.burst, std::max(limits_.rate_per_s, 1.0));
+    const auto now = std::chrono::steady_clock::now();
+    auto [bucket, fresh] = buckets_.try_emplace(tenant, Bucket{burst, now});
+    Bucket& b = bucket->second;
+    if (!fresh) {
+      b.tokens =
+          std::min(burst, b.tokens + std::chrono::duration<double>(now - b.refilled).count() * limits_.rate_per_s);
+      b.refilled = now;
+    }
+    if (b.tokens < 1) {
+      return Ticket(Refusal::kRateLimited, static_cast<int>(std::ceil((1 - b.tokens) / limits_.rate_per_s)));
+    }
+    b.tokens -= 1;
   }
-  ++count;
+  ++in_flight_[tenant];
   return Ticket(this, tenant);
 }
 

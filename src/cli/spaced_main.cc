@@ -186,6 +186,7 @@ int main(int argc, char** argv) {
   sandbox::Template base{"base", cli::defaultImagePath("SPACE_KERNEL", "vmlinux"),
                          cli::defaultImagePath("SPACE_ROOTFS", "rootfs.ext4")};
   double boot_timeout_s = 60;
+  uint64_t tenant_max_snapshot_mb = 0;
 
   app.add_option("--listen", listen, "address to serve the API on (ip:port; port 0 picks one)")->capture_default_str();
   app.add_flag("--allow-plaintext-remote", plaintext_remote,
@@ -212,6 +213,23 @@ int main(int argc, char** argv) {
                  "memory all sandboxes may have together (0: 80% of host memory)")
       ->capture_default_str();
   app.add_option("--max-sandbox-memory-mb", config.max_memory_mb, "memory one sandbox may have")->capture_default_str();
+  // Per-tenant quotas (0: none beyond the node's limits). A tenant at one gets 429 tenant_quota;
+  // the others are unaffected.
+  app.add_option("--tenant-max-sandboxes", config.tenant_quota.max_sandboxes,
+                 "running or paused sandboxes one tenant may have (0: only the node's limit)")
+      ->capture_default_str();
+  app.add_option("--tenant-max-vcpus", config.tenant_quota.max_vcpus,
+                 "vCPUs one tenant's sandboxes may have together (0: only the node's limit)")
+      ->capture_default_str();
+  app.add_option("--tenant-max-memory-mb", config.tenant_quota.max_memory_mb,
+                 "memory one tenant's sandboxes may have together (0: only the node's limit)")
+      ->capture_default_str();
+  app.add_option("--tenant-max-snapshots", config.tenant_quota.max_snapshots,
+                 "snapshots one tenant may keep (0: no quota)")
+      ->capture_default_str();
+  app.add_option("--tenant-max-snapshot-mb", tenant_max_snapshot_mb,
+                 "disk (MB) one tenant's snapshots may take; new ones are refused once reached (0: no quota)")
+      ->capture_default_str();
   app.add_option("--default-cpus", config.default_cpus, "vCPUs of a sandbox when a request gives none")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
@@ -243,10 +261,20 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   api::ApiLimits api_limits;
+  api_limits.tenant_requests_per_s = 100;
+  api_limits.tenant_request_burst = 500;
   app.add_option("--max-requests-per-tenant", api_limits.max_requests_per_tenant,
                  "requests one tenant may have running at once (streams included); more get 429")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  app.add_option("--tenant-requests-per-s", api_limits.tenant_requests_per_s,
+                 "requests one tenant may start per second, sustained (0: no limit); more get 429 with Retry-After")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  app.add_option("--tenant-request-burst", api_limits.tenant_request_burst,
+                 "requests one tenant may start at once before its rate applies")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
   app.add_flag("--no-snapshots", no_snapshots,
                "boot every sandbox instead of restoring its template's snapshot (slower; for comparison)");
   app.add_option("--on-shutdown", on_shutdown,
@@ -336,6 +364,7 @@ int main(int argc, char** argv) {
   config.templates["base"] = base;
   config.accelerator = parsed_accel.value();
   config.boot_timeout = std::chrono::milliseconds(static_cast<int64_t>(boot_timeout_s * 1000));
+  config.tenant_quota.max_snapshot_bytes = tenant_max_snapshot_mb << 20;
   config.use_snapshots = !no_snapshots;
   config.suspended_retention = std::chrono::seconds(retention_s);
   auto manager = sandbox::SandboxManager::start(config, *store.value());

@@ -88,6 +88,7 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
   // Resolved once: no create probes /dev/kvm, walks PATH or calibrates anything.
   auto facts = vmm::probeNodeFacts(config.accelerator);
   if (!facts.ok()) return facts.error();
+  facts->tsc_khz = vmm::rememberedTscKhz(config.data_dir + "/node-tsc.json", facts->tsc_khz);
   if (config.max_total_vcpus == 0) config.max_total_vcpus = 4 * facts->max_vcpus;
   if (config.max_total_memory_mb == 0) {
     auto total = hostMemoryMb();
@@ -135,7 +136,6 @@ Result<WarmVm> SandboxManager::makeWarmVm() {
   auto launch = launcher_->fromTemplate(*tpl.value(), config_.default_cpus, config_.default_memory_mb,
                                         sandboxDir(warm.sandbox_id));
   if (!launch.ok()) return launch.error();
-  warm.snapshot_dir = launch->template_dir;
   auto runtime = SandboxRuntime::start(launch.value());
   if (!runtime.ok()) return runtime.error();
   auto& agent = runtime.value()->vm().agent();
@@ -183,6 +183,24 @@ Status SandboxManager::reserve(const std::shared_ptr<Live>& live) {
                      "this node already runs its maximum of " + std::to_string(config_.max_sandboxes) + " sandboxes",
                      "too_many_sandboxes");
   }
+  // The tenant's quota first: a tenant at its quota is told so, whatever the node has free.
+  const TenantQuota& quota = config_.tenant_quota;
+  const TenantUsage& used = tenant_usage_[live->tenant];
+  auto overQuota = [&](const std::string& what, uint64_t have, uint64_t want, uint64_t max, const char* unit) {
+    return makeError(ErrorCode::kResourceExhausted,
+                     "tenant " + live->tenant + " is at its quota of " + std::to_string(max) + unit + " " + what +
+                         " (" + std::to_string(have) + " in use, " + std::to_string(want) + " requested)",
+                     "tenant_quota");
+  };
+  if (quota.max_sandboxes && used.sandboxes + 1 > quota.max_sandboxes) {
+    return overQuota("running or paused sandboxes", used.sandboxes, 1, quota.max_sandboxes, "");
+  }
+  if (quota.max_vcpus && used.vcpus + live->cpus > quota.max_vcpus) {
+    return overQuota("vCPUs", used.vcpus, live->cpus, quota.max_vcpus, "");
+  }
+  if (quota.max_memory_mb && used.memory_mb + live->memory_mb > quota.max_memory_mb) {
+    return overQuota("memory", used.memory_mb, live->memory_mb, quota.max_memory_mb, " MB of");
+  }
   if (reserved_vcpus_ + live->cpus > config_.max_total_vcpus) {
     return makeError(ErrorCode::kResourceExhausted,
                      "not enough vCPU capacity: " + std::to_string(live->cpus) + " requested, " +
@@ -197,10 +215,18 @@ Status SandboxManager::reserve(const std::shared_ptr<Live>& live) {
                          std::to_string(config_.max_total_memory_mb) + " MB free on this node",
                      "insufficient_capacity");
   }
+  countIn(live);
+  return okStatus();
+}
+
+void SandboxManager::countIn(const std::shared_ptr<Live>& live) {
   reserved_vcpus_ += live->cpus;
   reserved_memory_mb_ += live->memory_mb;
+  TenantUsage& used = tenant_usage_[live->tenant];
+  ++used.sandboxes;
+  used.vcpus += live->cpus;
+  used.memory_mb += live->memory_mb;
   live_[live->id] = live;
-  return okStatus();
 }
 
 void SandboxManager::unreserve(const Live& live) {
@@ -208,6 +234,12 @@ void SandboxManager::unreserve(const Live& live) {
   live_.erase(live.id);
   reserved_vcpus_ -= live.cpus;
   reserved_memory_mb_ -= live.memory_mb;
+  auto it = tenant_usage_.find(live.tenant);
+  if (it == tenant_usage_.end()) return;
+  --it->second.sandboxes;
+  it->second.vcpus -= live.cpus;
+  it->second.memory_mb -= live.memory_mb;
+  if (it->second.sandboxes == 0) tenant_usage_.erase(it);
 }
 
 // --- create / get / list ---------------------------------------------------------------------
@@ -318,13 +350,26 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
                  cpus, memory_mb, how, std::chrono::duration_cast<milliseconds>(Clock::now() - started).count(),
                  timeout_s);
   };
+  if (warm) pool_->used();  // reserved: the pool refills its place
   if (warm) {
     // A running guest from the pool: it only takes its identity, and is recorded once, running.
     // (Nothing is recorded before: a crash meanwhile leaves an unrecorded VM, which the next
     // start's orphan sweep removes, and the client never had an answer.)
     live->runtime = std::move(warm->runtime);
     warm.reset();
-    if (auto configured = identity(); configured.ok()) {
+    auto configured = identity();
+    // Refused for what the request asked (not the guest's health): no second guest is spent on it.
+    if (!configured.ok() && configured.error().code != ErrorCode::kUnavailable &&
+        configured.error().code != ErrorCode::kDeadlineExceeded) {
+      live->runtime.reset();
+      release();
+      return makeError(configured.error().code == ErrorCode::kInvalidArgument ? ErrorCode::kInvalidArgument
+                                                                              : ErrorCode::kUnavailable,
+                       "sandbox " + rec.id + " failed to start: " + firstLine(configured.error().message),
+                       configured.error().code == ErrorCode::kInvalidArgument ? "" : "sandbox_start_failed");
+    }
+    if (configured.ok()) {
+      faultPoint("create.configured");
       recordRunning();
       if (auto inserted = store_.insertSandbox(rec); !inserted.ok()) {
         live->runtime.reset();
@@ -862,7 +907,9 @@ void SandboxManager::shutdown(ShutdownMode mode) {
   wake_.notify_all();
   if (housekeeper_.joinable()) housekeeper_.join();
   if (actions_) actions_->stop();  // what runs finishes (a suspend is not cut short)
-  pool_.reset();                   // waiting VMs are no sandboxes: never left running
+  if (pool_)
+    pool_->stop();  // waiting VMs are no sandboxes: never left running (the
+                    // object stays: a create still running may put one back)
   std::vector<std::shared_ptr<Live>> all;
   {
     std::lock_guard lock(mu_);

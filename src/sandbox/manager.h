@@ -35,6 +35,16 @@
 
 namespace space::sandbox {
 
+// What one tenant may hold on this node, on top of the node's own limits (0: no quota of that
+// kind). A tenant at its quota gets 429 (tenant_quota) and the other tenants are unaffected.
+struct TenantQuota {
+  uint32_t max_sandboxes = 0;  // running or paused: those that hold a VM
+  uint32_t max_vcpus = 0;
+  uint64_t max_memory_mb = 0;
+  uint32_t max_snapshots = 0;
+  uint64_t max_snapshot_bytes = 0;
+};
+
 struct ManagerConfig {
   std::string data_dir;  // sandboxes/<id>/ holds each VM's files
   std::map<std::string, Template> templates;
@@ -68,6 +78,7 @@ struct ManagerConfig {
   std::chrono::seconds suspended_retention{7 * 24 * 3600};
   // Most children one branch request may create.
   uint32_t max_branch = 64;
+  TenantQuota tenant_quota;
 
   // How often the background thread checks expiries and VM health.
   std::chrono::milliseconds housekeeping_interval{500};
@@ -215,6 +226,10 @@ class SandboxManager {
   // A sandbox's hard timeout, whether at create or set later: one bound, one message.
   Status checkTimeout(int64_t timeout_s) const;
   void unreserve(const Live& live);
+  void countIn(const std::shared_ptr<Live>& live);  // `mu_` held
+  // A place in the tenant's snapshot quota while one is taken (released with the guard), or
+  // the refusal (tenant_quota).
+  Result<std::shared_ptr<void>> claimSnapshotPlace(const std::string& tenant);
   void expireSuspended(int64_t now_ms);
   void expireOneSuspended(const store::SandboxRecord& row, int64_t now_ms);
   // A child is opening snapshot `id`'s files: deleteSnapshot(id) waits until the returned
@@ -235,6 +250,13 @@ class SandboxManager {
   std::map<std::string, std::shared_ptr<Live>> live_;
   uint32_t reserved_vcpus_ = 0;
   uint64_t reserved_memory_mb_ = 0;
+  struct TenantUsage {
+    uint32_t sandboxes = 0;
+    uint32_t vcpus = 0;
+    uint64_t memory_mb = 0;
+  };
+  std::map<std::string, TenantUsage> tenant_usage_;    // tenants holding VMs now
+  std::map<std::string, uint32_t> snapshots_pending_;  // snapshots being taken, per tenant
 
   // Disk layers: shared while one is being made or a new disk made over one (a snapshot's
   // capture, a child's overlay), exclusive to sweep them. Only the sweep takes it exclusively,

@@ -97,9 +97,10 @@ Status SandboxManager::recover() {
           spdlog::error("sandbox {}: cannot record its disk error: {}", row.id, saved.error().message);
         }
       }
-      reserved_vcpus_ += row.cpus;
-      reserved_memory_mb_ += row.memory_mb;
-      live_[row.id] = std::move(live);
+      {
+        std::lock_guard lock(mu_);
+        countIn(live);  // over a quota lowered since: kept, and counted
+      }
       ++adopted;
       continue;
     }

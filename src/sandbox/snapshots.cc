@@ -39,6 +39,11 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
   }
   auto tpl = launcher_->findTemplate(rec->template_name);
   if (!tpl.ok()) return tpl.error();
+  // The tenant's snapshot quota, counting the ones being taken now (each holds a place until
+  // it is recorded or has failed). A snapshot's size is known only once taken: the bytes quota
+  // refuses new ones once reached, so the last may go over it by one snapshot.
+  auto pending = claimSnapshotPlace(request.tenant);
+  if (!pending.ok()) return pending.error();
   store::SnapshotRecord snap;
   snap.id = newSnapshotId();
   snap.tenant = request.tenant;
@@ -102,6 +107,36 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
   faultPoint("snapshot.recorded");
   spdlog::info("sandbox {}: snapshot {} taken ({} MiB)", sandbox.id, snap.id, snap.size_bytes >> 20);
   return snap;
+}
+
+Result<std::shared_ptr<void>> SandboxManager::claimSnapshotPlace(const std::string& tenant) {
+  const TenantQuota& quota = config_.tenant_quota;
+  if (!quota.max_snapshots && !quota.max_snapshot_bytes) return std::shared_ptr<void>();
+  auto usage = store_.snapshotUsage(tenant);
+  if (!usage.ok()) return usage.error();
+  std::lock_guard lock(mu_);
+  uint32_t& taking = snapshots_pending_[tenant];
+  if (quota.max_snapshots && usage->count + taking >= quota.max_snapshots) {
+    if (taking == 0) snapshots_pending_.erase(tenant);
+    return makeError(ErrorCode::kResourceExhausted,
+                     "tenant " + tenant + " is at its quota of " + std::to_string(quota.max_snapshots) +
+                         " snapshots (" + std::to_string(usage->count + taking) +
+                         " kept or being taken); delete one first",
+                     "tenant_quota");
+  }
+  if (quota.max_snapshot_bytes && usage->bytes >= quota.max_snapshot_bytes) {
+    if (taking == 0) snapshots_pending_.erase(tenant);
+    return makeError(ErrorCode::kResourceExhausted,
+                     "tenant " + tenant + " is at its quota of " + std::to_string(quota.max_snapshot_bytes >> 20) +
+                         " MiB of snapshots (" + std::to_string(usage->bytes >> 20) + " MiB kept); delete one first",
+                     "tenant_quota");
+  }
+  ++taking;
+  return std::shared_ptr<void>(nullptr, [this, tenant](void*) {
+    std::lock_guard lock(mu_);
+    auto it = snapshots_pending_.find(tenant);
+    if (it != snapshots_pending_.end() && --it->second == 0) snapshots_pending_.erase(it);
+  });
 }
 
 Result<store::SnapshotRecord> SandboxManager::getSnapshot(const std::string& tenant, const std::string& snapshot_id) {

@@ -16,15 +16,27 @@ Result<std::unique_ptr<WarmPool>> WarmPool::start(size_t target, Maker make) {
   return pool;
 }
 
-WarmPool::~WarmPool() {
+WarmPool::~WarmPool() { stop(); }
+
+void WarmPool::stop() {
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
   }
   changed_.notify_all();
   if (thread_.joinable()) thread_.join();
+  std::deque<WarmVm> dropped;
+  {
+    std::lock_guard lock(mu_);
+    dropped.swap(ready_);
+  }
+  dropped.clear();  // each runtime kills its QEMU and removes its run directory
+}
+
+void WarmPool::used() {
   std::lock_guard lock(mu_);
-  ready_.clear();  // each Vm kills its QEMU and removes its run directory
+  if (taken_ > 0) --taken_;
+  changed_.notify_all();
 }
 
 std::optional<WarmVm> WarmPool::take() {
@@ -32,16 +44,23 @@ std::optional<WarmVm> WarmPool::take() {
   while (!ready_.empty()) {
     WarmVm vm = std::move(ready_.front());
     ready_.pop_front();
-    changed_.notify_all();
-    if (vm.runtime && vm.runtime->vm().processRunning()) return vm;
+    if (vm.runtime && vm.runtime->vm().processRunning()) {
+      ++taken_;  // its place is refilled only once the taker says it keeps it (used())
+      return vm;
+    }
     spdlog::warn("warm pool: VM {} died while waiting; dropped", vm.sandbox_id);
+    changed_.notify_all();  // its place is free: refill it
   }
   return std::nullopt;
 }
 
 void WarmPool::put(WarmVm vm) {
-  std::lock_guard lock(mu_);
-  if (stopping_ || ready_.size() >= target_) return;  // dropped: ~Vm cleans up
+  std::unique_lock lock(mu_);
+  if (taken_ > 0) --taken_;
+  if (stopping_ || ready_.size() >= target_) {
+    lock.unlock();
+    return;  // dropped: its runtime cleans up, outside the lock
+  }
   ready_.push_front(std::move(vm));
 }
 
@@ -55,14 +74,21 @@ void WarmPool::refill() {
   std::unique_lock lock(mu_);
   while (!stopping_) {
     if (backoff.count() > 0 && changed_.wait_for(lock, backoff, [this] { return stopping_; })) return;
-    changed_.wait(lock, [this] { return stopping_ || ready_.size() < target_; });
+    changed_.wait(lock, [this] { return stopping_ || ready_.size() + taken_ < target_; });
     if (stopping_) return;
     lock.unlock();
     auto made = make_();
     lock.lock();
     if (made.ok()) {
       backoff = std::chrono::milliseconds(0);
-      if (!stopping_) ready_.push_back(std::move(made.value()));
+      // Full meanwhile (a taker put its VM back): the new one is dropped, never kept over size.
+      if (!stopping_ && ready_.size() + taken_ < target_) {
+        ready_.push_back(std::move(made.value()));
+      } else {
+        lock.unlock();
+        made = makeError(ErrorCode::kCanceled, "");  // the VM goes here, outside the lock
+        lock.lock();
+      }
     } else {
       // E.g. the template cannot be built: said once per attempt, retried less and less often.
       backoff = std::min<std::chrono::milliseconds>(std::max(backoff * 2, std::chrono::milliseconds(1000)),

@@ -28,7 +28,6 @@ namespace space::sandbox {
 
 struct WarmVm {
   std::string sandbox_id;                   // the id the sandbox will have
-  std::string snapshot_dir;                 // the template snapshot it waits for (a rebuilt one makes it stale)
   std::unique_ptr<SandboxRuntime> runtime;  // running, agent connected, warmed up
 };
 
@@ -43,10 +42,16 @@ class WarmPool {
   WarmPool& operator=(const WarmPool&) = delete;
 
   // A waiting VM, or nothing if the pool is empty (never waits). Entries whose QEMU died
-  // while waiting are dropped, not returned.
+  // while waiting are dropped, not returned. Taking does not start a refill: used() does, once
+  // the taker knows it keeps the VM, so that requests refused after a take (a node limit)
+  // cannot make the pool build and throw away guests without end.
   std::optional<WarmVm> take();
+  // The VM taken is kept: refill its place.
+  void used();
   // Returns a VM taken but not used (e.g. the request was refused by a node limit).
   void put(WarmVm vm);
+  // Stops refilling and kills the waiting VMs; take() finds nothing and put() drops, from now on.
+  void stop();
   size_t size();
 
  private:
@@ -58,6 +63,7 @@ class WarmPool {
   std::mutex mu_;
   std::condition_variable changed_;
   std::deque<WarmVm> ready_;
+  size_t taken_ = 0;  // taken, and neither used() nor put() back yet
   bool stopping_ = false;
   std::thread thread_;
 };

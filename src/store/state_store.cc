@@ -691,16 +691,30 @@ Result<std::map<std::string, int64_t>> StateStore::countByState() {
   }
 }
 
+Result<SnapshotUsage> StateStore::snapshotUsage(const std::string& tenant) {
+  std::lock_guard lock(mu_);
+  const std::string op = "counting snapshots of tenant " + tenant;
+  auto stmt =
+      Stmt::prepare(db_, "SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM snapshots WHERE tenant = :tenant", op);
+  if (!stmt.ok()) return stmt.error();
+  stmt->bind(":tenant", tenant);
+  int rc = stmt->step();
+  if (rc != SQLITE_ROW) return sqliteError(db_, rc, op);
+  return SnapshotUsage{static_cast<uint64_t>(stmt->integer(0)), static_cast<uint64_t>(stmt->integer(1))};
+}
+
 Status StateStore::purgeDeletedBefore(int64_t updated_before_ms) {
   std::lock_guard lock(mu_);
-  const std::string op = "purging deleted sandboxes";
-  auto stmt = Stmt::prepare(db_, "DELETE FROM sandboxes WHERE state = :deleted AND updated_at_ms < :before", op);
+  const std::string op = "purging deleted and failed sandboxes";
+  // Failed ones too: nobody may ever delete them, and their records would pile up.
+  auto stmt =
+      Stmt::prepare(db_, "DELETE FROM sandboxes WHERE state IN (:deleted, 'failed') AND updated_at_ms < :before", op);
   if (!stmt.ok()) return stmt.error();
   stmt->bind(":deleted", kDeletedState);
   stmt->bind(":before", updated_before_ms);
   SPACE_TRY(stmt->run(op));
   int purged = sqlite3_changes(db_);
-  if (purged > 0) spdlog::debug("state database {}: purged {} deleted sandboxes", path_, purged);
+  if (purged > 0) spdlog::debug("state database {}: purged {} deleted or failed sandboxes", path_, purged);
   return okStatus();
 }
 

@@ -87,6 +87,11 @@ struct SnapshotFilter {
   std::string after_id;    // pagination cursor: results strictly after this id in list order
 };
 
+struct SnapshotUsage {
+  uint64_t count = 0;
+  uint64_t bytes = 0;
+};
+
 struct SnapshotPage {
   std::vector<SnapshotRecord> items;
   std::string next_cursor;  // "" when no more; otherwise pass as SnapshotFilter::after_id
@@ -134,12 +139,14 @@ class StateStore {
   // All tenants, same order; for start-up re-adoption and the expiry reaper.
   Result<std::vector<SandboxRecord>> sandboxesInStates(const std::vector<std::string>& states);
   Result<std::map<std::string, int64_t>> countByState();  // all tenants, for metrics
-  Status purgeDeletedBefore(int64_t updated_before_ms);   // retention of deleted rows
+  Status purgeDeletedBefore(int64_t updated_before_ms);   // retention of deleted and failed rows
 
   Status insertSnapshot(const SnapshotRecord& record);        // kAlreadyExists on duplicate id
   Result<SnapshotRecord> getSnapshot(const std::string& id);  // kNotFound
   // Same order and cursor rules as listSandboxes (the cursor row need not match sandbox_id).
   Result<SnapshotPage> listSnapshots(const SnapshotFilter& filter);
+  // How many snapshots a tenant has and their bytes (for its quota).
+  Result<SnapshotUsage> snapshotUsage(const std::string& tenant);
   // All tenants, same order; for start-up recovery (which files and layers are still owned).
   Result<std::vector<SnapshotRecord>> allSnapshots();
   Status deleteSnapshot(const std::string& id);  // kNotFound if absent

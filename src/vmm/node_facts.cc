@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 
+#include "common/bounded_json.h"
 #include "common/fs.h"
 
 #if defined(__x86_64__)
@@ -66,11 +68,29 @@ uint64_t measureTscKhz(int window_ms) {
   pair(tsc1, ns1);
   if (ns1 <= ns0 || tsc1 <= tsc0) return 0;
   double khz = static_cast<double>(tsc1 - tsc0) * 1e6 / static_cast<double>(ns1 - ns0);
-  return static_cast<uint64_t>(khz / 1000.0 + 0.5) * 1000;
+  return static_cast<uint64_t>(khz + 0.5);
 #else
   (void)window_ms;
   return 0;
 #endif
+}
+
+uint64_t rememberedTscKhz(const std::string& file, uint64_t measured) {
+  if (measured == 0) return 0;
+  if (auto text = readSmallFile(file, 4096); text.ok()) {
+    auto saved = parseJsonBounded(text.value());
+    if (saved.ok() && saved->is_object() && saved->contains("tsc_khz") && (*saved)["tsc_khz"].is_number_unsigned()) {
+      const uint64_t khz = (*saved)["tsc_khz"].get<uint64_t>();
+      const uint64_t diff = khz > measured ? khz - measured : measured - khz;
+      if (khz > 0 && diff * 10000 <= khz) return khz;
+      spdlog::warn("node: the TSC now measures {} kHz, {} remembered {} kHz; using the new figure", measured, file,
+                   khz);
+    }
+  }
+  if (auto written = writeFileAtomic(file, nlohmann::json{{"tsc_khz", measured}}.dump() + "\n", 0644); !written.ok()) {
+    spdlog::warn("node: cannot remember the TSC frequency in {}: {}", file, written.error().message);
+  }
+  return measured;
 }
 
 Result<uint64_t> availableMemoryMib() {

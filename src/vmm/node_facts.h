@@ -19,7 +19,7 @@ struct NodeFacts {
   KvmProbe kvm;             // what chooseAccelerator() needs for a VM that names its accelerator
   uint32_t max_vcpus = 1;   // online CPUs: the most one VM may have
   std::string qemu_binary;  // absolute path
-  // The host's TSC frequency rounded to 1 MHz, or 0 where unknown. Under TCG a guest's TSC runs
+  // The host's TSC frequency in kHz, or 0 where unknown. Under TCG a guest's TSC runs
   // at the host's rate, but the guest's calibration of it against the emulated PIT fails on a
   // busy host; the kernel then falls back to the jiffies clocksource, whose periodic tick never
   // stops and costs an idle guest ~5% of a core (bench/RESULTS.md, idle CPU). Telling the
@@ -37,9 +37,15 @@ Result<NodeFacts> probeNodeFacts(Accelerator requested, const std::string& qemu_
 // `binary` if it names a path, else the first executable of that name in PATH.
 Result<std::string> findExecutable(const std::string& binary);
 
-// Measures the TSC against CLOCK_MONOTONIC_RAW over `window_ms` and rounds it to 1 MHz (so the
-// figure, which goes into template keys, is the same at every start). 0 on hosts without a TSC.
-uint64_t measureTscKhz(int window_ms = 50);
+// Measures the TSC against CLOCK_MONOTONIC_RAW over `window_ms`, in kHz (within ~10 ppm over
+// 100 ms). 0 on hosts without a TSC. A guest keeps the figure it is given for its whole life, so
+// its clock drifts by the figure's error: it is measured, not rounded.
+uint64_t measureTscKhz(int window_ms = 100);
+
+// The figure to use from now on: the one remembered in `file` if `measured` agrees with it
+// within 100 ppm (so the template key, which names it, is the same at every start), else
+// `measured`, which is then remembered (crash-safe write). `measured` 0: 0.
+uint64_t rememberedTscKhz(const std::string& file, uint64_t measured);
 
 // MemAvailable from /proc/meminfo, now.
 Result<uint64_t> availableMemoryMib();

@@ -604,6 +604,77 @@ TEST_F(SpacedTest, BadInputIsRefusedAndChangesNothing) {
   EXPECT_EQ(execJson(d, id, json{{"command", "echo ok"}})["stdout"], "ok\n");
 }
 
+// Quotas: a tenant at its quota of sandboxes, vCPUs, snapshots or request rate gets 429
+// tenant_quota (or too_many_requests with Retry-After), and another tenant still creates,
+// snapshots and calls as if the first were not there.
+TEST_F(SpacedTest, ATenantAtItsQuotaCannotStopAnotherFromCreating) {
+  daemon_ =
+      Daemon::start(data_dir_, {"--tenant-max-sandboxes", "2", "--tenant-max-vcpus", "3", "--tenant-max-snapshots", "1",
+                                "--tenant-requests-per-s", "2", "--tenant-request-burst", "40"});
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  auto out_file = dir_->path() + "/tenant.json";
+  auto add = ChildProcess::spawn({SPACED_BIN, "tenant", "add", "bob", "--json", "--data-dir", data_dir_},
+                                 SpawnOptions{out_file, dir_->path() + "/tenant.err", true});
+  ASSERT_TRUE(add.ok());
+  auto added = add->waitFor(seconds(30));
+  ASSERT_TRUE(added && added->exit_code == 0);
+  auto text = readSmallFile(out_file, 4096);
+  ASSERT_TRUE(text.ok());
+  const std::string bob = json::parse(text.value())["api_key"].get<std::string>();
+  for (auto until = Clock::now() + seconds(10);
+       Clock::now() < until && d.call("GET", "/v1/sandboxes", "", bob).status != 200;) {
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+
+  // The operator's tenant: two sandboxes, then its quota.
+  const std::string mine = d.create();
+  ASSERT_FALSE(mine.empty());
+  ASSERT_FALSE(d.create(json{{"cpus", 2}, {"memory_mb", 256}}).empty());
+  json refused = d.callJson("POST", "/v1/sandboxes", json{{"cpus", 1}, {"memory_mb", 256}}, 429);
+  EXPECT_EQ(refused["error"]["code"], "tenant_quota");
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("quota of 2 running or paused sandboxes"),
+            std::string::npos)
+      << refused;
+  // Bob is not held back by the operator's full quota; his own vCPU quota (3) holds him.
+  json bobs = d.callJson("POST", "/v1/sandboxes", json{{"cpus", 2}, {"memory_mb", 256}}, 201, bob);
+  const std::string theirs = bobs.value("id", "");
+  ASSERT_FALSE(theirs.empty());
+  json over_vcpus = d.callJson("POST", "/v1/sandboxes", json{{"cpus", 2}, {"memory_mb", 256}}, 429, bob);
+  EXPECT_EQ(over_vcpus["error"]["code"], "tenant_quota");
+  EXPECT_NE(over_vcpus["error"]["message"].get<std::string>().find("quota of 3 vCPUs"), std::string::npos)
+      << over_vcpus;
+
+  // Snapshots: one each.
+  d.callJson("POST", "/v1/sandboxes/" + mine + "/snapshots", json::object(), 201);
+  EXPECT_EQ(d.callJson("POST", "/v1/sandboxes/" + mine + "/snapshots", json::object(), 429)["error"]["code"],
+            "tenant_quota");
+  d.callJson("POST", "/v1/sandboxes/" + theirs + "/snapshots", json::object(), 201, bob);
+
+  // Deleting frees the place.
+  ASSERT_EQ(d.call("DELETE", "/v1/sandboxes/" + mine).status, 204);
+  const std::string again = d.create();
+  EXPECT_FALSE(again.empty());
+
+  // Request rate: the operator spends its burst (40) at 2/s; bob's calls still pass.
+  int limited = 0;
+  std::string retry_after;
+  for (int i = 0; i < 60 && limited == 0; ++i) {
+    auto r = d.call("GET", "/v1/sandboxes");
+    if (r.status == 429) {
+      ++limited;
+      retry_after = r.headers["retry-after"];
+      EXPECT_NE(r.body.find("rate of 2 requests per second"), std::string::npos) << r.body;
+    }
+  }
+  EXPECT_EQ(limited, 1) << "60 calls in a row never hit a burst of 40";
+  EXPECT_FALSE(retry_after.empty());
+  EXPECT_GE(std::stoi(retry_after.empty() ? "0" : retry_after), 1);
+  EXPECT_EQ(d.call("GET", "/v1/sandboxes", "", bob).status, 200);
+  std::this_thread::sleep_for(seconds(2));  // refilled: the operator may call again
+  EXPECT_EQ(d.call("GET", "/v1/sandboxes").status, 200);
+}
+
 TEST_F(SpacedTest, TenantsSeeOnlyTheirOwnSandboxes) {
   daemon_ = Daemon::start(data_dir_);
   ASSERT_TRUE(daemon_);

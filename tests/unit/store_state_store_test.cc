@@ -482,16 +482,35 @@ TEST_F(StateStoreTest, CountsByStateAcrossTenants) {
   EXPECT_EQ(counts.value(), (std::map<std::string, int64_t>{{"running", 2}, {"deleted", 1}}));
 }
 
-TEST_F(StateStoreTest, PurgesOnlyOldDeletedRows) {
+TEST_F(StateStoreTest, PurgesOnlyOldDeletedAndFailedRows) {
   insert(sandbox(sbId(1), "acme", 1, "deleted"));
   insert(sandbox(sbId(2), "acme", 2, "running"));
+  insert(sandbox(sbId(3), "acme", 3, "failed"));
+  insert(sandbox(sbId(5), "acme", 5, "suspended"));
   int64_t updated = store_->getSandbox(sbId(1))->updated_at_ms;
   ASSERT_TRUE(store_->purgeDeletedBefore(updated).ok());  // strictly before: kept
   EXPECT_TRUE(store_->getSandbox(sbId(1)).ok());
   ASSERT_TRUE(store_->purgeDeletedBefore(nowMs() + 1000).ok());
   EXPECT_EQ(store_->getSandbox(sbId(1)).error().code, ErrorCode::kNotFound);
-  EXPECT_TRUE(store_->getSandbox(sbId(2)).ok());                 // not deleted, however old
+  EXPECT_EQ(store_->getSandbox(sbId(3)).error().code, ErrorCode::kNotFound);  // nobody deletes failed ones
+  EXPECT_TRUE(store_->getSandbox(sbId(2)).ok());                              // not ended, however old
+  EXPECT_TRUE(store_->getSandbox(sbId(5)).ok());
   EXPECT_TRUE(store_->purgeDeletedBefore(nowMs() + 1000).ok());  // nothing to do is fine
+}
+
+TEST_F(StateStoreTest, SnapshotUsagePerTenant) {
+  auto none = store_->snapshotUsage("acme");
+  ASSERT_TRUE(none.ok()) << none.error().message;
+  EXPECT_EQ(none->count, 0u);
+  EXPECT_EQ(none->bytes, 0u);
+  insertSnap(snapshot(snapId(1), "acme", sbId(1), 1));
+  insertSnap(snapshot(snapId(2), "acme", sbId(1), 2));
+  insertSnap(snapshot(snapId(3), "globex", sbId(2), 3));
+  auto acme = store_->snapshotUsage("acme");
+  ASSERT_TRUE(acme.ok());
+  EXPECT_EQ(acme->count, 2u);
+  EXPECT_EQ(acme->bytes, 2u << 20);
+  EXPECT_EQ(store_->snapshotUsage("globex")->count, 1u);
 }
 
 TEST_F(StateStoreTest, ApiKeys) {
