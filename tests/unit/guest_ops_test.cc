@@ -68,6 +68,7 @@ class GuestOpsTest : public testing::Test {
         s->send(startEvent(9));
         auto flood = std::make_shared<Flood>();
         flood->s = s;
+        flood->sent = &flood_sent_;
         flood->pump();
       } else {
         s->send(startEvent(5));
@@ -228,9 +229,13 @@ class GuestOpsTest : public testing::Test {
 
   struct Flood : std::enable_shared_from_this<Flood> {
     std::shared_ptr<agent::ServerStream> s;
+    std::atomic<size_t>* sent = nullptr;
     Json event = dataEvent("stdout", std::string(4096, 'o'));
     void pump() {
-      while (s->open() && s->queuedBytes() <= agent::ServerStream::kHighWater) s->send(event);
+      while (s->open() && s->queuedBytes() <= agent::ServerStream::kHighWater) {
+        s->send(event);
+        *sent += 4096;
+      }
       if (s->open()) s->setOnDrain([self = shared_from_this()] { self->pump(); });
     }
   };
@@ -250,6 +255,7 @@ class GuestOpsTest : public testing::Test {
   Json connect_script_ = Json::array();
   std::atomic<bool> fail_input_{false};
   std::atomic<bool> flood_closed_{false};
+  std::atomic<size_t> flood_sent_{0};
 };
 
 TEST_F(GuestOpsTest, StartSendsTheEnvdRequestAndPassesOutputThroughAsSent) {
@@ -415,7 +421,12 @@ TEST_F(GuestOpsTest, AConsumerThatFallsBehindGetsOverflowWithinTheBacklog) {
   limits.max_backlog = 256 << 10;
   auto stream = ops_->start(spec, limits);
   ASSERT_TRUE(stream.ok());
-  std::this_thread::sleep_for(milliseconds(300));  // the consumer is slow
+  // The consumer is slow: it looks only once the guest has sent 16 times the backlog (more than
+  // the flow-control windows and socket buffers can hold in between), however slow the machine.
+  for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+       flood_sent_ < 16 * limits.max_backlog && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
   auto batch = stream.value()->next(milliseconds(2000));
   size_t bytes = 0;
   for (const auto& e : batch.events) bytes += e.data_base64.size();
