@@ -72,7 +72,12 @@ std::vector<std::string> buildQemuArgv(const VmSpec& spec, const VmPaths& paths,
        "virtio-serial-device,max_ports=2", "-device",
        std::string("virtserialport,chardev=agent,name=") + kAgentPortName});
 
-  add({"-object", "rng-random,id=rng,filename=/dev/urandom", "-device", "virtio-rng-device,rng=rng"});
+  // Rate-limited: each byte the guest takes, QEMU reads from the host's /dev/urandom on its main
+  // loop, so a guest draining the device without end would cost the host a core and slow its own
+  // QMP and agent I/O. 64 KiB/s is far more than a kernel's CRNG needs (it reseeds from 32 bytes).
+  add({"-object", "rng-random,id=rng,filename=/dev/urandom", "-device",
+       "virtio-rng-device,rng=rng,max-bytes=" + std::to_string(kRngBytesPerPeriod) +
+           ",period=" + std::to_string(kRngPeriodMs)});
 
   add({"-qmp", "unix:" + paths.qmp_socket + ",server=on,wait=off"});
   add({"-pidfile", paths.pid_file});

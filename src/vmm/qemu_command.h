@@ -24,6 +24,10 @@ struct VmPaths {
 // The virtio-serial port name the guest agent listens on (/dev/virtio-ports/<name>).
 inline constexpr const char* kAgentPortName = "space.agent";
 
+// What the guest's virtio-rng may deliver: this many bytes per period.
+inline constexpr int kRngBytesPerPeriod = 65536;
+inline constexpr int kRngPeriodMs = 1000;
+
 // Kernel arguments SPACE always passes; spec.extra_cmdline follows them.
 std::string kernelCmdline(const VmSpec& spec);
 

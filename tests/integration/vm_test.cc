@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <sys/utsname.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -114,6 +115,22 @@ TEST_F(VmTest, RootfsHasPromisedTools) {
   EXPECT_EQ(failing->exit_code, 3);
   EXPECT_EQ(failing->stdout_data, "out\n");
   EXPECT_EQ(failing->stderr_data, "err\n");
+}
+
+// A guest draining its hardware RNG gets at most the rate limit (64 KiB/s): QEMU reads each byte
+// from the host's /dev/urandom on its main loop. Unlimited, this read took megabytes a second.
+TEST_F(VmTest, TheGuestsHardwareRngIsRateLimited) {
+  auto vm = boot();
+  ASSERT_TRUE(vm);
+  std::string out = run(*vm,
+                        "sudo -n timeout -s INT 3 dd if=/dev/hwrng of=/dev/null bs=1024 iflag=fullblock 2>&1 | "
+                        "grep -o '^[0-9]* bytes' | cut -d' ' -f1; true");
+  ASSERT_FALSE(out.empty()) << "dd said nothing";
+  const long bytes = std::stol(out);
+  std::printf("hwrng: %ld bytes in 3 s\n", bytes);
+  EXPECT_GT(bytes, 0) << "the device gave nothing";
+  // 3 s at 64 KiB/s, the first period's allowance and the guest's own hwrng thread's share.
+  EXPECT_LE(bytes, 5 * 65536) << bytes << " bytes in 3 s";
 }
 
 TEST_F(VmTest, StopAndContHaltTheGuest) {
