@@ -364,16 +364,25 @@ TEST_F(GuestOpsAttackTest, ABacklogOfEmptyEventsHoldsAboutItsBound) {
   ProcessSpec spec;
   spec.argv = {"tiny"};
   StreamLimits limits;
-  limits.max_backlog = 1 << 20;
+  limits.max_backlog = 256 << 10;
   auto stream = ops_->start(spec, limits);
   ASSERT_TRUE(stream.ok());
   // A consumer that does not read until the backlog is full: it looks once the guest has sent
-  // twice the events the backlog holds (kEventOverhead each), however slow the machine (ASan
-  // under load sent fewer than 3,000 in 3 s).
-  const size_t fills = 2 * limits.max_backlog / 64;
-  for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(45);
-       tiny_sent_ < fills && std::chrono::steady_clock::now() < until;) {
+  // more than the backlog holds (kEventOverhead each) and the flow-control windows and buffers
+  // between them can carry, or has stopped sending because nothing more is taken, however slow
+  // the machine (ASan under load sent fewer than 3,000 in 3 s).
+  const size_t fills = limits.max_backlog / 64;
+  size_t last = 0;
+  auto last_change = std::chrono::steady_clock::now();
+  for (auto until = last_change + std::chrono::seconds(45); std::chrono::steady_clock::now() < until;) {
     std::this_thread::sleep_for(milliseconds(50));
+    const size_t now_sent = tiny_sent_;
+    if (now_sent != last) {
+      last = now_sent;
+      last_change = std::chrono::steady_clock::now();
+    }
+    if (now_sent >= fills + 65536) break;
+    if (now_sent > fills && std::chrono::steady_clock::now() - last_change > milliseconds(500)) break;
   }
   ProcessStream::Batch batch = stream.value()->next(milliseconds(2000));
   EXPECT_EQ(batch.state, ProcessStream::State::kOverflow);
