@@ -230,6 +230,10 @@ int main(int argc, char** argv) {
   app.add_option("--tenant-max-snapshot-mb", tenant_max_snapshot_mb,
                  "disk (MB) one tenant's snapshots may take; new ones are refused once reached (0: no quota)")
       ->capture_default_str();
+  app.add_option("--max-template-sizes", config.max_template_sizes,
+                 "sizes (vCPUs x memory) a template is kept restorable for; a create of another size beyond "
+                 "them is refused, so creates over many sizes cannot fill the disk (0: no limit)")
+      ->capture_default_str();
   app.add_option("--default-cpus", config.default_cpus, "vCPUs of a sandbox when a request gives none")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));

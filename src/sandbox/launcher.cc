@@ -49,9 +49,7 @@ Result<Launch> Launcher::fromTemplate(const Template& tpl, uint32_t cpus, uint64
   launch.spec = baseSpec(tpl, cpus, memory_mb, accelerator());
   launch.options = baseOptions(run_dir);
   if (!config_.use_snapshots) return launch;
-  snapshot::TemplateKey key{tpl.name,  tpl.kernel_path, tpl.rootfs_path,    cpus,
-                            memory_mb, accelerator(),   facts_.qemu_binary, launch.spec.extra_cmdline};
-  auto snap = templates_.ensure(key, config_.boot_timeout, &facts_);
+  auto snap = templates_.ensure(templateKey(tpl, cpus, memory_mb), config_.boot_timeout, &facts_);
   if (!snap.ok()) return snap.error();
   launch.spec.rootfs_path = snap->disk;
   launch.spec.rootfs_format = "qcow2";
@@ -61,6 +59,16 @@ Result<Launch> Launcher::fromTemplate(const Template& tpl, uint32_t cpus, uint64
   launch.template_dir = snap->dir;
   launch.how = "restored";
   return launch;
+}
+
+snapshot::TemplateKey Launcher::templateKey(const Template& tpl, uint32_t cpus, uint64_t memory_mb) const {
+  return snapshot::TemplateKey{tpl.name,  tpl.kernel_path, tpl.rootfs_path,    cpus,
+                               memory_mb, accelerator(),   facts_.qemu_binary, facts_.guestKernelArgs(accelerator())};
+}
+
+Status Launcher::admitSize(const Template& tpl, uint32_t cpus, uint64_t memory_mb, bool default_size) {
+  if (!config_.use_snapshots) return okStatus();  // cold boots keep nothing per size
+  return templates_.admit(templateKey(tpl, cpus, memory_mb), default_size);
 }
 
 Launch Launcher::fromSnapshot(const Template& tpl, const snapshot::SnapshotFiles& files, uint32_t cpus,

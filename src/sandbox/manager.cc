@@ -105,7 +105,8 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
                                                       std::to_string(config.max_idle_suspend_s) + " s");
   }
   std::unique_ptr<SandboxManager> manager(new SandboxManager(std::move(config), store));
-  manager->templates_ = std::make_unique<snapshot::TemplateCache>(manager->config_.data_dir + "/templates");
+  manager->templates_ = std::make_unique<snapshot::TemplateCache>(manager->config_.data_dir + "/templates",
+                                                                  manager->config_.max_template_sizes);
   manager->launcher_ = std::make_unique<Launcher>(
       Launcher::Config{manager->config_.templates, manager->config_.boot_timeout, manager->config_.use_snapshots},
       std::move(facts.value()), *manager->templates_);
@@ -291,6 +292,10 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   }
   // Checked before anything is recorded: a request the host can never satisfy leaves no trace.
   SPACE_TRY(launcher_->checkFits(*tpl.value(), cpus, memory_mb));
+  if (!from_snapshot) {
+    SPACE_TRY(launcher_->admitSize(*tpl.value(), cpus, memory_mb,
+                                   cpus == config_.default_cpus && memory_mb == config_.default_memory_mb));
+  }
 
   // A VM started ahead of need, if one fits: the request then only loads the guest's state.
   std::optional<WarmVm> warm;

@@ -79,6 +79,9 @@ struct ManagerConfig {
   // Most children one branch request may create.
   uint32_t max_branch = 64;
   TenantQuota tenant_quota;
+  // How many sizes (template snapshots) one template may be built for; a create of a new size
+  // beyond it gets 400 template_size_not_allowed, naming the sizes there are. 0: no limit.
+  uint32_t max_template_sizes = 8;
 
   // How often the background thread checks expiries and VM health.
   std::chrono::milliseconds housekeeping_interval{500};

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "common/bounded_json.h"
@@ -100,6 +101,49 @@ Result<TemplateSnapshot> TemplateCache::ensure(const TemplateKey& key, std::chro
     if (ec) return makeError(ErrorCode::kInternal, "move aside " + dir + ": " + ec.message());
   }
   return build(key, dir, boot_timeout, node);
+}
+
+Status TemplateCache::admit(const TemplateKey& key, bool always) {
+  if (max_sizes_ == 0 || always) return okStatus();
+  auto name = dirName(key);
+  if (!name.ok()) return name.error();
+  {
+    std::lock_guard guard(mu_);
+    if (admitted_.count(name.value())) return okStatus();
+  }
+  std::error_code ec;
+  if (!fs::exists(root_ + "/" + name.value(), ec)) {
+    auto sizes = builtSizes(key.name);
+    if (sizes.size() >= max_sizes_) {
+      std::string list;
+      for (const auto& size : sizes) list += (list.empty() ? "" : ", ") + size;
+      return makeError(
+          ErrorCode::kInvalidArgument,
+          "template " + key.name + " is kept for " + std::to_string(sizes.size()) +
+              " sizes already, this node's most (--max-template-sizes); use one of them (vCPUs x MB: " + list + ")",
+          "template_size_not_allowed");
+    }
+  }
+  std::lock_guard guard(mu_);
+  admitted_.insert(name.value());
+  return okStatus();
+}
+
+std::vector<std::string> TemplateCache::builtSizes(const std::string& name) {
+  std::vector<std::string> sizes;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root_, ec)) {
+    const std::string dir = entry.path().filename().string();
+    // <name>-<16 hex digits>: published ones only (not .build-, not .broken-).
+    if (dir.size() != name.size() + 17 || dir.rfind(name + "-", 0) != 0) continue;
+    auto meta = readSmallFile(entry.path().string() + "/meta.json", 1 << 20);
+    if (!meta.ok()) continue;
+    auto parsed = parseJsonBounded(meta.value());
+    if (!parsed.ok() || !parsed->is_object()) continue;
+    sizes.push_back(std::to_string(parsed->value("vcpus", 0)) + "x" + std::to_string(parsed->value("memory_mib", 0)));
+  }
+  std::sort(sizes.begin(), sizes.end());
+  return sizes;
 }
 
 Result<TemplateSnapshot> TemplateCache::build(const TemplateKey& key, const std::string& final_dir,

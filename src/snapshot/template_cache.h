@@ -13,7 +13,9 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "common/result.h"
 #include "vmm/node_facts.h"
@@ -46,7 +48,10 @@ struct TemplateSnapshot {
 
 class TemplateCache {
  public:
-  explicit TemplateCache(std::string root) : root_(std::move(root)) {}
+  // `max_sizes`: how many snapshots (sizes, in practice) one template may have; a build beyond
+  // it is refused (kInvalidArgument, template_size_not_allowed), so a loop of creates over
+  // sizes cannot fill the disk with permanent templates. 0: no limit.
+  explicit TemplateCache(std::string root, size_t max_sizes = 0) : root_(std::move(root)), max_sizes_(max_sizes) {}
   // The snapshot for `key`, built first if missing (a cold boot: seconds). Concurrent callers
   // for one key wait for one build. `node`: the node's facts, so the build probes nothing.
   Result<TemplateSnapshot> ensure(const TemplateKey& key, std::chrono::milliseconds boot_timeout,
@@ -56,14 +61,22 @@ class TemplateCache {
   // it again. Images replaced in place while spaced runs are therefore seen at its next start;
   // the image cache never does that (a new recipe is a new path).
   Result<std::string> dirName(const TemplateKey& key);
+  // Whether a snapshot for `key` exists or may be built (see max_sizes). Scans the directory
+  // only for a key not seen before. `always`: admitted whatever the count (the node's default
+  // size, which the pool needs).
+  Status admit(const TemplateKey& key, bool always = false);
 
  private:
   Result<TemplateSnapshot> build(const TemplateKey& key, const std::string& final_dir,
                                  std::chrono::milliseconds boot_timeout, const vmm::NodeFacts* node);
+  // The sizes ("<vcpus>x<MiB>") of the published snapshots of template `name`.
+  std::vector<std::string> builtSizes(const std::string& name);
   std::string root_;
+  size_t max_sizes_ = 0;
   std::mutex mu_;  // guards locks_ and dir_names_
   std::map<std::string, std::shared_ptr<std::mutex>> locks_;
   std::map<std::string, std::string> dir_names_;  // memo of dirName, by the key's fields
+  std::set<std::string> admitted_;                // directory names admit() said yes to
 };
 
 }  // namespace space::snapshot

@@ -675,6 +675,28 @@ TEST_F(SpacedTest, ATenantAtItsQuotaCannotStopAnotherFromCreating) {
   EXPECT_EQ(d.call("GET", "/v1/sandboxes").status, 200);
 }
 
+// Every size of a template is a permanent snapshot of the guest's memory: a loop of creates over
+// sizes must not fill the disk. Beyond --max-template-sizes a new size is refused (400, naming
+// the sizes there are) and leaves no record; the node's default size is always kept.
+TEST_F(SpacedTest, TemplatesAreKeptForAtMostTheAllowedNumberOfSizes) {
+  daemon_ = Daemon::start(data_dir_, {"--max-template-sizes", "1"});
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  ASSERT_FALSE(d.create(json{{"cpus", 1}, {"memory_mb", 256}}).empty());
+  json refused = d.callJson("POST", "/v1/sandboxes", json{{"cpus", 1}, {"memory_mb", 384}}, 400);
+  EXPECT_EQ(refused["error"]["code"], "template_size_not_allowed");
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("1x256"), std::string::npos) << refused;
+  EXPECT_EQ(d.callJson("GET", "/v1/sandboxes?state=failed", nullptr, 200)["sandboxes"].size(), 0u)
+      << "a refused size left a record";
+  int templates = 0;
+  for (const auto& e : std::filesystem::directory_iterator(data_dir_ + "/templates")) {
+    templates += e.path().filename().string().rfind("base-", 0) == 0;
+  }
+  EXPECT_EQ(templates, 1);
+  // The default size (2 vCPUs, 512 MB) is never refused: the pool and every plain create need it.
+  EXPECT_EQ(d.callJson("POST", "/v1/sandboxes", json::object(), 201)["memory_mb"], 512);
+}
+
 TEST_F(SpacedTest, TenantsSeeOnlyTheirOwnSandboxes) {
   daemon_ = Daemon::start(data_dir_);
   ASSERT_TRUE(daemon_);
