@@ -20,7 +20,9 @@ TenantGate::Ticket TenantGate::enter(const std::string& tenant) {
       b.refilled = now;
     }
     if (b.tokens < 1) {
-      return Ticket(Refusal::kRateLimited, static_cast<int>(std::ceil((1 - b.tokens) / limits_.rate_per_s)));
+      // Clamped before the cast: a tiny configured rate must not overflow the int.
+      const double wait_s = std::min(std::ceil((1 - b.tokens) / limits_.rate_per_s), 3600.0);
+      return Ticket(Refusal::kRateLimited, std::max(1, static_cast<int>(wait_s)));
     }
     b.tokens -= 1;
   }

@@ -1,9 +1,11 @@
 #include "common/process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -215,6 +217,32 @@ Result<std::string> processStartTime(pid_t pid) {
   }
   auto end = stat->find(' ', pos);
   return stat->substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+}
+
+Status setProcessNice(pid_t pid, int nice) {
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* tasks = opendir(dir.c_str());
+  if (!tasks) return makeError(ErrorCode::kNotFound, "process " + std::to_string(pid) + " is gone");
+  int failed_errno = 0;
+  while (dirent* entry = readdir(tasks)) {
+    char* rest = nullptr;
+    long tid = strtol(entry->d_name, &rest, 10);
+    if (*rest != '\0' || tid <= 0) continue;
+    if (setpriority(PRIO_PROCESS, static_cast<id_t>(tid), nice) != 0 && errno != ESRCH) failed_errno = errno;
+  }
+  closedir(tasks);
+  if (failed_errno != 0) {
+    return makeError(ErrorCode::kInternal, "setpriority(" + std::to_string(pid) + ", " + std::to_string(nice) +
+                                               "): " + strerror(failed_errno));
+  }
+  return okStatus();
+}
+
+Status setThreadNice(int nice) {
+  if (setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice) != 0) {
+    return makeError(ErrorCode::kInternal, std::string("setpriority: ") + strerror(errno));
+  }
+  return okStatus();
 }
 
 }  // namespace space

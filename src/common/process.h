@@ -75,6 +75,11 @@ class ChildProcess {
 Result<std::string> processStartTime(pid_t pid);
 // The process's argv, NUL-separated as in /proc/<pid>/cmdline.
 Result<std::string> processCmdline(pid_t pid);
+// Sets the nice value of every thread of `pid` (nice is per thread on Linux, and a thread that
+// is created later inherits its creator's). Lowering it needs CAP_SYS_NICE.
+Status setProcessNice(pid_t pid, int nice);
+// The calling thread's nice value becomes `nice`; what it spawns inherits it.
+Status setThreadNice(int nice);
 // Whether the process has `path` open (one of its /proc/<pid>/fd links names it).
 bool processHasOpen(pid_t pid, const std::string& path);
 

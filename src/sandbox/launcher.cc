@@ -44,12 +44,17 @@ Status Launcher::checkFits(const Template& tpl, uint32_t cpus, uint64_t memory_m
 }
 
 Result<Launch> Launcher::fromTemplate(const Template& tpl, uint32_t cpus, uint64_t memory_mb,
-                                      const std::string& run_dir) {
+                                      const std::string& run_dir, bool default_size) {
   Launch launch;
   launch.spec = baseSpec(tpl, cpus, memory_mb, accelerator());
   launch.options = baseOptions(run_dir);
   if (!config_.use_snapshots) return launch;
-  auto snap = templates_.ensure(templateKey(tpl, cpus, memory_mb), config_.boot_timeout, &facts_);
+  auto snap = templates_.ensure(templateKey(tpl, cpus, memory_mb), config_.boot_timeout, &facts_, default_size);
+  if (!snap.ok() && snap.error().reason == "template_sizes_full") {
+    // A size beyond those the template is kept for boots, and keeps nothing on disk.
+    launch.how = "booted (no template kept for this size)";
+    return launch;
+  }
   if (!snap.ok()) return snap.error();
   launch.spec.rootfs_path = snap->disk;
   launch.spec.rootfs_format = "qcow2";
@@ -64,11 +69,6 @@ Result<Launch> Launcher::fromTemplate(const Template& tpl, uint32_t cpus, uint64
 snapshot::TemplateKey Launcher::templateKey(const Template& tpl, uint32_t cpus, uint64_t memory_mb) const {
   return snapshot::TemplateKey{tpl.name,  tpl.kernel_path, tpl.rootfs_path,    cpus,
                                memory_mb, accelerator(),   facts_.qemu_binary, facts_.guestKernelArgs(accelerator())};
-}
-
-Status Launcher::admitSize(const Template& tpl, uint32_t cpus, uint64_t memory_mb, bool default_size) {
-  if (!config_.use_snapshots) return okStatus();  // cold boots keep nothing per size
-  return templates_.admit(templateKey(tpl, cpus, memory_mb), default_size);
 }
 
 Launch Launcher::fromSnapshot(const Template& tpl, const snapshot::SnapshotFiles& files, uint32_t cpus,

@@ -47,13 +47,11 @@ class Launcher {
   // Whether the host could start such a VM now (CPUs, free memory, readable images): checked
   // before anything is recorded, so a request it can never satisfy leaves no trace.
   Status checkFits(const Template& tpl, uint32_t cpus, uint64_t memory_mb) const;
-  // Whether a new sandbox of this size may be made of `tpl`: its template snapshot exists or the
-  // template is kept for fewer sizes than the node allows (see TemplateCache::admit).
-  // `default_size`: always (the pool's).
-  Status admitSize(const Template& tpl, uint32_t cpus, uint64_t memory_mb, bool default_size);
   // A new sandbox of `tpl` in `run_dir`: a restore of the template's snapshot (built first if
-  // missing: a cold boot, seconds), or a cold boot when snapshots are off.
-  Result<Launch> fromTemplate(const Template& tpl, uint32_t cpus, uint64_t memory_mb, const std::string& run_dir);
+  // missing: a cold boot, seconds), or a cold boot when snapshots are off or the template is
+  // kept for its most sizes already (--max-template-sizes; `default_size` is always kept).
+  Result<Launch> fromTemplate(const Template& tpl, uint32_t cpus, uint64_t memory_mb, const std::string& run_dir,
+                              bool default_size = true);
   // A new sandbox restored from a tenant snapshot's files (taken under this node's accelerator).
   Launch fromSnapshot(const Template& tpl, const snapshot::SnapshotFiles& files, uint32_t cpus, uint64_t memory_mb,
                       const std::string& run_dir) const;

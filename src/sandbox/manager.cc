@@ -186,7 +186,8 @@ Status SandboxManager::reserve(const std::shared_ptr<Live>& live) {
   }
   // The tenant's quota first: a tenant at its quota is told so, whatever the node has free.
   const TenantQuota& quota = config_.tenant_quota;
-  const TenantUsage& used = tenant_usage_[live->tenant];
+  const auto usage = tenant_usage_.find(live->tenant);
+  const TenantUsage used = usage == tenant_usage_.end() ? TenantUsage{} : usage->second;
   auto overQuota = [&](const std::string& what, uint64_t have, uint64_t want, uint64_t max, const char* unit) {
     return makeError(ErrorCode::kResourceExhausted,
                      "tenant " + live->tenant + " is at its quota of " + std::to_string(max) + unit + " " + what +
@@ -292,10 +293,6 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   }
   // Checked before anything is recorded: a request the host can never satisfy leaves no trace.
   SPACE_TRY(launcher_->checkFits(*tpl.value(), cpus, memory_mb));
-  if (!from_snapshot) {
-    SPACE_TRY(launcher_->admitSize(*tpl.value(), cpus, memory_mb,
-                                   cpus == config_.default_cpus && memory_mb == config_.default_memory_mb));
-  }
 
   // A VM started ahead of need, if one fits: the request then only loads the guest's state.
   std::optional<WarmVm> warm;
@@ -362,6 +359,10 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     // start's orphan sweep removes, and the client never had an answer.)
     live->runtime = std::move(warm->runtime);
     warm.reset();
+    // Refilled at low priority; a sandbox runs at the priority of every other.
+    if (auto raised = live->runtime->setHostNice(0); !raised.ok()) {
+      spdlog::warn("sandbox {}: its QEMU keeps the pool's low priority: {}", rec.id, raised.error().message);
+    }
     auto configured = identity();
     // Refused for what the request asked (not the guest's health): no second guest is spent on it.
     if (!configured.ok() && configured.error().code != ErrorCode::kUnavailable &&
@@ -440,7 +441,8 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     faultPoint("create.state_loaded");
     if (auto answered = live->runtime->awaitAgent(deadline); !answered.ok()) return fail(answered.error());
   } else {
-    auto launch = launcher_->fromTemplate(*tpl.value(), cpus, memory_mb, rec.run_dir);
+    auto launch = launcher_->fromTemplate(*tpl.value(), cpus, memory_mb, rec.run_dir,
+                                          cpus == config_.default_cpus && memory_mb == config_.default_memory_mb);
     if (!launch.ok()) return fail(launch.error());
     how = launch->how;
     auto runtime = SandboxRuntime::start(launch.value());

@@ -232,7 +232,7 @@ class SandboxManager {
   void countIn(const std::shared_ptr<Live>& live);  // `mu_` held
   // A place in the tenant's snapshot quota while one is taken (released with the guard), or
   // the refusal (tenant_quota).
-  Result<std::shared_ptr<void>> claimSnapshotPlace(const std::string& tenant);
+  Result<std::shared_ptr<void>> claimSnapshotPlace(const std::string& tenant, uint64_t estimate_bytes);
   void expireSuspended(int64_t now_ms);
   void expireOneSuspended(const store::SandboxRecord& row, int64_t now_ms);
   // A child is opening snapshot `id`'s files: deleteSnapshot(id) waits until the returned
@@ -258,8 +258,13 @@ class SandboxManager {
     uint32_t vcpus = 0;
     uint64_t memory_mb = 0;
   };
-  std::map<std::string, TenantUsage> tenant_usage_;    // tenants holding VMs now
-  std::map<std::string, uint32_t> snapshots_pending_;  // snapshots being taken, per tenant
+  std::map<std::string, TenantUsage> tenant_usage_;  // tenants holding VMs now
+  struct PendingSnapshots {
+    uint32_t count = 0;
+    uint64_t bytes = 0;  // estimated: their guests' memory
+  };
+  std::map<std::string, PendingSnapshots> snapshots_pending_;  // snapshots being taken, per tenant
+  std::mutex snapshot_claims_mu_;                              // one claim decided at a time
 
   // Disk layers: shared while one is being made or a new disk made over one (a snapshot's
   // capture, a child's overlay), exclusive to sweep them. Only the sweep takes it exclusively,

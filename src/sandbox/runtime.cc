@@ -1,5 +1,7 @@
 #include "sandbox/runtime.h"
 
+#include "common/process.h"
+
 namespace space::sandbox {
 
 Result<std::unique_ptr<SandboxRuntime>> SandboxRuntime::start(const Launch& launch) {
@@ -39,5 +41,10 @@ void SandboxRuntime::release() {
 }
 
 void SandboxRuntime::detach() { vm_->detach(); }
+
+Status SandboxRuntime::setHostNice(int nice) {
+  if (vm_->pid() <= 0) return makeError(ErrorCode::kFailedPrecondition, "no QEMU process");
+  return setProcessNice(vm_->pid(), nice);
+}
 
 }  // namespace space::sandbox

@@ -62,6 +62,9 @@ class SandboxRuntime {
   // empty afterwards.
   void detach();
 
+  // The host scheduling priority of everything the sandbox runs on the host (all QEMU threads).
+  Status setHostNice(int nice);
+
   // The VM, for what only asks it (state, agent, console) or acts on the guest alone.
   vmm::Vm& vm() { return *vm_; }
   const vmm::Vm& vm() const { return *vm_; }

@@ -41,8 +41,9 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
   if (!tpl.ok()) return tpl.error();
   // The tenant's snapshot quota, counting the ones being taken now (each holds a place until
   // it is recorded or has failed). A snapshot's size is known only once taken: the bytes quota
-  // refuses new ones once reached, so the last may go over it by one snapshot.
-  auto pending = claimSnapshotPlace(request.tenant);
+  // refuses new ones once reached (those being taken count at their guest's memory), so the
+  // last may go over it by what it holds beyond that.
+  auto pending = claimSnapshotPlace(request.tenant, rec->memory_mb << 20);
   if (!pending.ok()) return pending.error();
   store::SnapshotRecord snap;
   snap.id = newSnapshotId();
@@ -109,33 +110,43 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
   return snap;
 }
 
-Result<std::shared_ptr<void>> SandboxManager::claimSnapshotPlace(const std::string& tenant) {
+Result<std::shared_ptr<void>> SandboxManager::claimSnapshotPlace(const std::string& tenant, uint64_t estimate_bytes) {
   const TenantQuota& quota = config_.tenant_quota;
   if (!quota.max_snapshots && !quota.max_snapshot_bytes) return std::shared_ptr<void>();
+  // One lock over reading the usage, checking and counting the new one in: a snapshot recorded
+  // (and its place released) between a read and the check cannot make the read stale.
+  std::lock_guard claims(snapshot_claims_mu_);
   auto usage = store_.snapshotUsage(tenant);
   if (!usage.ok()) return usage.error();
   std::lock_guard lock(mu_);
-  uint32_t& taking = snapshots_pending_[tenant];
-  if (quota.max_snapshots && usage->count + taking >= quota.max_snapshots) {
-    if (taking == 0) snapshots_pending_.erase(tenant);
+  auto it = snapshots_pending_.find(tenant);
+  const PendingSnapshots taking = it == snapshots_pending_.end() ? PendingSnapshots{} : it->second;
+  if (quota.max_snapshots && usage->count + taking.count >= quota.max_snapshots) {
     return makeError(ErrorCode::kResourceExhausted,
                      "tenant " + tenant + " is at its quota of " + std::to_string(quota.max_snapshots) +
-                         " snapshots (" + std::to_string(usage->count + taking) +
+                         " snapshots (" + std::to_string(usage->count + taking.count) +
                          " kept or being taken); delete one first",
                      "tenant_quota");
   }
-  if (quota.max_snapshot_bytes && usage->bytes >= quota.max_snapshot_bytes) {
-    if (taking == 0) snapshots_pending_.erase(tenant);
+  // Those being taken count at an estimate of their size (the guest's memory), so that many
+  // taken at once cannot all pass under the quota.
+  if (quota.max_snapshot_bytes && usage->bytes + taking.bytes >= quota.max_snapshot_bytes) {
     return makeError(ErrorCode::kResourceExhausted,
                      "tenant " + tenant + " is at its quota of " + std::to_string(quota.max_snapshot_bytes >> 20) +
-                         " MiB of snapshots (" + std::to_string(usage->bytes >> 20) + " MiB kept); delete one first",
+                         " MiB of snapshots (" + std::to_string((usage->bytes + taking.bytes) >> 20) +
+                         " MiB kept or being taken); delete one first",
                      "tenant_quota");
   }
-  ++taking;
-  return std::shared_ptr<void>(nullptr, [this, tenant](void*) {
+  PendingSnapshots& mine = snapshots_pending_[tenant];
+  ++mine.count;
+  mine.bytes += estimate_bytes;
+  return std::shared_ptr<void>(nullptr, [this, tenant, estimate_bytes](void*) {
     std::lock_guard lock(mu_);
-    auto it = snapshots_pending_.find(tenant);
-    if (it != snapshots_pending_.end() && --it->second == 0) snapshots_pending_.erase(it);
+    auto found = snapshots_pending_.find(tenant);
+    if (found == snapshots_pending_.end()) return;
+    --found->second.count;
+    found->second.bytes -= estimate_bytes;
+    if (found->second.count == 0) snapshots_pending_.erase(found);
   });
 }
 

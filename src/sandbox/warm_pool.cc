@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/process.h"
 #include "sandbox/action_pool.h"
 
 namespace space::sandbox {
@@ -70,6 +71,12 @@ size_t WarmPool::size() {
 }
 
 void WarmPool::refill() {
+  // Refilling is background work: it runs, and the QEMUs it starts run, below the sandboxes in
+  // use (their nice stays 0), so a refill never slows a running sandbox. A taker gives its guest
+  // normal priority again (SandboxRuntime::setHostNice).
+  if (auto lowered = setThreadNice(kRefillNice); !lowered.ok()) {
+    spdlog::warn("warm pool: refill runs at normal priority: {}", lowered.error().message);
+  }
   std::chrono::milliseconds backoff{0};
   std::unique_lock lock(mu_);
   while (!stopping_) {

@@ -26,6 +26,9 @@
 
 namespace space::sandbox {
 
+// The nice value the pool's refill, and the guests it starts, run at until taken.
+inline constexpr int kRefillNice = 10;
+
 struct WarmVm {
   std::string sandbox_id;                   // the id the sandbox will have
   std::unique_ptr<SandboxRuntime> runtime;  // running, agent connected, warmed up

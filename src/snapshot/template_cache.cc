@@ -69,12 +69,14 @@ Result<std::string> TemplateCache::dirName(const TemplateKey& key) {
   if (!k.ok()) return k.error();  // not remembered: a missing image may appear later
   std::string name = key.name + "-" + sha256Hex(k->dump()).substr(0, 16);
   std::lock_guard guard(mu_);
+  // Keys come from requests (sizes): the memo is bounded, and starts again when full.
+  if (dir_names_.size() >= kMaxRememberedKeys) dir_names_.clear();
   dir_names_.emplace(fields, name);
   return name;
 }
 
 Result<TemplateSnapshot> TemplateCache::ensure(const TemplateKey& key, std::chrono::milliseconds boot_timeout,
-                                               const vmm::NodeFacts* node) {
+                                               const vmm::NodeFacts* node, bool always) {
   auto name = dirName(key);
   if (!name.ok()) return name.error();
   const std::string dir = root_ + "/" + name.value();
@@ -100,37 +102,36 @@ Result<TemplateSnapshot> TemplateCache::ensure(const TemplateKey& key, std::chro
     fs::rename(dir, aside, ec);
     if (ec) return makeError(ErrorCode::kInternal, "move aside " + dir + ": " + ec.message());
   }
+  auto place = claimBuild(key, always);
+  if (!place.ok()) return place.error();
   return build(key, dir, boot_timeout, node);
 }
 
-Status TemplateCache::admit(const TemplateKey& key, bool always) {
-  if (max_sizes_ == 0 || always) return okStatus();
+Result<std::shared_ptr<void>> TemplateCache::claimBuild(const TemplateKey& key, bool always) {
   auto name = dirName(key);
   if (!name.ok()) return name.error();
-  {
-    std::lock_guard guard(mu_);
-    if (admitted_.count(name.value())) return okStatus();
-  }
-  std::error_code ec;
-  if (!fs::exists(root_ + "/" + name.value(), ec)) {
-    auto sizes = builtSizes(key.name);
-    if (sizes.size() >= max_sizes_) {
-      std::string list;
-      for (const auto& size : sizes) list += (list.empty() ? "" : ", ") + size;
-      return makeError(
-          ErrorCode::kInvalidArgument,
-          "template " + key.name + " is kept for " + std::to_string(sizes.size()) +
-              " sizes already, this node's most (--max-template-sizes); use one of them (vCPUs x MB: " + list + ")",
-          "template_size_not_allowed");
+  std::lock_guard guard(mu_);
+  if (max_sizes_ > 0 && !always) {
+    // Built ones and ones being built, under one lock: concurrent creates of new sizes cannot
+    // all pass, and a build that fails or is never made gives its place back.
+    size_t taken = building_.size();
+    for (const auto& size : builtSizes(key.name)) taken += size.second != name.value();
+    if (taken >= max_sizes_) {
+      return makeError(ErrorCode::kResourceExhausted,
+                       "template " + key.name + " is kept for " + std::to_string(taken) +
+                           " sizes already, this node's most (--max-template-sizes)",
+                       "template_sizes_full");
     }
   }
-  std::lock_guard guard(mu_);
-  admitted_.insert(name.value());
-  return okStatus();
+  building_.insert(name.value());
+  return std::shared_ptr<void>(nullptr, [this, n = name.value()](void*) {
+    std::lock_guard guard(mu_);
+    building_.erase(n);
+  });
 }
 
-std::vector<std::string> TemplateCache::builtSizes(const std::string& name) {
-  std::vector<std::string> sizes;
+std::vector<std::pair<std::string, std::string>> TemplateCache::builtSizes(const std::string& name) {
+  std::vector<std::pair<std::string, std::string>> sizes;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(root_, ec)) {
     const std::string dir = entry.path().filename().string();
@@ -140,7 +141,8 @@ std::vector<std::string> TemplateCache::builtSizes(const std::string& name) {
     if (!meta.ok()) continue;
     auto parsed = parseJsonBounded(meta.value());
     if (!parsed.ok() || !parsed->is_object()) continue;
-    sizes.push_back(std::to_string(parsed->value("vcpus", 0)) + "x" + std::to_string(parsed->value("memory_mib", 0)));
+    sizes.emplace_back(std::to_string(parsed->value("vcpus", 0)) + "x" + std::to_string(parsed->value("memory_mib", 0)),
+                       dir);
   }
   std::sort(sizes.begin(), sizes.end());
   return sizes;

@@ -49,34 +49,36 @@ struct TemplateSnapshot {
 class TemplateCache {
  public:
   // `max_sizes`: how many snapshots (sizes, in practice) one template may have; a build beyond
-  // it is refused (kInvalidArgument, template_size_not_allowed), so a loop of creates over
-  // sizes cannot fill the disk with permanent templates. 0: no limit.
+  // it is refused, so a loop of creates over sizes cannot fill the disk with permanent
+  // templates (the caller boots such sizes instead). 0: no limit.
   explicit TemplateCache(std::string root, size_t max_sizes = 0) : root_(std::move(root)), max_sizes_(max_sizes) {}
   // The snapshot for `key`, built first if missing (a cold boot: seconds). Concurrent callers
   // for one key wait for one build. `node`: the node's facts, so the build probes nothing.
+  // A build beyond max_sizes (see claimBuild) is refused, unless `always`.
   Result<TemplateSnapshot> ensure(const TemplateKey& key, std::chrono::milliseconds boot_timeout,
-                                  const vmm::NodeFacts* node = nullptr);
+                                  const vmm::NodeFacts* node = nullptr, bool always = false);
   // The directory name a key maps to: computed from the files' identities (stat, a PATH walk for
   // QEMU, SHA-256) on the first call for that key and remembered after, so a create never pays for
   // it again. Images replaced in place while spaced runs are therefore seen at its next start;
   // the image cache never does that (a new recipe is a new path).
   Result<std::string> dirName(const TemplateKey& key);
-  // Whether a snapshot for `key` exists or may be built (see max_sizes). Scans the directory
-  // only for a key not seen before. `always`: admitted whatever the count (the node's default
-  // size, which the pool needs).
-  Status admit(const TemplateKey& key, bool always = false);
+  // A place to build the snapshot for `key`, held until the returned guard is gone: refused
+  // (kResourceExhausted, template_sizes_full) when the template's built snapshots and those
+  // being built reach max_sizes, unless `always`. Public for its tests; ensure() takes one.
+  Result<std::shared_ptr<void>> claimBuild(const TemplateKey& key, bool always = false);
 
  private:
   Result<TemplateSnapshot> build(const TemplateKey& key, const std::string& final_dir,
                                  std::chrono::milliseconds boot_timeout, const vmm::NodeFacts* node);
-  // The sizes ("<vcpus>x<MiB>") of the published snapshots of template `name`.
-  std::vector<std::string> builtSizes(const std::string& name);
+  // The sizes ("<vcpus>x<MiB>") and directory names of the published snapshots of `name`.
+  std::vector<std::pair<std::string, std::string>> builtSizes(const std::string& name);
+  static constexpr size_t kMaxRememberedKeys = 4096;
   std::string root_;
   size_t max_sizes_ = 0;
   std::mutex mu_;  // guards locks_ and dir_names_
   std::map<std::string, std::shared_ptr<std::mutex>> locks_;
   std::map<std::string, std::string> dir_names_;  // memo of dirName, by the key's fields
-  std::set<std::string> admitted_;                // directory names admit() said yes to
+  std::set<std::string> building_;                // directory names being built now
 };
 
 }  // namespace space::snapshot
