@@ -384,7 +384,7 @@ void ApiService::metrics(Call& c) {
                                              {{"", static_cast<double>(stats.reserved_memory_mb)}}};
   gauges["space_node_memory_limit_mb"] = {"Memory (MB) this node may reserve.",
                                           {{"", static_cast<double>(stats.max_total_memory_mb)}}};
-  gauges["space_warm_pool_ready"] = {"VMs waiting in the warm pool to become sandboxes.",
+  gauges["space_warm_pool_ready"] = {"Running, warmed-up guests waiting in the pool to become sandboxes.",
                                      {{"", static_cast<double>(stats.warm_pool_ready)}}};
   gauges["space_warm_pool_target"] = {"Size the warm pool is kept at (0: no pool).",
                                       {{"", static_cast<double>(stats.warm_pool_target)}}};

@@ -61,7 +61,6 @@ Result<Launch> Launcher::fromTemplate(const Template& tpl, uint32_t cpus, uint64
   launch.spec.memory_file = snap->memory_file;
   launch.spec.memory_private = true;
   launch.state_file = snap->state_file;
-  launch.template_dir = snap->dir;
   launch.how = "restored";
   return launch;
 }

@@ -79,8 +79,8 @@ struct ManagerConfig {
   // Most children one branch request may create.
   uint32_t max_branch = 64;
   TenantQuota tenant_quota;
-  // How many sizes (template snapshots) one template may be built for; a create of a new size
-  // beyond it gets 400 template_size_not_allowed, naming the sizes there are. 0: no limit.
+  // How many sizes (template snapshots) one template is kept for; a create of another size
+  // beyond them boots and keeps nothing (the default size is always kept). 0: no limit.
   uint32_t max_template_sizes = 8;
 
   // How often the background thread checks expiries and VM health.
@@ -134,7 +134,7 @@ struct ManagerStats {
   uint64_t reserved_memory_mb = 0;
   uint32_t max_total_vcpus = 0;
   uint64_t max_total_memory_mb = 0;
-  size_t warm_pool_ready = 0;   // VMs waiting in the warm pool now
+  size_t warm_pool_ready = 0;   // running guests waiting in the hot pool now
   size_t warm_pool_target = 0;  // its configured size (0: no pool)
 };
 

@@ -25,8 +25,6 @@ struct Launch {
   vmm::VmStartOptions options;  // options.node is set: nothing is probed at start
   // The saved device state it is restored from; empty: a cold boot.
   std::string state_file;
-  // The template snapshot it restores (a pool entry made for an older one is not used).
-  std::string template_dir;
   const char* how = "booted";  // for the log: booted, restored, branched, resumed
 };
 
@@ -68,7 +66,6 @@ class SandboxRuntime {
   // The VM, for what only asks it (state, agent, console) or acts on the guest alone.
   vmm::Vm& vm() { return *vm_; }
   const vmm::Vm& vm() const { return *vm_; }
-  const std::string& stateFile() const { return state_file_; }
 
  private:
   SandboxRuntime(std::unique_ptr<vmm::Vm> vm, std::string state_file)

@@ -68,7 +68,8 @@ struct VmAdoptSpec {
 class Vm {
  public:
   static Result<std::unique_ptr<Vm>> start(const VmSpec& spec, const VmStartOptions& options = {});
-  // The first half of a restore, done ahead of need (a warm pool): QEMU is started with
+  // The first half of a restore (e.g. a branch child's, whose snapshot files must stay only
+  // while they load): QEMU is started with
   // `-incoming defer`, its disk overlay made, its monitor connected; the guest does not exist
   // yet. restore() then loads a state saved with a shared memory file (the spec's) and waits
   // for the agent: together they are start() with restore_from.

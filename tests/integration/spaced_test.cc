@@ -575,6 +575,10 @@ TEST_F(SpacedTest, BadInputIsRefusedAndChangesNothing) {
   d.callJson("POST", "/v1/sandboxes", json{{"timeout_s", 0}}, 400);
   d.callJson("POST", "/v1/sandboxes", json{{"timeout_s", 10 * 24 * 3600}}, 400);
   d.callJson("POST", "/v1/sandboxes", json{{"cpus", 4096}}, 400);
+  // A name the guest cannot set: refused before any VM (a pooled guest) is spent on it.
+  EXPECT_NE(d.callJson("POST", "/v1/sandboxes", json{{"env", {{"A=B", "x"}}}}, 400)["error"]["message"].dump().find(
+                "cannot contain '='"),
+            std::string::npos);
   e = d.callJson("POST", "/v1/sandboxes", json{{"template", "nope"}}, 404);
   EXPECT_EQ(e["error"]["code"], "template_not_found");
   std::string huge = "{\"metadata\":{\"k\":\"" + std::string(2 << 20, 'x') + "\"}}";
@@ -614,19 +618,8 @@ TEST_F(SpacedTest, ATenantAtItsQuotaCannotStopAnotherFromCreating) {
                                 "--tenant-requests-per-s", "2", "--tenant-request-burst", "40"});
   ASSERT_TRUE(daemon_);
   auto& d = *daemon_;
-  auto out_file = dir_->path() + "/tenant.json";
-  auto add = ChildProcess::spawn({SPACED_BIN, "tenant", "add", "bob", "--json", "--data-dir", data_dir_},
-                                 SpawnOptions{out_file, dir_->path() + "/tenant.err", true});
-  ASSERT_TRUE(add.ok());
-  auto added = add->waitFor(seconds(30));
-  ASSERT_TRUE(added && added->exit_code == 0);
-  auto text = readSmallFile(out_file, 4096);
-  ASSERT_TRUE(text.ok());
-  const std::string bob = json::parse(text.value())["api_key"].get<std::string>();
-  for (auto until = Clock::now() + seconds(10);
-       Clock::now() < until && d.call("GET", "/v1/sandboxes", "", bob).status != 200;) {
-    std::this_thread::sleep_for(milliseconds(200));
-  }
+  const std::string bob = addTenant("bob");
+  ASSERT_FALSE(bob.empty());
 
   // The operator's tenant: two sandboxes, then its quota.
   const std::string mine = d.create();
@@ -697,10 +690,8 @@ TEST_F(SpacedTest, TemplatesAreKeptForAtMostTheAllowedNumberOfSizes) {
   ASSERT_FALSE(odd.empty());
   EXPECT_EQ(templates(), 1) << "a size beyond the bound kept a template";
   EXPECT_EQ(execJson(d, odd, json{{"command", "echo booted"}})["stdout"], "booted\n");
-  auto log = readSmallFile(data_dir_ + ".log", 64 << 20);
-  ASSERT_TRUE(log.ok());
-  EXPECT_NE(log->find("sandbox " + odd + ": running"), std::string::npos);
-  EXPECT_NE(log->find("no template kept for this size"), std::string::npos);
+  EXPECT_TRUE(waitForLog("sandbox " + odd + ": running (tenant default, 1 vCPU, 384 MB, booted (no template kept", 0,
+                         seconds(1)));
   // The default size (2 vCPUs, 512 MB) is always kept: the pool and every plain create need it.
   EXPECT_EQ(d.callJson("POST", "/v1/sandboxes", json::object(), 201)["memory_mb"], 512);
   EXPECT_EQ(templates(), 2);
@@ -1509,12 +1500,10 @@ TEST_F(SpacedTest, WarmPoolVmsBecomeSandboxesAndNeverOutliveTheDaemon) {
   EXPECT_TRUE(before.count(id)) << "the sandbox is a VM that was waiting in the pool";
   EXPECT_TRUE(before.count(second)) << "the sandbox is a VM that was waiting in the pool";
   // Running guests that only took their identity, not QEMUs that had to load one.
-  auto log = readSmallFile(data_dir_ + ".log", 64 << 20);
-  ASSERT_TRUE(log.ok());
   for (const auto& sandbox : {id, second}) {
-    const auto line = log->find("sandbox " + sandbox + ": running");
-    ASSERT_NE(line, std::string::npos) << sandbox;
-    EXPECT_NE(log->substr(line, log->find('\n', line) - line).find("taken from the pool"), std::string::npos);
+    EXPECT_TRUE(waitForLog("sandbox " + sandbox + ": running (tenant default, 1 vCPU, 256 MB, taken from the pool in",
+                           0, seconds(1)))
+        << sandbox;
   }
   const std::string probe =
       "hostname; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; "
