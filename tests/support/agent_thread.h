@@ -3,6 +3,7 @@
 // Shared by the agent client's flow tests and the guest command tests.
 #pragma once
 
+#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -20,6 +21,9 @@ namespace space::testsupport {
 class AgentThread {
  public:
   AgentThread(int fd, agent::Router& router) : stop_fd_(eventfd(0, EFD_CLOEXEC)) {
+    // The agent writes to a peer that may have gone: like the real agent (and spaced), the
+    // process ignores SIGPIPE, or a closed stream kills the test runner.
+    signal(SIGPIPE, SIG_IGN);
     thread_ = std::thread([this, fd, &router] {
       agent::EventLoop loop;
       agent::Channel channel(loop, router, [] { return agent::Json{{"version", "test"}}; });

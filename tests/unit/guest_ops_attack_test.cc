@@ -33,7 +33,6 @@ using std::chrono::seconds;
 class GuestOpsAttackTest : public testing::Test {
  protected:
   void SetUp() override {
-    signal(SIGPIPE, SIG_IGN);  // as the agent (main.cc) and spaced do; the agent here shares the process
     ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds_), 0);
     for (const char* method : {"/process.Process/List", "/filesystem.Filesystem/ListDir",
                                "/filesystem.Filesystem/MakeDir", "/filesystem.Filesystem/Move"}) {
