@@ -31,7 +31,7 @@ $(BUILD_FUZZ)/build.ninja: CMakeLists.txt
 	  -DCMAKE_AR=/usr/bin/ar -DCMAKE_RANLIB=/usr/bin/ranlib -DSPACE_FUZZ=ON
 
 build-asan: deps $(BUILD_ASAN)/build.ninja
-	ninja -C $(BUILD_ASAN) -j $(JOBS) space_unit_tests space_http_tests space_store_tests
+	ninja -C $(BUILD_ASAN) -j $(JOBS) space_unit_tests space_http_tests space_store_tests space_net_unit_tests
 
 # Guest kernel and root filesystem, cached by recipe hash under /var/cache/space/images;
 # $(IMAGES) holds links to the current ones.
@@ -55,7 +55,7 @@ test-unit: build build-asan
 	cd $(BUILD_ASAN) && ctest -L unit --output-on-failure -j $(JOBS) --stop-time "$$(date -d '+10 min' +%H:%M:%S)"
 
 build-fuzz: deps $(BUILD_FUZZ)/build.ninja
-	ninja -C $(BUILD_FUZZ) -j $(JOBS) fuzz_host_decoders
+	ninja -C $(BUILD_FUZZ) -j $(JOBS) fuzz_host_decoders fuzz_gateway_parsers
 
 # Each fuzz target for a fixed 30 s over the corpus in tests/fuzz/corpus.
 test-fuzz: build-fuzz

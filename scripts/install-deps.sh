@@ -12,6 +12,8 @@ packages=(
   cmake ninja-build g++ pkg-config make
   libgtest-dev libgmock-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libssl-dev
   libboost1.81-dev libsqlite3-dev libnghttp2-dev
+  # sandbox network: slots (netlink, nftables), the gateway's DNS parsing
+  libnftables-dev libmnl-dev libldns-dev
   # fuzzing: clang with libFuzzer and the sanitizer runtimes
   clang libclang-rt-14-dev
   # guest images: kernel build, debootstrap, ext4 images
@@ -20,6 +22,8 @@ packages=(
   qemu-system-x86 qemu-utils
   # tests and benchmarks
   python3 jq curl
+  # network tests: the fake internet's namespaces, its servers' test CA
+  iproute2 nftables openssl
   # storage tests: a data dir on a loop-mounted btrfs
   btrfs-progs util-linux mount
 )

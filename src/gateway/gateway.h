@@ -1,0 +1,2 @@
+// space-gateway
+#pragma once

@@ -1,0 +1,45 @@
+// The nftables ruleset of every slot. Kept apart from slot.cc so the gateway's tests load the
+// very text the product loads.
+#include <string>
+
+#include "net/addressing.h"
+#include "net/slot.h"
+
+namespace space::net {
+
+std::string SlotManager::rulesetText() {
+  const std::string tap = kTapName;
+  const std::string gw = kGatewayIp;
+  const std::string tcp = std::to_string(kGatewayTcpPort);
+  const std::string dns = std::to_string(kGatewayDnsPort);
+  // Only IPv4 from the tap is ever accepted, and only after a redirect to one of the gateway's
+  // listeners (`ct status dnat`), so a packet the guest aims straight at the gateway's address
+  // reaches nothing else. Nothing is forwarded: the slot has no route out, and the gateway's
+  // upstream sockets live in another namespace. IPv6 of every form falls to the drop policies.
+  return "table inet space_slot {\n"
+         "  chain prerouting {\n"
+         "    type nat hook prerouting priority dstnat; policy accept;\n"
+         "    iifname \"" + tap + "\" meta nfproto ipv4 udp dport 53 redirect to :" + dns + "\n"
+         "    iifname \"" + tap + "\" meta nfproto ipv4 tcp dport 53 redirect to :" + dns + "\n"
+         "    iifname \"" + tap + "\" meta nfproto ipv4 meta l4proto tcp redirect to :" + tcp + "\n"
+         "  }\n"
+         "  chain input {\n"
+         "    type filter hook input priority filter; policy drop;\n"
+         "    iifname \"lo\" accept\n"
+         "    iifname \"" + tap + "\" meta nfproto ipv4 ip daddr " + gw + " tcp dport { " + tcp + ", " + dns +
+         " } ct status dnat accept\n"
+         "    iifname \"" + tap + "\" meta nfproto ipv4 ip daddr " + gw + " udp dport " + dns +
+         " ct status dnat accept\n"
+         "  }\n"
+         "  chain forward {\n"
+         "    type filter hook forward priority filter; policy drop;\n"
+         "  }\n"
+         "  chain output {\n"
+         "    type filter hook output priority filter; policy drop;\n"
+         "    oifname \"lo\" accept\n"
+         "    oifname \"" + tap + "\" meta nfproto ipv4 ip saddr " + gw + " ct status dnat accept\n"
+         "  }\n"
+         "}\n";
+}
+
+}  // namespace space::net

@@ -1,0 +1,2 @@
+// The fake internet of network tests.
+#pragma once
