@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/resource.h>
@@ -10,9 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "common/fs.h"
 
@@ -62,6 +65,14 @@ Result<ChildProcess> ChildProcess::spawn(const std::vector<std::string>& argv, c
   sigset_t none;
   sigemptyset(&none);
   posix_spawnattr_setsigmask(&attr, &none);
+  int first_unpassed = 3;
+  for (const auto& [ours, theirs] : options.pass_fds) {
+    posix_spawn_file_actions_adddup2(&actions, ours, theirs);
+    first_unpassed = std::max(first_unpassed, theirs + 1);
+  }
+  // Every other descriptor is closed, CLOEXEC or not: libraries we use (libnftables) open
+  // sockets without it, and a child must never inherit one from another sandbox's slot.
+  posix_spawn_file_actions_addclosefrom_np(&actions, first_unpassed);
   short flags = POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK;
   if (options.new_session) flags |= POSIX_SPAWN_SETSID;
   posix_spawnattr_setflags(&attr, flags);
@@ -70,10 +81,34 @@ Result<ChildProcess> ChildProcess::spawn(const std::vector<std::string>& argv, c
   for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
   pid_t pid = -1;
-  int rc = posix_spawnp(&pid, cargv[0], &actions, &attr, cargv.data(), environ);
+  int rc = 0;
+  if (options.netns_path.empty()) {
+    rc = posix_spawnp(&pid, cargv[0], &actions, &attr, cargv.data(), environ);
+  } else {
+    // setns(2) moves only the calling thread, and a child starts in its parent thread's
+    // namespaces: so the spawn runs on a thread of its own that entered the namespace first.
+    std::thread spawner([&] {
+      int ns = ::open(options.netns_path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (ns < 0) {
+        rc = errno;
+        return;
+      }
+      if (::setns(ns, CLONE_NEWNET) != 0) {
+        rc = errno;
+        ::close(ns);
+        return;
+      }
+      ::close(ns);
+      rc = posix_spawnp(&pid, cargv[0], &actions, &attr, cargv.data(), environ);
+    });
+    spawner.join();
+  }
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
-  if (rc != 0) return makeError(ErrorCode::kInternal, "cannot start " + argv[0] + ": " + strerror(rc));
+  if (rc != 0) {
+    std::string where = options.netns_path.empty() ? "" : " in " + options.netns_path;
+    return makeError(ErrorCode::kInternal, "cannot start " + argv[0] + where + ": " + strerror(rc));
+  }
 
   int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   if (pidfd < 0) {

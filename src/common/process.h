@@ -8,6 +8,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/result.h"
@@ -18,6 +19,10 @@ struct SpawnOptions {
   std::string stdout_path;  // empty: /dev/null
   std::string stderr_path;  // empty: same as stdout
   bool new_session = true;  // detach from our terminal and process group
+  // A network namespace (a bind-mounted nsfs path) the child starts in; empty: ours.
+  std::string netns_path;
+  // Descriptors the child gets: {ours, its number}; everything else is closed (CLOEXEC).
+  std::vector<std::pair<int, int>> pass_fds;
 };
 
 struct ExitStatus {

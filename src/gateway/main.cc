@@ -1,1 +1,259 @@
-int main() { return 1; }
+// space-gateway's entry: flags, namespaces and privileges; then Gateway serves.
+//
+//   space-gateway --slot-netns PATH --policy FILE --audit FILE [--upstream-netns PATH]
+//                 [--upstream-dns IP[:PORT]] [--ready-fd N] [--user NAME] [limits...]
+//
+// Starts as root: enters the upstream namespace (if given), creates the guest-side listeners in
+// the slot namespace, returns to the upstream one (where every upstream socket is then made),
+// and drops to an unprivileged user with no capabilities before reading a byte from the guest.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/capability.h>
+#include <pwd.h>
+#include <sched.h>
+#include <spdlog/spdlog.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "common/log.h"
+#include "gateway/gateway.h"
+#include "net/addressing.h"
+
+namespace {
+
+using space::ErrorCode;
+using space::makeError;
+using space::Result;
+using space::Status;
+using space::UniqueFd;
+
+std::string errnoText(const std::string& what) { return what + ": " + strerror(errno); }
+
+// "IP" or "IP:PORT", IPv4 only.
+Result<boost::asio::ip::udp::endpoint> parseEndpoint(const std::string& text) {
+  std::string host = text;
+  uint16_t port = 53;
+  if (auto colon = text.find(':'); colon != std::string::npos) {
+    host = text.substr(0, colon);
+    std::string digits = text.substr(colon + 1);
+    if (digits.empty() || digits.size() > 5 || digits.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoul(digits) == 0 || std::stoul(digits) > 65535) {
+      return makeError(ErrorCode::kInvalidArgument, "bad port in \"" + text + "\"");
+    }
+    port = static_cast<uint16_t>(std::stoul(digits));
+  }
+  auto ip = space::net::parseIpv4(host);
+  if (!ip) return makeError(ErrorCode::kInvalidArgument, "not an IPv4 address: \"" + host + "\"");
+  return boost::asio::ip::udp::endpoint(boost::asio::ip::address_v4(*ip), port);
+}
+
+// The host's resolver: the first IPv4 `nameserver` of /etc/resolv.conf.
+Result<boost::asio::ip::udp::endpoint> systemResolver() {
+  std::ifstream in("/etc/resolv.conf");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream words(line);
+    std::string key, value;
+    if (words >> key >> value && key == "nameserver") {
+      if (auto ip = space::net::parseIpv4(value))
+        return boost::asio::ip::udp::endpoint(boost::asio::ip::address_v4(*ip), 53);
+    }
+  }
+  return makeError(ErrorCode::kFailedPrecondition, "no IPv4 nameserver in /etc/resolv.conf; give --upstream-dns");
+}
+
+Status enterNetns(int fd, const std::string& what) {
+  if (setns(fd, CLONE_NEWNET) != 0) return makeError(ErrorCode::kInternal, errnoText("cannot enter " + what));
+  return space::okStatus();
+}
+
+Result<UniqueFd> openNetns(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return makeError(ErrorCode::kInternal, errnoText("cannot open " + path));
+  return fd;
+}
+
+Result<UniqueFd> listenOn(int type, uint16_t port) {
+  const char* what = type == SOCK_STREAM ? "TCP" : "UDP";
+  UniqueFd fd(::socket(AF_INET, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return makeError(ErrorCode::kInternal, errnoText(std::string(what) + " socket"));
+  int one = 1;
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  inet_pton(AF_INET, space::net::kGatewayIp, &addr.sin_addr);
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    return makeError(ErrorCode::kInternal, errnoText(std::string("cannot bind ") + what + " " + space::net::kGatewayIp +
+                                                     ":" + std::to_string(port)));
+  }
+  if (type == SOCK_STREAM && listen(fd.get(), 1024) != 0) return makeError(ErrorCode::kInternal, errnoText("listen"));
+  return fd;
+}
+
+// The slot's listeners, made inside it; the thread goes back to `upstream` afterwards.
+Result<space::gateway::Listeners> makeListeners(const std::string& slot_path, int upstream) {
+  auto slot = openNetns(slot_path);
+  if (!slot.ok()) return slot.error();
+  SPACE_TRY(enterNetns(slot->get(), "the slot namespace " + slot_path));
+  auto tcp = listenOn(SOCK_STREAM, space::net::kGatewayTcpPort);
+  auto dns_udp = listenOn(SOCK_DGRAM, space::net::kGatewayDnsPort);
+  auto dns_tcp = listenOn(SOCK_STREAM, space::net::kGatewayDnsPort);
+  // Back first, whatever happened: no upstream socket may ever be made in the slot.
+  SPACE_TRY(enterNetns(upstream, "the upstream namespace"));
+  if (!tcp.ok()) return tcp.error();
+  if (!dns_udp.ok()) return dns_udp.error();
+  if (!dns_tcp.ok()) return dns_tcp.error();
+  return space::gateway::Listeners{std::move(tcp.value()), std::move(dns_udp.value()), std::move(dns_tcp.value())};
+}
+
+// No way back to root: no supplementary groups, the user's uid/gid, an empty bounding set, no
+// new privileges through exec. Checked after the fact, since a silent failure here would leave
+// a root process reading guest bytes.
+Status dropPrivileges(const std::string& user) {
+  errno = 0;
+  passwd* pw = getpwnam(user.c_str());
+  if (!pw) return makeError(ErrorCode::kInvalidArgument, "no such user \"" + user + "\"");
+  if (pw->pw_uid == 0) return makeError(ErrorCode::kInvalidArgument, "--user must not be root");
+  uid_t uid = pw->pw_uid;
+  gid_t gid = pw->pw_gid;
+  for (int cap = 0; cap <= 63; ++cap) {
+    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
+      return makeError(ErrorCode::kInternal, errnoText("PR_CAPBSET_DROP"));
+  }
+  if (setgroups(0, nullptr) != 0) return makeError(ErrorCode::kInternal, errnoText("setgroups"));
+  if (setresgid(gid, gid, gid) != 0) return makeError(ErrorCode::kInternal, errnoText("setresgid"));
+  if (setresuid(uid, uid, uid) != 0) return makeError(ErrorCode::kInternal, errnoText("setresuid"));
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+    return makeError(ErrorCode::kInternal, errnoText("PR_SET_NO_NEW_PRIVS"));
+  if (setuid(0) == 0 || geteuid() != uid || getegid() != gid) {
+    return makeError(ErrorCode::kInternal, "privileges were not dropped");
+  }
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (syscall(SYS_capget, &header, data) != 0) return makeError(ErrorCode::kInternal, errnoText("capget"));
+  if (data[0].effective || data[1].effective || data[0].permitted || data[1].permitted) {
+    return makeError(ErrorCode::kInternal, "capabilities remain after dropping privileges");
+  }
+  return space::okStatus();
+}
+
+int fail(const std::string& message, int code = 1) {
+  spdlog::error("space-gateway: {}", message);
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"space-gateway: a sandbox's DNS resolver and TCP egress, enforcing its network policy"};
+  std::string slot_netns, policy_path, audit_path, upstream_netns, upstream_dns, user = "nobody", log_level = "info";
+  int ready_fd = -1;
+  size_t max_connections = 256;
+  int64_t handshake_timeout_ms = 10000, idle_timeout_ms = 600000;
+  uint64_t audit_max_bytes = 1 << 20, max_bytes_per_s = 0;
+  app.add_option("--slot-netns", slot_netns, "the slot's network namespace (a bind-mounted nsfs path)")->required();
+  app.add_option("--policy", policy_path, "the egress policy (JSON), re-read when it changes")->required();
+  app.add_option("--audit", audit_path, "the audit log (JSON lines), rotated to FILE.1")->required();
+  app.add_option("--upstream-netns", upstream_netns, "the namespace of upstream sockets (default: ours)");
+  app.add_option("--upstream-dns", upstream_dns, "the resolver, IP[:PORT] (default: /etc/resolv.conf)");
+  app.add_option("--ready-fd", ready_fd, "written \"ready\\n\" and closed once serving")->check(CLI::NonNegativeNumber);
+  app.add_option("--user", user, "the unprivileged user to run as")->capture_default_str();
+  app.add_option("--max-connections", max_connections, "TCP connections at once")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  app.add_option("--handshake-timeout-ms", handshake_timeout_ms, "time for a connection's first bytes")
+      ->check(CLI::Range(int64_t{1}, int64_t{3600000}))
+      ->capture_default_str();
+  app.add_option("--idle-timeout-ms", idle_timeout_ms, "a relayed connection's longest silence")
+      ->check(CLI::Range(int64_t{1}, int64_t{86400000}))
+      ->capture_default_str();
+  app.add_option("--audit-max-bytes", audit_max_bytes, "the audit log's size before rotation")
+      ->check(CLI::Range(uint64_t{1024}, uint64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--max-bytes-per-s", max_bytes_per_s, "bandwidth of all connections together (0: no limit)")
+      ->capture_default_str();
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  if (auto logging = space::initLogging(log_level, false); !logging.ok()) return fail(logging.error().message);
+  // A guest that resets a connection must not kill the gateway with a write to it.
+  signal(SIGPIPE, SIG_IGN);
+
+  // The gateway works in its policy's directory (spaced makes one per sandbox, owned by --user)
+  // and names its files relative to it: once it has dropped privileges, that directory's
+  // ancestors (spaced's private data dir) are closed to it, but its working directory is not.
+  const std::filesystem::path work_dir = std::filesystem::absolute(policy_path).parent_path();
+  if (chdir(work_dir.c_str()) != 0) return fail(errnoText("chdir " + work_dir.string()));
+  for (std::string* path : {&policy_path, &audit_path}) {
+    std::filesystem::path absolute = std::filesystem::absolute(*path);
+    if (absolute.parent_path() == work_dir) *path = absolute.filename().string();
+  }
+  auto policy = space::gateway::PolicyFile::load(policy_path);
+  if (!policy.ok()) return fail("invalid policy: " + policy.error().message, 2);
+
+  if (!upstream_netns.empty()) {
+    auto ns = openNetns(upstream_netns);
+    if (!ns.ok()) return fail(ns.error().message);
+    if (auto entered = enterNetns(ns->get(), "the upstream namespace " + upstream_netns); !entered.ok()) {
+      return fail(entered.error().message);
+    }
+  }
+  auto upstream = openNetns("/proc/thread-self/ns/net");
+  if (!upstream.ok()) return fail(upstream.error().message);
+
+  space::gateway::GatewayOptions options;
+  auto resolver = upstream_dns.empty() ? systemResolver() : parseEndpoint(upstream_dns);
+  if (!resolver.ok()) return fail("--upstream-dns: " + resolver.error().message);
+  options.upstream_dns = resolver.value();
+  options.max_connections = max_connections;
+  options.handshake_timeout = std::chrono::milliseconds(handshake_timeout_ms);
+  options.idle_timeout = std::chrono::milliseconds(idle_timeout_ms);
+  options.max_bytes_per_s = max_bytes_per_s;
+
+  // Opened as root; the directory should be writable by --user for rotation (see AuditLog).
+  auto audit = space::gateway::AuditLog::open(audit_path, audit_max_bytes);
+  if (!audit.ok()) return fail(audit.error().message);
+
+  auto listeners = makeListeners(slot_netns, upstream->get());
+  if (!listeners.ok()) return fail(listeners.error().message);
+  upstream = UniqueFd();
+
+  // Two descriptors per connection, and some for DNS: raise the soft limit within the hard one.
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+    rlim_t want = static_cast<rlim_t>(max_connections) * 2 + 256;
+    if (nofile.rlim_cur < want) {
+      nofile.rlim_cur = std::min(want, nofile.rlim_max);
+      setrlimit(RLIMIT_NOFILE, &nofile);
+    }
+  }
+  if (auto dropped = dropPrivileges(user); !dropped.ok()) return fail(dropped.error().message);
+
+  spdlog::info("space-gateway: upstream DNS {}:{}, at most {} connections", options.upstream_dns.address().to_string(),
+               options.upstream_dns.port(), max_connections);
+  space::gateway::Gateway gateway(std::move(options), std::move(policy.value()), std::move(audit.value()));
+  if (auto started = gateway.start(std::move(listeners.value())); !started.ok()) return fail(started.error().message);
+
+  if (ready_fd >= 0) {
+    static constexpr char kReady[] = "ready\n";
+    if (::write(ready_fd, kReady, sizeof kReady - 1) != static_cast<ssize_t>(sizeof kReady - 1)) {
+      return fail(errnoText("cannot write to --ready-fd"));
+    }
+    ::close(ready_fd);
+  }
+  gateway.run();
+  return 0;
+}

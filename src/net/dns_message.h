@@ -33,23 +33,29 @@ struct DnsQuestion {
   uint16_t qtype = 0;
   uint16_t qclass = 0;
   bool recursion_desired = true;
+  // The question name as it arrived (uncompressed wire labels, case kept), so answers echo it
+  // byte for byte (clients using 0x20 case randomization compare it). Empty: answers encode
+  // `name`.
+  std::vector<uint8_t> wire_name;
 };
 
 // A query: QR=0, OPCODE=0 (QUERY), exactly one question, no answers. kInvalidArgument
 // otherwise. A name that normalizeHostName refuses still parses (the gateway answers
-// REFUSED); `name` then holds it lowercased.
+// REFUSED); `name` then holds it lowercased, bytes other than letters, digits, '-' and '_'
+// written as \DDD escapes (so a label containing a dot never reads as two labels).
 Result<DnsQuestion> parseQuery(std::span<const uint8_t> message);
 
 // An answer to `question` with the given rcode and no records (NXDOMAIN, REFUSED, NODATA).
 std::vector<uint8_t> buildEmptyAnswer(const DnsQuestion& question, uint8_t rcode);
 // A NOERROR answer with one A record per address, all with `ttl`.
 std::vector<uint8_t> buildAAnswer(const DnsQuestion& question, const std::vector<uint32_t>& ipv4, uint32_t ttl);
-// The gateway's own query upstream (RD set).
+// The gateway's own query upstream (RD set, no EDNS: answers stay within 512 bytes). Empty
+// when `name` cannot be encoded (a label over 63 bytes, over 255 in all).
 std::vector<uint8_t> buildQuery(uint16_t id, const std::string& name, uint16_t qtype);
 
 struct DnsAnswer {
   uint8_t rcode = 0;
-  std::vector<uint32_t> ipv4;  // A records for the name or the CNAME chain from it
+  std::vector<uint32_t> ipv4;  // A records for the name or the CNAME chain from it, host byte order
   uint32_t ttl = 0;            // the smallest TTL among those records
 };
 // An upstream response to buildQuery(id, name, kTypeA): the id and the question must match.

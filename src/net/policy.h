@@ -13,12 +13,11 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/result.h"
 
@@ -49,7 +48,7 @@ struct Policy {
 };
 
 // Limits on what a tenant may send (bounded input).
-inline constexpr size_t kMaxRules = 256;        // allow + deny together
+inline constexpr size_t kMaxRules = 256;  // allow + deny together
 inline constexpr size_t kMaxRuleLength = 300;
 
 // The node's default default: internet allowed, forbidden ranges denied.
@@ -64,6 +63,9 @@ const char* modeName(EgressMode mode);
 // Loopback, 0/8, RFC 1918 private, CGNAT 100.64/10, link-local 169.254/16 (metadata
 // included), 192.0.0.0/24, benchmarking 198.18/15, multicast, 240/4 and broadcast.
 bool isForbiddenRange(uint32_t ipv4);
+// Addresses no rule opens, not even an allow CIDR such as 0.0.0.0/0: the gateway's own host
+// (0/8, loopback), the slot's link 169.254.0.0/30, multicast, 240/4 and broadcast.
+bool isNeverReachable(uint32_t ipv4);
 
 // Lowercases and checks a host name as it arrives from a guest (SNI, Host, DNS question):
 // LDH labels of 1-63 characters, at most 253 in all, one optional trailing dot removed.
@@ -73,7 +75,8 @@ std::optional<std::string> normalizeHostName(std::string_view name);
 struct Decision {
   bool allowed = false;
   // The rule that decided ("deny:evil.example", "allow:*.pypi.org") or why
-  // ("mode:allow", "mode:deny", "forbidden-range", "not-allowed", "not-pinned").
+  // ("mode:allow", "mode:deny", "forbidden-range", "not-allowed", "not-pinned"; "public" for
+  // an answer outside the forbidden ranges).
   std::string reason;
 };
 

@@ -1,1 +1,999 @@
+// space-gateway end to end: the real binary between a "guest" namespace and a fake internet
+// (tests/support/fake_internet.h), behind the very nftables ruleset slots load. Needs root.
+//
+//   guest ns (eth0 169.254.0.2/30) --veth-- slot ns (tap0 169.254.0.1/30, slot rules,
+//   gateway listeners) ... gateway's upstream sockets in the fake internet's ns.
+//
+// Namespaces are named gwtest<pid>-*, so runs by others never collide; every test removes what
+// it made in TearDown, and a suite start sweeps what crashed runs of this binary left.
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/process.h"
+#include "common/unix_socket.h"
+#include "net/addressing.h"
+#include "net/dns_message.h"
+#include "net/policy.h"
+#include "net/slot.h"
+#include "support/fake_internet.h"
+
+namespace space::net {
+namespace {
+
+using testsupport::CommandResult;
+using testsupport::FakeInternet;
+using testsupport::inNetns;
+using testsupport::runCommand;
+using Json = nlohmann::json;
+using SteadyClock = std::chrono::steady_clock;
+
+double msSince(SteadyClock::time_point start) {
+  return std::chrono::duration<double, std::milli>(SteadyClock::now() - start).count();
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string prefix() { return "gwtest" + std::to_string(getpid()); }
+
+// What a guest TCP connection saw.
+struct Probe {
+  bool connected = false;
+  std::string received;
+  bool reset = false;      // ECONNRESET (the gateway's denial) or similar
+  bool eof = false;        // orderly close
+  bool timed_out = false;  // neither within the read limit
+  double ms = 0;           // from connect until the close (or the limit)
+};
+
+// Reads until EOF, an error or `limit`; fills the outcome in `probe`.
+void readToEnd(int fd, Probe& probe, std::chrono::milliseconds limit, SteadyClock::time_point start) {
+  auto deadline = SteadyClock::now() + limit;
+  for (;;) {
+    int left = pollTimeoutMs(deadline);
+    pollfd p{fd, POLLIN, 0};
+    if (left == 0 || poll(&p, 1, left) == 0) {
+      probe.timed_out = true;
+      break;
+    }
+    char buf[65536];
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n > 0) {
+      probe.received.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0)
+      probe.eof = true;
+    else
+      probe.reset = true;
+    break;
+  }
+  probe.ms = msSince(start);
+}
+
+class GatewayTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    sweepLeftovers();
+    auto inet = FakeInternet::start(prefix());
+    ASSERT_TRUE(inet.ok()) << inet.error().message;
+    inet_ = inet.value().release();
+  }
+  static void TearDownTestSuite() {
+    delete inet_;
+    inet_ = nullptr;
+  }
+
+  // Namespaces of earlier runs of this binary that died before their TearDown (their pid is gone).
+  static void sweepLeftovers() {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/run/netns", ec)) {
+      std::string name = entry.path().filename();
+      if (name.rfind("gwtest", 0) != 0) continue;
+      std::string digits = name.substr(6, name.find('-') == std::string::npos ? std::string::npos : name.find('-') - 6);
+      if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (kill(std::stoi(digits), 0) == 0 || errno != ESRCH) continue;
+      runCommand({"ip", "netns", "delete", name});
+      std::filesystem::remove_all("/etc/netns/" + name, ec);
+    }
+  }
+
+  void SetUp() override {
+    ASSERT_NE(inet_, nullptr);
+    static int counter = 0;
+    std::string base = prefix() + "-" + std::to_string(++counter);
+    slot_ = base + "-slot";
+    guest_ = base + "-guest";
+    char dir[] = "/tmp/gwtest-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    // The gateway runs as nobody: it must read the policy and write (and rotate) its audit log.
+    ASSERT_EQ(chmod(dir_.c_str(), 0755), 0);
+    ASSERT_EQ(mkdir((dir_ + "/audit").c_str(), 0755), 0);
+    passwd* nobody = getpwnam("nobody");
+    ASSERT_NE(nobody, nullptr);
+    ASSERT_EQ(chown((dir_ + "/audit").c_str(), nobody->pw_uid, nobody->pw_gid), 0);
+    policy_path_ = dir_ + "/policy.json";
+    audit_path_ = dir_ + "/audit/audit.jsonl";
+
+    sh({"ip", "netns", "add", slot_});
+    slot_created_ = true;
+    sh({"ip", "netns", "add", guest_});
+    guest_created_ = true;
+    sh({"ip", "link", "add", kTapName, "netns", slot_, "type", "veth", "peer", "name", "eth0", "netns", guest_});
+    sh({"ip", "-n", slot_, "link", "set", "lo", "up"});
+    sh({"ip", "-n", slot_, "link", "set", kTapName, "address", kTapMac});
+    sh({"ip", "-n", slot_, "addr", "add", std::string(kGatewayIp) + "/" + std::to_string(kPrefixLength), "dev",
+        kTapName});
+    sh({"ip", "-n", slot_, "link", "set", kTapName, "up"});
+    sh({"ip", "-n", guest_, "link", "set", "lo", "up"});
+    sh({"ip", "-n", guest_, "link", "set", "eth0", "address", kGuestMac});
+    sh({"ip", "-n", guest_, "addr", "add", std::string(kGuestIp) + "/" + std::to_string(kPrefixLength), "dev", "eth0"});
+    sh({"ip", "-n", guest_, "link", "set", "eth0", "up"});
+    sh({"ip", "-n", guest_, "route", "add", "default", "via", kGatewayIp});
+    const std::string rules = dir_ + "/slot.nft";
+    std::ofstream(rules) << SlotManager::rulesetText();
+    sh({"ip", "netns", "exec", slot_, "nft", "-f", rules});
+    // `ip netns exec` bind-mounts this over /etc/resolv.conf: the guest asks the gateway.
+    std::filesystem::create_directories("/etc/netns/" + guest_);
+    std::ofstream("/etc/netns/" + guest_ + "/resolv.conf") << "nameserver " << kGatewayIp << "\n";
+  }
+
+  void TearDown() override {
+    if (gateway_) {
+      if (HasFailure()) std::cerr << "--- gateway log ---\n" << readFile(dir_ + "/gateway.log") << "---\n";
+      gateway_->kill();
+      gateway_.reset();
+    }
+    if (guest_created_) runCommand({"ip", "netns", "delete", guest_});
+    if (slot_created_) runCommand({"ip", "netns", "delete", slot_});
+    std::error_code ec;
+    if (!guest_.empty()) std::filesystem::remove_all("/etc/netns/" + guest_, ec);
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+  }
+
+  // Runs a set-up command, failing the test if it fails.
+  void sh(const std::vector<std::string>& argv) {
+    CommandResult r = runCommand(argv);
+    std::string cmd;
+    for (const auto& a : argv) cmd += a + " ";
+    ASSERT_EQ(r.exit_code, 0) << cmd << ": " << r.output;
+  }
+
+  // As spaced does: write a temporary file, rename it over the policy.
+  void writePolicy(const std::string& text) {
+    const std::string tmp = policy_path_ + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << text;
+    }
+    ASSERT_EQ(chmod(tmp.c_str(), 0644), 0);
+    ASSERT_EQ(rename(tmp.c_str(), policy_path_.c_str()), 0);
+  }
+  void writePolicy(const Json& policy) { writePolicy(policy.dump()); }
+
+  Result<ChildProcess> spawnGateway(const std::vector<std::string>& extra, int ready_fd) {
+    std::vector<std::string> argv = {SPACE_GATEWAY_BIN,
+                                     "--slot-netns",
+                                     "/run/netns/" + slot_,
+                                     "--upstream-netns",
+                                     inet_->netnsPath(),
+                                     "--upstream-dns",
+                                     inet_->dnsServer(),
+                                     "--policy",
+                                     policy_path_,
+                                     "--audit",
+                                     audit_path_,
+                                     "--log-level",
+                                     "debug"};
+    if (ready_fd >= 0) {
+      argv.push_back("--ready-fd");
+      argv.push_back("3");
+    }
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    SpawnOptions options;
+    options.stdout_path = dir_ + "/gateway.log";
+    if (ready_fd >= 0) options.pass_fds = {{ready_fd, 3}};
+    return ChildProcess::spawn(argv, options);
+  }
+
+  // Starts the gateway and waits for its "ready" line.
+  void startGateway(const std::vector<std::string>& extra = {}) {
+    int fds[2];
+    ASSERT_EQ(pipe2(fds, O_CLOEXEC), 0);
+    UniqueFd read_end(fds[0]), write_end(fds[1]);
+    auto child = spawnGateway(extra, write_end.get());
+    ASSERT_TRUE(child.ok()) << child.error().message;
+    write_end.reset();
+    gateway_ = std::make_unique<ChildProcess>(std::move(child.value()));
+    pollfd p{read_end.get(), POLLIN, 0};
+    ASSERT_EQ(poll(&p, 1, 10000), 1) << "no ready line: " << readFile(dir_ + "/gateway.log");
+    char buf[16] = {};
+    ssize_t n = read(read_end.get(), buf, sizeof buf);
+    ASSERT_EQ(std::string(buf, n > 0 ? static_cast<size_t>(n) : 0), "ready\n") << readFile(dir_ + "/gateway.log");
+  }
+
+  std::vector<Json> audit(const std::string& path = "") const {
+    std::vector<Json> out;
+    std::istringstream lines(readFile(path.empty() ? audit_path_ : path));
+    std::string line;
+    while (std::getline(lines, line)) {
+      Json j = Json::parse(line, nullptr, false);
+      EXPECT_FALSE(j.is_discarded()) << "not JSON: " << line;
+      if (!j.is_discarded()) out.push_back(j);
+    }
+    return out;
+  }
+
+  // Waits (a few seconds at most) for an audit entry whose fields include all of `fields`.
+  Json waitForAudit(const Json& fields) const {
+    auto deadline = SteadyClock::now() + std::chrono::seconds(5);
+    for (;;) {
+      for (const auto& entry : audit()) {
+        bool match = true;
+        for (const auto& [key, value] : fields.items()) match = match && entry.contains(key) && entry[key] == value;
+        if (match) return entry;
+      }
+      if (SteadyClock::now() > deadline) {
+        ADD_FAILURE() << "no audit entry with " << fields.dump() << " in:\n" << readFile(audit_path_);
+        return Json();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  // --- What the guest does ---
+
+  // A TCP socket of the guest connected to ip:port (through the slot's redirect to the gateway).
+  UniqueFd guestConnect(const std::string& ip, uint16_t port) {
+    UniqueFd fd;
+    inNetns("/run/netns/" + guest_, [&] {
+      fd = UniqueFd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      timeval limit{3, 0};
+      setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(port);
+      inet_pton(AF_INET, ip.c_str(), &addr.sin_addr);
+      if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) fd.reset();
+    });
+    return fd;
+  }
+
+  // Connects, sends `data` (if any; then half-closes if `shut`), reads until the end.
+  Probe probe(const std::string& ip, uint16_t port, const std::string& data,
+              std::chrono::milliseconds limit = std::chrono::seconds(3), bool shut = false) {
+    Probe out;
+    auto start = SteadyClock::now();
+    UniqueFd fd = guestConnect(ip, port);
+    out.connected = fd.valid();
+    if (!fd.valid()) return out;
+    if (!data.empty()) send(fd.get(), data.data(), data.size(), MSG_NOSIGNAL);
+    if (shut) shutdown(fd.get(), SHUT_WR);
+    readToEnd(fd.get(), out, limit, start);
+    return out;
+  }
+
+  static std::string httpGet(const std::string& host, const std::string& path = "/") {
+    return "GET " + path + " HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n\r\n";
+  }
+
+  struct DnsReply {
+    bool answered = false;
+    int rcode = -1;
+    int answers = 0;
+    std::vector<std::string> ips;
+    uint32_t ttl = 0;
+    double ms = 0;
+  };
+
+  // One DNS question from the guest to `server` (any address: the slot redirects port 53).
+  DnsReply query(const std::string& name, uint16_t qtype = dns::kTypeA, const std::string& server = kGatewayIp,
+                 bool tcp = false) {
+    DnsReply out;
+    const uint16_t id = 0x4242;
+    std::vector<uint8_t> message = buildQuery(id, name, qtype);
+    std::vector<uint8_t> answer(kMaxDnsMessage);
+    size_t got = 0;
+    auto start = SteadyClock::now();
+    inNetns("/run/netns/" + guest_, [&] {
+      UniqueFd fd(socket(AF_INET, (tcp ? SOCK_STREAM : SOCK_DGRAM) | SOCK_CLOEXEC, 0));
+      timeval limit{4, 0};
+      setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(53);
+      inet_pton(AF_INET, server.c_str(), &addr.sin_addr);
+      if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return;
+      std::vector<uint8_t> wire = message;
+      if (tcp) {
+        wire.insert(wire.begin(), {static_cast<uint8_t>(message.size() >> 8), static_cast<uint8_t>(message.size())});
+      }
+      if (send(fd.get(), wire.data(), wire.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(wire.size())) return;
+      if (!tcp) {
+        ssize_t n = recv(fd.get(), answer.data(), answer.size(), 0);
+        got = n > 0 ? static_cast<size_t>(n) : 0;
+        return;
+      }
+      uint8_t length[2];
+      if (recv(fd.get(), length, 2, MSG_WAITALL) != 2) return;
+      size_t want = (size_t{length[0]} << 8) | length[1];
+      if (want > answer.size()) return;
+      ssize_t n = recv(fd.get(), answer.data(), want, MSG_WAITALL);
+      got = n == static_cast<ssize_t>(want) ? want : 0;
+    });
+    out.ms = msSince(start);
+    if (got < 12) return out;
+    out.answered = true;
+    out.rcode = answer[3] & 0x0f;
+    out.answers = (answer[6] << 8) | answer[7];
+    if (qtype == dns::kTypeA && out.rcode == dns::kNoError) {
+      auto parsed = parseAResponse(std::span<const uint8_t>(answer.data(), got), id, name);
+      EXPECT_TRUE(parsed.ok()) << (parsed.ok() ? "" : parsed.error().message);
+      if (parsed.ok()) {
+        for (uint32_t ip : parsed->ipv4) out.ips.push_back(ipv4ToString(ip));
+        out.ttl = parsed->ttl;
+      }
+    }
+    return out;
+  }
+
+  // curl in the guest, with its resolv.conf (hence DNS through the gateway).
+  CommandResult curl(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {"ip", "netns", "exec", guest_, "curl", "-sS", "--max-time", "5"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return runCommand(argv, std::chrono::seconds(15));
+  }
+
+  static Json policyMode(std::vector<std::string> allow, std::vector<std::string> deny = {}) {
+    return Json{{"egress", "policy"}, {"allow", allow}, {"deny", deny}};
+  }
+
+  static inline FakeInternet* inet_ = nullptr;
+  std::string slot_, guest_, dir_, policy_path_, audit_path_;
+  bool slot_created_ = false, guest_created_ = false;
+  std::unique_ptr<ChildProcess> gateway_;
+};
+
+// --- Allowed traffic ---
+
+TEST_F(GatewayTest, AllowedNameOverHttp) {
+  writePolicy(policyMode({"allowed.test"}));
+  startGateway();
+  CommandResult r = curl({"http://allowed.test/"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "server 198.51.100.10:80 host allowed.test\n");
+  Json closed = waitForAudit({{"kind", "tcp"}, {"allowed", true}, {"host", "allowed.test"}});
+  EXPECT_EQ(closed["destination"], "198.51.100.10");
+  EXPECT_EQ(closed["port"], 80);
+  EXPECT_GT(closed["bytes_in"].get<int>(), 40);
+  EXPECT_GT(closed["bytes_out"].get<int>(), 40);
+  EXPECT_TRUE(closed.contains("duration_ms"));
+  waitForAudit({{"kind", "dns"}, {"name", "allowed.test"}, {"allowed", true}});
+}
+
+TEST_F(GatewayTest, AllowedNameOverHttps) {
+  writePolicy(policyMode({"allowed.test"}));
+  startGateway();
+  CommandResult r = curl({"--cacert", inet_->caPath(), "https://allowed.test/"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "server 198.51.100.10:443 host allowed.test\n");
+  waitForAudit({{"kind", "tcp"}, {"allowed", true}, {"sni", "allowed.test"}, {"port", 443}});
+}
+
+TEST_F(GatewayTest, ServerSpeaksFirstProtocolIsDecidedByAddressAndRelayed) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway();
+  UniqueFd fd = guestConnect(FakeInternet::kAllowedIp, FakeInternet::kBannerPort);
+  ASSERT_TRUE(fd.valid());
+  auto start = SteadyClock::now();
+  std::string banner(strlen(FakeInternet::kBanner), '\0');
+  timeval limit{3, 0};
+  setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  ASSERT_EQ(recv(fd.get(), banner.data(), banner.size(), MSG_WAITALL), static_cast<ssize_t>(banner.size()));
+  EXPECT_EQ(banner, FakeInternet::kBanner);
+  // Decided after the 300 ms of silence, not after the handshake timeout.
+  EXPECT_LT(msSince(start), 1500);
+  ASSERT_EQ(send(fd.get(), "abc", 3, MSG_NOSIGNAL), 3);
+  char echo[3];
+  ASSERT_EQ(recv(fd.get(), echo, 3, MSG_WAITALL), 3);
+  EXPECT_EQ(std::string(echo, 3), "abc");
+}
+
+TEST_F(GatewayTest, HalfCloseIsRelayedAndBytesAreAudited) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway();
+  // Client speaks first with bytes that are neither TLS nor HTTP.
+  const std::string data = "\x01\x02 ping";
+  Probe p = probe(FakeInternet::kAllowedIp, FakeInternet::kEchoPort, data, std::chrono::seconds(3), true);
+  ASSERT_TRUE(p.connected);
+  EXPECT_EQ(p.received, data);
+  EXPECT_TRUE(p.eof) << "the server's close must arrive as a FIN";
+  Json closed = waitForAudit({{"kind", "tcp"}, {"allowed", true}, {"port", FakeInternet::kEchoPort}});
+  EXPECT_EQ(closed["bytes_out"], data.size());
+  EXPECT_EQ(closed["bytes_in"], data.size());
+  EXPECT_EQ(closed["end"], "closed");
+}
+
+// --- DNS ---
+
+TEST_F(GatewayTest, DeniedNameIsNxdomainAtOnceAndAudited) {
+  writePolicy(policyMode({"allowed.test"}));
+  startGateway();
+  int asked_before = inet_->dnsQueries();
+  DnsReply r = query("denied.test");
+  ASSERT_TRUE(r.answered);
+  EXPECT_EQ(r.rcode, dns::kNxDomain);
+  EXPECT_LT(r.ms, 1000);
+  EXPECT_EQ(inet_->dnsQueries(), asked_before) << "a denied name must not reach the upstream resolver";
+  waitForAudit({{"kind", "dns"}, {"allowed", false}, {"name", "denied.test"}, {"qtype", dns::kTypeA}});
+  CommandResult c = curl({"http://denied.test/"});
+  EXPECT_EQ(c.exit_code, 6) << "curl: could not resolve: " << c.output;
+}
+
+TEST_F(GatewayTest, AllowedNameResolvesAndOtherTypesGetNoData) {
+  writePolicy(policyMode({"allowed.test"}));
+  startGateway();
+  DnsReply a = query("allowed.test");
+  ASSERT_TRUE(a.answered);
+  EXPECT_EQ(a.rcode, dns::kNoError);
+  EXPECT_EQ(a.ips, std::vector<std::string>{FakeInternet::kAllowedIp});
+  DnsReply aaaa = query("allowed.test", dns::kTypeAaaa);
+  ASSERT_TRUE(aaaa.answered);
+  EXPECT_EQ(aaaa.rcode, dns::kNoError);
+  EXPECT_EQ(aaaa.answers, 0);
+  DnsReply refused = query("bad_name!.test");
+  ASSERT_TRUE(refused.answered);
+  EXPECT_EQ(refused.rcode, dns::kRefused);
+}
+
+TEST_F(GatewayTest, AnswerTtlIsClampedToAtLeastThirtySeconds) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway();
+  DnsReply r = query("short-ttl.test");
+  ASSERT_EQ(r.rcode, dns::kNoError);
+  EXPECT_EQ(r.ttl, 30u);
+}
+
+TEST_F(GatewayTest, UpstreamFailureIsServfail) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway();
+  DnsReply failed = query("servfail.test");
+  ASSERT_TRUE(failed.answered);
+  EXPECT_EQ(failed.rcode, dns::kServFail);
+  DnsReply silent = query("silent.test");
+  ASSERT_TRUE(silent.answered) << "the gateway answers even when its resolver does not";
+  EXPECT_EQ(silent.rcode, dns::kServFail);
+  EXPECT_GT(silent.ms, 1500);
+  EXPECT_LT(silent.ms, 3500);
+  DnsReply missing = query("nonexistent.test");
+  EXPECT_EQ(missing.rcode, dns::kNxDomain);
+}
+
+TEST_F(GatewayTest, RebindingAnswersAreFiltered) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway();
+  DnsReply rebind = query("rebind.test");
+  ASSERT_TRUE(rebind.answered);
+  EXPECT_EQ(rebind.rcode, dns::kNxDomain);
+  EXPECT_TRUE(rebind.ips.empty());
+  DnsReply meta = query("meta.test");
+  EXPECT_EQ(meta.rcode, dns::kNxDomain);
+  DnsReply mixed = query("mixed.test");
+  ASSERT_EQ(mixed.rcode, dns::kNoError);
+  EXPECT_EQ(mixed.ips, std::vector<std::string>{FakeInternet::kAllowedIp});
+  waitForAudit({{"kind", "dns"}, {"name", "rebind.test"}, {"allowed", false}, {"reason", "rebinding"}});
+  Json partial = waitForAudit({{"kind", "dns"}, {"name", "mixed.test"}, {"allowed", true}});
+  EXPECT_EQ(partial["filtered"], Json::array({FakeInternet::kPrivateIp}));
+}
+
+TEST_F(GatewayTest, DnsToAnyResolverAddressIsAnsweredByTheGateway) {
+  writePolicy(policyMode({"allowed.test"}));
+  startGateway();
+  // A resolver the guest picked itself (a documentation address: nothing is sent anywhere).
+  const std::string elsewhere = "203.0.113.53";
+  DnsReply udp = query("allowed.test", dns::kTypeA, elsewhere);
+  ASSERT_TRUE(udp.answered);
+  EXPECT_EQ(udp.ips, std::vector<std::string>{FakeInternet::kAllowedIp});
+  DnsReply denied = query("denied.test", dns::kTypeA, elsewhere);
+  EXPECT_EQ(denied.rcode, dns::kNxDomain);
+  DnsReply tcp = query("allowed.test", dns::kTypeA, elsewhere, true);
+  ASSERT_TRUE(tcp.answered) << "DNS over TCP";
+  EXPECT_EQ(tcp.ips, std::vector<std::string>{FakeInternet::kAllowedIp});
+  DnsReply tcp_denied = query("denied.test", dns::kTypeA, elsewhere, true);
+  EXPECT_EQ(tcp_denied.rcode, dns::kNxDomain);
+}
+
+// --- Policy ---
+
+TEST_F(GatewayTest, PolicyModeAllowsOnlyTheAllowList) {
+  writePolicy(policyMode({"allowed.test", "www.allowed.test"}, {}));
+  startGateway();
+  EXPECT_EQ(curl({"http://allowed.test/"}).exit_code, 0);
+  EXPECT_EQ(curl({"http://www.allowed.test/"}).exit_code, 0);
+  CommandResult other = curl({"http://other.test/"});
+  EXPECT_EQ(other.exit_code, 6) << other.output;
+  waitForAudit({{"kind", "dns"}, {"allowed", false}, {"name", "other.test"}, {"reason", "not-allowed"}});
+}
+
+TEST_F(GatewayTest, PolicyChangeAppliesToTheNextConnection) {
+  writePolicy(policyMode({"allowed.test"}));
+  startGateway();
+  EXPECT_EQ(curl({"http://other.test/"}).exit_code, 6);
+  writePolicy(policyMode({"allowed.test", "other.test"}));
+  CommandResult now_allowed = curl({"http://other.test/"});
+  EXPECT_EQ(now_allowed.exit_code, 0) << now_allowed.output;
+  EXPECT_EQ(now_allowed.output, "server 203.0.113.30:80 host other.test\n");
+  // A broken file keeps the policy in force, and says so once.
+  writePolicy(std::string("{\"egress\": \"sideways\""));
+  EXPECT_EQ(curl({"http://other.test/"}).exit_code, 0);
+  EXPECT_EQ(curl({"http://allowed.test/"}).exit_code, 0);
+  waitForAudit({{"kind", "gateway"}, {"reason", "policy-reload-failed"}});
+  int failures = 0;
+  for (const auto& e : audit()) failures += e["reason"] == "policy-reload-failed";
+  EXPECT_EQ(failures, 1);
+  writePolicy(Json{{"egress", "deny"}});
+  EXPECT_NE(curl({"http://allowed.test/"}).exit_code, 0);
+  Probe p = probe(FakeInternet::kAllowedIp, 80, httpGet("allowed.test"));
+  EXPECT_TRUE(p.received.empty());
+}
+
+TEST_F(GatewayTest, DomainFrontingIsDeniedInPolicyMode) {
+  writePolicy(policyMode({"allowed.test"}));
+  startGateway();
+  ASSERT_EQ(query("allowed.test").rcode, dns::kNoError);
+  // Control: the claimed name towards its own pinned address passes.
+  CommandResult honest = curl(
+      {"--cacert", inet_->caPath(), "--connect-to", "allowed.test:443:198.51.100.10:443", "https://allowed.test/"});
+  EXPECT_EQ(honest.exit_code, 0) << honest.output;
+  // SNI allowed.test towards denied.test's address (its server would accept it: the
+  // certificate covers both names).
+  CommandResult fronted = curl(
+      {"--cacert", inet_->caPath(), "--connect-to", "allowed.test:443:198.51.100.20:443", "https://allowed.test/"});
+  EXPECT_NE(fronted.exit_code, 0) << fronted.output;
+  waitForAudit({{"kind", "tcp"}, {"allowed", false}, {"sni", "allowed.test"}, {"destination", "198.51.100.20"}});
+  // Host allowed.test towards another address.
+  Probe host = probe(FakeInternet::kOtherIp, 80, httpGet("allowed.test"));
+  ASSERT_TRUE(host.connected);
+  EXPECT_TRUE(host.received.empty()) << host.received;
+  EXPECT_TRUE(host.reset);
+  waitForAudit({{"kind", "tcp"}, {"allowed", false}, {"host", "allowed.test"}, {"destination", "203.0.113.30"}});
+}
+
+TEST_F(GatewayTest, IpLiteralIsDeniedInPolicyModeOnAnyPort) {
+  writePolicy(policyMode({"allowed.test"}));
+  startGateway();
+  CommandResult http = curl({"http://198.51.100.10/"});
+  EXPECT_NE(http.exit_code, 0) << http.output;
+  for (uint16_t port : {uint16_t{80}, uint16_t{443}, FakeInternet::kBannerPort, FakeInternet::kEchoPort}) {
+    Probe p = probe(FakeInternet::kAllowedIp, port, port == 80 ? httpGet("198.51.100.10") : "");
+    ASSERT_TRUE(p.connected);
+    EXPECT_TRUE(p.received.empty()) << port << ": " << p.received;
+    EXPECT_TRUE(p.reset || p.eof) << port;
+    EXPECT_LT(p.ms, 1000) << port;
+    waitForAudit({{"kind", "tcp"}, {"allowed", false}, {"destination", "198.51.100.10"}, {"port", port}});
+  }
+}
+
+TEST_F(GatewayTest, MetadataAndPrivateRangesAreDeniedEvenInAllowMode) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway();
+  // Control: in allow mode an unpinned public address is reachable.
+  Probe open = probe(FakeInternet::kOtherIp, 80, httpGet("other.test"));
+  EXPECT_EQ(open.received.substr(0, 15), "HTTP/1.1 200 OK") << open.received;
+  for (const char* ip : {FakeInternet::kMetadataIp, FakeInternet::kPrivateIp}) {
+    Probe p = probe(ip, 80, httpGet(ip));
+    ASSERT_TRUE(p.connected);
+    EXPECT_TRUE(p.received.empty()) << ip << ": " << p.received;
+    EXPECT_TRUE(p.reset) << ip;
+    EXPECT_LT(p.ms, 1000) << ip;
+    waitForAudit({{"kind", "tcp"}, {"allowed", false}, {"destination", ip}, {"reason", "forbidden-range"}});
+  }
+  EXPECT_EQ(query("meta.test").rcode, dns::kNxDomain);
+}
+
+// --- What the sniffer refuses ---
+
+TEST_F(GatewayTest, TlsWithoutSniIsDeniedInPolicyMode) {
+  writePolicy(policyMode({"allowed.test"}));
+  startGateway();
+  auto openssl = [&](bool sni) {
+    std::vector<std::string> argv = {"ip",
+                                     "netns",
+                                     "exec",
+                                     guest_,
+                                     "openssl",
+                                     "s_client",
+                                     "-connect",
+                                     "198.51.100.10:443",
+                                     "-CAfile",
+                                     inet_->caPath(),
+                                     "-verify_return_error"};
+    if (sni) {
+      argv.insert(argv.end(), {"-servername", "allowed.test"});
+    } else {
+      argv.push_back("-noservername");
+    }
+    return runCommand(argv, std::chrono::seconds(10));
+  };
+  CommandResult bare = openssl(false);
+  EXPECT_NE(bare.exit_code, 0) << bare.output;
+  Json denied = waitForAudit({{"kind", "tcp"}, {"allowed", false}, {"destination", "198.51.100.10"}, {"port", 443}});
+  EXPECT_EQ(denied["detail"], "TLS without SNI");
+  // Control: with SNI (and the name resolved through the gateway) the handshake completes.
+  ASSERT_EQ(query("allowed.test").rcode, dns::kNoError);
+  CommandResult named = openssl(true);
+  EXPECT_EQ(named.exit_code, 0) << named.output;
+}
+
+TEST_F(GatewayTest, ConnectMethodIsRefused) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway();
+  ASSERT_EQ(query("allowed.test").rcode, dns::kNoError);
+  Probe p = probe(FakeInternet::kAllowedIp, 80, "CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n");
+  EXPECT_TRUE(p.received.empty()) << p.received;
+  EXPECT_TRUE(p.reset);
+  EXPECT_LT(p.ms, 1000);
+  waitForAudit({{"kind", "tcp"}, {"allowed", false}, {"reason", "malformed"}, {"port", 80}});
+}
+
+TEST_F(GatewayTest, OversizedHostIsRefused) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway();
+  std::string host(300, 'a');
+  host += ".test";
+  Probe p = probe(FakeInternet::kAllowedIp, 80, httpGet(host));
+  EXPECT_TRUE(p.received.empty()) << p.received;
+  EXPECT_TRUE(p.reset);
+  EXPECT_LT(p.ms, 1000);
+  waitForAudit({{"kind", "tcp"}, {"allowed", false}, {"reason", "malformed"}});
+}
+
+TEST_F(GatewayTest, UpstreamConnectFailureResetsTheGuest) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway();
+  // Allowed (a public address), but nothing in the fake internet has it: no route.
+  Probe p = probe("203.0.113.99", 80, httpGet("nowhere.test"));
+  ASSERT_TRUE(p.connected);
+  EXPECT_TRUE(p.received.empty());
+  EXPECT_TRUE(p.reset);
+  EXPECT_LT(p.ms, 1000);
+  Json entry = waitForAudit({{"kind", "tcp"}, {"allowed", true}, {"destination", "203.0.113.99"}});
+  EXPECT_NE(entry["end"].get<std::string>().find("connect"), std::string::npos) << entry.dump();
+}
+
+// --- Limits ---
+
+TEST_F(GatewayTest, DnsOverTcpFramingIsBounded) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway({"--handshake-timeout-ms", "800"});
+  auto closedWithin = [&](const std::string& bytes) {
+    UniqueFd fd = guestConnect(kGatewayIp, 53);
+    if (!fd.valid()) return -1.0;
+    auto start = SteadyClock::now();
+    send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    Probe p;
+    readToEnd(fd.get(), p, std::chrono::seconds(3), start);
+    return p.timed_out || !p.received.empty() ? -1.0 : p.ms;
+  };
+  // A length past the largest message: closed at once.
+  double oversized = closedWithin(std::string("\xff\xff", 2));
+  EXPECT_GE(oversized, 0);
+  EXPECT_LT(oversized, 300);
+  // A length, then nothing: closed at the handshake timeout.
+  double stalled = closedWithin(std::string("\x00\x20", 2));
+  EXPECT_GT(stalled, 700);
+  EXPECT_LT(stalled, 1500);
+}
+
+TEST_F(GatewayTest, SlowlorisIsCutAtTheHandshakeTimeout) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway({"--handshake-timeout-ms", "800"});
+  UniqueFd fd = guestConnect(FakeInternet::kAllowedIp, 80);
+  ASSERT_TRUE(fd.valid());
+  auto start = SteadyClock::now();
+  const std::string head = httpGet("allowed.test");
+  bool cut = false;
+  // One byte every 100 ms: the head would take seconds; the gateway must not wait for it.
+  for (size_t i = 0; i < head.size() && msSince(start) < 5000; ++i) {
+    if (send(fd.get(), &head[i], 1, MSG_NOSIGNAL) != 1) {
+      cut = true;
+      break;
+    }
+    pollfd p{fd.get(), POLLIN, 0};
+    if (poll(&p, 1, 100) == 1) {
+      char c;
+      if (recv(fd.get(), &c, 1, MSG_DONTWAIT) <= 0) {
+        cut = true;
+        break;
+      }
+    }
+  }
+  double ms = msSince(start);
+  EXPECT_TRUE(cut);
+  EXPECT_GT(ms, 700);
+  EXPECT_LT(ms, 1500);
+  waitForAudit({{"kind", "tcp"}, {"allowed", false}, {"reason", "handshake-timeout"}});
+}
+
+TEST_F(GatewayTest, IdleRelayedConnectionIsClosed) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway({"--idle-timeout-ms", "600"});
+  Probe p = probe(FakeInternet::kAllowedIp, FakeInternet::kBannerPort, "", std::chrono::seconds(4));
+  EXPECT_EQ(p.received, FakeInternet::kBanner);
+  EXPECT_FALSE(p.timed_out);
+  // 300 ms of silence to decide, then 600 ms idle.
+  EXPECT_GT(p.ms, 800);
+  EXPECT_LT(p.ms, 2500);
+  waitForAudit({{"kind", "tcp"}, {"allowed", true}, {"end", "idle timeout"}});
+}
+
+TEST_F(GatewayTest, MaxConnectionsResetsTheExcessAndRecovers) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway({"--max-connections", "3"});
+  auto openWithBanner = [&](UniqueFd& fd) {
+    fd = guestConnect(FakeInternet::kAllowedIp, FakeInternet::kBannerPort);
+    if (!fd.valid()) return false;
+    Probe p;
+    std::string banner(strlen(FakeInternet::kBanner), '\0');
+    timeval limit{2, 0};
+    setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    return recv(fd.get(), banner.data(), banner.size(), MSG_WAITALL) == static_cast<ssize_t>(banner.size());
+  };
+  UniqueFd held[3];
+  for (auto& fd : held) ASSERT_TRUE(openWithBanner(fd));
+  Probe excess = probe(FakeInternet::kAllowedIp, FakeInternet::kBannerPort, "", std::chrono::seconds(2));
+  EXPECT_TRUE(excess.received.empty()) << excess.received;
+  EXPECT_TRUE(excess.reset);
+  EXPECT_LT(excess.ms, 1000);
+  waitForAudit({{"kind", "tcp"}, {"allowed", false}, {"reason", "max-connections"}});
+  // Freed room is usable again once the gateway has seen the close.
+  held[0].reset();
+  bool recovered = false;
+  for (auto deadline = SteadyClock::now() + std::chrono::seconds(3); !recovered && SteadyClock::now() < deadline;) {
+    UniqueFd again;
+    recovered = openWithBanner(again);
+  }
+  EXPECT_TRUE(recovered);
+}
+
+TEST_F(GatewayTest, BandwidthIsLimited) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway({"--max-bytes-per-s", "1000000"});
+  ASSERT_EQ(query("allowed.test").rcode, dns::kNoError);
+  Probe p = probe(FakeInternet::kAllowedIp, 80, httpGet("allowed.test", "/bytes/2000000"), std::chrono::seconds(8));
+  EXPECT_GT(p.received.size(), 2000000u);
+  EXPECT_TRUE(p.eof);
+  // 2 MB at 1 MB/s, less the 250 KB burst.
+  EXPECT_GT(p.ms, 1500);
+}
+
+TEST_F(GatewayTest, OtherUdpIsDropped) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway();
+  bool echoed = true;
+  inNetns("/run/netns/" + guest_, [&] {
+    UniqueFd fd(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(FakeInternet::kUdpEchoPort);
+    inet_pton(AF_INET, FakeInternet::kAllowedIp, &addr.sin_addr);
+    sendto(fd.get(), "x", 1, 0, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    pollfd p{fd.get(), POLLIN, 0};
+    echoed = poll(&p, 1, 400) == 1;
+  });
+  EXPECT_FALSE(echoed);
+}
+
+// --- The process ---
+
+TEST_F(GatewayTest, RunsWithoutAnyCapability) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway();
+  std::string status = readFile("/proc/" + std::to_string(gateway_->pid()) + "/status");
+  auto field = [&](const std::string& name) {
+    size_t at = status.find("\n" + name + ":");
+    if (at == std::string::npos) return std::string();
+    size_t start = status.find_first_not_of(" \t", at + name.size() + 2);
+    return status.substr(start, status.find('\n', start) - start);
+  };
+  EXPECT_EQ(field("CapEff"), "0000000000000000");
+  EXPECT_EQ(field("CapPrm"), "0000000000000000");
+  EXPECT_EQ(field("CapInh"), "0000000000000000");
+  EXPECT_EQ(field("CapBnd"), "0000000000000000");
+  EXPECT_EQ(field("CapAmb"), "0000000000000000");
+  EXPECT_EQ(field("NoNewPrivs"), "1");
+  passwd* nobody = getpwnam("nobody");
+  ASSERT_NE(nobody, nullptr);
+  std::string uid = std::to_string(nobody->pw_uid);
+  EXPECT_EQ(field("Uid"), uid + "\t" + uid + "\t" + uid + "\t" + uid);
+  EXPECT_EQ(field("Groups"), "");
+}
+
+TEST_F(GatewayTest, InvalidPolicyExitsWithTwo) {
+  writePolicy(std::string("{\"egress\": \"policy\", \"allow\": [\"*\"]}"));
+  auto child = spawnGateway({}, -1);
+  ASSERT_TRUE(child.ok());
+  auto status = child->waitFor(std::chrono::seconds(5));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->exit_code, 2);
+  EXPECT_NE(readFile(dir_ + "/gateway.log").find("policy"), std::string::npos);
+}
+
+TEST_F(GatewayTest, KilledGatewayRefusesFastAndARespawnServes) {
+  writePolicy(policyMode({"allowed.test"}));
+  startGateway();
+  ASSERT_EQ(curl({"http://allowed.test/"}).exit_code, 0);
+  gateway_->kill();
+  gateway_.reset();
+  // Nothing listens: the slot's kernel refuses; nothing goes anywhere else.
+  Probe dead = probe(FakeInternet::kAllowedIp, 80, httpGet("allowed.test"), std::chrono::seconds(2));
+  EXPECT_FALSE(dead.connected);
+  EXPECT_LT(dead.ms, 1000);
+  startGateway();
+  CommandResult again = curl({"http://allowed.test/"});
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+}
+
+TEST_F(GatewayTest, SigtermExitsCleanly) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway();
+  // With connections in every state: relayed, waiting to be decided, and a DNS question upstream.
+  UniqueFd relayed = guestConnect(FakeInternet::kAllowedIp, FakeInternet::kBannerPort);
+  ASSERT_TRUE(relayed.valid());
+  std::string banner(strlen(FakeInternet::kBanner), '\0');
+  timeval limit{3, 0};
+  setsockopt(relayed.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  ASSERT_EQ(recv(relayed.get(), banner.data(), banner.size(), MSG_WAITALL), static_cast<ssize_t>(banner.size()));
+  UniqueFd sniffing = guestConnect(FakeInternet::kAllowedIp, 80);
+  ASSERT_TRUE(sniffing.valid());
+  ASSERT_EQ(send(sniffing.get(), "GET / HT", 8, MSG_NOSIGNAL), 8);
+  int asked = inet_->dnsQueries();
+  UniqueFd dns;
+  inNetns("/run/netns/" + guest_, [&] {
+    dns = UniqueFd(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(53);
+    inet_pton(AF_INET, kGatewayIp, &addr.sin_addr);
+    std::vector<uint8_t> q = buildQuery(9, "silent.test", dns::kTypeA);
+    sendto(dns.get(), q.data(), q.size(), 0, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  });
+  for (auto deadline = SteadyClock::now() + std::chrono::seconds(2);
+       inet_->dnsQueries() == asked && SteadyClock::now() < deadline;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(inet_->dnsQueries(), asked) << "the question reached the upstream resolver";
+  ExitStatus status = gateway_->terminate(std::chrono::seconds(3));
+  EXPECT_FALSE(status.signaled) << status.describe();
+  EXPECT_EQ(status.exit_code, 0);
+  gateway_.reset();
+}
+
+TEST_F(GatewayTest, DnsQueryRateIsBounded) {
+  writePolicy(policyMode({"allowed.test"}));
+  startGateway();
+  // A burst far past the bucket (400): the excess is dropped, not answered or sent upstream.
+  int answered = 0;
+  double elapsed_s = 0;
+  inNetns("/run/netns/" + guest_, [&] {
+    UniqueFd fd(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    int big = 4 << 20;
+    setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(53);
+    inet_pton(AF_INET, kGatewayIp, &addr.sin_addr);
+    ASSERT_EQ(connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    std::vector<uint8_t> q = buildQuery(7, "denied.test", dns::kTypeA);
+    // Batches of 50, each drained before the next, so no socket buffer overflows: only the
+    // gateway's bucket decides what goes unanswered.
+    auto start = SteadyClock::now();
+    char buf[512];
+    for (int batch = 0; batch < 20; ++batch) {
+      for (int i = 0; i < 50; ++i) send(fd.get(), q.data(), q.size(), MSG_NOSIGNAL);
+      for (;;) {
+        pollfd p{fd.get(), POLLIN, 0};
+        if (poll(&p, 1, 50) != 1 || recv(fd.get(), buf, sizeof buf, 0) <= 0) break;
+        ++answered;
+      }
+    }
+    elapsed_s = msSince(start) / 1000;
+  });
+  EXPECT_GE(answered, 380);
+  EXPECT_LE(answered, 400 + 200 * elapsed_s + 10) << "in " << elapsed_s << " s";
+  EXPECT_LT(answered, 1000);
+  // And the gateway still answers once the bucket refills.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(query("allowed.test").rcode, dns::kNoError);
+}
+
+TEST_F(GatewayTest, AuditLogIsBoundedByRotation) {
+  writePolicy(policyMode({"allowed.test"}));
+  startGateway({"--audit-max-bytes", "2048"});
+  for (int i = 0; i < 60; ++i) ASSERT_EQ(query("denied" + std::to_string(i) + ".test").rcode, dns::kNxDomain);
+  struct stat current {
+  }, previous{};
+  ASSERT_EQ(stat(audit_path_.c_str(), &current), 0);
+  ASSERT_EQ(stat((audit_path_ + ".1").c_str(), &previous), 0);
+  EXPECT_LE(current.st_size, 2048);
+  EXPECT_LE(previous.st_size, 2048);
+  EXPECT_GT(previous.st_size, 1024);
+  // The newest entry is in the current file, whole.
+  auto entries = audit();
+  ASSERT_FALSE(entries.empty());
+  EXPECT_EQ(entries.back()["name"], "denied59.test");
+  EXPECT_FALSE(audit(audit_path_ + ".1").empty());
+}
+
+// How much a connection's setup costs through the gateway: sequential HTTP requests from the
+// guest vs the same requests made inside the fake internet (no gateway, no veth).
+TEST_F(GatewayTest, ConnectionSetupCost) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway();
+  ASSERT_EQ(query("allowed.test").rcode, dns::kNoError);
+  constexpr int kRounds = 40;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  // The same loop in both namespaces: connect, request, read to the server's close.
+  auto rounds = [&](const std::string& netns) {
+    std::vector<double> samples;
+    inNetns(netns, [&] {
+      for (int i = 0; i < kRounds; ++i) {
+        auto start = SteadyClock::now();
+        UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+        sockaddr_in addr{};
+        addr.sin_family = AF_INET;
+        addr.sin_port = htons(80);
+        inet_pton(AF_INET, FakeInternet::kAllowedIp, &addr.sin_addr);
+        ASSERT_EQ(connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+        std::string req = httpGet("allowed.test");
+        send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL);
+        Probe p;
+        readToEnd(fd.get(), p, std::chrono::seconds(3), start);
+        ASSERT_TRUE(p.eof);
+        ASSERT_NE(p.received.find("server 198.51.100.10:80"), std::string::npos);
+        samples.push_back(p.ms);
+      }
+    });
+    return samples;
+  };
+  std::vector<double> through = rounds("/run/netns/" + guest_);
+  std::vector<double> direct = rounds(inet_->netnsPath());
+  ASSERT_EQ(through.size(), static_cast<size_t>(kRounds));
+  ASSERT_EQ(direct.size(), static_cast<size_t>(kRounds));
+  double t = median(through), d = median(direct);
+  std::cout << "connection + HTTP request, median of " << kRounds << ": through the gateway " << t << " ms, direct "
+            << d << " ms\n";
+  RecordProperty("through_gateway_ms", std::to_string(t));
+  RecordProperty("direct_ms", std::to_string(d));
+  EXPECT_LT(t, d + 20) << "the gateway adds more than 20 ms to a connection";
+}
+
+}  // namespace
+}  // namespace space::net

@@ -1,2 +1,95 @@
-// The fake internet of network tests.
+// The fake internet of network tests: a network namespace ("<prefix>-inet") holding a few
+// "public" addresses (documentation ranges), a private one and a metadata one, with servers on
+// them, and no route to anywhere else: a gateway whose upstream side runs in it can reach these
+// servers and nothing outside the machine.
+//
+//   192.0.2.53:53        DNS (in-process, answers from a fixed table; see kNames)
+//   198.51.100.10        allowed.test: HTTP :80, HTTPS :443 (test CA), banner :2222 (server
+//                        speaks first, then echoes), echo :9000 (client speaks first), UDP echo :7
+//   198.51.100.20        denied.test: HTTP :80, HTTPS :443
+//   203.0.113.30         other.test: HTTP :80
+//   10.0.0.5             rebind.test (private): HTTP :80
+//   169.254.169.254      meta.test (metadata): HTTP :80
+// HTTP answers "server IP:PORT host HOST\n" (GET /bytes/N answers N bytes instead). The HTTPS
+// certificate covers allowed.test, denied.test and other.test.
 #pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/process.h"
+#include "common/result.h"
+#include "common/unix_socket.h"
+
+namespace space::testsupport {
+
+// Runs `fn` on a fresh thread that entered the network namespace at `netns_path` (setns moves
+// only the calling thread), and waits for it. Fails the test if the namespace cannot be entered.
+void inNetns(const std::string& netns_path, const std::function<void()>& fn);
+
+struct CommandResult {
+  int exit_code = -1;  // -1: killed (timeout or signal)
+  std::string output;  // stdout and stderr together
+};
+// Runs a command (in `netns_path` if not empty), killing it after `timeout`.
+CommandResult runCommand(const std::vector<std::string>& argv,
+                         std::chrono::milliseconds timeout = std::chrono::seconds(10),
+                         const std::string& netns_path = "");
+
+class FakeInternet {
+ public:
+  static constexpr const char* kDnsIp = "192.0.2.53";
+  static constexpr const char* kAllowedIp = "198.51.100.10";
+  static constexpr const char* kDeniedIp = "198.51.100.20";
+  static constexpr const char* kOtherIp = "203.0.113.30";
+  static constexpr const char* kPrivateIp = "10.0.0.5";
+  static constexpr const char* kMetadataIp = "169.254.169.254";
+  static constexpr uint16_t kBannerPort = 2222;
+  static constexpr uint16_t kEchoPort = 9000;
+  static constexpr uint16_t kUdpEchoPort = 7;
+  static constexpr const char* kBanner = "SSH-2.0-fake-banner\r\n";
+
+  // The DNS table. Besides these names: short-ttl.test (198.51.100.10, TTL 1), servfail.test
+  // (SERVFAIL), silent.test (never answered); anything else is NXDOMAIN; other types NODATA.
+  struct Name {
+    std::string name;
+    std::vector<std::string> ips;
+  };
+  static std::vector<Name> names();
+
+  // Builds it all and waits until every server accepts connections.
+  static Result<std::unique_ptr<FakeInternet>> start(const std::string& prefix);
+  ~FakeInternet();
+  FakeInternet(const FakeInternet&) = delete;
+  FakeInternet& operator=(const FakeInternet&) = delete;
+
+  const std::string& name() const { return name_; }
+  std::string netnsPath() const { return "/run/netns/" + name_; }
+  std::string dnsServer() const { return std::string(kDnsIp) + ":53"; }
+  std::string caPath() const { return dir_ + "/ca.pem"; }
+  // Questions the fake resolver received so far.
+  int dnsQueries() const { return dns_queries_.load(); }
+
+ private:
+  explicit FakeInternet(std::string name) : name_(std::move(name)) {}
+  Status build();
+  Status makeCertificates();
+  Status startDns();
+  Status startServers();
+  void dnsLoop(int fd);
+
+  std::string name_;
+  std::string dir_;
+  bool netns_created_ = false;
+  UniqueFd stop_fd_;
+  std::thread dns_thread_;
+  std::atomic<int> dns_queries_{0};
+  std::unique_ptr<ChildProcess> servers_;
+};
+
+}  // namespace space::testsupport

@@ -1,0 +1,71 @@
+// What the gateway's DNS service and TCP proxy share: the options, the policy in force, the
+// DNS pins, the audit log and the limits that span connections. Single-threaded: everything runs
+// on the one io_context thread.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/udp.hpp>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "gateway/audit_log.h"
+#include "gateway/dns_pins.h"
+#include "gateway/policy_file.h"
+#include "gateway/token_bucket.h"
+#include "net/policy.h"
+
+namespace space::gateway {
+
+struct GatewayOptions {
+  boost::asio::ip::udp::endpoint upstream_dns;
+  size_t max_connections = 256;
+  std::chrono::milliseconds handshake_timeout{10000};
+  std::chrono::milliseconds idle_timeout{600000};
+  std::chrono::milliseconds connect_timeout{10000};
+  // A connection silent this long after it opens is decided by its address alone: the client
+  // waits for the server to speak first (SSH, SMTP, many databases).
+  std::chrono::milliseconds quiet_decision{300};
+  uint64_t max_bytes_per_s = 0;  // 0: unlimited; all connections together, both directions
+  // DNS: questions a second (and burst) over UDP and TCP together, questions waiting on the
+  // upstream resolver at once, its answer timeout, DNS-over-TCP connections at once.
+  double dns_rate = 200;
+  double dns_burst = 400;
+  size_t max_upstream_queries = 64;
+  std::chrono::milliseconds dns_timeout{2000};
+  size_t max_dns_tcp_connections = 16;
+  // The TTL given to the guest (and the life of a pin) is the upstream's clamped to this.
+  std::chrono::seconds min_ttl{30};
+  std::chrono::seconds max_ttl{3600};
+};
+
+class GatewayCore {
+ public:
+  GatewayCore(boost::asio::io_context& io, GatewayOptions options, PolicyFile policy, AuditLog audit)
+      : io(io), options(std::move(options)), audit(std::move(audit)), policy_(std::move(policy)) {
+    if (this->options.max_bytes_per_s > 0) {
+      double rate = static_cast<double>(this->options.max_bytes_per_s);
+      // A quarter second of burst: smooth enough, and a 64 KiB read always fits eventually.
+      bandwidth.emplace(rate, std::max(rate / 4, 65536.0));
+    }
+  }
+
+  // The policy to decide with now: the file is re-read if it changed, and a reload that fails
+  // is audited (once per version of the file) while the previous policy stays in force.
+  std::shared_ptr<const net::Policy> policy();
+
+  boost::asio::io_context& io;
+  const GatewayOptions options;
+  AuditLog audit;
+  DnsPins pins;
+  std::optional<TokenBucket> bandwidth;
+  size_t active_connections = 0;      // TCP connections, from accept to close
+  size_t dns_upstream_in_flight = 0;  // questions waiting on the upstream resolver
+  size_t dns_tcp_connections = 0;     // DNS-over-TCP connections open
+
+ private:
+  PolicyFile policy_;
+};
+
+}  // namespace space::gateway

@@ -1,0 +1,318 @@
+#include "net/sandbox_network.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pwd.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/bounded_json.h"
+#include "common/fs.h"
+#include "common/unix_socket.h"
+
+namespace space::net {
+
+namespace {
+
+constexpr const char* kAttachmentFile = "attachment.json";
+constexpr const char* kGatewayLog = "gateway.log";
+
+// The gateway drops to this user after it has opened what it needs; its directory must be
+// its own so that it can rotate its audit log there.
+Status giveDirectoryTo(const std::string& dir, const std::string& user) {
+  passwd* pw = getpwnam(user.c_str());
+  if (pw == nullptr) return makeError(ErrorCode::kInternal, "no user " + user + " for the gateway");
+  if (::chown(dir.c_str(), pw->pw_uid, pw->pw_gid) != 0 || ::chmod(dir.c_str(), 0700) != 0) {
+    return makeError(ErrorCode::kInternal, "cannot hand " + dir + " to " + user + ": " + strerror(errno));
+  }
+  return Ok{};
+}
+
+}  // namespace
+
+// ---- SandboxNetwork
+
+SandboxNetwork::~SandboxNetwork() {
+  if (detached_) return;
+  if (gateway_) gateway_->terminate(std::chrono::milliseconds(500));
+  gateway_.reset();
+  ::unlink((state_dir_ + "/" + kAttachmentFile).c_str());
+  pool_->releaseSlot(slot_);
+}
+
+Status SandboxNetwork::setPolicy(const Policy& policy) { return NetworkPool::writePolicy(state_dir_, policy); }
+
+bool SandboxNetwork::gatewayExited() {
+  if (!gateway_) return true;
+  return gateway_->reaped() || gateway_->tryWait().has_value();
+}
+
+Status SandboxNetwork::restartGateway() {
+  if (gateway_) gateway_->terminate(std::chrono::milliseconds(200));
+  gateway_.reset();
+  auto child = pool_->spawnGateway(slot_, state_dir_);
+  if (!child.ok()) return child.error();
+  gateway_.emplace(std::move(child.value()));
+  return writeAttachment();
+}
+
+void SandboxNetwork::detach() {
+  detached_ = true;
+  if (gateway_) gateway_->disown();
+  gateway_.reset();
+}
+
+Status SandboxNetwork::writeAttachment() const {
+  nlohmann::json a = {{"slot", slot_.index}, {"gateway_pid", gateway_ ? gateway_->pid() : -1}};
+  if (gateway_) {
+    if (auto started = processStartTime(gateway_->pid()); started.ok()) a["gateway_start"] = started.value();
+  }
+  return writeFileAtomic(state_dir_ + "/" + kAttachmentFile, a.dump() + "\n", 0600);
+}
+
+// ---- NetworkPool
+
+std::shared_ptr<NetworkPool> NetworkPool::create(NetworkOptions options) {
+  return std::shared_ptr<NetworkPool>(new NetworkPool(std::move(options)));
+}
+
+NetworkPool::NetworkPool(NetworkOptions options)
+    : options_(std::move(options)), slots_(options_.slot_prefix, options_.netns_dir) {}
+
+NetworkPool::~NetworkPool() {
+  stop();
+  for (const Slot& s : spare_) (void)slots_.destroy(s);
+}
+
+Status NetworkPool::start(const std::set<std::string>& keep) {
+  std::error_code ec;
+  std::filesystem::create_directories(options_.netns_dir, ec);
+  ::chmod(options_.netns_dir.c_str(), 0700);
+  size_t reclaimed = 0;
+  for (const Slot& s : slots_.existing()) {
+    if (keep.count(s.name) != 0) {
+      std::lock_guard lock(mu_);
+      used_.insert(s.index);
+      continue;
+    }
+    if (auto done = slots_.destroy(s); !done.ok()) {
+      spdlog::warn("network: cannot remove slot {} left by a previous run: {}", s.name, done.error().message);
+      std::lock_guard lock(mu_);
+      used_.insert(s.index);  // never hand it out
+      continue;
+    }
+    ++reclaimed;
+  }
+  if (reclaimed > 0) spdlog::info("network: removed {} slot(s) a previous run left", reclaimed);
+  refill_ = std::thread([this] { refillLoop(); });
+  return Ok{};
+}
+
+void NetworkPool::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (refill_.joinable()) refill_.join();
+}
+
+Result<Slot> NetworkPool::newSlot() {
+  int index = 0;
+  {
+    std::lock_guard lock(mu_);
+    while (used_.count(index) != 0 ||
+           std::any_of(spare_.begin(), spare_.end(), [&](const Slot& s) { return s.index == index; })) {
+      ++index;
+    }
+    used_.insert(index);  // reserved while it is being made
+  }
+  auto made = slots_.create(index);
+  if (!made.ok()) {
+    std::lock_guard lock(mu_);
+    used_.erase(index);
+  }
+  return made;
+}
+
+void NetworkPool::refillLoop() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    if (static_cast<int>(spare_.size()) >= options_.spare_slots) {
+      cv_.wait(lock);
+      continue;
+    }
+    lock.unlock();
+    auto made = newSlot();
+    lock.lock();
+    if (!made.ok()) {
+      spdlog::warn("network: cannot make a spare slot: {}", made.error().message);
+      cv_.wait_for(lock, std::chrono::seconds(5));
+      continue;
+    }
+    used_.erase(made->index);
+    spare_.push_back(std::move(made.value()));
+  }
+}
+
+Result<Slot> NetworkPool::takeSlot() {
+  {
+    std::lock_guard lock(mu_);
+    if (!spare_.empty()) {
+      Slot s = std::move(spare_.back());
+      spare_.pop_back();
+      used_.insert(s.index);
+      cv_.notify_all();
+      return s;
+    }
+  }
+  cv_.notify_all();
+  return newSlot();
+}
+
+void NetworkPool::releaseSlot(const Slot& slot) {
+  // A used slot is scrubbed before anyone else gets it: no conntrack entry or neighbour of
+  // the previous guest survives. One that cannot be scrubbed is destroyed instead.
+  bool keep = false;
+  {
+    std::lock_guard lock(mu_);
+    keep = !stopping_ && static_cast<int>(spare_.size()) < options_.spare_slots;
+  }
+  if (keep) {
+    if (auto scrubbed = slots_.scrub(slot); !scrubbed.ok()) {
+      spdlog::warn("network: cannot scrub slot {}: {}", slot.name, scrubbed.error().message);
+      keep = false;
+    }
+  }
+  if (!keep) {
+    if (auto gone = slots_.destroy(slot); !gone.ok()) {
+      spdlog::warn("network: cannot remove slot {}: {}", slot.name, gone.error().message);
+    }
+  }
+  std::lock_guard lock(mu_);
+  used_.erase(slot.index);
+  if (keep) spare_.push_back(slot);
+}
+
+size_t NetworkPool::slotsInUse() const {
+  std::lock_guard lock(mu_);
+  return used_.size();
+}
+
+size_t NetworkPool::spareSlots() const {
+  std::lock_guard lock(mu_);
+  return spare_.size();
+}
+
+Result<ChildProcess> NetworkPool::spawnGateway(const Slot& slot, const std::string& state_dir) {
+  int ready[2];
+  if (::pipe2(ready, O_CLOEXEC) != 0) return makeError(ErrorCode::kInternal, std::string("pipe: ") + strerror(errno));
+  UniqueFd read_end(ready[0]);
+  UniqueFd write_end(ready[1]);
+  std::vector<std::string> argv = {options_.gateway_binary,
+                                   "--slot-netns",
+                                   slot.netns_path,
+                                   "--policy",
+                                   state_dir + "/" + kPolicyFile,
+                                   "--audit",
+                                   state_dir + "/" + kAuditFile,
+                                   "--ready-fd",
+                                   "3",
+                                   "--user",
+                                   options_.gateway_user};
+  if (!options_.upstream_netns.empty()) argv.insert(argv.end(), {"--upstream-netns", options_.upstream_netns});
+  if (!options_.upstream_dns.empty()) argv.insert(argv.end(), {"--upstream-dns", options_.upstream_dns});
+  SpawnOptions spawn{state_dir + "/" + kGatewayLog, "", true};
+  spawn.pass_fds = {{write_end.get(), 3}};
+  auto child = ChildProcess::spawn(argv, spawn);
+  write_end.reset();
+  if (!child.ok()) return child.error();
+  // "ready\n" once it listens in the slot; EOF or a timeout means it did not make it.
+  pollfd p{read_end.get(), POLLIN, 0};
+  int waited = ::poll(&p, 1, static_cast<int>(options_.gateway_ready_timeout.count()));
+  char buf[8] = {};
+  ssize_t n = waited > 0 ? ::read(read_end.get(), buf, sizeof buf) : 0;
+  if (n < 5 || std::string_view(buf, 5) != "ready") {
+    child->terminate(std::chrono::milliseconds(100));
+    std::string tail;
+    if (auto log = readFileTail(state_dir + "/" + kGatewayLog, 2048); log.ok()) tail = log.value();
+    return makeError(ErrorCode::kUnavailable, "the network gateway did not start (" +
+                                                  std::string(waited > 0 ? "it exited" : "no answer in time") +
+                                                  "): " + tail);
+  }
+  return child;
+}
+
+Status NetworkPool::writePolicy(const std::string& state_dir, const Policy& policy) {
+  return writeFileAtomic(state_dir + "/" + kPolicyFile, toJson(policy).dump() + "\n", 0644);
+}
+
+Result<std::optional<Policy>> NetworkPool::readPolicy(const std::string& state_dir) {
+  const std::string path = state_dir + "/" + kPolicyFile;
+  if (::access(path.c_str(), F_OK) != 0) return std::optional<Policy>();
+  auto text = readFileTail(path, 1 << 20);
+  if (!text.ok()) return text.error();
+  auto json = parseJsonBounded(text.value());
+  if (!json.ok()) return makeError(ErrorCode::kInternal, path + ": " + json.error().message);
+  auto policy = parsePolicy(json.value());
+  if (!policy.ok()) return makeError(ErrorCode::kInternal, path + ": " + policy.error().message);
+  return std::optional<Policy>(std::move(policy.value()));
+}
+
+Result<std::unique_ptr<SandboxNetwork>> NetworkPool::attach(const std::optional<Policy>& policy, const Policy& fallback,
+                                                            const std::string& state_dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(state_dir, ec);
+  if (ec) return makeError(ErrorCode::kInternal, "cannot make " + state_dir + ": " + ec.message());
+  SPACE_TRY(giveDirectoryTo(state_dir, options_.gateway_user));
+  auto slot = takeSlot();
+  if (!slot.ok()) return slot.error();
+  std::unique_ptr<SandboxNetwork> network(new SandboxNetwork(shared_from_this(), std::move(slot.value()), state_dir));
+  if (policy) {
+    SPACE_TRY(network->setPolicy(*policy));
+  } else if (::access((state_dir + "/" + kPolicyFile).c_str(), F_OK) != 0) {
+    SPACE_TRY(network->setPolicy(fallback));
+  }
+  auto gateway = spawnGateway(network->slot(), state_dir);
+  if (!gateway.ok()) return gateway.error();  // the destructor gives the slot back
+  network->gateway_.emplace(std::move(gateway.value()));
+  SPACE_TRY(network->writeAttachment());
+  return network;
+}
+
+Result<std::unique_ptr<SandboxNetwork>> NetworkPool::adopt(const std::string& state_dir) {
+  auto text = readFileTail(state_dir + "/" + kAttachmentFile, 4096);
+  if (!text.ok()) return text.error();
+  auto a = nlohmann::json::parse(text.value(), nullptr, false);
+  if (!a.is_object() || !a.contains("slot") || !a["slot"].is_number_integer()) {
+    return makeError(ErrorCode::kInternal, "unreadable " + state_dir + "/" + kAttachmentFile);
+  }
+  Slot slot = slots_.slotAt(a["slot"].get<int>());
+  {
+    std::lock_guard lock(mu_);
+    used_.insert(slot.index);
+  }
+  std::unique_ptr<SandboxNetwork> network(new SandboxNetwork(shared_from_this(), slot, state_dir));
+  pid_t pid = a.value("gateway_pid", -1);
+  std::string start = a.value("gateway_start", "");
+  if (pid > 0 && !start.empty()) {
+    if (auto now = processStartTime(pid); now.ok() && now.value() == start) {
+      if (auto adopted = ChildProcess::adopt(pid); adopted.ok()) network->gateway_.emplace(std::move(adopted.value()));
+    }
+  }
+  if (!network->gateway_) {
+    spdlog::warn("network: the gateway of slot {} is gone; starting a new one", slot.name);
+    SPACE_TRY(network->restartGateway());
+  }
+  return network;
+}
+
+}  // namespace space::net

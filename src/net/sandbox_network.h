@@ -1,0 +1,130 @@
+// The network of running sandboxes on one node: slots made ahead of need, and one gateway
+// process per sandbox that holds its policy and writes its audit log. Knows nothing of VMs:
+// the sandbox layer asks for an attachment, starts QEMU in its slot, and drops it at teardown.
+//
+// A sandbox's network files live in its own directory (`state_dir`), which outlives any one
+// VM of it (suspend, resume): policy.json (what spaced wants, rewritten atomically: the gateway
+// applies it to its next connection), audit.jsonl (+ .1, bounded by the gateway), gateway.log
+// and attachment.json (slot and gateway process, for re-adoption by the next spaced).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/process.h"
+#include "common/result.h"
+#include "net/policy.h"
+#include "net/slot.h"
+
+namespace space::net {
+
+struct NetworkOptions {
+  std::string gateway_binary;
+  std::string netns_dir = "/run/space/netns";
+  std::string slot_prefix = "space";
+  // The namespace the gateways' upstream side runs in (tests: a fake internet); empty: ours.
+  std::string upstream_netns;
+  // The resolver the gateways ask; empty: the first nameserver of /etc/resolv.conf.
+  std::string upstream_dns;
+  std::string gateway_user = "nobody";
+  // Slots kept made and scrubbed, ready for the next sandbox.
+  int spare_slots = 2;
+  std::chrono::milliseconds gateway_ready_timeout{5000};
+};
+
+class NetworkPool;
+
+// One sandbox's attachment: its slot and the gateway serving it. Destroying it stops the
+// gateway and gives the slot back (scrubbed) for another sandbox.
+class SandboxNetwork {
+ public:
+  ~SandboxNetwork();
+  SandboxNetwork(const SandboxNetwork&) = delete;
+  SandboxNetwork& operator=(const SandboxNetwork&) = delete;
+
+  const Slot& slot() const { return slot_; }
+  const std::string& stateDir() const { return state_dir_; }
+  pid_t gatewayPid() const { return gateway_ ? gateway_->pid() : -1; }
+
+  // Writes the policy the gateway applies from its next DNS answer or connection on.
+  Status setPolicy(const Policy& policy);
+  // The gateway exited (killed, crashed): the guest has lost its connections, not its policy.
+  bool gatewayExited();
+  // Starts a new gateway on the same slot and policy file.
+  Status restartGateway();
+  // Leaves slot and gateway running for the next daemon (attachment.json says where).
+  void detach();
+
+ private:
+  friend class NetworkPool;
+  SandboxNetwork(std::shared_ptr<NetworkPool> pool, Slot slot, std::string state_dir)
+      : pool_(std::move(pool)), slot_(std::move(slot)), state_dir_(std::move(state_dir)) {}
+  Status writeAttachment() const;
+
+  std::shared_ptr<NetworkPool> pool_;
+  Slot slot_;
+  std::string state_dir_;
+  std::optional<ChildProcess> gateway_;
+  bool detached_ = false;
+};
+
+class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
+ public:
+  static std::shared_ptr<NetworkPool> create(NetworkOptions options);
+  ~NetworkPool();
+
+  // Removes every slot of our prefix that a previous run left, except those in `keep`
+  // (slot names of re-adopted sandboxes), then makes the spare slots in the background.
+  Status start(const std::set<std::string>& keep);
+  void stop();
+
+  // A slot and a gateway for a sandbox whose files live in `state_dir` (made if missing).
+  // `policy` is written first; nullopt keeps the one in state_dir (a resumed sandbox's), or
+  // writes `fallback` where there is none.
+  Result<std::unique_ptr<SandboxNetwork>> attach(const std::optional<Policy>& policy, const Policy& fallback,
+                                                 const std::string& state_dir);
+  // The policy a sandbox's files hold (nullopt: none written yet).
+  static Result<std::optional<Policy>> readPolicy(const std::string& state_dir);
+  static Status writePolicy(const std::string& state_dir, const Policy& policy);
+  // What a previous daemon left running for the sandbox of `state_dir` (attachment.json).
+  Result<std::unique_ptr<SandboxNetwork>> adopt(const std::string& state_dir);
+  // A bare slot with no gateway, for a VM whose guest never runs user code (a template boot,
+  // a snapshot being re-saved); give it back with releaseSlot.
+  Result<Slot> takeSlot();
+  void releaseSlot(const Slot& slot);
+
+  const NetworkOptions& options() const { return options_; }
+  // Slots in use and spare, for metrics and tests.
+  size_t slotsInUse() const;
+  size_t spareSlots() const;
+
+ private:
+  friend class SandboxNetwork;
+  explicit NetworkPool(NetworkOptions options);
+  Result<ChildProcess> spawnGateway(const Slot& slot, const std::string& state_dir);
+  Result<Slot> newSlot();
+  void refillLoop();
+
+  NetworkOptions options_;
+  SlotManager slots_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<int> used_;       // indices of slots out (sandboxes, bare users)
+  std::vector<Slot> spare_;  // made and clean
+  bool stopping_ = false;
+  std::thread refill_;
+};
+
+inline constexpr const char* kPolicyFile = "policy.json";
+inline constexpr const char* kAuditFile = "audit.jsonl";
+
+}  // namespace space::net
