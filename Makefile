@@ -31,7 +31,7 @@ $(BUILD_FUZZ)/build.ninja: CMakeLists.txt
 	  -DCMAKE_AR=/usr/bin/ar -DCMAKE_RANLIB=/usr/bin/ranlib -DSPACE_FUZZ=ON
 
 build-asan: deps $(BUILD_ASAN)/build.ninja
-	ninja -C $(BUILD_ASAN) -j $(JOBS) space_unit_tests space_http_tests space_store_tests space_net_unit_tests
+	ninja -C $(BUILD_ASAN) -j $(JOBS) space_unit_tests space_http_tests space_store_tests space_net_unit_tests space_gateway_unit_tests
 
 # Guest kernel and root filesystem, cached by recipe hash under /var/cache/space/images;
 # $(IMAGES) holds links to the current ones.

@@ -140,6 +140,9 @@ int main(int argc, char** argv) {
       spec.rootfs_path, "--log-level", "warn", "--on-shutdown", "stop", "--warm-pool", std::to_string(warm_pool),
       // The pool holds sandboxes of the default size: the size measured here.
       "--default-cpus", "1", "--default-memory-mb", "256",
+      // No NIC: comparable with the runs recorded before networking, and no gateway whose
+      // upstream is the host's network.
+      "--network", "off",
       // The drain holds --drain sandboxes at once: the node limit must not be what is measured.
       "--max-vcpus", "256"};
   if (no_snapshots) daemon_argv.push_back("--no-snapshots");

@@ -184,6 +184,9 @@ Daemon& startDaemon(const std::string& name, const std::vector<std::string>& ext
                                 imagePath("SPACE_KERNEL", "vmlinux"), "--rootfs",
                                 imagePath("SPACE_ROOTFS", "rootfs.ext4"), "--log-level", "warn", "--on-shutdown",
                                 "stop", "--default-cpus", "1", "--default-memory-mb", "256",
+                                // No NIC: the numbers recorded so far are without one, and a
+                                // benchmark must not reach the host's network (see net_bench).
+                                "--network", "off",
                                 // The default (4 x host CPUs: 8 here) would refuse the 9th sandbox
                                 // of a branch or a concurrent burst before memory runs out.
                                 "--max-vcpus", "256", "--max-sandboxes", "64", "--max-branch", "64"};

@@ -1,9 +1,12 @@
 #include "agent/guest_init.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/random.h>
 #include <net/if.h>
+#include <net/route.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
@@ -21,6 +24,8 @@
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include "net/addressing.h"
 
 namespace space::agent {
 
@@ -43,6 +48,64 @@ void bringUpLoopback() {
     if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) fprintf(stderr, "space-agent: lo up: %s\n", strerror(errno));
   }
   close(s);
+}
+
+bool setIfAddress(int s, const char* ifname, unsigned long request, const char* address) {
+  ifreq ifr{};
+  strncpy(ifr.ifr_name, ifname, IFNAMSIZ - 1);
+  auto* in = reinterpret_cast<sockaddr_in*>(&ifr.ifr_addr);
+  in->sin_family = AF_INET;
+  if (inet_pton(AF_INET, address, &in->sin_addr) != 1) return false;
+  return ioctl(s, request, &ifr) == 0;
+}
+
+void writeSmallFile(const char* path, const std::string& text) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  if (write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+    fprintf(stderr, "space-agent: write %s: %s\n", path, strerror(errno));
+  }
+  close(fd);
+}
+
+// The NIC, when the VM has one (net/addressing.h): every guest has the same address, gateway
+// and resolver, set here at boot, so a template's clones carry it and need no renumbering.
+// Host-side policy is what protects: root here may change all of this and gains nothing.
+void bringUpNetwork() {
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return;
+  ifreq ifr{};
+  strncpy(ifr.ifr_name, "eth0", IFNAMSIZ - 1);
+  if (ioctl(s, SIOCGIFFLAGS, &ifr) != 0) {  // no NIC: a VM without network
+    close(s);
+    return;
+  }
+  // The slot carries no IPv6: without it, no program waits on an address family that
+  // cannot work.
+  writeSmallFile("/proc/sys/net/ipv6/conf/all/disable_ipv6", "1\n");
+  writeSmallFile("/proc/sys/net/ipv6/conf/default/disable_ipv6", "1\n");
+  bool ok =
+      setIfAddress(s, "eth0", SIOCSIFADDR, net::kGuestIp) && setIfAddress(s, "eth0", SIOCSIFNETMASK, "255.255.255.252");
+  ifr.ifr_mtu = net::kMtu;
+  ok = ok && ioctl(s, SIOCSIFMTU, &ifr) == 0;
+  ifr.ifr_flags = 0;
+  ok = ok && ioctl(s, SIOCGIFFLAGS, &ifr) == 0;
+  ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+  ok = ok && ioctl(s, SIOCSIFFLAGS, &ifr) == 0;
+  rtentry route{};
+  auto* dst = reinterpret_cast<sockaddr_in*>(&route.rt_dst);
+  auto* gateway = reinterpret_cast<sockaddr_in*>(&route.rt_gateway);
+  auto* mask = reinterpret_cast<sockaddr_in*>(&route.rt_genmask);
+  dst->sin_family = gateway->sin_family = mask->sin_family = AF_INET;
+  inet_pton(AF_INET, net::kGatewayIp, &gateway->sin_addr);
+  route.rt_flags = RTF_UP | RTF_GATEWAY;
+  char dev[] = "eth0";
+  route.rt_dev = dev;
+  ok = ok && (ioctl(s, SIOCADDRT, &route) == 0 || errno == EEXIST);
+  if (!ok) fprintf(stderr, "space-agent: eth0: %s\n", strerror(errno));
+  close(s);
+  // The gateway answers DNS on its address (every query to port 53 reaches it anyway).
+  writeSmallFile("/etc/resolv.conf", std::string("nameserver ") + net::kGatewayIp + "\noptions timeout:2 attempts:2\n");
 }
 
 }  // namespace
@@ -68,6 +131,7 @@ void initGuest() {
   std::string name;
   if (std::getline(in, name) && !name.empty()) sethostname(name.data(), name.size());
   bringUpLoopback();
+  bringUpNetwork();
   setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 1);
 }
 

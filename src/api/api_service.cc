@@ -98,6 +98,13 @@ Status readSandboxSettings(ObjectReader& in, sandbox::CreateRequest& request) {
   if (on_timeout.value() && *on_timeout.value() != "delete" && *on_timeout.value() != "suspend") {
     return makeError(ErrorCode::kInvalidArgument, "on_timeout: must be \"delete\" or \"suspend\"");
   }
+  auto network = in.object("network");
+  if (!network.ok()) return network.error();
+  if (network.value()) {
+    auto policy = net::parsePolicy(**network.value());
+    if (!policy.ok()) return makeError(ErrorCode::kInvalidArgument, "network: " + policy.error().message);
+    request.network = std::move(policy.value());
+  }
   if (timeout.value()) request.timeout_s = *timeout.value();
   if (env.value()) request.env = *env.value();
   if (metadata.value()) request.metadata = *metadata.value();
@@ -243,6 +250,9 @@ const std::vector<ApiService::Route>& ApiService::routeTable() {
       {"POST", "/v1/sandboxes/{id}/files/mkdir", &ApiService::makeDirectory, false},
       {"POST", "/v1/sandboxes/{id}/files/move", &ApiService::moveFile, false},
       {"GET", "/v1/sandboxes/{id}/logs", &ApiService::consoleLog, false},
+      {"GET", "/v1/sandboxes/{id}/network", &ApiService::getNetwork, false},
+      {"PUT", "/v1/sandboxes/{id}/network", &ApiService::setNetwork, false},
+      {"GET", "/v1/sandboxes/{id}/network/log", &ApiService::networkLog, false},
       {"POST", "/v1/sandboxes/{id}/snapshots", &ApiService::createSnapshot, false},
       {"GET", "/v1/snapshots", &ApiService::listSnapshots, false},
       {"GET", "/v1/snapshots/{id}", &ApiService::getSnapshot, false},
@@ -966,6 +976,31 @@ void ApiService::consoleLog(Call& c) {
   auto text = manager_.consoleLog(c.tenant, c.id(), static_cast<size_t>(tail.value().value_or(64 * 1024)));
   if (!text.ok()) return fail(c, text.error());
   (void)c.res.send(200, "text/plain; charset=utf-8", text.value());
+}
+
+void ApiService::getNetwork(Call& c) {
+  auto policy = manager_.networkPolicy(c.tenant, c.id());
+  if (!policy.ok()) return fail(c, policy.error());
+  (void)c.res.send(200, "application/json", dumpJson(net::toJson(policy.value())));
+}
+
+void ApiService::setNetwork(Call& c) {
+  auto body = readJson(c, limits_.max_json_body);
+  if (!body.ok()) return fail(c, body.error());
+  auto policy = net::parsePolicy(body.value());
+  if (!policy.ok()) return fail(c, makeError(ErrorCode::kInvalidArgument, "network: " + policy.error().message));
+  if (auto set = manager_.setNetworkPolicy(c.tenant, c.id(), policy.value()); !set.ok()) return fail(c, set.error());
+  (void)c.res.send(200, "application/json", dumpJson(net::toJson(policy.value())));
+}
+
+void ApiService::networkLog(Call& c) {
+  auto limit = queryInt(c.req, "limit", 1, 10000);
+  if (!limit.ok()) return fail(c, limit.error());
+  auto entries = manager_.networkLog(c.tenant, c.id(), static_cast<size_t>(limit.value().value_or(1000)));
+  if (!entries.ok()) return fail(c, entries.error());
+  json items = json::array();
+  for (auto& e : entries.value()) items.push_back(std::move(e));
+  (void)c.res.send(200, "application/json", dumpJson(json{{"entries", std::move(items)}}));
 }
 
 }  // namespace space::api

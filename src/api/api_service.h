@@ -91,6 +91,9 @@ class ApiService {
   void makeDirectory(Call& c);
   void moveFile(Call& c);
   void consoleLog(Call& c);
+  void getNetwork(Call& c);
+  void setNetwork(Call& c);
+  void networkLog(Call& c);
   void createSnapshot(Call& c);
   void listSnapshots(Call& c);
   void getSnapshot(Call& c);

@@ -78,6 +78,13 @@ Result<std::optional<bool>> ObjectReader::boolean(const std::string& name) {
   return std::optional<bool>(v->get<bool>());
 }
 
+Result<std::optional<const nlohmann::json*>> ObjectReader::object(const std::string& name) {
+  const nlohmann::json* v = field(name);
+  if (!v) return std::optional<const nlohmann::json*>();
+  if (!v->is_object()) return invalid(name, "must be an object");
+  return std::optional<const nlohmann::json*>(v);
+}
+
 Result<std::optional<std::map<std::string, std::string>>> ObjectReader::stringMap(const std::string& name,
                                                                                   size_t max_entries,
                                                                                   size_t max_bytes) {

@@ -45,6 +45,8 @@ class ObjectReader {
                                                               size_t max_bytes = 64 * 1024);
   // Fails on the first field that no accessor above asked for.
   Status finish() const;
+  // A JSON object, as given (its reader checks it).
+  Result<std::optional<const nlohmann::json*>> object(const std::string& name);
 
  private:
   const nlohmann::json* field(const std::string& name);

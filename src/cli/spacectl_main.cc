@@ -16,6 +16,7 @@
 
 #include "apiclient/api_client.h"
 #include "cli/spacectl/files.h"
+#include "cli/spacectl/network.h"
 #include "cli/spacectl/output.h"
 #include "cli/spacectl/processes.h"
 #include "cli/spacectl/sandboxes.h"
@@ -66,6 +67,18 @@ const CLI::Range kSeconds(int64_t(1), int64_t(INT32_MAX));
 constexpr int64_t kMaxIdleSuspendS = 30 * 24 * 3600;
 
 // What every new sandbox may be given: create, run and branch.
+void addNetworkOptions(CLI::App* sub, NetworkPolicyOptions& o) {
+  sub->add_option("--egress", o.egress,
+                  "network: allow (the internet, never private or metadata addresses), policy (only --allow) or "
+                  "deny (nothing); default: the daemon's, or policy when --allow is given")
+      ->check(CLI::IsMember({"allow", "deny", "policy"}));
+  sub->add_option("--allow", o.allow,
+                  "network: a domain (*.pypi.org), IPv4 address or CIDR, optional :port (repeatable)")
+      ->allow_extra_args(false);
+  sub->add_option("--deny", o.deny, "network: as --allow; beats it for every port and protocol (repeatable)")
+      ->allow_extra_args(false);
+}
+
 void addSettingsOptions(CLI::App* sub, SandboxSettings& o) {
   sub->add_option("--timeout", o.timeout_s,
                   "seconds until its timeout deletes it (or suspends it: --on-timeout; daemon default 300); "
@@ -85,6 +98,7 @@ void addSettingsOptions(CLI::App* sub, SandboxSettings& o) {
   sub->add_option("--metadata", o.metadata, "label to find it by, e.g. owner=me (repeatable)")
       ->check(kKeyValue)
       ->allow_extra_args(false);
+  addNetworkOptions(sub, o.network);
 }
 
 void addCreateOptions(CLI::App* sub, CreateOptions& o) {
@@ -288,6 +302,27 @@ int main(int argc, char** argv) {
       ->add_option("--signal,-s", signal,
                    "SIGTERM, SIGKILL, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGSTOP, SIGCONT")
       ->capture_default_str();
+
+  auto* c_net =
+      app.add_subcommand("net", "a sandbox's network: its egress policy and the log of its gateway's decisions");
+  c_net->add_flag("--json", as_json, "print the API's JSON (one document) instead of text");
+  c_net->require_subcommand(1);
+  c_net->footer(
+      "Example: spacectl net set sb_x --allow '*.pypi.org' --allow github.com:443\n         spacectl net log sb_x");
+  NetworkPolicyOptions net_policy;
+  int net_limit = 0;
+  auto* c_net_show = nested(c_net, "show", "print a sandbox's egress policy",
+                            [&](const apiclient::Client& api) { return cmdNetworkShow(api, id, as_json); });
+  c_net_show->add_option("id", id, "sandbox id")->required();
+  auto* c_net_set = nested(c_net, "set", "replace a sandbox's egress policy (applies to its next connection)",
+                           [&](const apiclient::Client& api) { return cmdNetworkSet(api, id, net_policy, as_json); });
+  c_net_set->add_option("id", id, "sandbox id")->required();
+  addNetworkOptions(c_net_set, net_policy);
+  auto* c_net_log = nested(c_net, "log", "print the gateway's decisions for a sandbox, oldest first",
+                           [&](const apiclient::Client& api) { return cmdNetworkLog(api, id, net_limit, as_json); });
+  c_net_log->add_option("id", id, "sandbox id")->required();
+  c_net_log->add_option("--limit", net_limit, "only the newest N entries (1..10000, daemon default 1000)")
+      ->check(CLI::Range(1, 10000));
 
   try {
     app.parse(argc, argv);

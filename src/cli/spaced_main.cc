@@ -25,10 +25,14 @@
 #include "api/api_service.h"
 #include "api/auth.h"
 #include "cli/default_images.h"
+#include "common/bounded_json.h"
+#include "common/digest.h"
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/unix_socket.h"
 #include "http/server.h"
+#include "net/policy.h"
+#include "net/sandbox_network.h"
 #include "sandbox/manager.h"
 #include "store/state_store.h"
 
@@ -279,6 +283,35 @@ int main(int argc, char** argv) {
                  "requests one tenant may start at once before its rate applies")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1e6));
+  std::string network_mode = "on";
+  net::NetworkOptions network_options;
+  std::string egress_policy = R"({"egress":"allow"})";
+  app.add_option("--network", network_mode,
+                 "on: every sandbox gets a NIC whose traffic its own gateway filters (docs/network.md); off: no "
+                 "NIC at all")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app.add_option("--egress-policy", egress_policy,
+                 "the network policy of a sandbox whose create gives none, as JSON: {\"egress\": "
+                 "\"allow\"|\"deny\"|\"policy\", \"allow\": [...], \"deny\": [...]}; allow = the internet, "
+                 "never private, loopback, link-local or metadata addresses")
+      ->capture_default_str();
+  app.add_option("--gateway-binary", network_options.gateway_binary,
+                 "the space-gateway program (default: next to spaced)");
+  app.add_option("--gateway-upstream-netns", network_options.upstream_netns,
+                 "a network namespace (path) the gateways reach the outside from (default: spaced's own)");
+  app.add_option("--gateway-upstream-dns", network_options.upstream_dns,
+                 "the resolver the gateways ask, IP[:PORT] (default: the first nameserver in /etc/resolv.conf)");
+  app.add_option("--tenant-openable-cidrs", network_options.openable_cidrs,
+                 "private IPv4 ranges a tenant's allow rule may open (e.g. a shared database subnet); default "
+                 "none: no tenant rule reaches a private, CGNAT or host address. Link-local (cloud metadata) and "
+                 "loopback are never reachable")
+      ->delimiter(',');
+  app.add_option("--netns-dir", network_options.netns_dir, "where the slots' network namespaces are mounted")
+      ->capture_default_str();
+  app.add_option("--spare-slots", network_options.spare_slots, "network slots kept made ahead of need")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 256));
   app.add_flag("--no-snapshots", no_snapshots,
                "boot every sandbox instead of restoring its template's snapshot (slower; for comparison)");
   app.add_option("--on-shutdown", on_shutdown,
@@ -371,6 +404,30 @@ int main(int argc, char** argv) {
   config.tenant_quota.max_snapshot_bytes = tenant_max_snapshot_mb << 20;
   config.use_snapshots = !no_snapshots;
   config.suspended_retention = std::chrono::seconds(retention_s);
+  auto policy_json = parseJsonBounded(egress_policy);
+  if (!policy_json.ok()) return fatal("--egress-policy: " + policy_json.error().message);
+  auto policy = net::parsePolicy(policy_json.value());
+  if (!policy.ok()) return fatal("--egress-policy: " + policy.error().message);
+  config.default_policy = policy.value();
+  if (network_mode == "on") {
+    if (network_options.gateway_binary.empty()) {
+      network_options.gateway_binary =
+          (std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / "space-gateway").string();
+    }
+    if (::access(network_options.gateway_binary.c_str(), X_OK) != 0) {
+      return fatal("--network on needs the gateway: " + network_options.gateway_binary + " is not executable");
+    }
+    // Slots are named by data dir, so two daemons on one host (tests do that) never take or
+    // reclaim each other's.
+    network_options.slot_prefix = "space-" + sha256Hex(data_dir).substr(0, 8);
+    for (const std::string& cidr : network_options.openable_cidrs) {
+      auto rule = net::parseRule(cidr);
+      if (!rule.ok() || rule->kind != net::Rule::Kind::kCidr || rule->port) {
+        return fatal("--tenant-openable-cidrs: " + cidr + " is not an IPv4 CIDR without a port");
+      }
+    }
+    config.network = net::NetworkPool::create(network_options);
+  }
   auto manager = sandbox::SandboxManager::start(config, *store.value());
   if (!manager.ok()) return fatal(manager.error().message);
 
@@ -386,7 +443,8 @@ int main(int argc, char** argv) {
   if (auto written = writeFileAtomic(data_dir + "/spaced.json", endpoint.dump() + "\n", 0600); !written.ok()) {
     spdlog::warn("spaced: cannot write {}/spaced.json: {}", data_dir, written.error().message);
   }
-  spdlog::info("spaced: serving {} (data dir {}, accelerator {}, on SIGTERM: {})", url, data_dir, accel, on_shutdown);
+  spdlog::info("spaced: serving {} (data dir {}, accelerator {}, network {}, on SIGTERM: {})", url, data_dir, accel,
+               network_mode, on_shutdown);
   if (isatty(STDOUT_FILENO) || getenv("SPACE_PRINT_KEY")) {
     std::printf("spaced is up.\n  API:     %s\n  API key: %s  (also in %s/api-key)\n  Try:     ", url.c_str(),
                 key->c_str(), data_dir.c_str());

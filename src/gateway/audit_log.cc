@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -39,19 +40,30 @@ void AuditLog::write(nlohmann::json entry) {
   // the whole entry unwritable.
   std::string line = entry.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   if (size_ > 0 && size_ + line.size() > max_bytes_) rotate();
-  const char* data = line.data();
-  size_t left = line.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd_.get(), data, left);
+  size_t written = 0;
+  while (written < line.size()) {
+    ssize_t n = ::write(fd_.get(), line.data() + written, line.size() - written);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       spdlog::error("audit: cannot write {}: {}", path_, strerror(errno));
+      if (written > 0) dropPartialLine(written);
       return;
     }
-    data += n;
-    left -= static_cast<size_t>(n);
+    written += static_cast<size_t>(n);
     size_ += static_cast<uint64_t>(n);
   }
+}
+
+void AuditLog::dropPartialLine(size_t written) {
+  // A line cut short (a full disk) would glue itself to the next entry, and the reader drops
+  // lines that are not JSON: both would be lost. Our bytes are the file's last (O_APPEND).
+  struct stat st {};
+  if (fstat(fd_.get(), &st) != 0 || static_cast<uint64_t>(st.st_size) < written ||
+      ::ftruncate(fd_.get(), st.st_size - static_cast<off_t>(written)) != 0) {
+    spdlog::error("audit: cannot remove a partial line from {}: {}", path_, strerror(errno));
+    return;
+  }
+  size_ -= std::min<uint64_t>(size_, written);
 }
 
 void AuditLog::rotate() {

@@ -20,7 +20,8 @@ class AuditLog {
   static Result<AuditLog> open(const std::string& path, uint64_t max_bytes);
 
   // Appends `entry` with "time_ms" (wall clock, ms since the epoch) added. Never fails: an
-  // audit write error is logged on stderr, and the gateway goes on.
+  // audit write error is logged on stderr, and the gateway goes on. A line cut short (a full
+  // disk) is taken back, so the file holds whole lines only.
   void write(nlohmann::json entry);
 
   uint64_t size() const { return size_; }
@@ -29,6 +30,7 @@ class AuditLog {
   AuditLog(std::string path, uint64_t max_bytes, UniqueFd fd, uint64_t size)
       : path_(std::move(path)), max_bytes_(max_bytes), fd_(std::move(fd)), size_(size) {}
   void rotate();
+  void dropPartialLine(size_t written);
 
   std::string path_;
   uint64_t max_bytes_;

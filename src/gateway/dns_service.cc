@@ -122,7 +122,9 @@ class UpstreamQuery : public std::enable_shared_from_this<UpstreamQuery> {
     core_->pins.pin(name_, kept, now + ttl + std::chrono::seconds(5), now);
     entry["ttl"] = ttl.count();
     core_->audit.write(std::move(entry));
-    finish(net::buildAAnswer(question_, kept, static_cast<uint32_t>(ttl.count())));
+    // The guest always sees the same TTL: the upstream's, counting down in the node's shared
+    // resolver cache, would tell one tenant when another resolved the name.
+    finish(net::buildAAnswer(question_, kept, static_cast<uint32_t>(core_->options.min_ttl.count())));
   }
 
   void servfail(const std::string& why) {

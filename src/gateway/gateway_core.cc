@@ -1,6 +1,13 @@
 #include "gateway/gateway_core.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 namespace space::gateway {
 
@@ -13,7 +20,35 @@ std::shared_ptr<const net::Policy> GatewayCore::policy() {
     audit.write(
         {{"kind", "gateway"}, {"allowed", false}, {"reason", "policy-reload-failed"}, {"detail", *refresh.failure}});
   }
-  return policy_.current();
+  auto current = policy_.current();
+  if (current != seen_) {
+    auto effective = std::make_shared<net::Policy>(*current);
+    effective->openable = options.openable;
+    effective_ = std::move(effective);
+    seen_ = std::move(current);
+  }
+  return effective_;
+}
+
+bool GatewayCore::isLocalAddress(uint32_t ipv4) {
+  auto now = std::chrono::steady_clock::now();
+  if (local_addresses_at_ == std::chrono::steady_clock::time_point{} ||
+      now - local_addresses_at_ > std::chrono::seconds(1)) {
+    // The calling thread is in the upstream namespace: getifaddrs lists its interfaces.
+    ifaddrs* list = nullptr;
+    if (getifaddrs(&list) == 0) {
+      local_addresses_.clear();
+      for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+        if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+        local_addresses_.push_back(ntohl(reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr));
+      }
+      freeifaddrs(list);
+      local_addresses_at_ = now;
+    } else {
+      spdlog::warn("cannot list the upstream namespace's addresses: {}", strerror(errno));
+    }
+  }
+  return std::find(local_addresses_.begin(), local_addresses_.end(), ipv4) != local_addresses_.end();
 }
 
 }  // namespace space::gateway

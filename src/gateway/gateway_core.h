@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "gateway/audit_log.h"
 #include "gateway/dns_pins.h"
@@ -38,6 +39,9 @@ struct GatewayOptions {
   // The TTL given to the guest (and the life of a pin) is the upstream's clamped to this.
   std::chrono::seconds min_ttl{30};
   std::chrono::seconds max_ttl{3600};
+  // The private ranges the node lets tenant allow CIDRs open (net::Policy::openable); the
+  // policy file, which a tenant's request wrote, never says.
+  std::vector<net::Rule> openable;
 };
 
 class GatewayCore {
@@ -54,6 +58,10 @@ class GatewayCore {
   // The policy to decide with now: the file is re-read if it changed, and a reload that fails
   // is audited (once per version of the file) while the previous policy stays in force.
   std::shared_ptr<const net::Policy> policy();
+  // Whether `ipv4` is an address of the upstream namespace itself (the host, by default): a
+  // connection there would reach the host's own services over its loopback path, whatever
+  // address they listen on. Refreshed at most once a second.
+  bool isLocalAddress(uint32_t ipv4);
 
   boost::asio::io_context& io;
   const GatewayOptions options;
@@ -66,6 +74,10 @@ class GatewayCore {
 
  private:
   PolicyFile policy_;
+  std::shared_ptr<const net::Policy> seen_;       // the file's policy last made effective
+  std::shared_ptr<const net::Policy> effective_;  // it, with the node's openable ranges
+  std::vector<uint32_t> local_addresses_;
+  std::chrono::steady_clock::time_point local_addresses_at_{};
 };
 
 }  // namespace space::gateway

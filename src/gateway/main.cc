@@ -22,6 +22,7 @@
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -122,13 +123,28 @@ Result<space::gateway::Listeners> makeListeners(const std::string& slot_path, in
 // No way back to root: no supplementary groups, the user's uid/gid, an empty bounding set, no
 // new privileges through exec. Checked after the fact, since a silent failure here would leave
 // a root process reading guest bytes.
+// `user` is a name, or "#<id>" for a uid (and gid) of its own that no account has: spaced
+// gives every slot's gateway its own, so one compromised gateway cannot signal another.
 Status dropPrivileges(const std::string& user) {
-  errno = 0;
-  passwd* pw = getpwnam(user.c_str());
-  if (!pw) return makeError(ErrorCode::kInvalidArgument, "no such user \"" + user + "\"");
-  if (pw->pw_uid == 0) return makeError(ErrorCode::kInvalidArgument, "--user must not be root");
-  uid_t uid = pw->pw_uid;
-  gid_t gid = pw->pw_gid;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  if (user.size() > 1 && user[0] == '#') {
+    char* end = nullptr;
+    errno = 0;
+    unsigned long id = std::strtoul(user.c_str() + 1, &end, 10);
+    if (errno != 0 || *end != '\0' || id == 0 || id >= 0xffffffffUL) {
+      return makeError(ErrorCode::kInvalidArgument, "--user " + user + ": not a valid id");
+    }
+    uid = static_cast<uid_t>(id);
+    gid = static_cast<gid_t>(id);
+  } else {
+    errno = 0;
+    passwd* pw = getpwnam(user.c_str());
+    if (!pw) return makeError(ErrorCode::kInvalidArgument, "no such user \"" + user + "\"");
+    uid = pw->pw_uid;
+    gid = pw->pw_gid;
+  }
+  if (uid == 0) return makeError(ErrorCode::kInvalidArgument, "--user must not be root");
   for (int cap = 0; cap <= 63; ++cap) {
     if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
       return makeError(ErrorCode::kInternal, errnoText("PR_CAPBSET_DROP"));
@@ -183,6 +199,9 @@ int main(int argc, char** argv) {
   app.add_option("--audit-max-bytes", audit_max_bytes, "the audit log's size before rotation")
       ->check(CLI::Range(uint64_t{1024}, uint64_t{1} << 40))
       ->capture_default_str();
+  std::vector<std::string> openable_cidrs;
+  app.add_option("--openable-cidr", openable_cidrs,
+                 "a private range tenant allow CIDRs may open (repeatable; default: none)");
   app.add_option("--max-bytes-per-s", max_bytes_per_s, "bandwidth of all connections together (0: no limit)")
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
@@ -222,6 +241,13 @@ int main(int argc, char** argv) {
   options.handshake_timeout = std::chrono::milliseconds(handshake_timeout_ms);
   options.idle_timeout = std::chrono::milliseconds(idle_timeout_ms);
   options.max_bytes_per_s = max_bytes_per_s;
+  for (const std::string& text : openable_cidrs) {
+    auto rule = space::net::parseRule(text);
+    if (!rule.ok() || rule->kind != space::net::Rule::Kind::kCidr || rule->port) {
+      return fail("--openable-cidr " + text + ": must be an IPv4 CIDR without a port", 2);
+    }
+    options.openable.push_back(rule.value());
+  }
 
   // Opened as root; the directory should be writable by --user for rotation (see AuditLog).
   auto audit = space::gateway::AuditLog::open(audit_path, audit_max_bytes);

@@ -76,7 +76,12 @@ PolicyFile::Refresh PolicyFile::refresh() {
     return out;
   }
   Version now{st.st_dev, st.st_ino, mtimeNs(st), static_cast<int64_t>(st.st_size)};
-  if (now == loaded_ || (failed_ && now == *failed_)) return out;
+  if (now == loaded_) {
+    // The loaded version is back: a later failure, even of a version seen before, is news.
+    failed_.reset();
+    return out;
+  }
+  if (failed_ && now == *failed_) return out;
   auto loaded = read(path_);
   if (!loaded.ok()) {
     failed_ = now;

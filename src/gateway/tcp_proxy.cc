@@ -153,6 +153,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     pinned_ = facts.pinned_names;
     if (pinned_.size() > kMaxAuditedPins) pinned_.resize(kMaxAuditedPins);
     if (neverRoutable(ip_)) return deny("never-routable", detail);
+    if (core_->isLocalAddress(ip_)) return deny("local-address", detail);
     net::Decision decision = net::decideConnection(*policy, facts);
     reason_ = decision.reason;
     if (!decision.allowed) return deny(decision.reason, detail);

@@ -27,7 +27,11 @@ class TokenBucket {
     refill(now);
     tokens_ -= n;
     if (tokens_ >= 0 || rate_ <= 0) return Clock::duration::zero();
-    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(-tokens_ / rate_));
+    // Capped before the conversion to integer nanoseconds: a debt past about 292 years would
+    // overflow it (undefined; negative on x86, which a caller reads as "no need to wait").
+    constexpr double kMaxWaitSeconds = 365.0 * 24 * 3600;
+    return std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(std::min(-tokens_ / rate_, kMaxWaitSeconds)));
   }
 
  private:

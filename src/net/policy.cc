@@ -172,6 +172,14 @@ std::optional<uint32_t> parseIpv4(std::string_view text) {
   return address;
 }
 
+// Whether the node lets tenant rules open this forbidden-range address at all.
+static bool operatorOpens(const Policy& policy, uint32_t ipv4) {
+  for (const Rule& rule : policy.openable) {
+    if (ruleCoversAddress(rule, ipv4)) return true;
+  }
+  return false;
+}
+
 bool isNeverReachable(uint32_t ipv4) {
   auto in = [ipv4](uint32_t network, int prefix_length) {
     uint32_t mask = prefix_length == 0 ? 0 : ~uint32_t{0} << (32 - prefix_length);
@@ -179,7 +187,7 @@ bool isNeverReachable(uint32_t ipv4) {
   };
   return in(0x00000000, 8) ||   // 0/8: connecting to 0.0.0.0 reaches the gateway's own host
          in(0x7f000000, 8) ||   // loopback: the host's (or upstream namespace's) own services
-         in(0xa9fe0000, 30) ||  // the slot's own link (net/addressing.h)
+         in(0xa9fe0000, 16) ||  // link-local: cloud metadata, and the slot's own link
          in(0xe0000000, 4) ||   // multicast
          in(0xf0000000, 4);     // reserved and broadcast
 }
@@ -191,9 +199,10 @@ bool isForbiddenRange(uint32_t ipv4) {
   };
   // The documentation ranges (192.0.2/24, 198.51.100/24, 203.0.113/24) are deliberately absent:
   // nothing routes them, and tests use them as the fake internet's public addresses.
-  static constexpr std::array<Range, 11> kForbidden = {{
+  static constexpr std::array<Range, 12> kForbidden = {{
       {0x00000000, 8},   // 0.0.0.0/8 "this network"; connecting to 0.0.0.0 reaches the local host
       {0x0a000000, 8},   // 10/8
+      {0xa83f8110, 32},  // 168.63.129.16: Azure's host service (WireServer), public-looking
       {0x64400000, 10},  // 100.64/10 CGNAT
       {0x7f000000, 8},   // 127/8 loopback
       {0xa9fe0000, 16},  // 169.254/16 link-local: cloud metadata, and the slot's own link
@@ -379,9 +388,11 @@ Decision decideAnswer(const Policy& policy, uint32_t ipv4) {
     if (!rule.port && ruleCoversAddress(rule, ipv4)) return deniedBy(rule);
   }
   if (isForbiddenRange(ipv4)) {
-    // Without this, any public name could resolve to 127.0.0.1 or 169.254.169.254 (DNS rebinding).
-    for (const Rule& rule : policy.allow) {
-      if (ruleCoversAddress(rule, ipv4)) return allowedBy(rule);
+    // Without this, any public name could resolve to a private address (DNS rebinding).
+    if (operatorOpens(policy, ipv4)) {
+      for (const Rule& rule : policy.allow) {
+        if (ruleCoversAddress(rule, ipv4)) return allowedBy(rule);
+      }
     }
     return {false, "forbidden-range"};
   }
@@ -400,11 +411,15 @@ Decision decideConnection(const Policy& policy, const ConnectionFacts& facts) {
   if (isNeverReachable(facts.destination)) return {false, "never-reachable"};
 
   // An allow CIDR is the tenant vouching for the address itself, whatever name the connection
-  // claims: it opens forbidden ranges, and in mode policy it needs no pinned name.
-  for (const Rule& rule : policy.allow) {
-    if (portMatches(rule, facts.port) && ruleCoversAddress(rule, facts.destination)) return allowedBy(rule);
+  // claims: in mode policy it needs no pinned name, and it opens a forbidden range only where
+  // the node lets tenants open one.
+  const bool forbidden = isForbiddenRange(facts.destination);
+  if (!forbidden || operatorOpens(policy, facts.destination)) {
+    for (const Rule& rule : policy.allow) {
+      if (portMatches(rule, facts.port) && ruleCoversAddress(rule, facts.destination)) return allowedBy(rule);
+    }
   }
-  if (isForbiddenRange(facts.destination)) return {false, "forbidden-range"};
+  if (forbidden) return {false, "forbidden-range"};
   // Mode allow admits any public address, so a name pinned elsewhere fronts nothing it could not
   // reach directly; the deny rules above already saw the claimed name.
   if (policy.mode == EgressMode::kAllow) return {true, "mode:allow"};

@@ -45,6 +45,10 @@ struct Policy {
   EgressMode mode = EgressMode::kAllow;
   std::vector<Rule> allow;
   std::vector<Rule> deny;
+  // The node's, never the tenant's (not part of the JSON): the forbidden-range addresses an
+  // allow CIDR may open at all (spaced --tenant-openable-cidrs). Empty: none, so no tenant rule
+  // reaches the host's private networks.
+  std::vector<Rule> openable;
 };
 
 // Limits on what a tenant may send (bounded input).
@@ -64,7 +68,8 @@ const char* modeName(EgressMode mode);
 // included), 192.0.0.0/24, benchmarking 198.18/15, multicast, 240/4 and broadcast.
 bool isForbiddenRange(uint32_t ipv4);
 // Addresses no rule opens, not even an allow CIDR such as 0.0.0.0/0: the gateway's own host
-// (0/8, loopback), the slot's link 169.254.0.0/30, multicast, 240/4 and broadcast.
+// (0/8, loopback), link-local 169.254/16 (cloud metadata, the slot's own link), multicast,
+// 240/4 and broadcast.
 bool isNeverReachable(uint32_t ipv4);
 
 // Lowercases and checks a host name as it arrives from a guest (SNI, Host, DNS question):

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pwd.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -25,15 +26,59 @@ namespace {
 constexpr const char* kAttachmentFile = "attachment.json";
 constexpr const char* kGatewayLog = "gateway.log";
 
-// The gateway drops to this user after it has opened what it needs; its directory must be
-// its own so that it can rotate its audit log there.
-Status giveDirectoryTo(const std::string& dir, const std::string& user) {
-  passwd* pw = getpwnam(user.c_str());
-  if (pw == nullptr) return makeError(ErrorCode::kInternal, "no user " + user + " for the gateway");
-  if (::chown(dir.c_str(), pw->pw_uid, pw->pw_gid) != 0 || ::chmod(dir.c_str(), 0700) != 0) {
-    return makeError(ErrorCode::kInternal, "cannot hand " + dir + " to " + user + ": " + strerror(errno));
+// The gateway drops to its user after it has opened what it needs; its directory must be its
+// own so that it can rotate its audit log there.
+Status giveDirectoryTo(const std::string& dir, uid_t uid, gid_t gid) {
+  if (::chown(dir.c_str(), uid, gid) != 0 || ::chmod(dir.c_str(), 0700) != 0) {
+    return makeError(ErrorCode::kInternal,
+                     "cannot hand " + dir + " to uid " + std::to_string(uid) + ": " + strerror(errno));
   }
   return Ok{};
+}
+
+// A file the gateway's user could have replaced: no symlink followed, no FIFO opened for
+// reading (it would block), at most `max_bytes` from its end.
+Result<std::string> readHostileTail(const std::string& path, size_t max_bytes) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  if (!fd.valid())
+    return makeError(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kInternal,
+                     "cannot open " + path + ": " + strerror(errno));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return makeError(ErrorCode::kInternal, path + " is not a regular file");
+  }
+  off_t start = st.st_size > static_cast<off_t>(max_bytes) ? st.st_size - static_cast<off_t>(max_bytes) : 0;
+  std::string out(static_cast<size_t>(st.st_size - start), '\0');
+  size_t got = 0;
+  while (got < out.size()) {
+    ssize_t n = ::pread(fd.get(), out.data() + got, out.size() - got, start + static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  out.resize(got);
+  return out;
+}
+
+// Kills every process whose network namespace is the one bind-mounted at `netns_path`: what an
+// earlier run left in a slot it no longer owns (its gateway, a QEMU the orphan sweep missed).
+// Unmounting alone would leave them running, holding the namespace and its upstream side.
+size_t killProcessesIn(const std::string& netns_path) {
+  struct stat ns {};
+  if (::stat(netns_path.c_str(), &ns) != 0) return 0;
+  size_t killed = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string pid_text = entry.path().filename().string();
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+    struct stat theirs {};
+    if (::stat((entry.path() / "ns/net").c_str(), &theirs) != 0) continue;
+    if (theirs.st_dev == ns.st_dev && theirs.st_ino == ns.st_ino) {
+      const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+      if (pid != ::getpid() && ::kill(pid, SIGKILL) == 0) ++killed;
+    }
+  }
+  return killed;
 }
 
 }  // namespace
@@ -48,7 +93,9 @@ SandboxNetwork::~SandboxNetwork() {
   pool_->releaseSlot(slot_);
 }
 
-Status SandboxNetwork::setPolicy(const Policy& policy) { return NetworkPool::writePolicy(state_dir_, policy); }
+Status SandboxNetwork::setPolicy(const Policy& policy) {
+  return NetworkPool::writePolicy(NetworkPool::gatewayDir(state_dir_), policy);
+}
 
 bool SandboxNetwork::gatewayExited() {
   if (!gateway_) return true;
@@ -56,8 +103,28 @@ bool SandboxNetwork::gatewayExited() {
 }
 
 Status SandboxNetwork::restartGateway() {
-  if (gateway_) gateway_->terminate(std::chrono::milliseconds(200));
+  std::string how = "was not running";
+  if (gateway_) {
+    auto status = gateway_->reaped() ? *gateway_->exitStatus() : gateway_->terminate(std::chrono::milliseconds(200));
+    how = status.known ? "exited (" + status.describe() + ")" : "exited";
+  }
   gateway_.reset();
+  // In the sandbox's audit log, where its owner looks for why connections broke. O_APPEND:
+  // the gateway appends there too, one whole line per write.
+  nlohmann::json entry{{"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       std::chrono::system_clock::now().time_since_epoch())
+                                       .count()},
+                       {"kind", "gateway"},
+                       {"allowed", false},
+                       {"reason", "gateway-restarted"},
+                       {"detail", "the gateway " + how + "; open connections were lost"}};
+  UniqueFd audit(::open((NetworkPool::gatewayDir(state_dir_) + "/" + kAuditFile).c_str(),
+                        O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  struct stat st {};
+  if (audit.valid() && ::fstat(audit.get(), &st) == 0 && S_ISREG(st.st_mode)) {
+    std::string line = entry.dump() + "\n";
+    if (::write(audit.get(), line.data(), line.size()) < 0) spdlog::warn("network: audit append: {}", strerror(errno));
+  }
   auto child = pool_->spawnGateway(slot_, state_dir_);
   if (!child.ok()) return child.error();
   gateway_.emplace(std::move(child.value()));
@@ -98,10 +165,16 @@ Status NetworkPool::start(const std::set<std::string>& keep) {
   ::chmod(options_.netns_dir.c_str(), 0700);
   size_t reclaimed = 0;
   for (const Slot& s : slots_.existing()) {
-    if (keep.count(s.name) != 0) {
+    {
       std::lock_guard lock(mu_);
-      used_.insert(s.index);
-      continue;
+      if (used_.count(s.index) != 0) continue;  // re-adopted already (adopt())
+      if (keep.count(s.name) != 0) {
+        used_.insert(s.index);
+        continue;
+      }
+    }
+    if (size_t killed = killProcessesIn(s.netns_path); killed > 0) {
+      spdlog::info("network: killed {} process(es) left in slot {}", killed, s.name);
     }
     if (auto done = slots_.destroy(s); !done.ok()) {
       spdlog::warn("network: cannot remove slot {} left by a previous run: {}", s.name, done.error().message);
@@ -212,22 +285,38 @@ size_t NetworkPool::spareSlots() const {
   return spare_.size();
 }
 
+std::pair<uid_t, gid_t> NetworkPool::gatewayIds(const Slot& slot) const {
+  if (options_.gateway_uid_base != 0) {
+    uid_t id = options_.gateway_uid_base + static_cast<uid_t>(slot.index);
+    return {id, id};
+  }
+  passwd* pw = getpwnam(options_.gateway_user.c_str());
+  return pw ? std::make_pair(pw->pw_uid, pw->pw_gid) : std::make_pair(uid_t{65534}, gid_t{65534});
+}
+
+std::string NetworkPool::gatewayUser(const Slot& slot) const {
+  if (options_.gateway_uid_base == 0) return options_.gateway_user;
+  return "#" + std::to_string(gatewayIds(slot).first);
+}
+
 Result<ChildProcess> NetworkPool::spawnGateway(const Slot& slot, const std::string& state_dir) {
   int ready[2];
   if (::pipe2(ready, O_CLOEXEC) != 0) return makeError(ErrorCode::kInternal, std::string("pipe: ") + strerror(errno));
   UniqueFd read_end(ready[0]);
   UniqueFd write_end(ready[1]);
+  const std::string gw = gatewayDir(state_dir);
   std::vector<std::string> argv = {options_.gateway_binary,
                                    "--slot-netns",
                                    slot.netns_path,
                                    "--policy",
-                                   state_dir + "/" + kPolicyFile,
+                                   gw + "/" + kPolicyFile,
                                    "--audit",
-                                   state_dir + "/" + kAuditFile,
+                                   gw + "/" + kAuditFile,
                                    "--ready-fd",
                                    "3",
                                    "--user",
-                                   options_.gateway_user};
+                                   gatewayUser(slot)};
+  for (const std::string& cidr : options_.openable_cidrs) argv.insert(argv.end(), {"--openable-cidr", cidr});
   if (!options_.upstream_netns.empty()) argv.insert(argv.end(), {"--upstream-netns", options_.upstream_netns});
   if (!options_.upstream_dns.empty()) argv.insert(argv.end(), {"--upstream-dns", options_.upstream_dns});
   SpawnOptions spawn{state_dir + "/" + kGatewayLog, "", true};
@@ -251,14 +340,26 @@ Result<ChildProcess> NetworkPool::spawnGateway(const Slot& slot, const std::stri
   return child;
 }
 
-Status NetworkPool::writePolicy(const std::string& state_dir, const Policy& policy) {
-  return writeFileAtomic(state_dir + "/" + kPolicyFile, toJson(policy).dump() + "\n", 0644);
+Status NetworkPool::writePolicy(const std::string& dir, const Policy& policy) {
+  return writeFileAtomic(dir + "/" + kPolicyFile, toJson(policy).dump() + "\n", 0644);
 }
 
-Result<std::optional<Policy>> NetworkPool::readPolicy(const std::string& state_dir) {
-  const std::string path = state_dir + "/" + kPolicyFile;
-  if (::access(path.c_str(), F_OK) != 0) return std::optional<Policy>();
-  auto text = readFileTail(path, 1 << 20);
+std::string NetworkPool::readAudit(const std::string& state_dir, size_t max_bytes) {
+  // The rotated file first: a guest that floods the log to push entries out must fill both.
+  const std::string current = gatewayDir(state_dir) + "/" + kAuditFile;
+  auto newest = readHostileTail(current, max_bytes);
+  std::string text = newest.ok() ? newest.value() : "";
+  if (text.size() < max_bytes) {
+    auto older = readHostileTail(current + ".1", max_bytes - text.size());
+    if (older.ok()) text = older.value() + (older->empty() || older->back() == '\n' ? "" : "\n") + text;
+  }
+  return text;
+}
+
+Result<std::optional<Policy>> NetworkPool::readPolicy(const std::string& dir) {
+  const std::string path = dir + "/" + kPolicyFile;
+  auto text = readHostileTail(path, 1 << 20);
+  if (!text.ok() && text.error().code == ErrorCode::kNotFound) return std::optional<Policy>();
   if (!text.ok()) return text.error();
   auto json = parseJsonBounded(text.value());
   if (!json.ok()) return makeError(ErrorCode::kInternal, path + ": " + json.error().message);
@@ -270,15 +371,20 @@ Result<std::optional<Policy>> NetworkPool::readPolicy(const std::string& state_d
 Result<std::unique_ptr<SandboxNetwork>> NetworkPool::attach(const std::optional<Policy>& policy, const Policy& fallback,
                                                             const std::string& state_dir) {
   std::error_code ec;
-  std::filesystem::create_directories(state_dir, ec);
-  if (ec) return makeError(ErrorCode::kInternal, "cannot make " + state_dir + ": " + ec.message());
-  SPACE_TRY(giveDirectoryTo(state_dir, options_.gateway_user));
+  std::filesystem::create_directories(gatewayDir(state_dir), ec);
+  if (ec) return makeError(ErrorCode::kInternal, "cannot make " + gatewayDir(state_dir) + ": " + ec.message());
+  ::chmod(state_dir.c_str(), 0700);
   auto slot = takeSlot();
   if (!slot.ok()) return slot.error();
+  auto [uid, gid] = gatewayIds(slot.value());
+  if (auto given = giveDirectoryTo(gatewayDir(state_dir), uid, gid); !given.ok()) {
+    releaseSlot(slot.value());
+    return given.error();
+  }
   std::unique_ptr<SandboxNetwork> network(new SandboxNetwork(shared_from_this(), std::move(slot.value()), state_dir));
   if (policy) {
     SPACE_TRY(network->setPolicy(*policy));
-  } else if (::access((state_dir + "/" + kPolicyFile).c_str(), F_OK) != 0) {
+  } else if (auto kept = readPolicy(gatewayDir(state_dir)); !kept.ok() || !kept.value()) {
     SPACE_TRY(network->setPolicy(fallback));
   }
   auto gateway = spawnGateway(network->slot(), state_dir);

@@ -3,9 +3,12 @@
 // the sandbox layer asks for an attachment, starts QEMU in its slot, and drops it at teardown.
 //
 // A sandbox's network files live in its own directory (`state_dir`), which outlives any one
-// VM of it (suspend, resume): policy.json (what spaced wants, rewritten atomically: the gateway
-// applies it to its next connection), audit.jsonl (+ .1, bounded by the gateway), gateway.log
-// and attachment.json (slot and gateway process, for re-adoption by the next spaced).
+// VM of it (suspend, resume). It is root's and holds what only spaced writes: gateway.log and
+// attachment.json (slot and gateway process, for re-adoption by the next spaced). Its gw/
+// subdirectory belongs to the gateway's own uid and is its working directory: policy.json
+// (written by spaced, atomically: the gateway applies it to its next connection) and
+// audit.jsonl (+ .1, bounded by the gateway). spaced reads what is in gw/ as a hostile file:
+// no symlinks followed, regular files only, bounded.
 #pragma once
 
 #include <sys/types.h>
@@ -18,6 +21,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/process.h"
@@ -35,7 +39,12 @@ struct NetworkOptions {
   std::string upstream_netns;
   // The resolver the gateways ask; empty: the first nameserver of /etc/resolv.conf.
   std::string upstream_dns;
+  // Each slot's gateway runs as uid (and gid) gateway_uid_base + slot index, an id no account
+  // has, so gateways cannot signal one another. 0: as gateway_user instead.
+  uint32_t gateway_uid_base = 1500000000;
   std::string gateway_user = "nobody";
+  // Private ranges tenant allow CIDRs may open (net::Policy::openable); default none.
+  std::vector<std::string> openable_cidrs;
   // Slots kept made and scrubbed, ready for the next sandbox.
   int spare_slots = 2;
   std::chrono::milliseconds gateway_ready_timeout{5000};
@@ -82,8 +91,8 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   static std::shared_ptr<NetworkPool> create(NetworkOptions options);
   ~NetworkPool();
 
-  // Removes every slot of our prefix that a previous run left, except those in `keep`
-  // (slot names of re-adopted sandboxes), then makes the spare slots in the background.
+  // Removes every slot of our prefix that a previous run left, except those adopt()ed
+  // already and those in `keep` (slot names), then makes the spare slots in the background.
   Status start(const std::set<std::string>& keep);
   void stop();
 
@@ -92,9 +101,14 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   // writes `fallback` where there is none.
   Result<std::unique_ptr<SandboxNetwork>> attach(const std::optional<Policy>& policy, const Policy& fallback,
                                                  const std::string& state_dir);
-  // The policy a sandbox's files hold (nullopt: none written yet).
-  static Result<std::optional<Policy>> readPolicy(const std::string& state_dir);
-  static Status writePolicy(const std::string& state_dir, const Policy& policy);
+  // The gateway's directory of a sandbox's state_dir (policy.json and the audit log).
+  static std::string gatewayDir(const std::string& state_dir) { return state_dir + "/gw"; }
+  // The policy.json in `dir` (nullopt: none written yet); writes it atomically.
+  static Result<std::optional<Policy>> readPolicy(const std::string& dir);
+  static Status writePolicy(const std::string& dir, const Policy& policy);
+  // The newest `max_bytes` or so of a sandbox's audit log (the rotated file's tail, then the
+  // current one), read as the gateway's hostile files.
+  static std::string readAudit(const std::string& state_dir, size_t max_bytes);
   // What a previous daemon left running for the sandbox of `state_dir` (attachment.json).
   Result<std::unique_ptr<SandboxNetwork>> adopt(const std::string& state_dir);
   // A bare slot with no gateway, for a VM whose guest never runs user code (a template boot,
@@ -111,6 +125,8 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   friend class SandboxNetwork;
   explicit NetworkPool(NetworkOptions options);
   Result<ChildProcess> spawnGateway(const Slot& slot, const std::string& state_dir);
+  std::pair<uid_t, gid_t> gatewayIds(const Slot& slot) const;
+  std::string gatewayUser(const Slot& slot) const;
   Result<Slot> newSlot();
   void refillLoop();
 

@@ -68,6 +68,9 @@ SandboxManager::Due SandboxManager::dueFor(Live& live, int64_t now_ms) {
   if (!live.runtime) return Due::kNothing;
   if (!live.vm().processRunning()) return Due::kVmExited;
   if (live.state == SandboxState::kRunning && live.vm().stopReported()) return Due::kStopReported;
+  if (auto* network = live.runtime->network(); network != nullptr && network->gatewayExited()) {
+    return Due::kGatewayExited;
+  }
   return Due::kNothing;
 }
 
@@ -120,6 +123,18 @@ void SandboxManager::act(const std::shared_ptr<Live>& live, Due due) {
       std::string reason = "its VM stopped (QEMU " + (exit ? exit->describe() : std::string("exited")) + ")";
       if (auto line = lastConsoleLine(live->vm()); !line.empty()) reason += "; console: " + line;
       (void)finish(live, SandboxState::kFailed, reason);
+      return;
+    }
+    case Due::kGatewayExited: {
+      // The guest lost its open connections, not its policy: a new gateway reads the same file.
+      auto* network = live->runtime->network();
+      if (auto restarted = network->restartGateway(); !restarted.ok()) {
+        spdlog::error("sandbox {}: its network gateway exited and cannot be restarted (next try in a moment): {}",
+                      live->id, restarted.error().message);
+      } else {
+        spdlog::warn("sandbox {}: its network gateway exited; restarted (pid {}), open connections were lost", live->id,
+                     network->gatewayPid());
+      }
       return;
     }
     case Due::kStopReported:

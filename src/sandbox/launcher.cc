@@ -1,5 +1,7 @@
 #include "sandbox/launcher.h"
 
+#include <filesystem>
+
 namespace space::sandbox {
 
 Result<const Template*> Launcher::findTemplate(const std::string& name) const {
@@ -43,11 +45,27 @@ Status Launcher::checkFits(const Template& tpl, uint32_t cpus, uint64_t memory_m
   return fits;
 }
 
+std::optional<NetworkAttach> Launcher::networkFor(const std::string& run_dir, std::optional<net::Policy> policy) const {
+  if (!config_.network) return std::nullopt;
+  return NetworkAttach{config_.network, config_.network_root + "/" + std::filesystem::path(run_dir).filename().string(),
+                       policy};
+}
+
+Result<snapshot::NetnsLease> Launcher::helperNetns() const {
+  if (!config_.network) return snapshot::NetnsLease{};
+  auto slot = config_.network->takeSlot();
+  if (!slot.ok()) return slot.error();
+  auto pool = config_.network;
+  return snapshot::NetnsLease{
+      slot->netns_path, std::shared_ptr<void>(nullptr, [pool, s = slot.value()](void*) { pool->releaseSlot(s); })};
+}
+
 Result<Launch> Launcher::fromTemplate(const Template& tpl, uint32_t cpus, uint64_t memory_mb,
                                       const std::string& run_dir, bool default_size) {
   Launch launch;
   launch.spec = baseSpec(tpl, cpus, memory_mb, accelerator());
   launch.options = baseOptions(run_dir);
+  launch.network = networkFor(run_dir, config_.default_policy);
   if (!config_.use_snapshots) return launch;
   auto snap = templates_.ensure(templateKey(tpl, cpus, memory_mb), config_.boot_timeout, &facts_, default_size);
   if (!snap.ok() && snap.error().reason == "template_sizes_full") {
@@ -66,8 +84,10 @@ Result<Launch> Launcher::fromTemplate(const Template& tpl, uint32_t cpus, uint64
 }
 
 snapshot::TemplateKey Launcher::templateKey(const Template& tpl, uint32_t cpus, uint64_t memory_mb) const {
-  return snapshot::TemplateKey{tpl.name,  tpl.kernel_path, tpl.rootfs_path,    cpus,
-                               memory_mb, accelerator(),   facts_.qemu_binary, facts_.guestKernelArgs(accelerator())};
+  snapshot::TemplateKey key{tpl.name,  tpl.kernel_path, tpl.rootfs_path,    cpus,
+                            memory_mb, accelerator(),   facts_.qemu_binary, facts_.guestKernelArgs(accelerator())};
+  key.nic = config_.network != nullptr;
+  return key;
 }
 
 Launch Launcher::fromSnapshot(const Template& tpl, const snapshot::SnapshotFiles& files, uint32_t cpus,
@@ -79,6 +99,7 @@ Launch Launcher::fromSnapshot(const Template& tpl, const snapshot::SnapshotFiles
   launch.spec.memory_file = files.memory_file;
   launch.spec.memory_private = true;
   launch.options = baseOptions(run_dir);
+  launch.network = networkFor(run_dir, config_.default_policy);
   launch.state_file = files.state_file;
   launch.how = "branched";
   return launch;
@@ -92,6 +113,7 @@ Launch Launcher::fromSuspended(const Template& tpl, const store::SandboxRecord& 
   launch.spec.rootfs_path = rec.run_dir + "/disk.qcow2";  // named for validation; the Vm opens the newest disk
   launch.options = baseOptions(rec.run_dir);
   launch.options.reuse_run_dir = true;
+  launch.network = networkFor(rec.run_dir, std::nullopt);  // its own policy, kept in its files
   // The guest must not run (and write to its disk) while the saved state could still be
   // loaded again: the owner records the resume, removes the state, and only then continues it.
   launch.options.stay_paused = true;

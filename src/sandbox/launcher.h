@@ -9,6 +9,8 @@
 
 #include <chrono>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "common/result.h"
@@ -34,6 +36,11 @@ class Launcher {
     std::map<std::string, Template> templates;
     std::chrono::milliseconds boot_timeout{60000};
     bool use_snapshots = true;  // off: every new sandbox is a cold boot
+    // Networking (null: VMs have no NIC). Every VM then has one, in a slot of this pool, and
+    // templates are built with it.
+    std::shared_ptr<net::NetworkPool> network;
+    std::string network_root;  // <data-dir>/network: a directory per sandbox
+    net::Policy default_policy;
   };
   Launcher(Config config, vmm::NodeFacts facts, snapshot::TemplateCache& templates)
       : config_(std::move(config)), facts_(std::move(facts)), templates_(templates) {}
@@ -60,6 +67,14 @@ class Launcher {
   Launch fromSuspended(const Template& tpl, const store::SandboxRecord& rec, const std::string& state_file) const;
   // What identifies the VM an earlier daemon recorded for `rec`.
   vmm::VmAdoptSpec adoption(const store::SandboxRecord& rec) const;
+  // The network a sandbox's VM gets (nullopt without networking): `policy`, with its files in
+  // <network_root>/<sandbox id>, where the id is the run directory's name.
+  std::optional<NetworkAttach> networkFor(const std::string& run_dir, std::optional<net::Policy> policy) const;
+  // A slot for a VM that never runs user code (a snapshot's helper); an empty lease without
+  // networking.
+  Result<snapshot::NetnsLease> helperNetns() const;
+  bool networked() const { return config_.network != nullptr; }
+  const net::Policy& defaultPolicy() const { return config_.default_policy; }
   // How a snapshot's helper VM is started: as the sandbox's own VM was.
   vmm::VmSpec snapshotHelperSpec(const Template& tpl, uint32_t cpus, uint64_t memory_mb,
                                  vmm::Accelerator accelerator) const;

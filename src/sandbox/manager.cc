@@ -2,10 +2,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <system_error>
 
+#include "common/bounded_json.h"
 #include "common/fault.h"
 #include "common/fs.h"
 #include "sandbox/manager_internal.h"
@@ -54,6 +56,76 @@ std::string newSandboxId() { return newId("sb_"); }
 std::string newSnapshotId() { return newId("snap_"); }
 
 std::string SandboxManager::sandboxDir(const std::string& id) const { return config_.data_dir + "/sandboxes/" + id; }
+
+namespace {
+Error noNetwork() {
+  return makeError(ErrorCode::kFailedPrecondition, "this node gives sandboxes no network (spaced --network off)",
+                   "no_network");
+}
+}  // namespace
+
+Result<net::Policy> SandboxManager::networkPolicy(const std::string& tenant, const std::string& id) {
+  if (!config_.network) return noNetwork();
+  auto rec = getOwned(tenant, id);
+  if (!rec.ok()) return rec.error();
+  auto policy = net::NetworkPool::readPolicy(net::NetworkPool::gatewayDir(config_.data_dir + "/network/" + id));
+  if (!policy.ok()) return policy.error();
+  return policy.value() ? *policy.value() : config_.default_policy;
+}
+
+Status SandboxManager::setNetworkPolicy(const std::string& tenant, const std::string& id, const net::Policy& policy) {
+  if (!config_.network) return noNetwork();
+  auto live = findLive(tenant, id);
+  if (live.ok()) {
+    std::lock_guard control(live.value()->control);
+    if (!live.value()->finished && live.value()->runtime && live.value()->runtime->network() != nullptr) {
+      SPACE_TRY(live.value()->runtime->network()->setPolicy(policy));
+      spdlog::info("sandbox {}: network policy set ({})", id, net::toJson(policy).dump());
+      return okStatus();
+    }
+  }
+  auto rec = getOwned(tenant, id);
+  if (!rec.ok()) return rec.error();
+  if (rec->state != stateName(SandboxState::kSuspended)) {
+    return makeError(ErrorCode::kFailedPrecondition, "sandbox " + id + " is " + rec->state);
+  }
+  // Root's until its next gateway starts there (attach gives it the gateway's uid).
+  const std::string dir = net::NetworkPool::gatewayDir(config_.data_dir + "/network/" + id);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  SPACE_TRY(net::NetworkPool::writePolicy(dir, policy));
+  spdlog::info("sandbox {}: network policy set while suspended ({})", id, net::toJson(policy).dump());
+  return okStatus();
+}
+
+Result<std::vector<nlohmann::json>> SandboxManager::networkLog(const std::string& tenant, const std::string& id,
+                                                               size_t max_entries) {
+  if (!config_.network) return noNetwork();
+  auto rec = getOwned(tenant, id);
+  if (!rec.ok()) return rec.error();
+  // The gateway bounds the file (it rotates it); the tail read here is bounded again.
+  std::string tail = net::NetworkPool::readAudit(config_.data_dir + "/network/" + id, 4 << 20);
+  std::vector<nlohmann::json> entries;
+  std::string_view text = tail;
+  size_t end = text.size();
+  while (end > 0 && entries.size() < max_entries) {
+    size_t start = text.rfind('\n', end - 1);
+    size_t from = start == std::string_view::npos ? 0 : start + 1;
+    auto line = text.substr(from, end - from);
+    auto parsed = parseJsonBounded(line);
+    if (parsed.ok() && parsed->is_object()) entries.push_back(std::move(parsed.value()));
+    if (start == std::string_view::npos) break;
+    end = start;
+  }
+  std::reverse(entries.begin(), entries.end());
+  return entries;
+}
+
+void SandboxManager::removeNetworkFiles(const std::string& id) const {
+  if (!config_.network) return;
+  std::error_code ec;
+  std::filesystem::remove_all(config_.data_dir + "/network/" + id, ec);
+}
 
 std::string SandboxManager::snapshotDir(const std::string& snapshot_id) const {
   return config_.data_dir + "/snapshots/" + snapshot_id;
@@ -108,9 +180,15 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
   manager->templates_ = std::make_unique<snapshot::TemplateCache>(manager->config_.data_dir + "/templates",
                                                                   manager->config_.max_template_sizes);
   manager->launcher_ = std::make_unique<Launcher>(
-      Launcher::Config{manager->config_.templates, manager->config_.boot_timeout, manager->config_.use_snapshots},
+      Launcher::Config{manager->config_.templates, manager->config_.boot_timeout, manager->config_.use_snapshots,
+                       manager->config_.network, manager->config_.data_dir + "/network",
+                       manager->config_.default_policy},
       std::move(facts.value()), *manager->templates_);
+  manager->templates_->setNetnsSource([l = manager->launcher_.get()] { return l->helperNetns(); });
   SPACE_TRY(manager->recover());
+  // After recovery: the slots of re-adopted sandboxes are taken, every other one of ours is a
+  // leftover of an earlier run and is removed.
+  if (manager->config_.network) SPACE_TRY(manager->config_.network->start({}));
   // From here a failure returns through ~SandboxManager, which stops whatever was started.
   auto actions = ActionPool::start(manager->config_.housekeeping_workers);
   if (!actions.ok()) return actions.error();
@@ -291,6 +369,18 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   if (on_timeout != "delete" && on_timeout != "suspend") {
     return makeError(ErrorCode::kInvalidArgument, "on_timeout = \"" + on_timeout + "\": must be delete or suspend");
   }
+  if (request.network && !config_.network) {
+    return makeError(ErrorCode::kInvalidArgument,
+                     "network: this node gives sandboxes no network (spaced --network off)");
+  }
+  // The policy: the request's, else the snapshot's (children carry it), else the node's.
+  net::Policy policy = config_.default_policy;
+  if (request.network) {
+    policy = *request.network;
+  } else if (from_snapshot && config_.network) {
+    auto carried = net::NetworkPool::readPolicy(snapshotDir(from_snapshot->id));
+    if (carried.ok() && carried.value()) policy = std::move(*carried.value());
+  }
   // Checked before anything is recorded: a request the host can never satisfy leaves no trace.
   SPACE_TRY(launcher_->checkFits(*tpl.value(), cpus, memory_mb));
 
@@ -359,6 +449,15 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     // start's orphan sweep removes, and the client never had an answer.)
     live->runtime = std::move(warm->runtime);
     warm.reset();
+    // Its policy before the guest runs anything of the tenant's: the gateway applies it from
+    // its next connection, and the pool guest has made none.
+    if (auto* network = live->runtime->network(); network != nullptr) {
+      if (auto set = network->setPolicy(policy); !set.ok()) {
+        live->runtime.reset();
+        release();
+        return set.error();
+      }
+    }
     // Refilled at low priority; a sandbox runs at the priority of every other.
     if (auto raised = live->runtime->setHostNice(0); !raised.ok()) {
       spdlog::warn("sandbox {}: its QEMU keeps the pool's low priority: {}", rec.id, raised.error().message);
@@ -431,6 +530,7 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
       auto launch = launcher_->fromSnapshot(
           *tpl.value(), snapshot::snapshotFilesIn(snapshotDir(from_snapshot->id), from_snapshot->disk), cpus, memory_mb,
           rec.run_dir);
+      if (launch.network) launch.network->policy = policy;
       how = launch.how;
       auto runtime = SandboxRuntime::prepare(launch);
       if (!runtime.ok()) return fail(runtime.error());
@@ -444,6 +544,7 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     auto launch = launcher_->fromTemplate(*tpl.value(), cpus, memory_mb, rec.run_dir,
                                           cpus == config_.default_cpus && memory_mb == config_.default_memory_mb);
     if (!launch.ok()) return fail(launch.error());
+    if (launch->network) launch->network->policy = policy;
     how = launch->how;
     auto runtime = SandboxRuntime::start(launch.value());
     if (!runtime.ok()) return fail(runtime.error());
@@ -503,6 +604,7 @@ Status SandboxManager::finish(const std::shared_ptr<Live>& live, SandboxState to
   auto rec = store_.getSandbox(live->id);
   if (!rec.ok()) return rec.error();
   live->runtime.reset();  // the work first (QEMU gone, files removed), then the record
+  if (to == SandboxState::kDeleted) removeNetworkFiles(live->id);
   layers_dirty_ = true;
   faultPoint(to == SandboxState::kDeleted ? "delete.vm_removed" : "fail.vm_removed");
   rec->state = stateName(to);
@@ -535,6 +637,7 @@ Status SandboxManager::remove(const std::string& tenant, const std::string& id) 
   if (from.value() == SandboxState::kSuspended) {
     std::error_code ec;
     std::filesystem::remove_all(rec->run_dir, ec);  // the files first, then the record
+    removeNetworkFiles(rec->id);
     layers_dirty_ = true;
   }
   rec->state = stateName(SandboxState::kDeleted);
@@ -915,8 +1018,9 @@ void SandboxManager::shutdown(ShutdownMode mode) {
   if (housekeeper_.joinable()) housekeeper_.join();
   if (actions_) actions_->stop();  // what runs finishes (a suspend is not cut short)
   if (pool_)
-    pool_->stop();  // waiting VMs are no sandboxes: never left running (the
-                    // object stays: a create still running may put one back)
+    pool_->stop();                               // waiting VMs are no sandboxes: never left running (the
+                                                 // object stays: a create still running may put one back)
+  if (config_.network) config_.network->stop();  // no more spare slots made
   std::vector<std::shared_ptr<Live>> all;
   {
     std::lock_guard lock(mu_);

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "net/sandbox_network.h"
 #include "sandbox/action_pool.h"
 #include "sandbox/launcher.h"
 #include "sandbox/lifecycle.h"
@@ -56,6 +57,9 @@ struct ManagerConfig {
   // Guests of template "base" at the default size kept running and warmed up, waiting to
   // become sandboxes (see WarmPool). 0: none; every create restores its guest.
   uint32_t warm_pool_size = 2;
+  // Networking: every sandbox gets a slot and a gateway from this pool (null: no NIC at all).
+  std::shared_ptr<net::NetworkPool> network;
+  net::Policy default_policy = net::defaultPolicy();  // a sandbox's, unless its create says
 
   // Node limits; a request beyond them is refused, never overcommitted.
   uint32_t max_sandboxes = 64;
@@ -102,6 +106,8 @@ struct CreateRequest {
   std::string snapshot_id;
   int64_t idle_suspend_s = -1;  // -1: the node's default; 0: never
   std::string on_timeout;       // "delete" (default) or "suspend"
+  // Its egress policy; nullopt: the snapshot's (when restoring one), else the node's default.
+  std::optional<net::Policy> network;
 };
 
 struct SnapshotRequest {
@@ -159,6 +165,13 @@ class SandboxManager {
   // kNotFound for unknown ids and for other tenants' sandboxes.
   Result<store::SandboxRecord> get(const std::string& tenant, const std::string& id);
   Result<store::SandboxPage> list(const store::ListFilter& filter);
+  // Its egress policy (kFailedPrecondition on a node without networking).
+  Result<net::Policy> networkPolicy(const std::string& tenant, const std::string& id);
+  // Changes it: a running sandbox's gateway applies it from its next DNS answer or connection;
+  // a suspended one gets it when it resumes.
+  Status setNetworkPolicy(const std::string& tenant, const std::string& id, const net::Policy& policy);
+  // The newest entries of its network audit log (JSON lines), at most `max_entries`.
+  Result<std::vector<nlohmann::json>> networkLog(const std::string& tenant, const std::string& id, size_t max_entries);
   // Kills the VM, removes its files, records `deleted` (reason "deleted by request").
   Status remove(const std::string& tenant, const std::string& id);
   // running -> paused: the vCPUs stop, memory stays resident (QMP stop). The hard timeout
@@ -204,7 +217,7 @@ class SandboxManager {
   Status recover();
   void housekeeping();
   // What housekeeping found due for a sandbox; decided on its thread, done by actions_.
-  enum class Due { kNothing, kTimeout, kIdle, kVmExited, kStopReported };
+  enum class Due { kNothing, kTimeout, kIdle, kVmExited, kStopReported, kGatewayExited };
   Due dueFor(Live& live, int64_t now_ms);  // `control` held; never waits
   void checkOne(const std::shared_ptr<Live>& live, int64_t now_ms);
   void act(const std::shared_ptr<Live>& live, Due due);
@@ -241,6 +254,8 @@ class SandboxManager {
   // pause/resume: moves a live sandbox between running and paused.
   Result<store::SandboxRecord> changeRunState(const std::string& tenant, const std::string& id, SandboxState to);
   std::string sandboxDir(const std::string& id) const;
+  // A deleted sandbox's network files (policy, audit log).
+  void removeNetworkFiles(const std::string& id) const;
 
   ManagerConfig config_;
   store::StateStore& store_;

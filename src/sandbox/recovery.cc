@@ -33,11 +33,13 @@ Status SandboxManager::recover() {
     if (row.state == "creating" || row.vm_pid <= 0 || row.run_dir.empty()) continue;
     if (std::filesystem::exists(row.run_dir + kSuspendedState)) continue;  // a suspend cut short
     vmm::VmAdoptSpec spec = launcher_->adoption(row);
+    auto network = launcher_->networkFor(row.run_dir, std::nullopt);
     try {
-      adoptions[i] = std::async(std::launch::async, [spec] { return SandboxRuntime::adopt(spec); });
+      adoptions[i] = std::async(std::launch::async, [spec, network] { return SandboxRuntime::adopt(spec, network); });
     } catch (const std::system_error&) {
       // No thread to spare: adopt this one in turn (slower, but recovery still completes).
-      adoptions[i] = std::async(std::launch::deferred, [spec] { return SandboxRuntime::adopt(spec); });
+      adoptions[i] =
+          std::async(std::launch::deferred, [spec, network] { return SandboxRuntime::adopt(spec, network); });
     }
   }
   for (size_t i = 0; i < rows->size(); ++i) {

@@ -11,12 +11,25 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/result.h"
+#include "net/policy.h"
+#include "net/sandbox_network.h"
 #include "vmm/vm.h"
 
 namespace space::sandbox {
+
+// The network a sandbox's VM gets: a slot from `pool` and a gateway enforcing its policy, with
+// its files (policy, audit log) in `state_dir`, which outlives the VM (suspend, resume).
+struct NetworkAttach {
+  std::shared_ptr<net::NetworkPool> pool;
+  std::string state_dir;
+  // Written before the gateway starts; nullopt: the policy already in state_dir stays (a
+  // resume), or the node's default where there is none.
+  std::optional<net::Policy> policy;
+};
 
 // How to start a sandbox's VM: what Launcher makes from a template, a snapshot, a suspended
 // sandbox or a pool entry.
@@ -26,6 +39,8 @@ struct Launch {
   // The saved device state it is restored from; empty: a cold boot.
   std::string state_file;
   const char* how = "booted";  // for the log: booted, restored, branched, resumed
+  // Set on nodes with networking: the VM starts in the slot it gets (spec.netns_path).
+  std::optional<NetworkAttach> network;
 };
 
 class SandboxRuntime {
@@ -37,7 +52,10 @@ class SandboxRuntime {
   // only while they load): load() and awaitAgent() finish the start.
   static Result<std::unique_ptr<SandboxRuntime>> prepare(const Launch& launch);
   // Takes charge of what an earlier daemon left running (see vmm::Vm::adopt).
-  static Result<std::unique_ptr<SandboxRuntime>> adopt(const vmm::VmAdoptSpec& spec);
+  // `network`: the sandbox's network files, when the node has networking (its slot and gateway
+  // are adopted too; a gateway that is gone is started again).
+  static Result<std::unique_ptr<SandboxRuntime>> adopt(const vmm::VmAdoptSpec& spec,
+                                                       const std::optional<NetworkAttach>& network);
   ~SandboxRuntime() = default;  // teardown: QEMU killed, files removed
   SandboxRuntime(const SandboxRuntime&) = delete;
   SandboxRuntime& operator=(const SandboxRuntime&) = delete;
@@ -63,13 +81,20 @@ class SandboxRuntime {
   // The host scheduling priority of everything the sandbox runs on the host (all QEMU threads).
   Status setHostNice(int nice);
 
+  // The sandbox's slot and gateway; null on a node without networking.
+  net::SandboxNetwork* network() { return network_.get(); }
+
   // The VM, for what only asks it (state, agent, console) or acts on the guest alone.
   vmm::Vm& vm() { return *vm_; }
   const vmm::Vm& vm() const { return *vm_; }
 
  private:
-  SandboxRuntime(std::unique_ptr<vmm::Vm> vm, std::string state_file)
-      : vm_(std::move(vm)), state_file_(std::move(state_file)) {}
+  SandboxRuntime(std::unique_ptr<net::SandboxNetwork> network, std::unique_ptr<vmm::Vm> vm, std::string state_file)
+      : network_(std::move(network)), vm_(std::move(vm)), state_file_(std::move(state_file)) {}
+  // Attaches the launch's network (if any) and points the spec at its slot.
+  static Result<std::unique_ptr<net::SandboxNetwork>> attachNetwork(const Launch& launch, vmm::VmSpec& spec);
+  // Declared before the VM, so destroyed after it: the gateway outlives QEMU, never the reverse.
+  std::unique_ptr<net::SandboxNetwork> network_;
   std::unique_ptr<vmm::Vm> vm_;
   std::string state_file_;  // prepare()d: what load() loads
 };

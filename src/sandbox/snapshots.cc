@@ -62,6 +62,11 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
   take.snapshots_dir = config_.data_dir + "/snapshots";
   take.layers_dir = config_.data_dir + "/layers";
   take.vm_spec = launcher_->snapshotHelperSpec(*tpl.value(), rec->cpus, rec->memory_mb, sandbox.vm().accelerator());
+  // The helper restores the guest's devices, its NIC included: it needs a slot of its own
+  // (never the sandbox's), held until the snapshot is taken.
+  auto helper_netns = launcher_->helperNetns();
+  if (!helper_netns.ok()) return helper_netns.error();
+  take.vm_spec.netns_path = helper_netns->path;
   take.node = &launcher_->facts();
   take.timeout = std::chrono::minutes(5);
   // Step 1 holds the sandbox (it is stopped) and, shared, the layers lock: the new layer is
@@ -88,12 +93,24 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
   faultPoint("snapshot.captured");
   // Step 2 needs neither: the sandbox serves calls again while the helper works. (Its layer is
   // kept by the build directory's name, see collectLayers, even if the sandbox goes meanwhile.)
+  // Its children inherit its policy (a branch may be given a stricter one).
+  std::optional<net::Policy> policy;
+  if (auto* network = sandbox.runtime->network(); network != nullptr) {
+    auto current = net::NetworkPool::readPolicy(net::NetworkPool::gatewayDir(network->stateDir()));
+    if (current.ok()) policy = current.value();
+  }
   control.unlock();
   auto files = snapshot::finishSnapshot(std::move(capture.value()), take);
   if (!files.ok()) {
     layers_dirty_ = true;
     return makeError(files.error().code, "cannot snapshot sandbox " + sandbox.id + ": " +
                                              firstLine(files.error().message) + " (the sandbox is unchanged)");
+  }
+  if (policy) {
+    if (auto kept = net::NetworkPool::writePolicy(snap.dir, *policy); !kept.ok()) {
+      spdlog::warn("snapshot {}: its network policy was not kept ({}); children get the node's default", snap.id,
+                   kept.error().message);
+    }
   }
   snap.disk = files->disk;
   snap.size_bytes = files->size_bytes;

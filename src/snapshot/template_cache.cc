@@ -37,17 +37,20 @@ Result<json> keyJson(const TemplateKey& key) {
   if (!qemu_path.ok()) return qemu_path.error();
   auto qemu = fileIdentity(qemu_path.value());
   if (!qemu.ok()) return qemu.error();
-  return json{{"format_version", kSnapshotFormatVersion},
-              {"template", key.name},
-              {"kernel", kernel.value()},
-              {"rootfs", rootfs.value()},
-              {"qemu", qemu.value()},
-              {"vcpus", key.vcpus},
-              {"memory_mib", key.memory_mib},
-              {"accelerator", vmm::acceleratorName(key.accelerator)},
-              // The CPU model the guest saw: what buildQemuArgv gives each accelerator.
-              {"cpu_model", key.accelerator == vmm::Accelerator::kKvm ? "host" : "max"},
-              {"kernel_args", key.kernel_args}};
+  json k{{"format_version", kSnapshotFormatVersion},
+         {"template", key.name},
+         {"kernel", kernel.value()},
+         {"rootfs", rootfs.value()},
+         {"qemu", qemu.value()},
+         {"vcpus", key.vcpus},
+         {"memory_mib", key.memory_mib},
+         {"accelerator", vmm::acceleratorName(key.accelerator)},
+         // The CPU model the guest saw: what buildQemuArgv gives each accelerator.
+         {"cpu_model", key.accelerator == vmm::Accelerator::kKvm ? "host" : "max"},
+         {"kernel_args", key.kernel_args}};
+  // Only when set, so the names of templates without a NIC stay what they were.
+  if (key.nic) k["nic"] = true;
+  return k;
 }
 
 TemplateSnapshot snapshotIn(const std::string& dir, json meta) {
@@ -59,7 +62,7 @@ TemplateSnapshot snapshotIn(const std::string& dir, json meta) {
 Result<std::string> TemplateCache::dirName(const TemplateKey& key) {
   const std::string fields = json{key.name,        key.kernel_path, key.rootfs_path,
                                   key.vcpus,       key.memory_mib,  vmm::acceleratorName(key.accelerator),
-                                  key.qemu_binary, key.kernel_args}
+                                  key.qemu_binary, key.kernel_args, key.nic}
                                  .dump(-1, ' ', false, json::error_handler_t::replace);
   {
     std::lock_guard guard(mu_);
@@ -170,6 +173,14 @@ Result<TemplateSnapshot> TemplateCache::build(const TemplateKey& key, const std:
   vmm::VmStartOptions options;
   options.run_dir = dir + "/vm";
   options.node = node;
+  NetnsLease netns;
+  if (key.nic) {
+    if (!netns_source_) return makeError(ErrorCode::kInternal, "template " + key.name + ": no slot for its NIC");
+    auto lease = netns_source_();
+    if (!lease.ok()) return makeError(lease.error().code, "template " + key.name + ": " + lease.error().message);
+    netns = std::move(lease.value());
+    spec.netns_path = netns.path;
+  }
   {
     auto vm = vmm::Vm::start(spec, options);
     if (!vm.ok()) return makeError(vm.error().code, "template " + key.name + ": boot failed: " + vm.error().message);

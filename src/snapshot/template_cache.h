@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,7 +37,17 @@ struct TemplateKey {
   // Kernel arguments the template is booted with (the node's, e.g. tsc_early_khz under TCG):
   // its clones inherit what the booted kernel made of them.
   std::string kernel_args;
+  // Booted with a NIC in a slot (net/slot.h): its clones must be restored into one too.
+  bool nic = false;
 };
+
+// A network namespace lent for one VM (a template boot, a snapshot's helper): its path, and
+// what gives it back once the lease is dropped.
+struct NetnsLease {
+  std::string path;
+  std::shared_ptr<void> release;
+};
+using NetnsSource = std::function<Result<NetnsLease>()>;
 
 struct TemplateSnapshot {
   std::string dir;
@@ -66,6 +77,8 @@ class TemplateCache {
   // (kResourceExhausted, template_sizes_full) when the template's built snapshots and those
   // being built reach max_sizes, unless `always`. Public for its tests; ensure() takes one.
   Result<std::shared_ptr<void>> claimBuild(const TemplateKey& key, bool always = false);
+  // Where builds of keys with a NIC get their slot; set once, before the first ensure().
+  void setNetnsSource(NetnsSource source) { netns_source_ = std::move(source); }
 
  private:
   Result<TemplateSnapshot> build(const TemplateKey& key, const std::string& final_dir,
@@ -79,6 +92,7 @@ class TemplateCache {
   std::map<std::string, std::shared_ptr<std::mutex>> locks_;
   std::map<std::string, std::string> dir_names_;  // memo of dirName, by the key's fields
   std::set<std::string> building_;                // directory names being built now
+  NetnsSource netns_source_;
 };
 
 }  // namespace space::snapshot

@@ -2,6 +2,8 @@
 
 #include <cassert>
 
+#include "net/addressing.h"
+
 namespace space::vmm {
 
 VmPaths VmPaths::inRunDir(const std::string& run_dir) {
@@ -78,6 +80,14 @@ std::vector<std::string> buildQemuArgv(const VmSpec& spec, const VmPaths& paths,
   add({"-object", "rng-random,id=rng,filename=/dev/urandom", "-device",
        "virtio-rng-device,rng=rng,max-bytes=" + std::to_string(kRngBytesPerPeriod) +
            ",period=" + std::to_string(kRngPeriodMs)});
+
+  // Last, so the other devices keep their virtio-mmio slots with or without it. Every guest has
+  // the same MAC (net/addressing.h): clones of one snapshot land in any slot unchanged. QEMU
+  // opens the slot's tap by name, which works because it runs in the slot's namespace.
+  if (!spec.netns_path.empty()) {
+    add({"-netdev", std::string("tap,id=net0,ifname=") + net::kTapName + ",script=no,downscript=no,vnet_hdr=on",
+         "-device", std::string("virtio-net-device,netdev=net0,mac=") + net::kGuestMac});
+  }
 
   add({"-qmp", "unix:" + paths.qmp_socket + ",server=on,wait=off"});
   add({"-pidfile", paths.pid_file});

@@ -233,7 +233,9 @@ Status Vm::boot(const VmSpec& spec, const VmStartOptions& options, bool defer_st
   auto argv = buildQemuArgv(effective, paths_, accelerator_);
   auto spawned_at = Clock::now();
   auto deadline = spawned_at + spec.boot_timeout;
-  auto child = ChildProcess::spawn(argv, SpawnOptions{qemu_log, "", true});
+  SpawnOptions spawn_options{qemu_log, "", true};
+  spawn_options.netns_path = spec.netns_path;
+  auto child = ChildProcess::spawn(argv, spawn_options);
   if (!child.ok()) return child.error();
   process_.emplace(std::move(child.value()));
   if (auto started = processStartTime(process_->pid()); started.ok()) identity_ = started.value();

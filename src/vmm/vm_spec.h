@@ -39,6 +39,10 @@ struct VmSpec {
   // Start with the vCPUs stopped (-S): with `incoming`, the restored guest never runs until
   // told to (a snapshot being re-saved must not execute and diverge from its disk).
   bool start_paused = false;
+  // The sandbox's slot (net/slot.h): QEMU starts inside this network namespace and the guest
+  // gets a virtio-net NIC on the slot's tap. Empty: no NIC at all. A snapshot taken with a NIC
+  // restores only into a VM with one (the device list is part of the saved state).
+  std::string netns_path;
   // Appended after SPACE's own kernel arguments (later ones win, e.g. init=).
   std::string extra_cmdline;
   std::chrono::milliseconds boot_timeout{60000};

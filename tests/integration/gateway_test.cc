@@ -200,7 +200,7 @@ class GatewayTest : public ::testing::Test {
                                      "--slot-netns",
                                      "/run/netns/" + slot_,
                                      "--upstream-netns",
-                                     inet_->netnsPath(),
+                                     inet_->upstreamNetnsPath(),
                                      "--upstream-dns",
                                      inet_->dnsServer(),
                                      "--policy",
@@ -610,9 +610,31 @@ TEST_F(GatewayTest, MetadataAndPrivateRangesAreDeniedEvenInAllowMode) {
     EXPECT_TRUE(p.received.empty()) << ip << ": " << p.received;
     EXPECT_TRUE(p.reset) << ip;
     EXPECT_LT(p.ms, 1000) << ip;
-    waitForAudit({{"kind", "tcp"}, {"allowed", false}, {"destination", ip}, {"reason", "forbidden-range"}});
+    // Link-local (metadata) is never reachable; a private range only where the node opens it.
+    const std::string reason = std::string(ip) == FakeInternet::kMetadataIp ? "never-reachable" : "forbidden-range";
+    waitForAudit({{"kind", "tcp"}, {"allowed", false}, {"destination", ip}, {"reason", reason}});
   }
   EXPECT_EQ(query("meta.test").rcode, dns::kNxDomain);
+}
+
+// A tenant's allow CIDR opens a private range only where the node lets it (--openable-cidr),
+// and never the gateway's own host: an address of its upstream namespace is refused whatever
+// the policy, since it would reach the host's services over its loopback path.
+TEST_F(GatewayTest, TenantCidrsOpenOnlyWhatTheNodeAllowsAndNeverTheHost) {
+  writePolicy(Json{{"egress", "policy"}, {"allow", {"0.0.0.0/0"}}});
+  startGateway();
+  Probe closed = probe(FakeInternet::kPrivateIp, 80, httpGet(FakeInternet::kPrivateIp));
+  EXPECT_TRUE(closed.reset);
+  waitForAudit(
+      {{"kind", "tcp"}, {"allowed", false}, {"destination", FakeInternet::kPrivateIp}, {"reason", "forbidden-range"}});
+  Probe host = probe(FakeInternet::kUplinkIp, 80, httpGet(FakeInternet::kUplinkIp));
+  EXPECT_TRUE(host.reset);
+  waitForAudit(
+      {{"kind", "tcp"}, {"allowed", false}, {"destination", FakeInternet::kUplinkIp}, {"reason", "local-address"}});
+  gateway_->kill();
+  startGateway({"--openable-cidr", "10.0.0.0/24"});
+  Probe opened = probe(FakeInternet::kPrivateIp, 80, httpGet(FakeInternet::kPrivateIp));
+  EXPECT_EQ(opened.received.substr(0, 15), "HTTP/1.1 200 OK") << opened.received;
 }
 
 // --- What the sniffer refuses ---

@@ -23,8 +23,10 @@
 #include <sstream>
 #include <thread>
 
+#include "../support/fake_internet.h"
 #include "../support/raw_http.h"
 #include "agentproto/base64.h"
+#include "common/digest.h"
 #include "common/fs.h"
 #include "common/process.h"
 #include "common/unix_socket.h"
@@ -78,6 +80,33 @@ int runCommand(const std::vector<std::string>& argv, const std::string& log) {
   return status->signaled ? -1 : status->exit_code;
 }
 
+// Where the daemons' gateways reach "the outside" from: a namespace of this test process with
+// nothing but a loopback, so no test's sandbox can send a packet off this machine whatever a
+// bug does. Network tests that need servers build a fake internet instead.
+class IsolatedUpstream {
+ public:
+  static const IsolatedUpstream& get() {
+    static IsolatedUpstream instance;
+    return instance;
+  }
+  const std::string& path() const { return path_; }
+  ~IsolatedUpstream() { (void)runCommand({"ip", "netns", "del", name_}, "/dev/null"); }
+
+ private:
+  IsolatedUpstream() : name_("spacetest-void-" + std::to_string(::getpid())), path_("/run/netns/" + name_) {
+    (void)runCommand({"ip", "netns", "del", name_}, "/dev/null");
+    EXPECT_EQ(runCommand({"ip", "netns", "add", name_}, "/dev/null"), 0);
+    EXPECT_EQ(runCommand({"ip", "-n", name_, "link", "set", "lo", "up"}, "/dev/null"), 0);
+  }
+  std::string name_;
+  std::string path_;
+};
+
+// What every daemon of these tests is started with unless a test gives its own.
+std::vector<std::string> isolatedNetworkArgs() {
+  return {"--gateway-upstream-netns", IsolatedUpstream::get().path(), "--gateway-upstream-dns", "192.0.2.53"};
+}
+
 // A filesystem mounted for one test: a small ext4 (to fill it) or a btrfs, loop-mounted. The
 // tests run as root (CI does); a mount that fails fails the test, never skips it.
 class Mount {
@@ -126,6 +155,10 @@ class Daemon {
     // No VMs waiting in a warm pool unless a test asks: the others count QEMU processes.
     if (std::find(extra.begin(), extra.end(), "--warm-pool") == extra.end()) {
       extra.insert(extra.end(), {"--warm-pool", "0"});
+    }
+    if (std::find(extra.begin(), extra.end(), "--gateway-upstream-netns") == extra.end()) {
+      auto isolated = isolatedNetworkArgs();
+      extra.insert(extra.end(), isolated.begin(), isolated.end());
     }
     std::unique_ptr<Daemon> d(new Daemon());
     d->data_dir_ = data_dir;
@@ -2384,4 +2417,206 @@ TEST_F(SpacedTest, SecretsStayOffTheCommandLineAndNodeFiguresAreTheOperators) {
 }
 
 }  // namespace
+
+// --- network: every sandbox behind its own gateway, against a fake internet -------------------
+// The gateways' upstream side runs in the fake internet's namespace, which routes nowhere else.
+
+class SpacedNetworkTest : public SpacedTest {
+ protected:
+  void SetUp() override {
+    SpacedTest::SetUp();
+    auto net = testsupport::FakeInternet::start("spnet" + std::to_string(::getpid()));
+    ASSERT_TRUE(net.ok()) << net.error().message;
+    internet_ = std::move(net.value());
+  }
+  void TearDown() override {
+    SpacedTest::TearDown();
+    internet_.reset();
+  }
+  std::vector<std::string> networkArgs() const {
+    return {"--gateway-upstream-netns", internet_->upstreamNetnsPath(), "--gateway-upstream-dns",
+            internet_->dnsServer()};
+  }
+  // Runs a shell command in the guest; its exit code and output.
+  static std::pair<int, std::string> sh(const Daemon& d, const std::string& id, const std::string& command) {
+    json r = execJson(d, id, json{{"command", command}, {"timeout_s", 60}});
+    return {r.value("exit_code", -1), r.value("stdout", std::string()) + r.value("stderr", std::string())};
+  }
+  static json auditLog(const Daemon& d, const std::string& id) {
+    return d.callJson("GET", "/v1/sandboxes/" + id + "/network/log", json(), 200)["entries"];
+  }
+  static bool logged(const json& entries, const std::string& field, const std::string& value, bool allowed) {
+    for (const auto& e : entries) {
+      if (e.value(field, std::string()) == value && e.value("allowed", !allowed) == allowed) return true;
+    }
+    return false;
+  }
+  std::unique_ptr<testsupport::FakeInternet> internet_;
+};
+
+// The guest resolves and reaches what its policy allows, over HTTP and HTTPS, and gets a fast,
+// clear refusal (NXDOMAIN, a reset) for the rest, each decision in its audit log; a policy
+// change applies to the next connection.
+TEST_F(SpacedNetworkTest, ASandboxReachesWhatItsPolicyAllowsAndNothingElse) {
+  daemon_ = Daemon::start(data_dir_, networkArgs());
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string id =
+      d.create(json{{"cpus", 1}, {"memory_mb", 256}, {"network", {{"egress", "policy"}, {"allow", {"allowed.test"}}}}});
+  ASSERT_FALSE(id.empty());
+  EXPECT_EQ(d.callJson("GET", "/v1/sandboxes/" + id + "/network", json(), 200)["allow"], json({"allowed.test"}));
+
+  auto [http_rc, http_out] = sh(d, id, "curl -sS -m 10 http://allowed.test/");
+  EXPECT_EQ(http_rc, 0) << http_out;
+  EXPECT_NE(http_out.find("host allowed.test"), std::string::npos) << http_out;
+  // HTTPS with the fake internet's CA, uploaded for the test (the guest's own store is untouched).
+  auto ca = readSmallFile(internet_->caPath(), 1 << 20);
+  ASSERT_TRUE(ca.ok());
+  auto up = d.call("PUT", "/v1/sandboxes/" + id + "/files?path=/tmp/ca.pem", ca.value());
+  ASSERT_EQ(up.status, 200) << up.body;
+  auto [https_rc, https_out] = sh(d, id, "curl -sS -m 10 --cacert /tmp/ca.pem https://allowed.test/");
+  EXPECT_EQ(https_rc, 0) << https_out;
+
+  // Denials are fast: measured in the guest, far below any timeout.
+  auto [denied_rc, denied_out] =
+      sh(d, id,
+         "s=$(date +%s%N); curl -sS -m 20 http://denied.test/; a=$?; "
+         "curl -sS -m 20 http://198.51.100.20/; b=$?; curl -sS -m 20 http://169.254.169.254/; c=$?; "
+         "curl -sS -m 20 --cacert /tmp/ca.pem --resolve allowed.test:443:198.51.100.20 https://allowed.test/; e=$?; "
+         "echo codes $a $b $c $e ms $(( ($(date +%s%N) - s) / 1000000 ))");
+  EXPECT_NE(denied_out.find("codes 6 56 56 35"), std::string::npos) << denied_out;
+  auto ms_at = denied_out.rfind("ms ");
+  ASSERT_NE(ms_at, std::string::npos) << denied_out;
+  EXPECT_LT(std::stoi(denied_out.substr(ms_at + 3)), 5000) << "denials must be fast: " << denied_out;
+  // Other protocols: UDP other than DNS goes nowhere, and no IPv6 at all.
+  auto [udp_rc, udp_out] =
+      sh(d, id,
+         "python3 -c \"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2); "
+         "s.sendto(b'x', ('198.51.100.10', 7)); print(s.recv(10))\"");
+  EXPECT_NE(udp_rc, 0) << udp_out;
+  EXPECT_NE(udp_out.find("timed out"), std::string::npos) << udp_out;
+
+  json entries = auditLog(d, id);
+  EXPECT_TRUE(logged(entries, "name", "denied.test", false)) << entries.dump(1);
+  EXPECT_TRUE(logged(entries, "destination", "198.51.100.20", false)) << entries.dump(1);
+  EXPECT_TRUE(logged(entries, "destination", "169.254.169.254", false)) << entries.dump(1);
+  EXPECT_TRUE(logged(entries, "sni", "allowed.test", true) || logged(entries, "name", "allowed.test", true))
+      << entries.dump(1);
+
+  // A new policy applies to the next connection; invalid ones change nothing.
+  EXPECT_EQ(d.call("PUT", "/v1/sandboxes/" + id + "/network", R"({"egress":"policy","allow":["*.test:80"],"deny":[1]})")
+                .status,
+            400);
+  d.callJson("PUT", "/v1/sandboxes/" + id + "/network",
+             json{{"egress", "policy"}, {"allow", {"denied.test:80"}}, {"deny", {"allowed.test"}}}, 200);
+  auto [after_rc, after_out] =
+      sh(d, id, "curl -sS -m 10 http://denied.test/; echo; curl -sS -m 10 http://allowed.test/");
+  EXPECT_NE(after_out.find("host denied.test"), std::string::npos) << after_out;
+  EXPECT_EQ(after_out.find("host allowed.test"), std::string::npos) << after_out;
+  EXPECT_NE(after_rc, 0) << after_out;
+
+  // spacectl shows and changes it, and prints the log.
+  auto spacectl = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {SPACECTL_BIN, "--data-dir", data_dir_});
+    const std::string out = dir_->path() + "/spacectl.out";
+    std::filesystem::remove(out);
+    EXPECT_EQ(runCommand(args, out), 0) << args[3];
+    auto text = readSmallFile(out, 1 << 20);
+    return text.ok() ? text.value() : std::string();
+  };
+  EXPECT_NE(spacectl({"net", "show", id}).find("allow:  denied.test:80"), std::string::npos);
+  EXPECT_NE(spacectl({"net", "set", id, "--allow", "other.test"}).find("egress: policy"), std::string::npos);
+  EXPECT_EQ(d.callJson("GET", "/v1/sandboxes/" + id + "/network", json(), 200)["allow"], json({"other.test"}));
+  EXPECT_NE(spacectl({"net", "log", id, "--limit", "50"}).find("DENY "), std::string::npos);
+}
+
+// Children of one snapshot: the same guest address, but each in its own slot with its own
+// gateway, policy and audit log; a child may be given a stricter policy than the parent's.
+TEST_F(SpacedNetworkTest, BranchedChildrenCarryThePolicyInSeparateSlots) {
+  daemon_ = Daemon::start(data_dir_, networkArgs());
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string parent =
+      d.create(json{{"cpus", 1}, {"memory_mb", 256}, {"network", {{"egress", "policy"}, {"allow", {"*.test"}}}}});
+  ASSERT_FALSE(parent.empty());
+  const std::string snap = d.callJson("POST", "/v1/sandboxes/" + parent + "/snapshots", json::object(), 201)["id"];
+  json children = d.callJson("POST", "/v1/snapshots/" + snap + "/branch", json{{"count", 2}}, 201);
+  ASSERT_EQ(children["sandboxes"].size(), 2u) << children;
+  const std::string a = children["sandboxes"][0]["id"], b = children["sandboxes"][1]["id"];
+  const std::string stricter = d.create(json{{"snapshot", snap}, {"network", {{"egress", "deny"}}}});
+  ASSERT_FALSE(stricter.empty());
+  for (const std::string& child : {a, b}) {
+    EXPECT_EQ(d.callJson("GET", "/v1/sandboxes/" + child + "/network", json(), 200)["allow"], json({"*.test"}));
+    auto [rc, out] = sh(d, child, "ip -4 -o addr show eth0 | awk '{print $4}'; curl -sS -m 10 http://other.test/");
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("169.254.0.2/30"), std::string::npos) << out;
+  }
+  sh(d, a, "curl -sS -m 10 http://allowed.test/ >/dev/null");
+  EXPECT_TRUE(logged(auditLog(d, a), "name", "allowed.test", true));
+  EXPECT_FALSE(logged(auditLog(d, b), "name", "allowed.test", true)) << "one child's traffic in the other's log";
+  auto [strict_rc, strict_out] = sh(d, stricter, "curl -sS -m 10 http://other.test/");
+  EXPECT_NE(strict_rc, 0) << strict_out;
+  // Separate slots: each running sandbox holds one of this daemon's namespaces.
+  std::set<std::string> slots;
+  for (const std::string& id : {parent, a, b, stricter}) {
+    auto attachment = readSmallFile(data_dir_ + "/network/" + id + "/attachment.json", 4096);
+    ASSERT_TRUE(attachment.ok()) << id;
+    slots.insert(std::to_string(json::parse(attachment.value())["slot"].get<int>()));
+  }
+  EXPECT_EQ(slots.size(), 4u);
+}
+
+// kill -9 of a gateway: the sandbox loses its connections, not its policy; spaced notices,
+// starts a new one and says so in the sandbox's audit log. kill -9 of spaced: the next start
+// re-adopts the sandbox with its slot, and removes every other slot the dead one had made.
+TEST_F(SpacedNetworkTest, KilledGatewaysAndDaemonsLeaveNoHoleAndNoLeftovers) {
+  std::vector<std::string> args = networkArgs();
+  args.insert(args.end(), {"--on-shutdown", "keep"});
+  daemon_ = Daemon::start(data_dir_, args);
+  ASSERT_TRUE(daemon_);
+  const std::string id = daemon_->create(
+      json{{"cpus", 1}, {"memory_mb", 256}, {"network", {{"egress", "policy"}, {"allow", {"allowed.test"}}}}});
+  ASSERT_FALSE(id.empty());
+  auto gatewayPid = [&] {
+    auto attachment = readSmallFile(data_dir_ + "/network/" + id + "/attachment.json", 4096);
+    return attachment.ok() ? json::parse(attachment.value()).value("gateway_pid", -1) : -1;
+  };
+  const int first = gatewayPid();
+  ASSERT_GT(first, 0);
+  ASSERT_EQ(::kill(first, SIGKILL), 0);
+  bool restarted = false;
+  for (auto until = Clock::now() + seconds(20); Clock::now() < until && !restarted;
+       std::this_thread::sleep_for(milliseconds(100))) {
+    restarted = gatewayPid() > 0 && gatewayPid() != first;
+  }
+  ASSERT_TRUE(restarted) << daemon_->log();
+  EXPECT_NE(daemon_->log().find("its network gateway exited; restarted"), std::string::npos) << daemon_->log();
+  auto [rc, out] = sh(*daemon_, id, "curl -sS -m 10 http://allowed.test/ && curl -sS -m 10 http://other.test/");
+  EXPECT_NE(out.find("host allowed.test"), std::string::npos) << out;
+  EXPECT_NE(rc, 0) << "the restarted gateway forgot the policy: " << out;
+  EXPECT_TRUE(logged(auditLog(*daemon_, id), "reason", "gateway-restarted", false));
+
+  // The daemon dies with the sandbox running; its spare slots are leftovers for the next one.
+  const std::string prefix = "space-" + sha256Hex(data_dir_).substr(0, 8) + "-";
+  auto slotsOnHost = [&] {
+    size_t n = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/run/space/netns", ec)) {
+      if (e.path().filename().string().rfind(prefix, 0) == 0) ++n;
+    }
+    return n;
+  };
+  EXPECT_GE(slotsOnHost(), 2u);  // the sandbox's and the spares
+  daemon_->stop(SIGKILL);
+  daemon_ = Daemon::start(data_dir_, {networkArgs()[0], networkArgs()[1], networkArgs()[2], networkArgs()[3],
+                                      "--spare-slots", "0", "--on-shutdown", "stop"});
+  ASSERT_TRUE(daemon_);
+  EXPECT_EQ(daemon_->callJson("GET", "/v1/sandboxes/" + id, json(), 200)["state"], "running");
+  EXPECT_EQ(slotsOnHost(), 1u) << "the dead daemon's spare slots were not reclaimed";
+  auto [again_rc, again_out] = sh(*daemon_, id, "curl -sS -m 10 http://allowed.test/");
+  EXPECT_EQ(again_rc, 0) << again_out;
+  daemon_->stop(SIGTERM);  // --on-shutdown stop: the sandbox goes, and its slot with it
+  EXPECT_EQ(slotsOnHost(), 0u);
+}
+
 }  // namespace space

@@ -213,6 +213,23 @@ Status FakeInternet::build() {
   for (const char* ip : {kDnsIp, kAllowedIp, kDeniedIp, kOtherIp, kPrivateIp, kMetadataIp}) {
     SPACE_TRY(run({"ip", "-n", name_, "addr", "add", std::string(ip) + "/32", "dev", dev}));
   }
+  // The gateways' side: a namespace of its own whose only route is a veth into the servers'
+  // one, as a host's uplink would be. (A gateway refuses addresses local to its own namespace,
+  // so the servers cannot live there.)
+  SPACE_TRY(run({"ip", "netns", "add", upstreamName()}));
+  upstream_created_ = true;
+  SPACE_TRY(run({"ip", "-n", upstreamName(), "link", "set", "lo", "up"}));
+  SPACE_TRY(
+      run({"ip", "-n", upstreamName(), "link", "add", "up0", "type", "veth", "peer", "name", "in0", "netns", name_}));
+  SPACE_TRY(run({"ip", "-n", upstreamName(), "addr", "add", std::string(kUplinkIp) + "/30", "dev", "up0"}));
+  SPACE_TRY(run({"ip", "-n", name_, "addr", "add", std::string(kUplinkPeerIp) + "/30", "dev", "in0"}));
+  SPACE_TRY(run({"ip", "-n", upstreamName(), "link", "set", "up0", "up"}));
+  SPACE_TRY(run({"ip", "-n", name_, "link", "set", "in0", "up"}));
+  // A route to each server and to nothing else: an address the fake internet lacks is
+  // unreachable at once, as a dead host would be (not a silent drop and a timeout).
+  for (const char* ip : {kDnsIp, kAllowedIp, kDeniedIp, kOtherIp, kPrivateIp, kMetadataIp}) {
+    SPACE_TRY(run({"ip", "-n", upstreamName(), "route", "add", std::string(ip) + "/32", "via", kUplinkPeerIp}));
+  }
   SPACE_TRY(makeCertificates());
   SPACE_TRY(startDns());
   SPACE_TRY(startServers());
@@ -350,6 +367,7 @@ FakeInternet::~FakeInternet() {
     dns_thread_.join();
   }
   if (servers_) servers_->kill();
+  if (upstream_created_) runCommand({"ip", "netns", "delete", upstreamName()});
   if (netns_created_) runCommand({"ip", "netns", "delete", name_});
   if (!dir_.empty()) {
     std::error_code ignored;

@@ -69,7 +69,13 @@ class FakeInternet {
   FakeInternet& operator=(const FakeInternet&) = delete;
 
   const std::string& name() const { return name_; }
+  // The servers' namespace (for probes "from the internet itself", e.g. baselines).
   std::string netnsPath() const { return "/run/netns/" + name_; }
+  // Where a gateway's upstream side belongs: a namespace whose only route leads into the
+  // servers' one, over a veth (kUplinkIp, peer kUplinkPeerIp).
+  std::string upstreamNetnsPath() const { return "/run/netns/" + upstreamName(); }
+  static constexpr const char* kUplinkIp = "192.0.2.2";
+  static constexpr const char* kUplinkPeerIp = "192.0.2.1";
   std::string dnsServer() const { return std::string(kDnsIp) + ":53"; }
   std::string caPath() const { return dir_ + "/ca.pem"; }
   // Questions the fake resolver received so far.
@@ -83,9 +89,11 @@ class FakeInternet {
   Status startServers();
   void dnsLoop(int fd);
 
+  std::string upstreamName() const { return name_ + "-up"; }
   std::string name_;
   std::string dir_;
   bool netns_created_ = false;
+  bool upstream_created_ = false;
   UniqueFd stop_fd_;
   std::thread dns_thread_;
   std::atomic<int> dns_queries_{0};

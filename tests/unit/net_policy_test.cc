@@ -33,6 +33,14 @@ Policy policyOf(const json& value) {
 
 Policy policyOf(const char* text) { return policyOf(json::parse(text)); }
 
+// The node lets tenants open `cidr` (spaced --tenant-openable-cidrs).
+Policy openableTo(Policy policy, const char* cidr) {
+  auto rule = parseRule(cidr);
+  EXPECT_TRUE(rule.ok());
+  if (rule.ok()) policy.openable.push_back(rule.value());
+  return policy;
+}
+
 std::string parseError(const json& value) {
   auto parsed = parsePolicy(value);
   if (parsed.ok()) {
@@ -429,7 +437,8 @@ TEST(PolicyParse, RulesBuiltInCodeGetTheirCanonicalText) {
   EXPECT_EQ(
       toJson(policy),
       json::parse(R"({"egress": "policy", "allow": ["*.pypi.org:443", "10.0.0.0/8"], "deny": ["203.0.113.7:25"]})"));
-  EXPECT_EQ(decideConnection(policy, connection("10.1.1.1", 80)).reason, "allow:10.0.0.0/8");
+  EXPECT_EQ(decideConnection(policy, connection("10.1.1.1", 80)).reason, "forbidden-range");
+  EXPECT_EQ(decideConnection(openableTo(policy, "10.0.0.0/8"), connection("10.1.1.1", 80)).reason, "allow:10.0.0.0/8");
   EXPECT_EQ(decideConnection(policy, connection("203.0.113.7", 25)).reason, "deny:203.0.113.7:25");
 }
 
@@ -598,14 +607,15 @@ TEST(PolicyAnswer, ForbiddenRangesNeedAnAllowCidr) {
     EXPECT_TRUE(decideAnswer(open, ip("203.0.113.7")).allowed) << mode;
     // Rebinding: a public name answering a private address gets no answer; a domain rule
     // (even one naming the metadata server) never opens a forbidden range.
-    for (const char* forbidden : {"169.254.169.254", "10.0.0.1"}) {
-      EXPECT_EQ(decideAnswer(open, ip(forbidden)).reason, "forbidden-range") << mode << " " << forbidden;
-    }
-    for (const char* never : {"127.0.0.1", "0.0.0.0", "255.255.255.255"}) {
+    EXPECT_EQ(decideAnswer(open, ip("10.0.0.1")).reason, "forbidden-range") << mode;
+    for (const char* never : {"127.0.0.1", "0.0.0.0", "255.255.255.255", "169.254.169.254"}) {
       EXPECT_EQ(decideAnswer(open, ip(never)).reason, "never-reachable") << mode << " " << never;
     }
-    const Policy opened = policyOf(json{{"egress", mode}, {"allow", {"169.254.169.254", "10.1.2.0/24:5432"}}});
-    EXPECT_EQ(decideAnswer(opened, ip("169.254.169.254")).reason, "allow:169.254.169.254");
+    const Policy asked = policyOf(json{{"egress", mode}, {"allow", {"169.254.169.254", "10.1.2.0/24:5432"}}});
+    // A tenant's allow CIDR alone opens no forbidden range: the node must let tenants open it.
+    EXPECT_EQ(decideAnswer(asked, ip("10.1.2.9")).reason, "forbidden-range");
+    const Policy opened = openableTo(asked, "10.0.0.0/8");
+    EXPECT_EQ(decideAnswer(opened, ip("169.254.169.254")).reason, "never-reachable");
     // The port of an allow CIDR applies to connections; the address may be answered.
     EXPECT_EQ(decideAnswer(opened, ip("10.1.2.9")).reason, "allow:10.1.2.0/24:5432");
     EXPECT_FALSE(decideAnswer(opened, ip("10.1.3.9")).allowed);
@@ -613,8 +623,9 @@ TEST(PolicyAnswer, ForbiddenRangesNeedAnAllowCidr) {
 }
 
 TEST(PolicyAnswer, DenyCidrsWithoutPortRemoveAnswers) {
-  const Policy policy = policyOf(R"({"egress": "policy", "allow": ["10.0.0.0/8", "*.example"],
-      "deny": ["10.9.0.0/16", "203.0.113.0/24", "198.51.100.7:25"]})");
+  const Policy policy = openableTo(policyOf(R"({"egress": "policy", "allow": ["10.0.0.0/8", "*.example"],
+      "deny": ["10.9.0.0/16", "203.0.113.0/24", "198.51.100.7:25"]})"),
+                                   "10.0.0.0/8");
   EXPECT_EQ(decideAnswer(policy, ip("10.9.1.1")).reason, "deny:10.9.0.0/16");  // deny beats allow
   EXPECT_EQ(decideAnswer(policy, ip("10.1.1.1")).reason, "allow:10.0.0.0/8");
   EXPECT_EQ(decideAnswer(policy, ip("203.0.113.200")).reason, "deny:203.0.113.0/24");
@@ -719,12 +730,13 @@ TEST(PolicyConnection, MetadataStaysShutUnlessACidrOpensIt) {
     EXPECT_FALSE(decideAnswer(policy, ip("169.254.169.254")).allowed) << document.dump();
   }
   for (const char* mode : {"allow", "policy"}) {
-    const Policy opened = policyOf(json{{"egress", mode}, {"allow", {"169.254.169.254:80"}}});
-    EXPECT_EQ(decideConnection(opened, connection("169.254.169.254", 80)).reason, "allow:169.254.169.254:80");
+    // Not even an explicit rule, nor a node that lets tenants open everything, reaches it.
+    const Policy opened = openableTo(policyOf(json{{"egress", mode}, {"allow", {"169.254.169.254:80"}}}), "0.0.0.0/0");
+    EXPECT_EQ(decideConnection(opened, connection("169.254.169.254", 80)).reason, "never-reachable");
     EXPECT_EQ(decideConnection(opened, connection("169.254.169.254", 80, "metadata.google.internal")).reason,
-              "allow:169.254.169.254:80");
-    EXPECT_EQ(decideConnection(opened, connection("169.254.169.254", 443)).reason, "forbidden-range");
-    EXPECT_EQ(decideConnection(opened, connection("169.254.169.253", 80)).reason, "forbidden-range");
+              "never-reachable");
+    EXPECT_EQ(decideConnection(opened, connection("169.254.169.254", 443)).reason, "never-reachable");
+    EXPECT_EQ(decideConnection(opened, connection("169.254.169.253", 80)).reason, "never-reachable");
     const Policy denied =
         policyOf(json{{"egress", mode}, {"allow", {"169.254.169.254:80"}}, {"deny", {"169.254.0.0/16"}}});
     EXPECT_EQ(decideConnection(denied, connection("169.254.169.254", 80)).reason, "deny:169.254.0.0/16");
@@ -764,11 +776,12 @@ TEST(PolicyConnection, DenyBeatsAllowOnEveryPath) {
     for (const DenyPath& deny : deny_paths) {
       json document{{"egress", path.mode}, {"deny", {deny.rule}}};
       if (path.allow_rule) document["allow"] = {path.allow_rule};
-      const Policy policy = policyOf(document);
+      // The node lets tenants open 10/8, so the private paths are paths at all.
+      const Policy policy = openableTo(policyOf(document), "10.0.0.0/8");
       const ConnectionFacts facts{
           ip(path.destination), 443, deny.claim_name ? "target.example" : "", {"target.example"}};
-      const Policy without_deny =
-          policyOf(json{{"egress", path.mode}, {"allow", document.value("allow", json::array())}});
+      const Policy without_deny = openableTo(
+          policyOf(json{{"egress", path.mode}, {"allow", document.value("allow", json::array())}}), "10.0.0.0/8");
       ASSERT_TRUE(decideConnection(without_deny, facts).allowed) << document.dump();
       const Decision decision = decideConnection(policy, facts);
       EXPECT_FALSE(decision.allowed) << document.dump();
@@ -798,24 +811,35 @@ TEST(PolicyConnection, UnnormalizedNamesFromACallerStillMeetDenyRules) {
 }
 
 }  // namespace
-}  // namespace space::net
 
 // Loopback, 0/8, the slot's own link, multicast and broadcast stay closed even to the widest
 // allow CIDR a tenant can write: the gateway dials from the host's side.
 TEST(PolicyNeverReachable, NoAllowRuleOpensTheHostOrTheSlotLink) {
-  auto policy = space::net::parsePolicy(nlohmann::json{{"egress", "policy"}, {"allow", {"0.0.0.0/0", "127.0.0.1"}}});
+  auto policy = parsePolicy(nlohmann::json{{"egress", "policy"}, {"allow", {"0.0.0.0/0", "127.0.0.1"}}});
   ASSERT_TRUE(policy.ok()) << policy.error().message;
-  for (const char* ip : {"127.0.0.1", "0.0.0.0", "169.254.0.1", "169.254.0.2", "224.0.0.1", "255.255.255.255"}) {
-    space::net::ConnectionFacts facts;
-    facts.destination = *space::net::parseIpv4(ip);
+  for (const char* ip :
+       {"127.0.0.1", "0.0.0.0", "169.254.0.1", "169.254.0.2", "169.254.169.254", "224.0.0.1", "255.255.255.255"}) {
+    ConnectionFacts facts;
+    facts.destination = *parseIpv4(ip);
     facts.port = 80;
-    auto d = space::net::decideConnection(policy.value(), facts);
+    auto d = decideConnection(policy.value(), facts);
     EXPECT_FALSE(d.allowed) << ip;
     EXPECT_EQ(d.reason, "never-reachable") << ip;
-    EXPECT_FALSE(space::net::decideAnswer(policy.value(), facts.destination).allowed) << ip;
+    EXPECT_FALSE(decideAnswer(policy.value(), facts.destination).allowed) << ip;
   }
-  space::net::ConnectionFacts metadata;
-  metadata.destination = *space::net::parseIpv4("169.254.169.254");
-  metadata.port = 80;
-  EXPECT_TRUE(space::net::decideConnection(policy.value(), metadata).allowed) << "an explicit CIDR still opens it";
 }
+
+// A tenant's allow CIDR opens a private range only where the node lets tenants open it, and
+// Azure's host service address counts as private.
+TEST(PolicyNeverReachable, PrivateRangesOpenOnlyWhereTheNodeSays) {
+  const Policy wide = policyOf(json{{"egress", "policy"}, {"allow", {"0.0.0.0/0"}}});
+  for (const char* address : {"10.9.9.9", "192.168.1.1", "172.16.0.1", "100.64.0.1", "168.63.129.16"}) {
+    EXPECT_EQ(decideConnection(wide, connection(address, 5432)).reason, "forbidden-range") << address;
+  }
+  const Policy opened = openableTo(wide, "10.9.0.0/16");
+  EXPECT_EQ(decideConnection(opened, connection("10.9.9.9", 5432)).reason, "allow:0.0.0.0/0");
+  EXPECT_EQ(decideConnection(opened, connection("10.8.9.9", 5432)).reason, "forbidden-range");
+  EXPECT_TRUE(toJson(opened) == toJson(wide)) << "the node's list is never part of the tenant's policy";
+}
+
+}  // namespace space::net

@@ -69,6 +69,14 @@ json pairs(const std::vector<std::string>& items) {
   return out;
 }
 
+json networkRequest(const NetworkPolicyOptions& o) {
+  json policy = json::object();
+  policy["egress"] = !o.egress.empty() ? o.egress : (o.allow.empty() ? "allow" : "policy");
+  policy["allow"] = o.allow;
+  policy["deny"] = o.deny;
+  return policy;
+}
+
 json settingsRequest(const SandboxSettings& o) {
   json request = json::object();
   if (o.timeout_s > 0) request["timeout_s"] = o.timeout_s;
@@ -76,6 +84,7 @@ json settingsRequest(const SandboxSettings& o) {
   if (!o.on_timeout.empty()) request["on_timeout"] = o.on_timeout;
   if (!o.env.empty()) request["env"] = pairs(o.env);
   if (!o.metadata.empty()) request["metadata"] = pairs(o.metadata);
+  if (o.network.given()) request["network"] = networkRequest(o.network);
   return request;
 }
 

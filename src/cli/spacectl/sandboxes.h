@@ -19,12 +19,23 @@ using json = nlohmann::json;
 inline constexpr std::chrono::milliseconds kCreateTimeout = std::chrono::minutes(5);
 
 // What create, run and branch share: how long the sandbox lives and what it starts with.
+// An egress policy from flags (docs/network.md); nothing set: the daemon's default.
+struct NetworkPolicyOptions {
+  std::string egress;  // allow, deny, policy
+  std::vector<std::string> allow;
+  std::vector<std::string> deny;
+  bool given() const { return !egress.empty() || !allow.empty() || !deny.empty(); }
+};
+// {"egress", "allow", "deny"}; with allow rules and no mode, "policy" (only what they name).
+json networkRequest(const NetworkPolicyOptions& o);
+
 struct SandboxSettings {
   int64_t timeout_s = 0;
   int64_t idle_suspend_s = -1;  // -1: the daemon's default
   std::string on_timeout;
   std::vector<std::string> env;
   std::vector<std::string> metadata;
+  NetworkPolicyOptions network;
 };
 
 struct CreateOptions {

@@ -1,0 +1,88 @@
+#include "cli/spacectl/network.h"
+
+#include <chrono>
+#include <ctime>
+#include <iostream>
+
+#include "cli/spacectl/output.h"
+
+namespace space::spacectl {
+
+using apiclient::field;
+using apiclient::Query;
+using apiclient::sandboxPath;
+
+namespace {
+
+std::string joined(const json& rules) {
+  if (!rules.is_array() || rules.empty()) return "-";
+  std::string out;
+  for (const auto& r : rules) out += (out.empty() ? "" : ", ") + (r.is_string() ? r.get<std::string>() : r.dump());
+  return out;
+}
+
+int printPolicy(const json& policy, bool as_json) {
+  if (as_json) {
+    printJson(policy);
+  } else {
+    std::cout << "egress: " << text(field(policy, "egress")) << "\n"
+              << "allow:  " << joined(field(policy, "allow")) << "\n"
+              << "deny:   " << joined(field(policy, "deny")) << "\n";
+  }
+  return 0;
+}
+
+std::string clock(int64_t ms) {
+  std::time_t t = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char out[32];
+  std::strftime(out, sizeof out, "%H:%M:%S", &tm);
+  return out;
+}
+
+}  // namespace
+
+int cmdNetworkShow(const apiclient::Client& api, const std::string& id, bool as_json) {
+  auto policy = api.call("GET", sandboxPath(id) + "/network");
+  if (!policy.ok()) return fail(policy.error());
+  return printPolicy(*policy, as_json);
+}
+
+int cmdNetworkSet(const apiclient::Client& api, const std::string& id, const NetworkPolicyOptions& o, bool as_json) {
+  if (!o.given()) {
+    std::cerr << "spacectl: net set needs --egress, --allow or --deny (the whole policy is replaced)\n";
+    return kExitUsage;
+  }
+  auto policy = api.call("PUT", sandboxPath(id) + "/network", networkRequest(o));
+  if (!policy.ok()) return fail(policy.error());
+  return printPolicy(*policy, as_json);
+}
+
+int cmdNetworkLog(const apiclient::Client& api, const std::string& id, int limit, bool as_json) {
+  Query query;
+  if (limit > 0) query.add("limit", std::to_string(limit));
+  auto log = api.call("GET", query.on(sandboxPath(id) + "/network/log"));
+  if (!log.ok()) return fail(log.error());
+  if (as_json) {
+    printJson(*log);
+    return 0;
+  }
+  for (const auto& e : field(*log, "entries")) {
+    std::string what = text(field(e, "name"));
+    for (const char* claim : {"sni", "host"}) {
+      if (what.empty() && field(e, claim).is_string()) what = field(e, claim).get<std::string>();
+    }
+    std::string where = field(e, "destination").is_string()
+                            ? text(field(e, "destination")) + ":" +
+                                  std::to_string(field(e, "port").is_number() ? field(e, "port").get<int>() : 0)
+                            : "";
+    std::cout << clock(field(e, "time_ms").is_number() ? field(e, "time_ms").get<int64_t>() : 0) << "  "
+              << (field(e, "allowed").is_boolean() && field(e, "allowed").get<bool>() ? "allow" : "DENY ") << "  "
+              << text(field(e, "kind")) << "  " << (what.empty() ? "-" : what) << "  " << (where.empty() ? "-" : where)
+              << "  " << text(field(e, "reason")) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace space::spacectl
