@@ -23,7 +23,6 @@ namespace space::net {
 
 namespace {
 
-constexpr const char* kAttachmentFile = "attachment.json";
 constexpr const char* kGatewayLog = "gateway.log";
 
 // The gateway drops to its user after it has opened what it needs; its directory must be its

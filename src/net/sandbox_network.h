@@ -142,5 +142,6 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
 
 inline constexpr const char* kPolicyFile = "policy.json";
 inline constexpr const char* kAuditFile = "audit.jsonl";
+inline constexpr const char* kAttachmentFile = "attachment.json";
 
 }  // namespace space::net

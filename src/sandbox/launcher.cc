@@ -99,7 +99,12 @@ Launch Launcher::fromSnapshot(const Template& tpl, const snapshot::SnapshotFiles
   launch.spec.memory_file = files.memory_file;
   launch.spec.memory_private = true;
   launch.options = baseOptions(run_dir);
-  launch.network = networkFor(run_dir, config_.default_policy);
+  // A snapshot taken with a NIC keeps its policy.json next to its state; one taken before this
+  // node had networking has neither, and restores without a NIC (its saved devices have none).
+  std::error_code ec;
+  if (std::filesystem::exists(std::filesystem::path(files.state_file).parent_path() / net::kPolicyFile, ec)) {
+    launch.network = networkFor(run_dir, config_.default_policy);
+  }
   launch.state_file = files.state_file;
   launch.how = "branched";
   return launch;
@@ -113,7 +118,12 @@ Launch Launcher::fromSuspended(const Template& tpl, const store::SandboxRecord& 
   launch.spec.rootfs_path = rec.run_dir + "/disk.qcow2";  // named for validation; the Vm opens the newest disk
   launch.options = baseOptions(rec.run_dir);
   launch.options.reuse_run_dir = true;
-  launch.network = networkFor(rec.run_dir, std::nullopt);  // its own policy, kept in its files
+  // Its own policy, kept in its files; a sandbox suspended before this node had networking has
+  // none, and its saved devices no NIC: it resumes without one.
+  std::error_code ec;
+  if (config_.network && std::filesystem::exists(config_.network_root + "/" + rec.id, ec)) {
+    launch.network = networkFor(rec.run_dir, std::nullopt);
+  }
   // The guest must not run (and write to its disk) while the saved state could still be
   // loaded again: the owner records the resume, removes the state, and only then continues it.
   launch.options.stay_paused = true;

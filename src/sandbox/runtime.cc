@@ -1,5 +1,7 @@
 #include "sandbox/runtime.h"
 
+#include <filesystem>
+
 #include "common/process.h"
 
 namespace space::sandbox {
@@ -39,7 +41,9 @@ Result<std::unique_ptr<SandboxRuntime>> SandboxRuntime::adopt(const vmm::VmAdopt
   auto vm = vmm::Vm::adopt(spec);
   if (!vm.ok()) return vm.error();
   std::unique_ptr<net::SandboxNetwork> adopted;
-  if (network) {
+  // A VM started before this node had networking has no attachment, and no NIC.
+  std::error_code ec;
+  if (network && std::filesystem::exists(network->state_dir + "/" + net::kAttachmentFile, ec)) {
     auto found = network->pool->adopt(network->state_dir);
     if (!found.ok()) {
       vm.value()->detach();  // what it had is still recorded; the caller decides

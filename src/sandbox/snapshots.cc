@@ -64,7 +64,8 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
   take.vm_spec = launcher_->snapshotHelperSpec(*tpl.value(), rec->cpus, rec->memory_mb, sandbox.vm().accelerator());
   // The helper restores the guest's devices, its NIC included: it needs a slot of its own
   // (never the sandbox's), held until the snapshot is taken.
-  auto helper_netns = launcher_->helperNetns();
+  Result<snapshot::NetnsLease> helper_netns = snapshot::NetnsLease{};
+  if (sandbox.runtime->network() != nullptr) helper_netns = launcher_->helperNetns();
   if (!helper_netns.ok()) return helper_netns.error();
   take.vm_spec.netns_path = helper_netns->path;
   take.node = &launcher_->facts();
@@ -94,10 +95,12 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
   // Step 2 needs neither: the sandbox serves calls again while the helper works. (Its layer is
   // kept by the build directory's name, see collectLayers, even if the sandbox goes meanwhile.)
   // Its children inherit its policy (a branch may be given a stricter one).
+  // Its policy.json also says the saved guest has a NIC: only such a snapshot restores into a
+  // VM with one (see Launcher::fromSnapshot).
   std::optional<net::Policy> policy;
   if (auto* network = sandbox.runtime->network(); network != nullptr) {
     auto current = net::NetworkPool::readPolicy(net::NetworkPool::gatewayDir(network->stateDir()));
-    if (current.ok()) policy = current.value();
+    policy = current.ok() && current.value() ? *current.value() : launcher_->defaultPolicy();
   }
   control.unlock();
   auto files = snapshot::finishSnapshot(std::move(capture.value()), take);
@@ -108,8 +111,11 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
   }
   if (policy) {
     if (auto kept = net::NetworkPool::writePolicy(snap.dir, *policy); !kept.ok()) {
-      spdlog::warn("snapshot {}: its network policy was not kept ({}); children get the node's default", snap.id,
-                   kept.error().message);
+      std::error_code ec;
+      std::filesystem::remove_all(snap.dir, ec);
+      layers_dirty_ = true;
+      return makeError(kept.error().code, "cannot snapshot sandbox " + sandbox.id + ": its network policy: " +
+                                              kept.error().message + " (the sandbox is unchanged)");
     }
   }
   snap.disk = files->disk;

@@ -2619,4 +2619,31 @@ TEST_F(SpacedNetworkTest, KilledGatewaysAndDaemonsLeaveNoHoleAndNoLeftovers) {
   EXPECT_EQ(slotsOnHost(), 0u);
 }
 
+// A node that turns networking on keeps what it made without: sandboxes suspended and
+// snapshots taken then resume and restore without a NIC (their saved devices have none), and
+// new sandboxes get one.
+TEST_F(SpacedNetworkTest, WhatANodeMadeWithoutNetworkingStillResumesAndRestores) {
+  std::vector<std::string> off = {"--network", "off", "--on-shutdown", "keep"};
+  daemon_ = Daemon::start(data_dir_, off);
+  ASSERT_TRUE(daemon_);
+  const std::string old = daemon_->create();
+  ASSERT_FALSE(old.empty());
+  const std::string snap = daemon_->callJson("POST", "/v1/sandboxes/" + old + "/snapshots", json::object(), 201)["id"];
+  daemon_->callJson("POST", "/v1/sandboxes/" + old + "/suspend", json(), 200);
+  daemon_->stop(SIGTERM);
+  daemon_ = Daemon::start(data_dir_, networkArgs());
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  auto [resumed_rc, resumed_out] = sh(d, old, "test -e /sys/class/net/eth0 && echo nic || echo none");
+  EXPECT_NE(resumed_out.find("none"), std::string::npos) << resumed_out;
+  const std::string child = d.create(json{{"snapshot", snap}});
+  ASSERT_FALSE(child.empty()) << d.log();
+  auto [child_rc, child_out] = sh(d, child, "test -e /sys/class/net/eth0 && echo nic || echo none");
+  EXPECT_NE(child_out.find("none"), std::string::npos) << child_out;
+  const std::string fresh = d.create();
+  ASSERT_FALSE(fresh.empty());
+  auto [fresh_rc, fresh_out] = sh(d, fresh, "curl -sS -m 10 http://allowed.test/");
+  EXPECT_EQ(fresh_rc, 0) << fresh_out;
+}
+
 }  // namespace space
