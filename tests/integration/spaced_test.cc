@@ -46,7 +46,7 @@ using Clock = std::chrono::steady_clock;
 const std::string kImages = SPACE_IMAGES_DIR;
 
 // QEMU processes whose command line names `dir` (live ones: zombies are not running VMs).
-std::vector<pid_t> qemuProcessesUnder(const std::string& dir) {
+std::vector<pid_t> processesUnder(const std::string& dir, const std::string& program) {
   std::vector<pid_t> out;
   DIR* proc = opendir("/proc");
   if (!proc) return out;
@@ -55,7 +55,7 @@ std::vector<pid_t> qemuProcessesUnder(const std::string& dir) {
     long pid = strtol(e->d_name, &end, 10);
     if (*end != '\0' || pid <= 0) continue;
     auto cmdline = processCmdline(static_cast<pid_t>(pid));
-    if (!cmdline.ok() || cmdline->find("qemu-system") == std::string::npos) continue;
+    if (!cmdline.ok() || cmdline->find(program) == std::string::npos) continue;
     if (cmdline->find(dir) == std::string::npos) continue;
     auto stat = readSmallFile("/proc/" + std::to_string(pid) + "/stat", 4096);
     if (stat.ok()) {
@@ -67,6 +67,8 @@ std::vector<pid_t> qemuProcessesUnder(const std::string& dir) {
   closedir(proc);
   return out;
 }
+
+std::vector<pid_t> qemuProcessesUnder(const std::string& dir) { return processesUnder(dir, "qemu-system"); }
 
 // Runs a command to its end; its exit code (-1 if it could not run or was killed).
 int runCommand(const std::vector<std::string>& argv, const std::string& log) {
@@ -255,6 +257,16 @@ class SpacedTest : public testing::Test {
     for (pid_t pid : qemuProcessesUnder(dir_->path())) {
       ADD_FAILURE() << "leftover QEMU " << pid;
       ::kill(pid, SIGKILL);
+    }
+    // Tests that kill spaced on purpose leave its sandboxes' gateways and slots for a next
+    // start that never comes: removed here, as that start would.
+    for (pid_t pid : processesUnder(dir_->path(), "space-gateway")) ::kill(pid, SIGKILL);
+    const std::string slot_prefix = "space-" + sha256Hex(data_dir_).substr(0, 8) + "-";
+    std::error_code ec;
+    for (const auto& slot : std::filesystem::directory_iterator("/run/space/netns", ec)) {
+      if (slot.path().filename().string().rfind(slot_prefix, 0) != 0) continue;
+      ::umount2(slot.path().c_str(), MNT_DETACH);
+      ::unlink(slot.path().c_str());
     }
   }
   std::string sandboxDir(const std::string& id) const { return data_dir_ + "/sandboxes/" + id; }
