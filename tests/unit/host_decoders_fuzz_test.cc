@@ -3,11 +3,11 @@
 // guest-controlled bytes. A crash or sanitizer report fails the test.
 #include <gtest/gtest.h>
 
-#include <random>
 #include <string>
 #include <vector>
 
 #include "../fuzz/host_decoders.h"
+#include "../support/mutations.h"
 #include "agentproto/wire.h"
 #include "vmm/qmp_client.h"
 
@@ -49,29 +49,9 @@ TEST(HostDecodersFuzz, DeeplyNestedDocumentsDoNotCrash) {
 }
 
 TEST(HostDecodersFuzz, SeedsAndMutationsDoNotCrash) {
-  std::mt19937 rng(1234);
-  auto corpus = seeds();
-  for (const auto& s : corpus) fuzzHostDecoders(reinterpret_cast<const uint8_t*>(s.data()), s.size());
-  for (int round = 0; round < 20000; ++round) {
-    std::string input = corpus[rng() % corpus.size()];
-    int edits = 1 + static_cast<int>(rng() % 8);
-    for (int e = 0; e < edits; ++e) {
-      switch (rng() % 4) {
-        case 0:
-          if (!input.empty()) input[rng() % input.size()] = static_cast<char>(rng());
-          break;
-        case 1:
-          input.insert(input.begin() + static_cast<long>(input.empty() ? 0 : rng() % input.size()),
-                       static_cast<char>(rng()));
-          break;
-        case 2:
-          if (!input.empty()) input.erase(rng() % input.size(), 1 + rng() % 4);
-          break;
-        case 3: input += corpus[rng() % corpus.size()]; break;
-      }
-    }
+  testsupport::replayMutations(seeds(), 1234, 20000, [](const std::string& input) {
     fuzzHostDecoders(reinterpret_cast<const uint8_t*>(input.data()), input.size());
-  }
+  });
 }
 
 }  // namespace

@@ -9,11 +9,11 @@
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "../fuzz/gateway_parsers.h"
+#include "../support/mutations.h"
 #include "net/dns_message.h"
 #include "net/sniff.h"
 
@@ -517,31 +517,7 @@ TEST(GatewayParsersFuzz, SeedsAndMutationsDoNotCrash) {
   corpus.push_back(space::net::opensslClientHello(nullptr, TLS1_2_VERSION));
   corpus.push_back("GET http://a.example/ HTTP/1.1\r\nHost: a.example:80\r\nContent-Length: 3\r\n\r\nabc");
   corpus.push_back("");
-  std::mt19937 rng(4321);
-  for (const auto& s : corpus) run(s);
-  for (int round = 0; round < 20000; ++round) {
-    std::string input = corpus[rng() % corpus.size()];
-    int edits = 1 + static_cast<int>(rng() % 8);
-    for (int e = 0; e < edits; ++e) {
-      switch (rng() % 5) {
-        case 0:
-          if (!input.empty()) input[rng() % input.size()] = static_cast<char>(rng());
-          break;
-        case 1:
-          input.insert(input.begin() + static_cast<long>(input.empty() ? 0 : rng() % input.size()),
-                       static_cast<char>(rng()));
-          break;
-        case 2:
-          if (!input.empty()) input.erase(rng() % input.size(), 1 + rng() % 4);
-          break;
-        case 3: input += corpus[rng() % corpus.size()]; break;
-        case 4:
-          if (!input.empty()) input.resize(rng() % input.size());
-          break;
-      }
-    }
-    run(input);
-  }
+  testsupport::replayMutations(corpus, 4321, 20000, [](const std::string& input) { run(input); });
 }
 
 }  // namespace
