@@ -88,6 +88,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
       if (ec || self->state_ != State::kSniffing || !self->hello_.empty()) return;
       error_code ignored;
       self->guest_.cancel(ignored);
+      self->late_claim_check_ = true;
       self->decide("", "", "client silent: decided by address");
     });
     waitHello();
@@ -144,6 +145,16 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     name_ = name;
     claim_ = claim;
     detail_ = detail;
+    if (neverRoutable(ip_)) return deny("never-routable", detail);
+    if (core_->isLocalAddress(ip_)) return deny("local-address", detail);
+    net::Decision decision = judge(name);
+    reason_ = decision.reason;
+    if (!decision.allowed) return deny(decision.reason, detail);
+    connect();
+  }
+
+  // The policy's word on this connection claiming `name` ("" for none).
+  net::Decision judge(const std::string& name) {
     auto policy = core_->policy();
     net::ConnectionFacts facts;
     facts.destination = ip_;
@@ -152,12 +163,58 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     facts.pinned_names = core_->pins.namesFor(ip_, DnsPins::Clock::now());
     pinned_ = facts.pinned_names;
     if (pinned_.size() > kMaxAuditedPins) pinned_.resize(kMaxAuditedPins);
-    if (neverRoutable(ip_)) return deny("never-routable", detail);
-    if (core_->isLocalAddress(ip_)) return deny("local-address", detail);
-    net::Decision decision = net::decideConnection(*policy, facts);
-    reason_ = decision.reason;
-    if (!decision.allowed) return deny(decision.reason, detail);
-    connect();
+    return net::decideConnection(*policy, facts);
+  }
+
+  // A client silent at first was decided by its address, and the server may have spoken since;
+  // its first bytes may still claim a name (a TLS client slower than the quiet window, as guests
+  // under emulation are, or one that waits on purpose). The claim is judged as if it had come in
+  // time, so waiting out the window gains nothing: a denied or unpinned name resets both sides.
+  void lateClaim(size_t n) {
+    const uint8_t* data = pipes_[kOut].buf.data();
+    hello_.insert(hello_.end(), data, data + n);
+    net::SniffResult r = net::sniff(hello_);
+    if (r.status == net::SniffStatus::kNeedMore && hello_.size() < net::kMaxSniffBytes) return read(kOut);
+    late_claim_check_ = false;
+    std::string name, claim;
+    if (r.status == net::SniffStatus::kTls) {
+      name = r.name;
+      claim = "sni";
+    } else if (r.status == net::SniffStatus::kHttp) {
+      name = r.name;
+      claim = "host";
+    }
+    if (r.status == net::SniffStatus::kMalformed || !name.empty()) {
+      net::Decision decision =
+          r.status == net::SniffStatus::kMalformed ? net::Decision{false, "malformed"} : judge(name);
+      if (!decision.allowed) {
+        name_ = name;
+        claim_ = claim;
+        auto e = entry(false, decision.reason);
+        e["detail"] = "claimed after the quiet window" + (r.detail.empty() ? std::string() : ": " + r.detail);
+        e["bytes_out"] = pipes_[kOut].bytes;
+        e["bytes_in"] = pipes_[kIn].bytes;
+        e["duration_ms"] = millisecondsSince(start_);
+        core_->audit.write(std::move(e));
+        spdlog::debug("tcp: denied {}:{} on a late claim ({})", net::ipv4ToString(ip_), port_, decision.reason);
+        state_ = State::kClosed;
+        cancelTimers();
+        reset(guest_);
+        reset(upstream_);
+        return;
+      }
+      name_ = name;
+      claim_ = claim;
+      reason_ = decision.reason;
+    }
+    pipes_[kOut].bytes += hello_.size();
+    asio::async_write(upstream_, asio::buffer(hello_), [self = shared_from_this()](error_code ec, size_t) {
+      if (self->state_ != State::kRelaying) return;
+      if (ec) return self->close(true, "upstream write: " + ec.message());
+      self->hello_.clear();
+      self->hello_.shrink_to_fit();
+      self->read(kOut);
+    });
   }
 
   nlohmann::json entry(bool allowed, const std::string& reason) const {
@@ -228,9 +285,13 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     Pipe& pipe = pipes_[dir];
     source(dir).async_read_some(asio::buffer(pipe.buf), [self = shared_from_this(), dir](error_code ec, size_t n) {
       if (self->state_ != State::kRelaying) return;
+      if (ec == asio::error::eof && dir == kOut && self->late_claim_check_ && !self->hello_.empty()) {
+        return self->close(true, "guest ended inside its first message");
+      }
       if (ec == asio::error::eof) return self->halfClose(dir);
       if (ec) return self->close(true, (dir == kOut ? "guest: " : "upstream: ") + ec.message());
       self->last_activity_ = std::chrono::steady_clock::now();
+      if (dir == kOut && self->late_claim_check_) return self->lateClaim(n);
       self->write(dir, n);
     });
   }
@@ -318,6 +379,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   asio::steady_timer quiet_timer_;  // a silent client is decided by address
   asio::steady_timer idle_timer_;
   std::vector<uint8_t> hello_;
+  bool late_claim_check_ = false;  // decided by address: the first bytes, when they come, are judged
   std::string name_, claim_, detail_, reason_;
   std::vector<std::string> pinned_;  // the names whose answers included the destination
   std::array<Pipe, 2> pipes_;

@@ -583,6 +583,33 @@ TEST_F(GatewayTest, DomainFrontingIsDeniedInPolicyMode) {
   waitForAudit({{"kind", "tcp"}, {"allowed", false}, {"host", "allowed.test"}, {"destination", "203.0.113.30"}});
 }
 
+// A client that stays silent past the quiet window is decided by address, but the name its
+// first bytes then claim is judged all the same: waiting buys no way around the name check.
+TEST_F(GatewayTest, AClaimMadeAfterTheQuietWindowIsStillJudged) {
+  writePolicy(policyMode({"allowed.test"}));
+  startGateway();
+  ASSERT_EQ(query("allowed.test").rcode, dns::kNoError);
+  auto lateRequest = [&](const std::string& host) {
+    UniqueFd fd = guestConnect(FakeInternet::kAllowedIp, 80);
+    EXPECT_TRUE(fd.valid());
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));  // past the 300 ms window
+    const std::string request = httpGet(host);
+    EXPECT_EQ(send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+    timeval limit{3, 0};
+    setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    std::string got;
+    char buf[4096];
+    ssize_t n;
+    while ((n = recv(fd.get(), buf, sizeof buf, 0)) > 0) got.append(buf, static_cast<size_t>(n));
+    return got;
+  };
+  EXPECT_NE(lateRequest("allowed.test").find("host allowed.test"), std::string::npos);
+  waitForAudit({{"kind", "tcp"}, {"allowed", true}, {"host", "allowed.test"}, {"destination", "198.51.100.10"}});
+  EXPECT_EQ(lateRequest("denied.test"), "");
+  Json denied = waitForAudit({{"kind", "tcp"}, {"allowed", false}, {"host", "denied.test"}});
+  EXPECT_NE(denied.value("detail", "").find("claimed after the quiet window"), std::string::npos) << denied.dump();
+}
+
 TEST_F(GatewayTest, IpLiteralIsDeniedInPolicyModeOnAnyPort) {
   writePolicy(policyMode({"allowed.test"}));
   startGateway();
