@@ -66,7 +66,7 @@ agent_dir=$(mktemp -d)
 trap 'rm -rf "$agent_dir"' EXIT
 agent_bin=$agent_dir/space-agent
 strip -o "$agent_bin" "$agent_src"
-guest_files=("$agent_bin")
+guest_files=("$agent_bin" "$here/rootfs/pip.conf")
 hash=$(printf 'os %s\n' "$os_hash" | recipe_hash "${guest_files[@]}" "$0")
 dest=$SPACE_IMAGE_CACHE/rootfs-$hash
 if [[ -f $dest/rootfs.ext4 ]]; then
@@ -85,6 +85,14 @@ phase rootfs "building rootfs-$hash (log: $log)"
 run_step rootfs "assemble tree" "$log" cp -al "$os_dir/tree" "$work/tree"
 rm -f "$work/tree/sbin/space-agent"
 install -m 0755 "$agent_bin" "$work/tree/sbin/space-agent"
+# pip installs for the default user despite Debian's PEP 668 marker (why: the file's comment).
+rm -f "$work/tree/etc/pip.conf"
+install -m 0644 "$here/rootfs/pip.conf" "$work/tree/etc/pip.conf"
+# ~/.local/bin exists from the start: Debian's ~/.profile puts it on PATH only if it exists when
+# the login shell starts (exec runs `bash -l`), so a script pip installs there runs in the same
+# command, and pip does not warn that it is off PATH. (cp -al made the directories anew: the
+# cached tree is not changed.)
+install -d -m 0755 -o 1000 -g 1000 "$work/tree/home/user/.local" "$work/tree/home/user/.local/bin"
 used_mib=$(du -sm "$work/tree" | cut -f1)
 size_mib=$((used_mib * 3 / 2 + 1024))
 mkdir "$work/out"

@@ -2658,4 +2658,72 @@ TEST_F(SpacedNetworkTest, WhatANodeMadeWithoutNetworkingStillResumesAndRestores)
   EXPECT_EQ(fresh_rc, 0) << fresh_out;
 }
 
+// What a sandbox's user does first, against the fake internet's package sources (git.test,
+// pypi.test, npm.test: see fake_internet.h), one test each: a VM boot and one tool under TCG
+// each take a good part of a test's time (npm alone 20-35 s). The sandbox's policy names the
+// three sources; HTTPS uses the fake internet's CA, uploaded to /tmp/ca.pem.
+static std::string packageSandbox(const Daemon& d, const testsupport::FakeInternet& internet) {
+  const std::string id =
+      d.create(json{{"cpus", 1},
+                    {"memory_mb", 256},
+                    {"network", {{"egress", "policy"}, {"allow", {"git.test", "pypi.test", "npm.test"}}}}});
+  if (id.empty()) return "";
+  auto ca = readSmallFile(internet.caPath(), 1 << 20);
+  EXPECT_TRUE(ca.ok());
+  if (!ca.ok()) return "";
+  auto up = d.call("PUT", "/v1/sandboxes/" + id + "/files?path=/tmp/ca.pem", ca.value());
+  EXPECT_EQ(up.status, 200) << up.body;
+  return up.status == 200 ? id : "";
+}
+
+TEST_F(SpacedNetworkTest, GitCloneOverHttpsWorks) {
+  daemon_ = Daemon::start(data_dir_, networkArgs());
+  ASSERT_TRUE(daemon_);
+  const std::string id = packageSandbox(*daemon_, *internet_);
+  ASSERT_FALSE(id.empty());
+  auto [rc, out] = sh(*daemon_, id,
+                      "git -c http.sslCAInfo=/tmp/ca.pem clone -q https://git.test/demo.git && "
+                      "cat demo/README && git -C demo log --format=%s");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("hello from git.test\nfirst commit"), std::string::npos) << out;
+  EXPECT_TRUE(logged(auditLog(*daemon_, id), "reason", "allow:git.test", true));
+}
+
+// A plain `pip install` as the default user (no --user, no --break-system-packages, no venv):
+// Debian's PEP 668 marker would refuse it; the image's /etc/pip.conf lets it install into
+// ~/.local, whose bin/ is on PATH in the same command and whose packages import in the next.
+TEST_F(SpacedNetworkTest, PipInstallWorksAsTheDefaultUser) {
+  daemon_ = Daemon::start(data_dir_, networkArgs());
+  ASSERT_TRUE(daemon_);
+  const std::string id = packageSandbox(*daemon_, *internet_);
+  ASSERT_FALSE(id.empty());
+  auto [rc, out] = sh(*daemon_, id,
+                      "id -un && pip install --disable-pip-version-check --cert /tmp/ca.pem "
+                      "--index-url https://pypi.test/simple/ spacedemo && spacedemo");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out.rfind("user\n", 0), 0u) << "not exec's default user: " << out;
+  EXPECT_EQ(out.find("externally-managed-environment"), std::string::npos) << out;
+  EXPECT_EQ(out.find("not on PATH"), std::string::npos) << out;
+  EXPECT_NE(out.find("hello from pypi.test"), std::string::npos) << out;
+  auto [import_rc, import_out] =
+      sh(*daemon_, id, "python3 -c 'import spacedemo; print(spacedemo.GREETING, spacedemo.__file__)'");
+  EXPECT_EQ(import_rc, 0) << import_out;
+  EXPECT_NE(import_out.find("hello from pypi.test /home/user/.local/lib/python3"), std::string::npos) << import_out;
+  EXPECT_TRUE(logged(auditLog(*daemon_, id), "reason", "allow:pypi.test", true));
+}
+
+TEST_F(SpacedNetworkTest, NpmInstallWorks) {
+  daemon_ = Daemon::start(data_dir_, networkArgs());
+  ASSERT_TRUE(daemon_);
+  const std::string id = packageSandbox(*daemon_, *internet_);
+  ASSERT_FALSE(id.empty());
+  auto [rc, out] = sh(*daemon_, id,
+                      "mkdir app && cd app && npm install --no-audit --no-fund --no-update-notifier "
+                      "--cafile /tmp/ca.pem --registry https://npm.test/ spacedemo && "
+                      "node -e 'console.log(require(\"spacedemo\"))'");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("hello from npm.test"), std::string::npos) << out;
+  EXPECT_TRUE(logged(auditLog(*daemon_, id), "reason", "allow:npm.test", true));
+}
+
 }  // namespace space

@@ -26,12 +26,128 @@ namespace {
 
 // One python3 process serves every TCP/UDP server of the fake internet, one thread each.
 constexpr const char* kServersPy = R"PY(
-import socket, socketserver, ssl, sys, threading, http.server
+import base64, hashlib, io, json, os, socket, socketserver, ssl, sys, tarfile, threading, http.server
+import urllib.parse, zipfile, zlib
 
-cert, key = sys.argv[1], sys.argv[2]
+cert, key, www = sys.argv[1], sys.argv[2], sys.argv[3]
 HTTP = ["198.51.100.10", "198.51.100.20", "203.0.113.30", "10.0.0.5", "169.254.169.254"]
 HTTPS = ["198.51.100.10", "198.51.100.20"]
+PACKAGES = "198.51.100.40"
 BANNER = b"SSH-2.0-fake-banner\r\n"
+
+# --- the package sources' files, made here (no git, pip or npm on the host), under www/<host>/
+def put(path, data):
+    path = os.path.join(www, path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+def b64(data, url=False):
+    return (base64.urlsafe_b64encode if url else base64.b64encode)(data).decode()
+
+# git.test/demo.git: a bare repository as git's dumb HTTP protocol reads it, written object by
+# object: loose objects, HEAD, refs and what `git update-server-info` adds (info/refs,
+# objects/info/packs).
+def git_object(kind, body):
+    data = b"%s %d\0" % (kind, len(body)) + body
+    sha = hashlib.sha1(data).hexdigest()
+    put("git.test/demo.git/objects/%s/%s" % (sha[:2], sha[2:]), zlib.compress(data))
+    return sha
+
+blob = git_object(b"blob", b"hello from git.test\n")
+tree = git_object(b"tree", b"100644 README\0" + bytes.fromhex(blob))
+who = b"Fake Internet <fake@git.test> 1700000000 +0000"
+commit = git_object(b"commit", b"tree %s\nauthor %s\ncommitter %s\n\nfirst commit\n" % (tree.encode(), who, who))
+put("git.test/demo.git/HEAD", b"ref: refs/heads/main\n")
+put("git.test/demo.git/refs/heads/main", commit.encode() + b"\n")
+put("git.test/demo.git/info/refs", commit.encode() + b"\trefs/heads/main\n")
+put("git.test/demo.git/objects/info/packs", b"")
+
+# pypi.test: a PEP 503 simple index holding one pure-Python wheel, spacedemo 1.0.0, with a
+# console script `spacedemo`.
+def wheel():
+    files = {
+        "spacedemo/__init__.py": b'GREETING = "hello from pypi.test"\n\ndef main():\n    print(GREETING)\n',
+        "spacedemo-1.0.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: spacedemo\nVersion: 1.0.0\n",
+        "spacedemo-1.0.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: fake-internet\n"
+                                           b"Root-Is-Purelib: true\nTag: py3-none-any\n",
+        "spacedemo-1.0.0.dist-info/entry_points.txt": b"[console_scripts]\nspacedemo = spacedemo:main\n",
+    }
+    record = "".join("%s,sha256=%s,%d\n" % (name, b64(hashlib.sha256(data).digest(), True).rstrip("="), len(data))
+                     for name, data in files.items())
+    files["spacedemo-1.0.0.dist-info/RECORD"] = (record + "spacedemo-1.0.0.dist-info/RECORD,,\n").encode()
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for name, data in files.items():
+            info = zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            z.writestr(info, data, zipfile.ZIP_DEFLATED)
+    return out.getvalue()
+
+whl_name = "spacedemo-1.0.0-py3-none-any.whl"
+whl = wheel()
+put("pypi.test/packages/" + whl_name, whl)
+put("pypi.test/simple/index.html", b'<!DOCTYPE html><html><body><a href="spacedemo/">spacedemo</a></body></html>\n')
+put("pypi.test/simple/spacedemo/index.html",
+    ('<!DOCTYPE html><html><body><a href="../../packages/%s#sha256=%s">%s</a></body></html>\n'
+     % (whl_name, hashlib.sha256(whl).hexdigest(), whl_name)).encode())
+
+# npm.test: a registry holding spacedemo 1.0.0, laid out as the real one (metadata at /NAME,
+# tarball at /NAME/-/NAME-VERSION.tgz).
+def npm_tarball():
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as t:
+        for name, data in (("package/package.json", b'{"name": "spacedemo", "version": "1.0.0", "main": "index.js"}\n'),
+                           ("package/index.js", b'module.exports = "hello from npm.test";\n')):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, 1700000000
+            t.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+tgz = npm_tarball()
+put("npm.test/spacedemo/-/spacedemo-1.0.0.tgz", tgz)
+put("npm.test/spacedemo/index.json", json.dumps({
+    "name": "spacedemo", "dist-tags": {"latest": "1.0.0"}, "modified": "2024-01-01T00:00:00.000Z",
+    "versions": {"1.0.0": {"name": "spacedemo", "version": "1.0.0", "main": "index.js", "dist": {
+        "tarball": "https://npm.test/spacedemo/-/spacedemo-1.0.0.tgz",
+        "shasum": hashlib.sha1(tgz).hexdigest(),
+        "integrity": "sha512-" + b64(hashlib.sha512(tgz).digest())}}}}).encode())
+
+TYPES = {".html": "text/html", ".json": "application/json"}
+
+# Static files from www/<Host>/; a directory answers with its index.html or index.json (npm's
+# /NAME). Anything else is a 404, with a body length so connections stay usable.
+class Files(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        self.serve(True)
+    def do_HEAD(self):
+        self.serve(False)
+    def do_POST(self):  # e.g. npm's audit: nothing here
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.answer(404, "text/plain", b"not found\n", True)
+    def serve(self, with_body):
+        root = os.path.realpath(os.path.join(www, self.headers.get("Host", "").split(":")[0].lower() or "-"))
+        path = os.path.realpath(os.path.join(root, urllib.parse.unquote(urllib.parse.urlsplit(self.path).path).lstrip("/")))
+        if os.path.dirname(root) != os.path.realpath(www) or not (path + os.sep).startswith(root + os.sep):
+            path = ""
+        for index in ("index.html", "index.json"):
+            if os.path.isdir(path) and os.path.isfile(os.path.join(path, index)):
+                path = os.path.join(path, index)
+        if not os.path.isfile(path):
+            return self.answer(404, "text/plain", b"not found\n", with_body)
+        with open(path, "rb") as f:
+            data = f.read()
+        self.answer(200, TYPES.get(os.path.splitext(path)[1], "application/octet-stream"), data, with_body)
+    def answer(self, status, content_type, data, with_body):
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if with_body:
+            self.wfile.write(data)
+    def log_message(self, *args):
+        pass
 
 class Http(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -55,6 +171,11 @@ tls.load_cert_chain(cert, key)
 class Https(Http):
     def setup(self):
         # The handshake runs on the connection's own thread, never in accept().
+        self.request = tls.wrap_socket(self.request, server_side=True)
+        super().setup()
+
+class HttpsFiles(Files):
+    def setup(self):
         self.request = tls.wrap_socket(self.request, server_side=True)
         super().setup()
 
@@ -89,6 +210,7 @@ class UdpEcho(socketserver.BaseRequestHandler):
         sock.sendto(data, self.client_address)
 
 servers = [Server((ip, 80), Http) for ip in HTTP] + [Server((ip, 443), Https) for ip in HTTPS]
+servers += [Server((PACKAGES, 80), Files), Server((PACKAGES, 443), HttpsFiles)]
 servers += [Tcp(("198.51.100.10", 2222), Banner), Tcp(("198.51.100.10", 9000), Echo)]
 servers += [socketserver.UDPServer(("198.51.100.10", 7), UdpEcho)]
 for s in servers:
@@ -185,7 +307,8 @@ std::vector<FakeInternet::Name> FakeInternet::names() {
   return {
       {"allowed.test", {kAllowedIp}},     {"denied.test", {kDeniedIp}}, {"other.test", {kOtherIp}},
       {"rebind.test", {kPrivateIp}},      {"meta.test", {kMetadataIp}}, {"mixed.test", {kAllowedIp, kPrivateIp}},
-      {"www.allowed.test", {kAllowedIp}},
+      {"www.allowed.test", {kAllowedIp}}, {"git.test", {kPackagesIp}},  {"pypi.test", {kPackagesIp}},
+      {"npm.test", {kPackagesIp}},
   };
 }
 
@@ -210,7 +333,7 @@ Status FakeInternet::build() {
   } else {
     dev = "lo";
   }
-  for (const char* ip : {kDnsIp, kAllowedIp, kDeniedIp, kOtherIp, kPrivateIp, kMetadataIp}) {
+  for (const char* ip : {kDnsIp, kAllowedIp, kDeniedIp, kOtherIp, kPrivateIp, kMetadataIp, kPackagesIp}) {
     SPACE_TRY(run({"ip", "-n", name_, "addr", "add", std::string(ip) + "/32", "dev", dev}));
   }
   // The gateways' side: a namespace of its own whose only route is a veth into the servers'
@@ -227,7 +350,7 @@ Status FakeInternet::build() {
   SPACE_TRY(run({"ip", "-n", name_, "link", "set", "in0", "up"}));
   // A route to each server and to nothing else: an address the fake internet lacks is
   // unreachable at once, as a dead host would be (not a silent drop and a timeout).
-  for (const char* ip : {kDnsIp, kAllowedIp, kDeniedIp, kOtherIp, kPrivateIp, kMetadataIp}) {
+  for (const char* ip : {kDnsIp, kAllowedIp, kDeniedIp, kOtherIp, kPrivateIp, kMetadataIp, kPackagesIp}) {
     SPACE_TRY(run({"ip", "-n", upstreamName(), "route", "add", std::string(ip) + "/32", "via", kUplinkPeerIp}));
   }
   SPACE_TRY(makeCertificates());
@@ -239,7 +362,8 @@ Status FakeInternet::build() {
 Status FakeInternet::makeCertificates() {
   const std::string ca_key = dir_ + "/ca.key", ca = dir_ + "/ca.pem", key = dir_ + "/server.key",
                     csr = dir_ + "/server.csr", cert = dir_ + "/server.pem", ext = dir_ + "/server.ext";
-  std::ofstream(ext) << "subjectAltName=DNS:allowed.test,DNS:denied.test,DNS:other.test\n"
+  std::ofstream(ext) << "subjectAltName=DNS:allowed.test,DNS:denied.test,DNS:other.test,DNS:git.test,DNS:pypi.test,"
+                        "DNS:npm.test\n"
                         "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n";
   SPACE_TRY(run({"openssl",
                  "req",
@@ -333,14 +457,15 @@ Status FakeInternet::startServers() {
   SpawnOptions options;
   options.stdout_path = dir_ + "/servers.log";
   options.netns_path = netnsPath();
-  auto child = ChildProcess::spawn({"/usr/bin/python3", script, dir_ + "/server.pem", dir_ + "/server.key"}, options);
+  auto child = ChildProcess::spawn(
+      {"/usr/bin/python3", script, dir_ + "/server.pem", dir_ + "/server.key", dir_ + "/www"}, options);
   if (!child.ok()) return child.error();
   servers_ = std::make_unique<ChildProcess>(std::move(child.value()));
   // Ready when every TCP server accepts (the UDP one is bound before any of them serves).
   const std::vector<std::pair<std::string, uint16_t>> ports = {
-      {kAllowedIp, 80}, {kDeniedIp, 80},           {kOtherIp, 80},
-      {kPrivateIp, 80}, {kMetadataIp, 80},         {kAllowedIp, 443},
-      {kDeniedIp, 443}, {kAllowedIp, kBannerPort}, {kAllowedIp, kEchoPort}};
+      {kAllowedIp, 80},        {kDeniedIp, 80},   {kOtherIp, 80},    {kPrivateIp, 80},
+      {kMetadataIp, 80},       {kAllowedIp, 443}, {kDeniedIp, 443},  {kAllowedIp, kBannerPort},
+      {kAllowedIp, kEchoPort}, {kPackagesIp, 80}, {kPackagesIp, 443}};
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
   bool ready = false;
   while (!ready && std::chrono::steady_clock::now() < deadline) {

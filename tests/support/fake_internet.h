@@ -10,8 +10,19 @@
 //   203.0.113.30         other.test: HTTP :80
 //   10.0.0.5             rebind.test (private): HTTP :80
 //   169.254.169.254      meta.test (metadata): HTTP :80
+//   198.51.100.40        git.test, pypi.test, npm.test: package sources, HTTP :80 and HTTPS :443
 // HTTP answers "server IP:PORT host HOST\n" (GET /bytes/N answers N bytes instead). The HTTPS
-// certificate covers allowed.test, denied.test and other.test.
+// certificate covers allowed.test, denied.test, other.test, git.test, pypi.test and npm.test.
+//
+// The package sources serve static files by Host, made when the fake internet starts (by its
+// python3, without git, pip or npm on the host), each holding one small thing:
+//   https://git.test/demo.git        a git repository (dumb HTTP protocol), one commit on `main`
+//                                    with a file README: "hello from git.test"
+//   https://pypi.test/simple/        a PEP 503 index: spacedemo 1.0.0, a pure-Python wheel
+//                                    (spacedemo.GREETING == "hello from pypi.test", and a console
+//                                    script `spacedemo` printing it)
+//   https://npm.test/                an npm registry: spacedemo 1.0.0 (require("spacedemo") ==
+//                                    "hello from npm.test")
 #pragma once
 
 #include <atomic>
@@ -49,6 +60,7 @@ class FakeInternet {
   static constexpr const char* kOtherIp = "203.0.113.30";
   static constexpr const char* kPrivateIp = "10.0.0.5";
   static constexpr const char* kMetadataIp = "169.254.169.254";
+  static constexpr const char* kPackagesIp = "198.51.100.40";
   static constexpr uint16_t kBannerPort = 2222;
   static constexpr uint16_t kEchoPort = 9000;
   static constexpr uint16_t kUdpEchoPort = 7;
