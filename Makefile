@@ -73,6 +73,10 @@ bench: build images
 	$(BUILD)/bin/space-agent-bench --runs 200 --file-mib 64
 	$(BUILD)/bin/space-api-bench --creates 20 --execs 200 --no-snapshots
 	$(BUILD)/bin/space-api-bench --creates 30 --execs 100
+	$(BUILD)/bin/space-api-bench --creates 50 --execs 40 --warm-pool 2
+	$(BUILD)/bin/space-api-bench --creates 50 --execs 40 --warm-pool 2 --network
+	taskset -c 0 $(BUILD)/bin/space-net-bench
+	$(BUILD)/bin/space-net-bench
 	$(BUILD)/bin/space-lifecycle-bench --creates 200 --warm-pool 2 --baseline-creates 30 --cold-creates 10 \
 	  --floor 30 --concurrent 20 --ops 20 --snapshots 10 --branch 10,50 --branch-baseline 5 \
 	  --memory-sandboxes 10 --cold-memory-sandboxes 3 --idle-s 5

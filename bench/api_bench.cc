@@ -8,8 +8,15 @@
 // With a pool, each measured create waits first until the pool is full ("pool not exhausted");
 // then --drain creates run back to back without waiting, to show the sustained rate and the
 // latency once the pool is empty while it refills.
-// Usage: space-api-bench [--creates N] [--execs N] [--warm-pool N] [--drain N] [--no-snapshots] [--json]
+// With --network, spaced gives every sandbox its NIC, slot and gateway (docs/network.md), the
+// gateways' upstream side in an empty namespace this benchmark makes (loopback only: nothing
+// can leave the machine); without it (the default, as every run recorded before networking),
+// `--network off`. The in-process restore baseline needs a template without a NIC, so
+// --network skips it: compare with a run without --network right before or after.
+// Usage: space-api-bench [--creates N] [--execs N] [--warm-pool N] [--drain N] [--no-snapshots] [--network]
+//                        [--json]
 #include <signal.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -64,6 +71,7 @@ int main(int argc, char** argv) {
   int drain = 0;
   bool no_snapshots = false;
   bool as_json = false;
+  bool network = false;
   CLI::App app{"Create and exec latency through spaced's API, with in-process baselines on the same images."};
   app.add_option("--creates", creates, "sandboxes created (and deleted) one after another")
       ->check(CLI::Range(1, 10000))
@@ -79,6 +87,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   app.add_flag("--no-snapshots", no_snapshots, "spaced --no-snapshots: every create boots (the first recorded run)");
+  app.add_flag("--network", network,
+               "spaced --network on, gateways' upstream in an empty namespace of this benchmark (nothing leaves "
+               "the machine); skips the in-process restore baseline");
   app.add_flag("--json", as_json, "one JSON object on stdout instead of a table");
   CLI11_PARSE(app, argc, argv);
   const std::string images = SPACE_IMAGES_DIR;
@@ -146,6 +157,30 @@ int main(int argc, char** argv) {
       // The drain holds --drain sandboxes at once: the node limit must not be what is measured.
       "--max-vcpus", "256"};
   if (no_snapshots) daemon_argv.push_back("--no-snapshots");
+  if (network) {
+    // An upstream namespace with only a loopback: gateways start and serve the guest, and
+    // whatever they dial reaches nothing. Removed at exit (die() included).
+    static const std::string void_netns = "api-bench-void-" + std::to_string(getpid());
+    auto ip = [&](const std::vector<std::string>& args) {
+      std::vector<std::string> argv = {"ip"};
+      argv.insert(argv.end(), args.begin(), args.end());
+      auto p = ChildProcess::spawn(argv, SpawnOptions{dir->path() + "/ip.log", "", true});
+      if (!p.ok()) return false;
+      auto status = p->waitFor(std::chrono::seconds(10));
+      return status && !status->signaled && status->exit_code == 0;
+    };
+    if (!ip({"netns", "add", void_netns})) die("ip netns add " + void_netns + " failed (root needed)");
+    atexit([] {
+      auto p = ChildProcess::spawn({"ip", "netns", "delete", void_netns}, SpawnOptions{});
+      if (p.ok()) p->waitFor(std::chrono::seconds(10));
+    });
+    if (!ip({"-n", void_netns, "link", "set", "lo", "up"})) die("ip link set lo up failed");
+    for (auto it = daemon_argv.begin(); it != daemon_argv.end(); ++it) {
+      if (*it == "--network") *(it + 1) = "on";
+    }
+    daemon_argv.insert(daemon_argv.end(), {"--gateway-upstream-netns", "/run/netns/" + void_netns,
+                                           "--gateway-upstream-dns", "192.0.2.53"});
+  }
   auto daemon = ChildProcess::spawn(daemon_argv, SpawnOptions{dir->path() + "/spaced.log", "", true});
   if (!daemon.ok()) die(daemon.error().message);
   std::optional<apiclient::Endpoint> endpoint;
@@ -233,13 +268,13 @@ int main(int argc, char** argv) {
   for (const auto& e : std::filesystem::directory_iterator(data_dir + "/templates")) {
     if (e.path().filename().string().rfind("base-", 0) == 0) snap = e.path().string();
   }
-  if (snap.empty()) die("no template snapshot was built");
+  if (snap.empty() && !network) die("no template snapshot was built");
   vmm::VmSpec restore_spec = spec;
   restore_spec.rootfs_path = snap + "/disk.qcow2";
   restore_spec.rootfs_format = "qcow2";
   restore_spec.memory_file = snap + "/memory";
   restore_spec.memory_private = true;
-  for (int i = 0; i < creates; ++i) {
+  for (int i = 0; i < (network ? 0 : creates); ++i) {
     vmm::VmStartOptions o;
     o.run_root = dir->path() + "/restore";
     o.restore_from = snap + "/state";
@@ -252,7 +287,9 @@ int main(int argc, char** argv) {
 
   Stats dc = stats(direct_create), ac = stats(api_create), de = stats(direct_exec), ae = stats(api_exec);
   Stats ad = api_delete.empty() ? Stats{} : stats(api_delete);
-  Stats dr = stats(direct_restore), drr = stats(direct_restore_running), afe = stats(api_first_exec);
+  Stats dr = direct_restore.empty() ? Stats{} : stats(direct_restore);
+  Stats drr = direct_restore_running.empty() ? Stats{} : stats(direct_restore_running);
+  Stats afe = stats(api_first_exec);
   Stats qf = stats(qemu_floor), aes = stats(api_exec_shell), afes = stats(api_first_exec_shell);
   json drain_json = json::array();
   for (double ms : drain_create) drain_json.push_back(std::round(ms * 10) / 10);
@@ -261,6 +298,7 @@ int main(int argc, char** argv) {
              {"creates", creates},
              {"execs", execs},
              {"warm_pool", warm_pool},
+             {"network", network},
              {"baseline_qemu_start_floor_ms", statsJson(qf)},
              {"api_create_first_exec_shell_ms", statsJson(afes)},
              {"api_exec_shell_true_ms", statsJson(aes)},
@@ -276,12 +314,14 @@ int main(int argc, char** argv) {
              {"api_exec_true_ms", statsJson(ae)}};
     printf("%s\n", out.dump().c_str());
   } else {
-    printf("accelerator %s, %d creates (1 vCPU, 256 MB), %d execs, spaced --warm-pool %d\n", accelerator.c_str(),
-           creates, execs, warm_pool);
+    printf("accelerator %s, %d creates (1 vCPU, 256 MB), %d execs, spaced --warm-pool %d --network %s\n",
+           accelerator.c_str(), creates, execs, warm_pool, network ? "on" : "off");
     printRow("baseline: bare QEMU spawn -> QMP answering", qf);
     printRow("baseline: cold boot, Vm::start in-process", dc);
-    printRow("baseline: restore, Vm::start in-process", dr);
-    printRow("  of which QEMU spawn -> guest running", drr);
+    if (!network) {
+      printRow("baseline: restore, Vm::start in-process", dr);
+      printRow("  of which QEMU spawn -> guest running", drr);
+    }
     printRow("POST /v1/sandboxes -> 201 running", ac);
     printRow("POST /v1/sandboxes + first exec argv `true`", afe);
     printRow("POST /v1/sandboxes + first exec shell `true`", afes);
