@@ -442,8 +442,14 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
                  cpus, memory_mb, how, std::chrono::duration_cast<milliseconds>(Clock::now() - started).count(),
                  timeout_s);
   };
-  if (warm) pool_->used();  // reserved: the pool refills its place
   if (warm) {
+    // Its place is refilled once this create is done with the pool's guest, however it ends:
+    // a refill (a QEMU restore, and with networking a slot and a gateway) started earlier would
+    // compete for the CPUs with the guest taking its identity, which the client waits for.
+    struct RefillAfter {
+      WarmPool* pool;
+      ~RefillAfter() { pool->used(); }
+    } refill_after{pool_.get()};
     // A running guest from the pool: it only takes its identity, and is recorded once, running.
     // (Nothing is recorded before: a crash meanwhile leaves an unrecorded VM, which the next
     // start's orphan sweep removes, and the client never had an answer.)
