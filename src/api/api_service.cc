@@ -114,7 +114,9 @@ Status readSandboxSettings(ObjectReader& in, sandbox::CreateRequest& request) {
 }
 
 int httpStatus(const Error& e) {
-  if (e.reason == "too_many_sandboxes" || e.reason == "tenant_quota") return 429;
+  if (e.reason == "too_many_sandboxes" || e.reason == "tenant_quota" || e.reason == "too_many_connections") {
+    return 429;
+  }
   if (e.reason == "insufficient_capacity" || e.reason == "shutting_down") return 503;
   if (e.reason == "payload_too_large") return 413;
   if (e.reason == "output_too_large") return 422;
@@ -265,14 +267,21 @@ const std::vector<ApiService::Route>& ApiService::routeTable() {
 std::vector<std::pair<std::string, std::string>> ApiService::routes() {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& r : routeTable()) out.emplace_back(r.method, r.pattern);
+  // Ingress is matched before routing (any method, any rest of the path): these are the
+  // methods the document describes.
+  for (const char* method : {"GET", "POST", "PUT", "PATCH", "DELETE"}) {
+    out.emplace_back(method, "/v1/sandboxes/{id}/ports/{port}/{path}");
+  }
   return out;
 }
 
-ApiService::ApiService(sandbox::SandboxManager& manager, KeyRing& keys, ApiLimits limits, std::string operator_tenant)
+ApiService::ApiService(sandbox::SandboxManager& manager, KeyRing& keys, ApiLimits limits, std::string operator_tenant,
+                       IngressOptions ingress)
     : manager_(manager),
       keys_(keys),
       limits_(limits),
       operator_tenant_(std::move(operator_tenant)),
+      ingress_(std::move(ingress)),
       tenant_gate_(TenantGate::Limits{limits.max_requests_per_tenant, limits.tenant_requests_per_s,
                                       limits.tenant_request_burst}) {
   // The router only matches; handle() runs the route's method with the authenticated tenant.
@@ -281,6 +290,11 @@ ApiService::ApiService(sandbox::SandboxManager& manager, KeyRing& keys, ApiLimit
 
 void ApiService::handle(http::Request& req, http::Response& res) {
   metrics_.countRequest();
+  // Requests for a sandbox's ports go to its guest, whatever their method and path.
+  std::optional<Result<IngressTarget>> ingress;
+  if (auto host = req.header("host")) ingress = ingressFromHost(*host, ingress_.domain, req.target());
+  if (!ingress) ingress = ingressFromPath(req.target());
+  if (ingress) return serveIngress(req, res, *ingress);
   auto found = router_.match(req.method(), req.rawPath());
   const Route* route = nullptr;
   if (found.kind == http::Router::Match::Kind::kFound) {
@@ -339,6 +353,85 @@ void ApiService::handle(http::Request& req, http::Response& res) {
   }
   req.setPathParams(std::move(found.params));
   (this->*(route->handler))(call);
+}
+
+void ApiService::serveIngress(http::Request& req, http::Response& res, const Result<IngressTarget>& found) {
+  if (!found.ok()) {
+    metrics_.countError("invalid_argument");
+    res.closeConnection();
+    (void)res.sendError(400, "invalid_argument", found.error().message);
+    return;
+  }
+  const IngressTarget& target = found.value();
+  const std::string& id = target.sandbox_id;
+  // Who may: the owner's key, the sandbox's token, or anyone for public ports. Proxied requests
+  // hold no tenant ticket: a preview's WebSocket may stay open for hours, and the server's
+  // per-client connection limits bound them.
+  std::string key_tenant;
+  if (auto header = req.header("authorization")) {
+    if (auto key = bearerToken(*header)) key_tenant = keys_.authenticate(*key).value_or("");
+  }
+  std::string tenant;
+  bool by_key = false;
+  if (auto owner = manager_.ownerOf(id); owner.ok()) {
+    auto token = req.header(kAccessTokenHeader);
+    if (!key_tenant.empty() && key_tenant == owner.value()) {
+      tenant = owner.value();
+      by_key = true;
+    } else if (token && !ingress_.token_key.empty() && accessTokenMatches(ingress_.token_key, id, *token)) {
+      tenant = owner.value();
+    } else if (auto policy = manager_.networkPolicy(owner.value(), id); policy.ok() && policy->public_ports) {
+      tenant = owner.value();
+    }
+  }
+  // Any tenant's key is spaced's secret, never the guest's (a key sent to a public port too).
+  if (!key_tenant.empty()) by_key = true;
+  if (tenant.empty()) {
+    res.closeConnection();
+    if (!key_tenant.empty()) {
+      metrics_.countError("not_found");
+      (void)res.sendError(404, "not_found", "no sandbox " + id);
+      return;
+    }
+    metrics_.countError("unauthenticated");
+    res.setHeader("WWW-Authenticate", "Bearer");
+    (void)res.sendError(401, "unauthenticated",
+                        std::string("the ports of a sandbox need its tenant's API key (Authorization: Bearer) or its "
+                                    "access token (") +
+                            kAccessTokenHeader + "), unless it was made with public ports");
+    return;
+  }
+  if (target.needs_slash) {
+    res.setHeader("Location", target.prefix + target.target);
+    (void)res.send(308, "text/plain", "");
+    return;
+  }
+  Call call{req, res, tenant};
+  // The node's ingress is bounded apart from each sandbox's: proxied connections hold server
+  // threads for as long as they last, and the API must keep some for itself.
+  struct Slot {
+    std::atomic<size_t>& open;
+    ~Slot() { --open; }
+  } slot{ingress_open_};
+  if (++ingress_open_ > ingress_.max_connections) {
+    metrics_.countError("ingress_busy");
+    res.setHeader("Retry-After", "1");
+    (void)res.sendError(503, "ingress_busy",
+                        "this node proxies " + std::to_string(ingress_.max_connections) +
+                            " connections to sandbox ports already; retry later");
+    return;
+  }
+  auto connection = manager_.connectPort(tenant, id, target.port, Clock::now() + std::chrono::seconds(5));
+  if (!connection.ok()) return fail(call, connection.error());
+  proxyToGuest(req, res, connection->connection.fd(), target, by_key, ingress_);
+}
+
+json ApiService::sandboxView(const store::SandboxRecord& record) const {
+  json view = sandboxJson(record);
+  if (manager_.config().network && !ingress_.token_key.empty()) {
+    view["access_token"] = accessToken(ingress_.token_key, record.id);
+  }
+  return view;
 }
 
 void ApiService::fail(Call& c, const Error& error_in) {
@@ -431,7 +524,7 @@ void ApiService::createSandbox(Call& c) {
   auto rec = manager_.create(request);
   if (!rec.ok()) return fail(c, rec.error());
   metrics_.create_seconds.observe(std::chrono::duration<double>(Clock::now() - started).count());
-  (void)c.res.send(201, "application/json", dumpJson(sandboxJson(rec.value())));
+  (void)c.res.send(201, "application/json", dumpJson(sandboxView(rec.value())));
 }
 
 void ApiService::listSandboxes(Call& c) {
@@ -466,14 +559,14 @@ void ApiService::listSandboxes(Call& c) {
   auto page = manager_.list(filter);
   if (!page.ok()) return fail(c, page.error());
   json items = json::array();
-  for (const auto& rec : page->items) items.push_back(sandboxJson(rec));
+  for (const auto& rec : page->items) items.push_back(sandboxView(rec));
   (void)c.res.send(200, "application/json", pageJson("sandboxes", std::move(items), page->next_cursor));
 }
 
 void ApiService::getSandbox(Call& c) {
   auto rec = manager_.get(c.tenant, c.id());
   if (!rec.ok()) return fail(c, rec.error());
-  (void)c.res.send(200, "application/json", dumpJson(sandboxJson(rec.value())));
+  (void)c.res.send(200, "application/json", dumpJson(sandboxView(rec.value())));
 }
 
 void ApiService::deleteSandbox(Call& c) {
@@ -492,7 +585,7 @@ void ApiService::setTimeout(Call& c) {
   if (!timeout.value()) return fail(c, makeError(ErrorCode::kInvalidArgument, "timeout_s: required"));
   auto rec = manager_.setTimeout(c.tenant, c.id(), *timeout.value());
   if (!rec.ok()) return fail(c, rec.error());
-  (void)c.res.send(200, "application/json", dumpJson(sandboxJson(rec.value())));
+  (void)c.res.send(200, "application/json", dumpJson(sandboxView(rec.value())));
 }
 
 void ApiService::pauseSandbox(Call& c) {
@@ -501,7 +594,7 @@ void ApiService::pauseSandbox(Call& c) {
   if (auto done = ObjectReader(body.value()).finish(); !done.ok()) return fail(c, done.error());
   auto rec = manager_.pause(c.tenant, c.id());
   if (!rec.ok()) return fail(c, rec.error());
-  (void)c.res.send(200, "application/json", dumpJson(sandboxJson(rec.value())));
+  (void)c.res.send(200, "application/json", dumpJson(sandboxView(rec.value())));
 }
 
 void ApiService::resumeSandbox(Call& c) {
@@ -510,7 +603,7 @@ void ApiService::resumeSandbox(Call& c) {
   if (auto done = ObjectReader(body.value()).finish(); !done.ok()) return fail(c, done.error());
   auto rec = manager_.resume(c.tenant, c.id());
   if (!rec.ok()) return fail(c, rec.error());
-  (void)c.res.send(200, "application/json", dumpJson(sandboxJson(rec.value())));
+  (void)c.res.send(200, "application/json", dumpJson(sandboxView(rec.value())));
 }
 
 void ApiService::suspendSandbox(Call& c) {
@@ -519,7 +612,7 @@ void ApiService::suspendSandbox(Call& c) {
   if (auto done = ObjectReader(body.value()).finish(); !done.ok()) return fail(c, done.error());
   auto rec = manager_.suspend(c.tenant, c.id());
   if (!rec.ok()) return fail(c, rec.error());
-  (void)c.res.send(200, "application/json", dumpJson(sandboxJson(rec.value())));
+  (void)c.res.send(200, "application/json", dumpJson(sandboxView(rec.value())));
 }
 
 // --- snapshots -------------------------------------------------------------------------------
@@ -599,7 +692,7 @@ void ApiService::branchSnapshot(Call& c) {
   auto children = manager_.branch(request, count.value() ? static_cast<uint32_t>(*count.value()) : 1);
   if (!children.ok()) return fail(c, children.error());
   json items = json::array();
-  for (const auto& rec : children.value()) items.push_back(sandboxJson(rec));
+  for (const auto& rec : children.value()) items.push_back(sandboxView(rec));
   metrics_.create_seconds.observe(std::chrono::duration<double>(Clock::now() - started).count());
   (void)c.res.send(201, "application/json", dumpJson(json{{"sandboxes", items}}));
 }

@@ -7,12 +7,14 @@
 // routes below with it).
 #pragma once
 
+#include <atomic>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "api/auth.h"
+#include "api/ingress.h"
 #include "api/metrics.h"
 #include "api/tenant_gate.h"
 #include "guest/guest_ops.h"
@@ -48,7 +50,7 @@ class ApiService {
   // `operator_tenant` is the node's operator: the only tenant that reads node-wide figures
   // (/metrics, the free capacity named in a refused create).
   ApiService(sandbox::SandboxManager& manager, KeyRing& keys, ApiLimits limits = {},
-             std::string operator_tenant = "default");
+             std::string operator_tenant = "default", IngressOptions ingress = {});
   ApiService(const ApiService&) = delete;
   ApiService& operator=(const ApiService&) = delete;
 
@@ -100,6 +102,11 @@ class ApiService {
   void deleteSnapshot(Call& c);
   void branchSnapshot(Call& c);
 
+  // Ingress: a request for a port of a sandbox (api/ingress.h), with its own access rules.
+  void serveIngress(http::Request& req, http::Response& res, const Result<IngressTarget>& found);
+  // The sandbox JSON its owner gets (with its access token on a node with networking).
+  nlohmann::json sandboxView(const store::SandboxRecord& record) const;
+
   void fail(Call& c, const Error& error);
   Result<nlohmann::json> readJson(Call& c, size_t max_bytes);
   Result<sandbox::AgentLease> lease(Call& c, std::string_view operation);
@@ -110,6 +117,8 @@ class ApiService {
   KeyRing& keys_;
   ApiLimits limits_;
   std::string operator_tenant_;
+  IngressOptions ingress_;
+  std::atomic<size_t> ingress_open_{0};
   TenantGate tenant_gate_;
   Metrics metrics_;
   http::Router router_;

@@ -77,6 +77,8 @@ void addNetworkOptions(CLI::App* sub, NetworkPolicyOptions& o) {
       ->allow_extra_args(false);
   sub->add_option("--deny", o.deny, "network: as --allow; beats it for every port and protocol (repeatable)")
       ->allow_extra_args(false);
+  sub->add_flag("--public-ports", o.public_ports,
+                "network: serve the sandbox's ports (spacectl net url) to anyone, without a key or access token");
 }
 
 void addSettingsOptions(CLI::App* sub, SandboxSettings& o) {
@@ -308,7 +310,8 @@ int main(int argc, char** argv) {
   c_net->add_flag("--json", as_json, "print the API's JSON (one document) instead of text");
   c_net->require_subcommand(1);
   c_net->footer(
-      "Example: spacectl net set sb_x --allow '*.pypi.org' --allow github.com:443\n         spacectl net log sb_x");
+      "Example: spacectl net set sb_x --allow '*.pypi.org' --allow github.com:443\n         spacectl net log sb_x\n"
+      "         curl -H \"X-Space-Access-Token: $TOKEN\" $(spacectl net url sb_x 8080 | head -1)");
   NetworkPolicyOptions net_policy;
   int net_limit = 0;
   auto* c_net_show = nested(c_net, "show", "print a sandbox's egress policy",
@@ -321,6 +324,13 @@ int main(int argc, char** argv) {
   auto* c_net_log = nested(c_net, "log", "print the gateway's decisions for a sandbox, oldest first",
                            [&](const apiclient::Client& api) { return cmdNetworkLog(api, id, net_limit, as_json); });
   c_net_log->add_option("id", id, "sandbox id")->required();
+  int net_port = 0;
+  auto* c_net_url = nested(c_net, "url", "print the URL of a port of a sandbox (ingress) and its access token",
+                           [&](const apiclient::Client& api) { return cmdNetworkUrl(api, id, net_port, as_json); });
+  c_net_url->add_option("id", id, "sandbox id")->required();
+  c_net_url->add_option("port", net_port, "the guest's TCP port its server listens on (on 0.0.0.0)")
+      ->required()
+      ->check(CLI::Range(1, 65535));
   c_net_log->add_option("--limit", net_limit, "only the newest N entries (1..10000, daemon default 1000)")
       ->check(CLI::Range(1, 10000));
 

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <openssl/rand.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
@@ -98,6 +99,29 @@ void keepPrivate(const std::string& path) {
     spdlog::warn("spaced: {} is readable by other users (mode {:o}) and chmod 0600 failed: {}", path, st.st_mode & 0777,
                  strerror(errno));
   }
+}
+
+// The secret behind sandboxes' ingress access tokens: kept in <data-dir>/ingress-key (mode
+// 0600), made at first start. Removing it (with spaced stopped) revokes every token.
+Result<std::string> ingressKey(const std::string& data_dir) {
+  const std::string path = data_dir + "/ingress-key";
+  keepPrivate(path);
+  auto existing = readSmallFile(path, 4096);
+  if (existing.ok()) {
+    std::string key = existing.value();
+    while (!key.empty() && (key.back() == '\n' || key.back() == ' ')) key.pop_back();
+    if (key.size() >= 32) return key;
+    return makeError(ErrorCode::kInvalidArgument, path +
+                                                      " holds no usable key (under 32 characters); remove it "
+                                                      "to have a new one made (every access token changes)");
+  }
+  if (existing.error().code != ErrorCode::kNotFound)
+    return makeError(existing.error().code, path + ": " + existing.error().message);
+  unsigned char bytes[32];
+  if (RAND_bytes(bytes, sizeof bytes) != 1) abort();  // no entropy: nothing safe to do
+  const std::string key = hexEncode(bytes, sizeof bytes);
+  SPACE_TRY(writeFileAtomic(path, key + "\n", 0600));
+  return key;
 }
 
 // The default tenant's key: the given one (it then replaces the tenant's other keys), else the
@@ -312,6 +336,15 @@ int main(int argc, char** argv) {
   app.add_option("--spare-slots", network_options.spare_slots, "network slots kept made ahead of need")
       ->capture_default_str()
       ->check(CLI::Range(0, 256));
+  api::IngressOptions ingress;
+  app.add_option("--ingress-domain", ingress.domain,
+                 "serve sandbox ports also by host name, {port}-{sandbox id with - for _}.DOMAIN (point a wildcard "
+                 "DNS record at spaced); default: only by path, /v1/sandboxes/{id}/ports/{port}/");
+  int64_t ingress_idle_s = 600;
+  app.add_option("--ingress-idle-timeout-s", ingress_idle_s,
+                 "a proxied connection to a sandbox port (a WebSocket) with no traffic for this long is closed")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 7 * 24 * 3600));
   app.add_flag("--no-snapshots", no_snapshots,
                "boot every sandbox instead of restoring its template's snapshot (slower; for comparison)");
   app.add_option("--on-shutdown", on_shutdown,
@@ -410,6 +443,12 @@ int main(int argc, char** argv) {
   if (!policy.ok()) return fatal("--egress-policy: " + policy.error().message);
   config.default_policy = policy.value();
   if (network_mode == "on") {
+    // Slots are network namespaces with taps and nftables rules, and gateways drop to uids of
+    // their own: all of it needs root. Said at once, not as the first create's failure.
+    if (::geteuid() != 0) {
+      return fatal("--network on needs root (it makes network namespaces, taps and nftables rules for the "
+                   "sandboxes' gateways); run spaced as root, or with --network off for sandboxes without a NIC");
+    }
     if (network_options.gateway_binary.empty()) {
       network_options.gateway_binary =
           (std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / "space-gateway").string();
@@ -431,7 +470,14 @@ int main(int argc, char** argv) {
   auto manager = sandbox::SandboxManager::start(config, *store.value());
   if (!manager.ok()) return fatal(manager.error().message);
 
-  api::ApiService service(*manager.value(), keys, api_limits, kDefaultTenant);
+  ingress.idle_timeout = std::chrono::seconds(ingress_idle_s);
+  auto ingress_key = ingressKey(data_dir);
+  if (!ingress_key.ok()) {
+    manager.value()->shutdown(sandbox::ShutdownMode::kKeepRunning);
+    return fatal(ingress_key.error().message);
+  }
+  ingress.token_key = ingress_key.value();
+  api::ApiService service(*manager.value(), keys, api_limits, kDefaultTenant, ingress);
   auto server = http::Server::start(listen, [&](http::Request& rq, http::Response& rs) { service.handle(rq, rs); });
   if (!server.ok()) {
     manager.value()->shutdown(sandbox::ShutdownMode::kKeepRunning);

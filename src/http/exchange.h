@@ -47,6 +47,9 @@ class Exchange {
   Status writeStreamHead(int status, std::string_view content_type);
   Status writeChunk(std::string_view chunk);
   Status writeStreamEnd();
+  Result<TakenConnection> takeOver();
+  bool takenOver() const { return taken_over_; }
+  int abortFd() const { return stream_.abortFd(); }
   // The client hung up (or the server is stopping): see Response::clientGone.
   bool clientGone() const;
 
@@ -81,6 +84,7 @@ class Exchange {
   bool response_keep_alive_ = false;
   bool response_complete_ = false;
   bool close_after_response_ = false;
+  bool taken_over_ = false;
   bool close_delimited_ = false;  // an HTTP/1.0 client gets a streamed body without chunking
   std::optional<std::pair<int, Error>> body_failure_;
 };

@@ -196,6 +196,19 @@ Status Response::begin(int status, std::string_view content_type) {
   return exchange_->writeStreamHead(status, content_type);
 }
 
+Result<TakenConnection> Response::takeOver(int status) {
+  // The handler writes the status line itself (101 included): only the state is checked.
+  if (started_) return makeError(ErrorCode::kFailedPrecondition, "the response was already started");
+  auto taken = exchange_->takeOver();
+  if (!taken.ok()) return taken.error();
+  started_ = true;
+  ended_ = true;
+  status_ = status;
+  return taken;
+}
+
+int Response::abortFd() const { return exchange_ == nullptr ? -1 : exchange_->abortFd(); }
+
 bool Response::clientGone() const { return exchange_ == nullptr || exchange_->clientGone(); }
 
 Status Response::write(std::string_view chunk) {
@@ -397,6 +410,23 @@ Status Exchange::writeChunk(std::string_view chunk) {
   }
   if (ec) return ioFailure("streaming the response", ec);
   return okStatus();
+}
+
+Result<TakenConnection> Exchange::takeOver() {
+  if (io_failed_) return io_error_;
+  if (!parser_.is_done()) {
+    return makeError(ErrorCode::kFailedPrecondition, "the request body must be read before the connection is taken");
+  }
+  TakenConnection taken;
+  taken.fd = stream_.fd();
+  taken.abort_fd = stream_.abortFd();
+  const auto data = buffer_.data();
+  taken.early_bytes.assign(static_cast<const char*>(data.data()), data.size());
+  buffer_.consume(buffer_.size());
+  taken_over_ = true;
+  response_keep_alive_ = false;
+  response_complete_ = true;
+  return taken;
 }
 
 bool Exchange::clientGone() const {

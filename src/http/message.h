@@ -27,6 +27,16 @@ class Exchange;
 
 using Handler = std::function<void(Request&, Response&)>;
 
+// A connection a handler took over (Response::takeOver): raw bytes both ways, no more HTTP
+// from the server. Valid while the handler runs; the server closes the socket afterwards.
+struct TakenConnection {
+  int fd = -1;        // the client's socket, non-blocking
+  int abort_fd = -1;  // readable once the server gives up on its connections (stop): end then
+  // What the client sent after the request, already read into the server's buffer: for an
+  // upgrade, the first bytes of the new protocol.
+  std::string early_bytes;
+};
+
 // {"error":{"code":code,"message":message}}: the body of every error the API and the server
 // itself send. Codes are errorCodeName()'s vocabulary ("not_found", "invalid_argument"...).
 nlohmann::json errorBody(std::string_view code, std::string_view message);
@@ -49,6 +59,8 @@ class Request {
   const std::multimap<std::string, std::string>& queryParams() const { return query_; }
   // Case-insensitive; repeated fields are joined with ", " as HTTP defines.
   std::optional<std::string> header(std::string_view name) const;
+  // Every field as sent, in order (names as the client spelled them).
+  const std::vector<std::pair<std::string, std::string>>& headers() const { return headers_; }
   // Absent for a chunked body; 0 for a request without a body.
   std::optional<uint64_t> contentLength() const { return content_length_; }
   // Set by the router from the {name} segments of the matched pattern (decoded, never empty);
@@ -122,6 +134,15 @@ class Response {
   // without an authenticated tenant: a client must not keep a connection, and the thread behind
   // it, busy with a stream of cheap requests it reads slowly.
   void closeConnection();
+
+  // Hands the raw connection to the handler, which then writes the whole response itself
+  // (a proxy relaying another server's bytes, a protocol upgrade). The request body must have
+  // been read to its end. `status` is only what the server logs. The connection is never kept
+  // for another request.
+  Result<TakenConnection> takeOver(int status);
+  // An eventfd that becomes readable once the server gives up on its connections (stop, after
+  // the grace period): for a handler waiting on something other than the client.
+  int abortFd() const;
 
   // Whether the status line went out (by send or begin): afterwards only write/end make sense.
   bool started() const { return started_; }

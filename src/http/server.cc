@@ -366,7 +366,8 @@ void Server::serveConnection(Connection& connection, detail::SocketStream& strea
     spdlog::debug("http: {} {} {} -> {} ({:.1f} ms)", remote, request.method(), request.rawPath(), response.status(),
                   millisecondsSince(started));
     if (!exchange.keepAlive()) {
-      drain_before_close = !exchange.ioFailed() && !exchange.bodyComplete();
+      // A taken-over connection ends with a FIN too: its last bytes must reach the client.
+      drain_before_close = !exchange.ioFailed() && (!exchange.bodyComplete() || exchange.takenOver());
       break;
     }
     if (!setBusy(connection, false)) break;

@@ -49,6 +49,7 @@ class SocketStream {
   explicit SocketStream(UniqueFd fd, int abort_fd = -1);
 
   int fd() const { return fd_.get(); }
+  int abortFd() const { return abort_fd_; }
   void setTimeouts(Duration read, Duration write) {
     read_timeout_ = read;
     write_timeout_ = write;

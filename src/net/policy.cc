@@ -334,6 +334,9 @@ Result<Policy> parsePolicy(const nlohmann::json& value) {
       }
     } else if (key == "allow" || key == "deny") {
       if (member.is_array()) rule_count += member.size();
+    } else if (key == "public_ports") {
+      if (!member.is_boolean()) return invalid("network.public_ports must be true or false");
+      policy.public_ports = member.get<bool>();
     } else {
       return invalid("network has an unknown key " + quoteForMessage(key));
     }
@@ -364,7 +367,10 @@ nlohmann::json toJson(const Policy& policy) {
     for (const Rule& rule : rules) array.push_back(displayText(rule));
     return array;
   };
-  return {{"egress", modeName(policy.mode)}, {"allow", texts(policy.allow)}, {"deny", texts(policy.deny)}};
+  return {{"egress", modeName(policy.mode)},
+          {"allow", texts(policy.allow)},
+          {"deny", texts(policy.deny)},
+          {"public_ports", policy.public_ports}};
 }
 
 Decision decideName(const Policy& policy, std::string_view name) {

@@ -49,6 +49,10 @@ struct Policy {
   // allow CIDR may open at all (spaced --tenant-openable-cidrs). Empty: none, so no tenant rule
   // reaches the host's private networks.
   std::vector<Rule> openable;
+  // Ingress: whether the sandbox's ports are served to anyone who knows its preview URL, with
+  // no API key or access token ("public_ports" in the JSON; default false). Not egress, but
+  // part of the same network object so snapshots and branches carry it the same way.
+  bool public_ports = false;
 };
 
 // Limits on what a tenant may send (bounded input).

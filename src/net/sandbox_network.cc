@@ -1,10 +1,14 @@
 #include "net/sandbox_network.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pwd.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,10 +18,12 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <system_error>
 
 #include "common/bounded_json.h"
 #include "common/fs.h"
 #include "common/unix_socket.h"
+#include "net/addressing.h"
 
 namespace space::net {
 
@@ -84,12 +90,75 @@ size_t killProcessesIn(const std::string& netns_path) {
 
 // ---- SandboxNetwork
 
+bool GuestConnections::add(int fd) {
+  std::lock_guard lock(mu_);
+  if (ended_ || fds_.size() >= max_open_) return false;
+  fds_.insert(fd);
+  return true;
+}
+
+void GuestConnections::remove(int fd) {
+  std::lock_guard lock(mu_);
+  fds_.erase(fd);
+}
+
+void GuestConnections::endAll() {
+  std::lock_guard lock(mu_);
+  ended_ = true;
+  // Under the lock: an owner closes its descriptor only after remove(), so none of these has
+  // been closed (and its number reused) yet.
+  for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
+}
+
 SandboxNetwork::~SandboxNetwork() {
+  // Before anything else: the slot must carry nothing of this sandbox's when it is reused.
+  guest_connections_->endAll();
   if (detached_) return;
   if (gateway_) gateway_->terminate(std::chrono::milliseconds(500));
   gateway_.reset();
   ::unlink((state_dir_ + "/" + kAttachmentFile).c_str());
   pool_->releaseSlot(slot_);
+}
+
+Result<GuestConnection> SandboxNetwork::connectToGuest(uint16_t port, Clock::time_point deadline) {
+  // A socket belongs to the namespace it was made in, so only its creation needs the slot;
+  // connecting and all later I/O work from any thread.
+  UniqueFd fd;
+  SPACE_TRY(runInNetns(slot_.netns_path, [&]() -> Status {
+    fd = UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    return fd.valid() ? okStatus()
+                      : makeError(ErrorCode::kInternal, "socket in slot " + slot_.name + ": " + strerror(errno));
+  }));
+  sockaddr_in guest{};
+  guest.sin_family = AF_INET;
+  guest.sin_port = htons(port);
+  ::inet_pton(AF_INET, kGuestIp, &guest.sin_addr);
+  const std::string where = std::string(kGuestIp) + ":" + std::to_string(port) + " in slot " + slot_.name;
+  int err = 0;
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&guest), sizeof guest) != 0) {
+    err = errno;
+    if (err == EINPROGRESS) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      pollfd p{fd.get(), POLLOUT, 0};
+      int ready = ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left, 0, 24 * 3600 * 1000)));
+      if (ready == 0) return makeError(ErrorCode::kDeadlineExceeded, "connecting to " + where + " timed out");
+      socklen_t len = sizeof err;
+      if (ready < 0 || ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    }
+  }
+  if (err == ECONNREFUSED) {
+    return makeError(ErrorCode::kUnavailable, "nothing listens on port " + std::to_string(port) + " of the guest");
+  }
+  if (err != 0) return makeError(ErrorCode::kUnavailable, "connecting to " + where + ": " + strerror(err));
+  int one = 1;
+  ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (!guest_connections_->add(fd.get())) {
+    return makeError(ErrorCode::kResourceExhausted,
+                     "this sandbox has " + std::to_string(kMaxGuestConnections) +
+                         " connections to its ports open already; retry when one has ended",
+                     "too_many_connections");
+  }
+  return GuestConnection(guest_connections_, std::move(fd));
 }
 
 Status SandboxNetwork::setPolicy(const Policy& policy) {
@@ -184,7 +253,12 @@ Status NetworkPool::start(const std::set<std::string>& keep) {
     ++reclaimed;
   }
   if (reclaimed > 0) spdlog::info("network: removed {} slot(s) a previous run left", reclaimed);
-  refill_ = std::thread([this] { refillLoop(); });
+  try {
+    refill_ = std::thread([this] { refillLoop(); });
+  } catch (const std::system_error& e) {
+    // Out of threads: a start-up failure to report, not an exception to die of.
+    return makeError(ErrorCode::kResourceExhausted, std::string("cannot start the network slot thread: ") + e.what());
+  }
   return Ok{};
 }
 

@@ -26,6 +26,7 @@
 
 #include "common/process.h"
 #include "common/result.h"
+#include "common/unix_socket.h"
 #include "net/policy.h"
 #include "net/slot.h"
 
@@ -52,6 +53,55 @@ struct NetworkOptions {
 
 class NetworkPool;
 
+// The connections into one sandbox's guest that are open now (ingress), so that they end with
+// its attachment: once the slot is scrubbed it may serve another tenant's guest, and a socket
+// left open would then reach that guest.
+class GuestConnections {
+ public:
+  explicit GuestConnections(size_t max_open) : max_open_(max_open) {}
+  // Registers `fd`; false when the attachment has ended or max_open are open already.
+  bool add(int fd);
+  void remove(int fd);
+  // Shuts every registered socket down (their owners see the end and close them) and refuses
+  // new ones.
+  void endAll();
+
+ private:
+  std::mutex mu_;
+  std::set<int> fds_;
+  size_t max_open_;
+  bool ended_ = false;
+};
+
+// An open connection into a guest; closing it (destruction) unregisters it.
+class GuestConnection {
+ public:
+  GuestConnection() = default;
+  GuestConnection(std::shared_ptr<GuestConnections> registry, UniqueFd fd)
+      : registry_(std::move(registry)), fd_(std::move(fd)) {}
+  GuestConnection(GuestConnection&&) = default;
+  GuestConnection& operator=(GuestConnection&& other) {
+    reset();
+    registry_ = std::move(other.registry_);
+    fd_ = std::move(other.fd_);
+    return *this;
+  }
+  ~GuestConnection() { reset(); }
+  int fd() const { return fd_.get(); }
+
+ private:
+  void reset() {
+    if (registry_ && fd_.valid()) registry_->remove(fd_.get());
+    fd_ = UniqueFd();  // closed only once no teardown can shut it down any more
+    registry_.reset();
+  }
+  std::shared_ptr<GuestConnections> registry_;
+  UniqueFd fd_;
+};
+
+// Open ingress connections one sandbox may have at once.
+inline constexpr size_t kMaxGuestConnections = 64;
+
 // One sandbox's attachment: its slot and the gateway serving it. Destroying it stops the
 // gateway and gives the slot back (scrubbed) for another sandbox.
 class SandboxNetwork {
@@ -72,6 +122,11 @@ class SandboxNetwork {
   Status restartGateway();
   // Leaves slot and gateway running for the next daemon (attachment.json says where).
   void detach();
+  // A TCP connection from the slot to `port` of the guest (ingress), connected within the
+  // deadline; non-blocking. kUnavailable when nothing listens there (the guest refused);
+  // kResourceExhausted ("too_many_connections") with kMaxGuestConnections open. It is shut
+  // down when this attachment ends (delete, suspend), whoever holds it.
+  Result<GuestConnection> connectToGuest(uint16_t port, Clock::time_point deadline);
 
  private:
   friend class NetworkPool;
@@ -84,6 +139,7 @@ class SandboxNetwork {
   std::string state_dir_;
   std::optional<ChildProcess> gateway_;
   bool detached_ = false;
+  std::shared_ptr<GuestConnections> guest_connections_ = std::make_shared<GuestConnections>(kMaxGuestConnections);
 };
 
 class NetworkPool : public std::enable_shared_from_this<NetworkPool> {

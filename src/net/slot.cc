@@ -255,6 +255,10 @@ Status configureNamespace(const std::string& path) {
   SPACE_TRY(addAddress(*nl, *index));
 
   SPACE_TRY(loadRuleset());
+  // Mid-stream TCP packets of a flow conntrack does not know (one scrubbed away when the slot
+  // passed to another sandbox) stay invalid instead of being picked up as a new flow, which the
+  // rules would then judge by direction. The knob exists once the ruleset loaded conntrack.
+  SPACE_TRY(writeSysctl("net.netfilter.nf_conntrack_tcp_loose", "0"));
 
   // Last: from here on the namespace outlives this thread.
   if (mount("/proc/thread-self/ns/net", path.c_str(), "none", MS_BIND, nullptr) != 0) {

@@ -958,6 +958,38 @@ Result<AgentLease> SandboxManager::agent(const std::string& tenant, const std::s
   return AgentLease{id, live.value()->vm().sharedAgent(), false, std::move(activity)};
 }
 
+Result<PortConnection> SandboxManager::connectPort(const std::string& tenant, const std::string& id, uint16_t port,
+                                                   Clock::time_point deadline) {
+  if (!config_.network) return noNetwork();
+  auto lease = agent(tenant, id, "connect to a port of");
+  if (!lease.ok()) return lease.error();
+  auto live = findLive(tenant, id);
+  if (!live.ok()) return makeError(ErrorCode::kUnavailable, "sandbox " + id + " is between states; retry");
+  // Connected under `control`, so the slot is still this sandbox's: once the sandbox ends, its
+  // slot is scrubbed and may serve another sandbox, and a socket made for the old one would
+  // reach the new guest. A connection to a local guest takes milliseconds; the cap keeps a
+  // silent guest from holding lifecycle operations for long.
+  std::lock_guard control(live.value()->control);
+  if (live.value()->finished || !live.value()->runtime || live.value()->state != SandboxState::kRunning) {
+    return makeError(ErrorCode::kUnavailable, "sandbox " + id + " stopped running; retry");
+  }
+  net::SandboxNetwork* network = live.value()->runtime->network();
+  if (network == nullptr) {
+    return makeError(ErrorCode::kFailedPrecondition,
+                     "sandbox " + id + " has no network (it was made before this node had networking)");
+  }
+  auto connection = network->connectToGuest(port, std::min(deadline, Clock::now() + std::chrono::seconds(5)));
+  if (!connection.ok()) return connection.error();
+  return PortConnection{std::move(connection).value(), std::move(lease->activity)};
+}
+
+Result<std::string> SandboxManager::ownerOf(const std::string& id) {
+  auto rec = store_.getSandbox(id);
+  if (!rec.ok()) return rec.error().code == ErrorCode::kNotFound ? notFound(id) : rec.error();
+  if (rec->state == stateName(SandboxState::kDeleted)) return notFound(id);
+  return rec->tenant;
+}
+
 Error SandboxManager::agentFailed(const AgentLease& lease, const Error& error) {
   if (error.code != ErrorCode::kUnavailable) return error;
   std::shared_ptr<Live> live;

@@ -128,6 +128,13 @@ struct AgentLease {
   std::shared_ptr<void> activity;
 };
 
+// A connection into a sandbox's guest (shut down when the sandbox stops running); while
+// `activity` lives the sandbox counts as active.
+struct PortConnection {
+  net::GuestConnection connection;
+  std::shared_ptr<void> activity;
+};
+
 enum class ShutdownMode {
   kKeepRunning,  // VMs keep running; the next daemon re-adopts them
   kStop,         // VMs are powered off; their sandboxes are recorded as deleted
@@ -199,6 +206,14 @@ class SandboxManager {
 
   // The agent of a running sandbox (kFailedPrecondition naming the state otherwise).
   Result<AgentLease> agent(const std::string& tenant, const std::string& id, std::string_view operation);
+  // A TCP connection to `port` of a running sandbox's guest (ingress), resuming a suspended
+  // one as agent() does. kUnavailable when nothing listens there; kFailedPrecondition on a
+  // node without networking, for a sandbox without a NIC, or in a state without a guest.
+  Result<PortConnection> connectPort(const std::string& tenant, const std::string& id, uint16_t port,
+                                     Clock::time_point deadline);
+  // The tenant of sandbox `id` (kNotFound if there is none, or it is deleted): for requests
+  // that prove access to one sandbox rather than carry a tenant's key (ingress).
+  Result<std::string> ownerOf(const std::string& id);
   // A call through a lease failed with `unavailable`: checks whether the VM died, and if so
   // records the sandbox as failed. Returns the error to give the client.
   Error agentFailed(const AgentLease& lease, const Error& error);

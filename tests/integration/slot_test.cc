@@ -651,6 +651,24 @@ TEST_F(SlotTrafficTest, EverythingElseIsDropped) {
   EXPECT_TRUE(straightToListener(kArriveMs));
 }
 
+// Ingress: spaced connects from the slot to a port of the guest, and bytes pass both ways;
+// nothing else the slot starts (UDP above) gets through, and the guest's own connections are
+// still all redirected to the gateway.
+TEST_F(SlotTrafficTest, TheSlotConnectsToAGuestPortForIngress) {
+  UniqueFd gateway = tcpListener(slot_.netns_path, kGatewayIp, kGatewayTcpPort);
+  UniqueFd app = tcpListener(guest_, kGuestIp, 8080);
+  UniqueFd c = socketIn(slot_.netns_path, AF_INET, SOCK_STREAM);
+  ASSERT_TRUE(connectWithin(c.get(), addr4(kGuestIp, 8080), kArriveMs)) << strerror(errno);
+  UniqueFd a = acceptWithin(app.get(), kArriveMs);
+  ASSERT_TRUE(a.valid());
+  ASSERT_EQ(write(c.get(), "GET /", 5), 5);
+  EXPECT_EQ(recvWithin(a.get(), kArriveMs).value_or(""), "GET /");
+  ASSERT_EQ(write(a.get(), "200 OK", 6), 6);
+  EXPECT_EQ(recvWithin(c.get(), kArriveMs).value_or(""), "200 OK");
+  // The guest's connections, even to the slot's address, still only reach the gateway.
+  expectRedirected(gateway.get(), kGatewayIp, 8080);
+}
+
 TEST_F(SlotTrafficTest, ScrubForgetsConnectionsAndKeepsTheSlotUsable) {
   UniqueFd listener = tcpListener(slot_.netns_path, kGatewayIp, kGatewayTcpPort);
   expectRedirected(listener.get(), "198.51.100.10", 80);

@@ -2865,4 +2865,176 @@ TEST_F(SpacedNetworkTest, EveryBypassFromGuestRootFails) {
   EXPECT_TRUE(logged(entries, "sni", "denied.test", false)) << entries.dump(1);
 }
 
+// --- ingress: a guest's HTTP server and WebSocket, through spaced --------------------------
+
+// A web app for the guest: GET answers what it was asked and with what credentials, POST echoes
+// its body, and a WebSocket upgrade echoes text frames (frames under 126 bytes: enough here).
+constexpr const char* kGuestWebApp = R"PY(
+import base64, hashlib, http.server
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def answer(self, body):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        if self.headers.get("Upgrade", "").lower() == "websocket":
+            key = self.headers["Sec-WebSocket-Key"] + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+            self.send_response(101)
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Connection", "Upgrade")
+            self.send_header("Sec-WebSocket-Accept", base64.b64encode(hashlib.sha1(key.encode()).digest()).decode())
+            self.end_headers()
+            self.wfile.flush()
+            while True:
+                head = self.rfile.read(2)
+                if len(head) < 2 or head[0] & 15 == 8:
+                    return
+                mask = self.rfile.read(4)
+                data = bytes(b ^ mask[i % 4] for i, b in enumerate(self.rfile.read(head[1] & 127)))
+                out = b"echo:" + data
+                self.wfile.write(bytes([0x81, len(out)]) + out)
+                self.wfile.flush()
+        self.answer(("path=%s auth=%s token=%s prefix=%s\n" % (self.path, self.headers.get("Authorization"),
+            self.headers.get("X-Space-Access-Token"), self.headers.get("X-Forwarded-Prefix"))).encode())
+    def do_POST(self):
+        self.answer(b"got:" + self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()
+)PY";
+
+class SpacedIngressTest : public SpacedTest {
+ protected:
+  // A raw exchange with the daemon (Host and methods the API client would not send).
+  std::string raw(const std::string& request) {
+    const std::string& url = daemon_->url();
+    UniqueFd fd =
+        testsupport::connectRaw(static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1))), seconds(20));
+    testsupport::sendRaw(fd.get(), request);
+    return testsupport::readUntilClosed(fd.get());
+  }
+  http::ClientResponse get(const std::string& target, std::map<std::string, std::string> headers) {
+    auto client = http::Client::create(daemon_->url());
+    EXPECT_TRUE(client.ok());
+    auto r = client->request("GET", target, headers, "", seconds(30));
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+    return r.ok() ? r.value() : http::ClientResponse{};
+  }
+};
+
+// A server in the guest answers through spaced by path and by host, to the owner's key, the
+// sandbox's token or (once made public) anyone; nothing else gets in, the key never reaches
+// the guest, and a WebSocket echoes both ways.
+TEST_F(SpacedIngressTest, AGuestsWebServerAndWebSocketAreReachableWithTheRightCredentials) {
+  daemon_ = Daemon::start(data_dir_, {"--ingress-domain", "preview.test"});
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  json sb = d.callJson("POST", "/v1/sandboxes", json{{"cpus", 1}, {"memory_mb", 256}}, 201);
+  const std::string id = sb.value("id", "");
+  const std::string token = sb.value("access_token", "");
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(token.size(), 64u) << sb.dump();
+  auto up = d.call("PUT", "/v1/sandboxes/" + id + "/files?path=/tmp/app.py", kGuestWebApp);
+  ASSERT_EQ(up.status, 200) << up.body;
+  json started = execJson(d, id,
+                          json{{"command",
+                                "(setsid python3 /tmp/app.py >/tmp/app.log 2>&1 &); for i in $(seq 100); do "
+                                "curl -s -o /dev/null localhost:8080/ && exit 0; sleep 0.1; done; cat /tmp/app.log; "
+                                "exit 1"},
+                               {"timeout_s", 30}});
+  ASSERT_EQ(started.value("exit_code", -1), 0) << started.dump();
+  const std::string ports = "/v1/sandboxes/" + id + "/ports/";
+
+  // The owner's key: the guest gets the rest of the target, never the key.
+  auto owner = d.call("GET", ports + "8080/hello?x=1");
+  EXPECT_EQ(owner.status, 200) << owner.body;
+  EXPECT_EQ(owner.body, "path=/hello?x=1 auth=None token=None prefix=" + ports + "8080\n");
+  auto posted = d.call("POST", ports + "8080/echo", R"({"a":1})");
+  EXPECT_EQ(posted.body, R"(got:{"a":1})");
+  auto bare = d.call("GET", ports + "8080");
+  EXPECT_EQ(bare.status, 308);
+  EXPECT_EQ(bare.headers["location"], ports + "8080/");
+
+  // The token, and nothing: only the token opens it (and only this sandbox's).
+  auto by_token = get(ports + "8080/t", {{"X-Space-Access-Token", token}});
+  EXPECT_EQ(by_token.status, 200) << by_token.body;
+  EXPECT_EQ(by_token.body.rfind("path=/t auth=None token=None", 0), 0u) << by_token.body;
+  EXPECT_EQ(get(ports + "8080/", {}).status, 401);
+  EXPECT_EQ(get(ports + "8080/", {{"X-Space-Access-Token", std::string(64, '0')}}).status, 401);
+  const std::string other_key = addTenant("other");
+  EXPECT_EQ(get(ports + "8080/", {{"Authorization", "Bearer " + other_key}}).status, 404);
+  auto closed = d.call("GET", ports + "8081/");
+  EXPECT_EQ(closed.status, 502) << closed.body;
+  EXPECT_NE(closed.body.find("nothing listens on port 8081"), std::string::npos) << closed.body;
+  EXPECT_EQ(d.call("GET", ports + "0/").status, 400);
+
+  // By host, the same server.
+  std::string host = id;
+  std::replace(host.begin(), host.end(), '_', '-');
+  std::string by_host = raw("GET /from-host HTTP/1.1\r\nHost: 8080-" + host +
+                            ".preview.test\r\nX-Space-Access-Token: " + token + "\r\n\r\n");
+  EXPECT_EQ(by_host.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << by_host;
+  EXPECT_NE(by_host.find("path=/from-host auth=None token=None prefix=None"), std::string::npos) << by_host;
+
+  // A WebSocket, through the key, with a masked frame each way.
+  auto openWebSocket = [&](std::string& early) {
+    const std::string& url = d.url();
+    UniqueFd fd =
+        testsupport::connectRaw(static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1))), seconds(20));
+    testsupport::sendRaw(fd.get(),
+                         "GET " + ports + "8080/ws HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + d.key() +
+                             "\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                             "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n");
+    std::string got;
+    char buf[4096];
+    while (got.find("\r\n\r\n") == std::string::npos) {
+      ssize_t n = recv(fd.get(), buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    EXPECT_EQ(got.rfind("HTTP/1.1 101", 0), 0u) << got;
+    EXPECT_NE(got.find("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo="), std::string::npos) << got;
+    early = got.find("\r\n\r\n") == std::string::npos ? "" : got.substr(got.find("\r\n\r\n") + 4);
+    return fd;
+  };
+  {
+    std::string reply;
+    UniqueFd fd = openWebSocket(reply);
+    const std::string text = "hi there";
+    std::string frame = {static_cast<char>(0x81), static_cast<char>(0x80 | text.size()), 1, 2, 3, 4};
+    for (size_t i = 0; i < text.size(); ++i) frame += static_cast<char>(text[i] ^ (1 + i % 4));
+    testsupport::sendRaw(fd.get(), frame);
+    char buf[4096];
+    while (reply.size() < 2 + 13) {
+      ssize_t n = recv(fd.get(), buf, sizeof buf, 0);
+      ASSERT_GT(n, 0) << reply;
+      reply.append(buf, static_cast<size_t>(n));
+    }
+    EXPECT_EQ(reply, std::string("\x81\x0d", 2) + "echo:hi there");
+  }
+
+  // Public ports: anyone, no key or token; the policy says so and can take it back.
+  d.callJson("PUT", "/v1/sandboxes/" + id + "/network", json{{"egress", "allow"}, {"public_ports", true}}, 200);
+  EXPECT_EQ(d.callJson("GET", "/v1/sandboxes/" + id + "/network", json(), 200)["public_ports"], true);
+  auto anyone = get(ports + "8080/public", {});
+  EXPECT_EQ(anyone.status, 200) << anyone.body;
+  // Another tenant's key sent along is still spaced's secret, not the guest's to see.
+  auto other_tenant = get(ports + "8080/k", {{"Authorization", "Bearer " + other_key}});
+  EXPECT_EQ(other_tenant.status, 200) << other_tenant.body;
+  EXPECT_EQ(other_tenant.body.rfind("path=/k auth=None", 0), 0u) << other_tenant.body;
+  d.callJson("PUT", "/v1/sandboxes/" + id + "/network", json{{"egress", "allow"}}, 200);
+  EXPECT_EQ(get(ports + "8080/public", {}).status, 401);
+
+  // Connections still open end with the sandbox: its slot may serve another tenant's next.
+  std::string early;
+  UniqueFd open_socket = openWebSocket(early);
+  auto deleted_at = Clock::now();
+  EXPECT_EQ(d.call("DELETE", "/v1/sandboxes/" + id).status, 204);
+  char byte;
+  EXPECT_LE(recv(open_socket.get(), &byte, 1, 0), 0) << "the connection outlived its sandbox";
+  EXPECT_LT(Clock::now() - deleted_at, seconds(10));
+}
+
 }  // namespace space

@@ -87,6 +87,7 @@ void expectSamePolicy(const Policy& a, const Policy& b) {
   EXPECT_EQ(a.mode, b.mode);
   expectSameRules(a.allow, b.allow);
   expectSameRules(a.deny, b.deny);
+  EXPECT_EQ(a.public_ports, b.public_ports);
 }
 
 // Forms that some resolver, inet_aton or browser reads as an IPv4 address, or that are IPv6:
@@ -419,13 +420,17 @@ TEST(PolicyParse, RoundTripsThroughJson) {
            R"({"egress": "policy", "allow": ["*.pypi.org", "GitHub.com.:443", "10.1.2.0/24:5432", "0.0.0.0/0"],
                "deny": ["evil.example:25", "198.51.100.0/24", "*.Bad.example"]})",
            R"({"egress": "allow", "allow": ["169.254.169.254:80"], "deny": ["203.0.113.7"]})",
+           R"({"egress": "deny", "public_ports": true})",
        }) {
     const Policy policy = policyOf(text);
     const json dumped = toJson(policy);
     expectSamePolicy(policyOf(dumped), policy);
     EXPECT_EQ(toJson(policyOf(dumped)), dumped);
   }
-  EXPECT_EQ(toJson(defaultPolicy()), json::parse(R"({"egress": "allow", "allow": [], "deny": []})"));
+  EXPECT_EQ(toJson(defaultPolicy()),
+            json::parse(R"({"egress": "allow", "allow": [], "deny": [], "public_ports": false})"));
+  EXPECT_TRUE(policyOf(R"({"public_ports": true})").public_ports);
+  EXPECT_FALSE(policyOf(R"({"egress": "allow"})").public_ports);
 }
 
 TEST(PolicyParse, RulesBuiltInCodeGetTheirCanonicalText) {
@@ -436,7 +441,8 @@ TEST(PolicyParse, RulesBuiltInCodeGetTheirCanonicalText) {
   policy.deny.push_back(Rule{.kind = Rule::Kind::kCidr, .network = ip("203.0.113.7"), .port = 25});
   EXPECT_EQ(
       toJson(policy),
-      json::parse(R"({"egress": "policy", "allow": ["*.pypi.org:443", "10.0.0.0/8"], "deny": ["203.0.113.7:25"]})"));
+      json::parse(
+          R"({"egress": "policy", "allow": ["*.pypi.org:443", "10.0.0.0/8"], "deny": ["203.0.113.7:25"], "public_ports": false})"));
   EXPECT_EQ(decideConnection(policy, connection("10.1.1.1", 80)).reason, "forbidden-range");
   EXPECT_EQ(decideConnection(openableTo(policy, "10.0.0.0/8"), connection("10.1.1.1", 80)).reason, "allow:10.0.0.0/8");
   EXPECT_EQ(decideConnection(policy, connection("203.0.113.7", 25)).reason, "deny:203.0.113.7:25");
@@ -448,6 +454,9 @@ TEST(PolicyParse, RefusesWrongShapes) {
   }
   const std::string unknown = parseError(json::parse(R"({"egress": "allow", "credentials": {}})"));
   EXPECT_TRUE(contains(unknown, "unknown key \"credentials\"")) << unknown;
+  for (const json& not_bool : {json("true"), json(1), json(nullptr)}) {
+    EXPECT_TRUE(contains(parseError(json{{"public_ports", not_bool}}), "network.public_ports must be true or false"));
+  }
   EXPECT_TRUE(contains(parseError(json::parse(R"({"Egress": "allow"})")), "\"Egress\""));
   for (const char* egress : {R"("ALLOW")", R"("")", R"(1)", R"(null)", R"({"x": 1})", R"(["allow"])", R"(true)"}) {
     const std::string message = parseError(json::parse(std::string(R"({"egress": )") + egress + "}"));

@@ -27,7 +27,11 @@ int printPolicy(const json& policy, bool as_json) {
   } else {
     std::cout << "egress: " << text(field(policy, "egress")) << "\n"
               << "allow:  " << joined(field(policy, "allow")) << "\n"
-              << "deny:   " << joined(field(policy, "deny")) << "\n";
+              << "deny:   " << joined(field(policy, "deny")) << "\n"
+              << "ports:  "
+              << (field(policy, "public_ports") == true ? "public (anyone with the URL)"
+                                                        : "private (the API key or the sandbox's access token)")
+              << "\n";
   }
   return 0;
 }
@@ -57,6 +61,20 @@ int cmdNetworkSet(const apiclient::Client& api, const std::string& id, const Net
   auto policy = api.call("PUT", sandboxPath(id) + "/network", networkRequest(o));
   if (!policy.ok()) return fail(policy.error());
   return printPolicy(*policy, as_json);
+}
+
+int cmdNetworkUrl(const apiclient::Client& api, const std::string& id, int port, bool as_json) {
+  auto sandbox = api.call("GET", sandboxPath(id));
+  if (!sandbox.ok()) return fail(sandbox.error());
+  const std::string url = api.endpoint().url + sandboxPath(id) + "/ports/" + std::to_string(port) + "/";
+  const std::string token = text(field(*sandbox, "access_token"));
+  if (as_json) {
+    printJson(json{{"url", url}, {"access_token", token}});
+  } else {
+    std::cout << url << "\n";
+    if (!token.empty()) std::cout << "X-Space-Access-Token: " << token << "\n";
+  }
+  return 0;
 }
 
 int cmdNetworkLog(const apiclient::Client& api, const std::string& id, int limit, bool as_json) {

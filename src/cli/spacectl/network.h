@@ -1,5 +1,5 @@
-// Network commands: `spacectl net show|set|log` on one sandbox's egress policy and audit log
-// (docs/network.md). Same conventions as sandboxes.h.
+// Network commands: `spacectl net show|set|log|url` on one sandbox's egress policy, audit log
+// and ports (docs/network.md). Same conventions as sandboxes.h.
 #pragma once
 
 #include <string>
@@ -12,5 +12,7 @@ namespace space::spacectl {
 int cmdNetworkShow(const apiclient::Client& api, const std::string& id, bool as_json);
 int cmdNetworkSet(const apiclient::Client& api, const std::string& id, const NetworkPolicyOptions& o, bool as_json);
 int cmdNetworkLog(const apiclient::Client& api, const std::string& id, int limit, bool as_json);
+// The path-form URL of `port` of a sandbox, then `X-Space-Access-Token: <token>`.
+int cmdNetworkUrl(const apiclient::Client& api, const std::string& id, int port, bool as_json);
 
 }  // namespace space::spacectl

@@ -74,6 +74,7 @@ json networkRequest(const NetworkPolicyOptions& o) {
   policy["egress"] = !o.egress.empty() ? o.egress : (o.allow.empty() ? "allow" : "policy");
   policy["allow"] = o.allow;
   policy["deny"] = o.deny;
+  policy["public_ports"] = o.public_ports;
   return policy;
 }
 

@@ -24,9 +24,11 @@ struct NetworkPolicyOptions {
   std::string egress;  // allow, deny, policy
   std::vector<std::string> allow;
   std::vector<std::string> deny;
-  bool given() const { return !egress.empty() || !allow.empty() || !deny.empty(); }
+  bool public_ports = false;
+  bool given() const { return !egress.empty() || !allow.empty() || !deny.empty() || public_ports; }
 };
-// {"egress", "allow", "deny"}; with allow rules and no mode, "policy" (only what they name).
+// {"egress", "allow", "deny", "public_ports"}; with allow rules and no mode, "policy" (only what
+// they name).
 json networkRequest(const NetworkPolicyOptions& o);
 
 struct SandboxSettings {
