@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <ctime>
+#include <limits>
 
 #include "agentproto/base64.h"
 #include "api/json_input.h"
@@ -1087,9 +1088,28 @@ void ApiService::setNetwork(Call& c) {
 }
 
 void ApiService::networkLog(Call& c) {
+  sandbox::NetworkLogFilter filter;
   auto limit = queryInt(c.req, "limit", 1, 10000);
   if (!limit.ok()) return fail(c, limit.error());
-  auto entries = manager_.networkLog(c.tenant, c.id(), static_cast<size_t>(limit.value().value_or(1000)));
+  filter.limit = static_cast<size_t>(limit.value().value_or(1000));
+  for (auto [name, bound] : {std::pair{"after_ms", &filter.after_ms}, std::pair{"before_ms", &filter.before_ms}}) {
+    auto ms = queryInt(c.req, name, 0, std::numeric_limits<int64_t>::max());
+    if (!ms.ok()) return fail(c, ms.error());
+    if (ms.value()) *bound = *ms.value();
+  }
+  if (auto allowed = c.req.query("allowed")) {
+    if (*allowed != "true" && *allowed != "false") {
+      return fail(c, makeError(ErrorCode::kInvalidArgument, "allowed: must be true or false"));
+    }
+    filter.allowed = *allowed == "true";
+  }
+  if (auto kind = c.req.query("kind")) {
+    if (*kind != "dns" && *kind != "tcp" && *kind != "gateway") {
+      return fail(c, makeError(ErrorCode::kInvalidArgument, "kind: must be dns, tcp or gateway"));
+    }
+    filter.kind = *kind;
+  }
+  auto entries = manager_.networkLog(c.tenant, c.id(), filter);
   if (!entries.ok()) return fail(c, entries.error());
   json items = json::array();
   for (auto& e : entries.value()) items.push_back(std::move(e));

@@ -313,7 +313,6 @@ int main(int argc, char** argv) {
       "Example: spacectl net set sb_x --allow '*.pypi.org' --allow github.com:443\n         spacectl net log sb_x\n"
       "         curl -H \"X-Space-Access-Token: $TOKEN\" $(spacectl net url sb_x 8080 | head -1)");
   NetworkPolicyOptions net_policy;
-  int net_limit = 0;
   auto* c_net_show = nested(c_net, "show", "print a sandbox's egress policy",
                             [&](const apiclient::Client& api) { return cmdNetworkShow(api, id, as_json); });
   c_net_show->add_option("id", id, "sandbox id")->required();
@@ -321,18 +320,18 @@ int main(int argc, char** argv) {
                            [&](const apiclient::Client& api) { return cmdNetworkSet(api, id, net_policy, as_json); });
   c_net_set->add_option("id", id, "sandbox id")->required();
   addNetworkOptions(c_net_set, net_policy);
+  NetworkLogOptions net_log;
   auto* c_net_log = nested(c_net, "log", "print the gateway's decisions for a sandbox, oldest first",
-                           [&](const apiclient::Client& api) { return cmdNetworkLog(api, id, net_limit, as_json); });
+                           [&](const apiclient::Client& api) { return cmdNetworkLog(api, id, net_log, as_json); });
   c_net_log->add_option("id", id, "sandbox id")->required();
-  int net_port = 0;
-  auto* c_net_url = nested(c_net, "url", "print the URL of a port of a sandbox (ingress) and its access token",
-                           [&](const apiclient::Client& api) { return cmdNetworkUrl(api, id, net_port, as_json); });
-  c_net_url->add_option("id", id, "sandbox id")->required();
-  c_net_url->add_option("port", net_port, "the guest's TCP port its server listens on (on 0.0.0.0)")
-      ->required()
-      ->check(CLI::Range(1, 65535));
-  c_net_log->add_option("--limit", net_limit, "only the newest N entries (1..10000, daemon default 1000)")
+  c_net_log->add_option("--limit", net_log.limit, "only the newest N entries (1..10000, daemon default 1000)")
       ->check(CLI::Range(1, 10000));
+  c_net_log->add_flag("--denied", net_log.denied, "only denials");
+  c_net_log->add_option("--kind", net_log.kind, "only dns, tcp or gateway entries")
+      ->check(CLI::IsMember({"dns", "tcp", "gateway"}));
+  c_net_log->add_flag("-f,--follow", net_log.follow,
+                      "keep printing new entries as the gateway writes them (--json: one JSON line each), until "
+                      "Ctrl-C");
 
   try {
     app.parse(argc, argv);

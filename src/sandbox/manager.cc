@@ -99,7 +99,7 @@ Status SandboxManager::setNetworkPolicy(const std::string& tenant, const std::st
 }
 
 Result<std::vector<nlohmann::json>> SandboxManager::networkLog(const std::string& tenant, const std::string& id,
-                                                               size_t max_entries) {
+                                                               const NetworkLogFilter& filter) {
   if (!config_.network) return noNetwork();
   auto rec = getOwned(tenant, id);
   if (!rec.ok()) return rec.error();
@@ -108,12 +108,29 @@ Result<std::vector<nlohmann::json>> SandboxManager::networkLog(const std::string
   std::vector<nlohmann::json> entries;
   std::string_view text = tail;
   size_t end = text.size();
-  while (end > 0 && entries.size() < max_entries) {
+  // The file is the gateway's (a compromised one could write anything): fields are read as
+  // their types or not at all.
+  auto matches = [&](const nlohmann::json& e) {
+    const auto time = e.find("time_ms");
+    const int64_t ms = time != e.end() && time->is_number_integer() ? time->get<int64_t>() : -1;
+    if (filter.after_ms >= 0 && ms <= filter.after_ms) return false;
+    if (filter.before_ms >= 0 && (ms < 0 || ms >= filter.before_ms)) return false;
+    if (filter.allowed) {
+      const auto allowed = e.find("allowed");
+      if (allowed == e.end() || !allowed->is_boolean() || allowed->get<bool>() != *filter.allowed) return false;
+    }
+    if (!filter.kind.empty()) {
+      const auto kind = e.find("kind");
+      if (kind == e.end() || !kind->is_string() || kind->get<std::string>() != filter.kind) return false;
+    }
+    return true;
+  };
+  while (end > 0 && entries.size() < filter.limit) {
     size_t start = text.rfind('\n', end - 1);
     size_t from = start == std::string_view::npos ? 0 : start + 1;
     auto line = text.substr(from, end - from);
     auto parsed = parseJsonBounded(line);
-    if (parsed.ok() && parsed->is_object()) entries.push_back(std::move(parsed.value()));
+    if (parsed.ok() && parsed->is_object() && matches(parsed.value())) entries.push_back(std::move(parsed.value()));
     if (start == std::string_view::npos) break;
     end = start;
   }

@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <shared_mutex>
 #include <string>
@@ -128,6 +129,17 @@ struct AgentLease {
   std::shared_ptr<void> activity;
 };
 
+// Which audit entries a read returns: the newest `limit` that match. Times are the entries'
+// `time_ms` (the gateway's clock, ms since the epoch): `after_ms` for following a log (entries
+// newer than the last one seen), `before_ms` for paging back.
+struct NetworkLogFilter {
+  size_t limit = 1000;
+  std::optional<bool> allowed;  // only allowed (true) or denied (false) decisions
+  std::string kind;             // "dns", "tcp", "gateway"; empty: all
+  int64_t after_ms = -1;        // -1: no bound
+  int64_t before_ms = -1;
+};
+
 // A connection into a sandbox's guest (shut down when the sandbox stops running); while
 // `activity` lives the sandbox counts as active.
 struct PortConnection {
@@ -177,8 +189,9 @@ class SandboxManager {
   // Changes it: a running sandbox's gateway applies it from its next DNS answer or connection;
   // a suspended one gets it when it resumes.
   Status setNetworkPolicy(const std::string& tenant, const std::string& id, const net::Policy& policy);
-  // The newest entries of its network audit log (JSON lines), at most `max_entries`.
-  Result<std::vector<nlohmann::json>> networkLog(const std::string& tenant, const std::string& id, size_t max_entries);
+  // The newest entries of its network audit log (JSON lines) that pass `filter`, oldest first.
+  Result<std::vector<nlohmann::json>> networkLog(const std::string& tenant, const std::string& id,
+                                                 const NetworkLogFilter& filter);
   // Kills the VM, removes its files, records `deleted` (reason "deleted by request").
   Status remove(const std::string& tenant, const std::string& id);
   // running -> paused: the vCPUs stop, memory stays resident (QMP stop). The hard timeout

@@ -2514,6 +2514,21 @@ TEST_F(SpacedNetworkTest, ASandboxReachesWhatItsPolicyAllowsAndNothingElse) {
   EXPECT_TRUE(logged(entries, "destination", "169.254.169.254", false)) << entries.dump(1);
   EXPECT_TRUE(logged(entries, "sni", "allowed.test", true) || logged(entries, "name", "allowed.test", true))
       << entries.dump(1);
+  // Filters and paging: only denials, only one kind, only what is newer or older than a time.
+  const std::string log_path = "/v1/sandboxes/" + id + "/network/log";
+  json denials = d.callJson("GET", log_path + "?allowed=false", json(), 200)["entries"];
+  EXPECT_GE(denials.size(), 3u);
+  for (const auto& e : denials) EXPECT_EQ(e["allowed"], false) << e.dump();
+  json dns = d.callJson("GET", log_path + "?kind=dns&limit=2", json(), 200)["entries"];
+  ASSERT_EQ(dns.size(), 2u);
+  for (const auto& e : dns) EXPECT_EQ(e["kind"], "dns") << e.dump();
+  const int64_t newest = entries.back()["time_ms"].get<int64_t>();
+  EXPECT_TRUE(d.callJson("GET", log_path + "?after_ms=" + std::to_string(newest), json(), 200)["entries"].empty());
+  json older = d.callJson("GET", log_path + "?before_ms=" + std::to_string(newest), json(), 200)["entries"];
+  EXPECT_FALSE(older.empty());
+  for (const auto& e : older) EXPECT_LT(e["time_ms"].get<int64_t>(), newest);
+  EXPECT_EQ(d.call("GET", log_path + "?allowed=maybe").status, 400);
+  EXPECT_EQ(d.call("GET", log_path + "?kind=udp").status, 400);
 
   // A new policy applies to the next connection; invalid ones change nothing.
   EXPECT_EQ(d.call("PUT", "/v1/sandboxes/" + id + "/network", R"({"egress":"policy","allow":["*.test:80"],"deny":[1]})")
@@ -2540,6 +2555,7 @@ TEST_F(SpacedNetworkTest, ASandboxReachesWhatItsPolicyAllowsAndNothingElse) {
   EXPECT_NE(spacectl({"net", "set", id, "--allow", "other.test"}).find("egress: policy"), std::string::npos);
   EXPECT_EQ(d.callJson("GET", "/v1/sandboxes/" + id + "/network", json(), 200)["allow"], json({"other.test"}));
   EXPECT_NE(spacectl({"net", "log", id, "--limit", "50"}).find("DENY "), std::string::npos);
+  EXPECT_EQ(spacectl({"net", "log", id, "--denied"}).find("allow  "), std::string::npos);
 }
 
 // Children of one snapshot: the same guest address, but each in its own slot with its own

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <ctime>
 #include <iostream>
+#include <thread>
 
 #include "cli/spacectl/output.h"
 
@@ -77,16 +78,12 @@ int cmdNetworkUrl(const apiclient::Client& api, const std::string& id, int port,
   return 0;
 }
 
-int cmdNetworkLog(const apiclient::Client& api, const std::string& id, int limit, bool as_json) {
-  Query query;
-  if (limit > 0) query.add("limit", std::to_string(limit));
-  auto log = api.call("GET", query.on(sandboxPath(id) + "/network/log"));
-  if (!log.ok()) return fail(log.error());
-  if (as_json) {
-    printJson(*log);
-    return 0;
-  }
-  for (const auto& e : field(*log, "entries")) {
+int cmdNetworkLog(const apiclient::Client& api, const std::string& id, const NetworkLogOptions& o, bool as_json) {
+  auto print = [&](const json& e) {
+    if (as_json) {
+      std::cout << dumpJson(e) << "\n";
+      return;
+    }
     std::string what = text(field(e, "name"));
     for (const char* claim : {"sni", "host"}) {
       if (what.empty() && field(e, claim).is_string()) what = field(e, claim).get<std::string>();
@@ -99,6 +96,38 @@ int cmdNetworkLog(const apiclient::Client& api, const std::string& id, int limit
               << (field(e, "allowed").is_boolean() && field(e, "allowed").get<bool>() ? "allow" : "DENY ") << "  "
               << text(field(e, "kind")) << "  " << (what.empty() ? "-" : what) << "  " << (where.empty() ? "-" : where)
               << "  " << text(field(e, "reason")) << "\n";
+  };
+  int64_t last_ms = -1;
+  auto fetch = [&](int limit) -> Status {
+    Query query;
+    if (limit > 0) query.add("limit", std::to_string(limit));
+    if (o.denied) query.add("allowed", "false");
+    if (!o.kind.empty()) query.add("kind", o.kind);
+    if (last_ms >= 0) query.add("after_ms", std::to_string(last_ms));
+    auto log = api.call("GET", query.on(sandboxPath(id) + "/network/log"));
+    if (!log.ok()) return log.error();
+    if (as_json && !o.follow) {
+      printJson(*log);
+      return okStatus();
+    }
+    for (const auto& e : field(*log, "entries")) {
+      print(e);
+      if (field(e, "time_ms").is_number_integer()) last_ms = std::max(last_ms, field(e, "time_ms").get<int64_t>());
+    }
+    std::cout.flush();
+    return okStatus();
+  };
+  if (auto first = fetch(o.limit); !first.ok()) return fail(first.error());
+  // Following: the entries newer than the last one printed, once a second, until interrupted.
+  // (Entries written in the same millisecond as the last one printed, after it was read, are
+  // not shown: the log has no sequence numbers.)
+  if (last_ms < 0)
+    last_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+                  .count() -
+              1;
+  while (o.follow) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    if (auto more = fetch(10000); !more.ok()) return fail(more.error());
   }
   return 0;
 }

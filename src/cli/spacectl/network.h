@@ -11,7 +11,13 @@ namespace space::spacectl {
 
 int cmdNetworkShow(const apiclient::Client& api, const std::string& id, bool as_json);
 int cmdNetworkSet(const apiclient::Client& api, const std::string& id, const NetworkPolicyOptions& o, bool as_json);
-int cmdNetworkLog(const apiclient::Client& api, const std::string& id, int limit, bool as_json);
+struct NetworkLogOptions {
+  int limit = 0;        // 0: the daemon's default
+  bool denied = false;  // denials only
+  std::string kind;     // dns, tcp, gateway; empty: all
+  bool follow = false;  // then print new entries as they come (--json: one JSON line each)
+};
+int cmdNetworkLog(const apiclient::Client& api, const std::string& id, const NetworkLogOptions& o, bool as_json);
 // The path-form URL of `port` of a sandbox, then `X-Space-Access-Token: <token>`.
 int cmdNetworkUrl(const apiclient::Client& api, const std::string& id, int port, bool as_json);
 
