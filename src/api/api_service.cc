@@ -368,15 +368,27 @@ void ApiService::serveIngress(http::Request& req, http::Response& res, const Res
   // Who may: the owner's key, the sandbox's token, or anyone for public ports. Proxied requests
   // hold no tenant ticket: a preview's WebSocket may stay open for hours, and the server's
   // per-client connection limits bound them.
-  std::string key_tenant;
-  if (auto header = req.header("authorization")) {
-    if (auto key = bearerToken(*header)) key_tenant = keys_.authenticate(*key).value_or("");
+  // Every Authorization field is looked at (a client may send several): any tenant's key among
+  // them is spaced's secret and never reaches the guest; the owner's opens the ports.
+  std::vector<std::string> key_tenants;
+  for (const auto& [name, value] : req.headers()) {
+    if (name.size() != 13 || !std::equal(name.begin(), name.end(), "authorization", [](char a, char b) {
+          return std::tolower(static_cast<unsigned char>(a)) == b;
+        })) {
+      continue;
+    }
+    if (auto key = bearerToken(value)) {
+      if (auto t = keys_.authenticate(*key)) key_tenants.push_back(*t);
+    }
   }
+  const std::string key_tenant = key_tenants.empty() ? "" : key_tenants.front();
   std::string tenant;
   bool by_key = false;
+  bool owner_key = false;
   if (auto owner = manager_.ownerOf(id); owner.ok()) {
     auto token = req.header(kAccessTokenHeader);
-    if (!key_tenant.empty() && key_tenant == owner.value()) {
+    if (std::find(key_tenants.begin(), key_tenants.end(), owner.value()) != key_tenants.end()) {
+      owner_key = true;
       tenant = owner.value();
       by_key = true;
     } else if (token && !ingress_.token_key.empty() && accessTokenMatches(ingress_.token_key, id, *token)) {
@@ -386,7 +398,7 @@ void ApiService::serveIngress(http::Request& req, http::Response& res, const Res
     }
   }
   // Any tenant's key is spaced's secret, never the guest's (a key sent to a public port too).
-  if (!key_tenant.empty()) by_key = true;
+  if (!key_tenants.empty()) by_key = true;
   if (tenant.empty()) {
     res.closeConnection();
     if (!key_tenant.empty()) {
@@ -410,19 +422,38 @@ void ApiService::serveIngress(http::Request& req, http::Response& res, const Res
   Call call{req, res, tenant};
   // The node's ingress is bounded apart from each sandbox's: proxied connections hold server
   // threads for as long as they last, and the API must keep some for itself.
+  // Each tenant may hold a quarter of them, so a few sandboxes whose guests accept and never
+  // answer cannot take every other tenant's previews down.
   struct Slot {
-    std::atomic<size_t>& open;
-    ~Slot() { --open; }
-  } slot{ingress_open_};
-  if (++ingress_open_ > ingress_.max_connections) {
+    ApiService& api;
+    const std::string& tenant;
+    ~Slot() {
+      std::lock_guard lock(api.ingress_mu_);
+      --api.ingress_open_;
+      if (--api.ingress_by_tenant_[tenant] == 0) api.ingress_by_tenant_.erase(tenant);
+    }
+  };
+  const size_t tenant_cap = std::max<size_t>(1, ingress_.max_connections / 4);
+  bool over_node = false, over_tenant = false;
+  {
+    std::lock_guard lock(ingress_mu_);
+    over_node = ++ingress_open_ > ingress_.max_connections;
+    over_tenant = ++ingress_by_tenant_[tenant] > tenant_cap;
+  }
+  Slot slot{*this, tenant};
+  if (over_node || over_tenant) {
     metrics_.countError("ingress_busy");
     res.setHeader("Retry-After", "1");
     (void)res.sendError(503, "ingress_busy",
-                        "this node proxies " + std::to_string(ingress_.max_connections) +
-                            " connections to sandbox ports already; retry later");
+                        over_node ? "this node proxies " + std::to_string(ingress_.max_connections) +
+                                        " connections to sandbox ports already; retry later"
+                                  : "this tenant's sandboxes have " + std::to_string(tenant_cap) +
+                                        " proxied connections open already; retry when one has ended");
     return;
   }
-  auto connection = manager_.connectPort(tenant, id, target.port, Clock::now() + std::chrono::seconds(5));
+  // Only the owner's key wakes a suspended sandbox: a token holder or an anonymous visitor of
+  // public ports must not make the node restore and save it again and again.
+  auto connection = manager_.connectPort(tenant, id, target.port, Clock::now() + std::chrono::seconds(5), owner_key);
   if (!connection.ok()) return fail(call, connection.error());
   proxyToGuest(req, res, connection->connection.fd(), target, by_key, ingress_);
 }

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -118,7 +120,9 @@ class ApiService {
   ApiLimits limits_;
   std::string operator_tenant_;
   IngressOptions ingress_;
-  std::atomic<size_t> ingress_open_{0};
+  std::mutex ingress_mu_;
+  size_t ingress_open_ = 0;                          // guarded by ingress_mu_
+  std::map<std::string, size_t> ingress_by_tenant_;  // guarded by ingress_mu_
   TenantGate tenant_gate_;
   Metrics metrics_;
   http::Router router_;

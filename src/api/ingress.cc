@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -168,7 +169,7 @@ void relay(int client, int guest, bool both_ways, std::chrono::milliseconds idle
     if (abort_fd >= 0) fds[count++] = {abort_fd, POLLIN, 0};
     int ready = ::poll(fds, count, pollTimeout(last_activity + idle_timeout));
     if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) return;  // idle too long
+    if (ready <= 0 || Clock::now() >= last_activity + idle_timeout) return;  // idle too long
     if (abort_fd >= 0 && fds[abort_at].revents != 0) return;
     if (fds[guest_at].revents & POLLHUP) {
       // Nothing more can go to the guest, and it has nothing more to send than what is queued:
@@ -183,7 +184,8 @@ void relay(int client, int guest, bool both_ways, std::chrono::milliseconds idle
         }
       }
     }
-    if (!both_ways && index[2] >= 0 && (fds[index[2]].revents & (POLLHUP | POLLERR))) return;
+    if (!both_ways && index[2] >= 0 && (fds[index[2]].revents & (POLLHUP | POLLERR | POLLNVAL))) return;
+    if (fds[guest_at].revents & (POLLERR | POLLNVAL)) return;
     auto step = [&](Direction& d, int read_slot, int write_slot) -> bool {
       if (read_slot >= 0 && index[read_slot] >= 0 && fds[index[read_slot]].revents != 0) {
         ssize_t n = ::recv(d.from, buf.data(), buf.size(), 0);
@@ -347,46 +349,64 @@ std::string guestRequestHead(const http::Request& request, const IngressTarget& 
 }
 
 Result<GuestResponseHead> rewriteResponseHead(std::string_view head, bool same_origin_as_api) {
-  auto notHttp = [] {
-    return makeError(ErrorCode::kUnavailable, "the guest's answer is not an HTTP/1.x response", "bad_gateway");
+  auto notHttp = [](std::string why) {
+    return makeError(ErrorCode::kUnavailable, "the guest's answer is not a valid HTTP/1.x response head: " + why,
+                     "bad_gateway");
   };
-  if (head.size() < 16 || head.substr(0, 7) != "HTTP/1." || head[8] != ' ' ||
+  if (head.size() < 16 || head.substr(0, 7) != "HTTP/1." || (head[7] != '0' && head[7] != '1') || head[8] != ' ' ||
       head.substr(head.size() - 4) != "\r\n\r\n") {
-    return notHttp();
+    return notHttp("no HTTP/1.x status line");
   }
   int status = 0;
   for (size_t i = 9; i < 12; ++i) {
-    if (head[i] < '0' || head[i] > '9') return notHttp();
+    if (head[i] < '0' || head[i] > '9') return notHttp("the status is not 3 digits");
     status = status * 10 + (head[i] - '0');
   }
-  if (head.size() > 12 && head[12] != ' ' && head[12] != '\r') return notHttp();
-  if (status < 100) return notHttp();
+  if (head[12] != ' ' && head[12] != '\r') return notHttp("the status is not 3 digits");
+  if (status < 100) return notHttp("status under 100");
+  // Strictly RFC 9112: a client (a browser) that reads a bare LF, a CR or a folded line
+  // differently from us would see headers we never checked (a Set-Cookie, an early end of the
+  // head). Field values: tab, space, visible ASCII and obs-text; names: tokens.
+  auto fieldValueByte = [](unsigned char c) { return c == '\t' || c == ' ' || (c >= 0x21 && c != 0x7f); };
+  auto tokenByte = [](unsigned char c) {
+    return std::isalnum(c) != 0 ||
+           std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) != std::string_view::npos;
+  };
+  const size_t line_end = head.find("\r\n");
+  for (size_t i = 12; i < line_end; ++i) {
+    if (!fieldValueByte(static_cast<unsigned char>(head[i]))) return notHttp("a control byte in the status line");
+  }
   GuestResponseHead out;
   out.status = status;
-  if (status == 101) {
-    out.head = std::string(head);
-    return out;
-  }
-  size_t line_end = head.find("\r\n");
   out.head = std::string(head.substr(0, line_end + 2));
   size_t at = line_end + 2;
-  while (at < head.size()) {
+  while (true) {
     size_t end = head.find("\r\n", at);
-    if (end == std::string_view::npos || end == at) break;  // the empty line ends the head
+    if (end == at) break;  // the empty line: the head was cut right after it
     std::string_view line = head.substr(at, end - at);
-    std::string_view name = line.substr(0, line.find(':'));
-    const bool ours = equalsIgnoreCase(name, "connection") || equalsIgnoreCase(name, "keep-alive") ||
-                      equalsIgnoreCase(name, "proxy-connection");
+    size_t colon = line.find(':');
+    if (colon == std::string_view::npos || colon == 0) return notHttp("a header line without a field name");
+    std::string_view name = line.substr(0, colon);
+    for (unsigned char c : name) {
+      if (!tokenByte(c)) return notHttp("a field name with a byte a token may not have (a folded line?)");
+    }
+    for (unsigned char c : line.substr(colon + 1)) {
+      if (!fieldValueByte(c)) return notHttp("a control byte (CR, LF, NUL...) in the value of " + std::string(name));
+    }
+    // Connection fields are ours except when switching protocols, where they say to what.
+    const bool ours = status != 101 && (equalsIgnoreCase(name, "connection") || equalsIgnoreCase(name, "keep-alive") ||
+                                        equalsIgnoreCase(name, "proxy-connection"));
     const bool unsafe_here =
         same_origin_as_api && (equalsIgnoreCase(name, "set-cookie") || equalsIgnoreCase(name, "set-cookie2"));
     if (!ours && !unsafe_here) out.head += std::string(line) + "\r\n";
     at = end + 2;
   }
-  if (same_origin_as_api) {
+  if (status >= 200 && same_origin_as_api) {
     out.head +=
         "Content-Security-Policy: sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads\r\n";
   }
-  out.head += "Connection: close\r\n\r\n";
+  if (status >= 200) out.head += "Connection: close\r\n";
+  out.head += "\r\n";
   return out;
 }
 
@@ -465,6 +485,9 @@ void proxyToGuest(http::Request& request, http::Response& response, int guest, c
     if (++interim > kMaxInterim || heads.size() > options.max_response_head) {
       return gatewayError(502, where + " sent more than " + std::to_string(kMaxInterim) + " interim (1xx) answers");
     }
+  }
+  if (final_head.status == 101 && !upgrade) {
+    return gatewayError(502, where + " switched protocols (101) although the client asked for no upgrade");
   }
   auto taken = response.takeOver(final_head.status);
   if (!taken.ok()) {

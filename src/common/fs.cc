@@ -39,7 +39,8 @@ struct Fd {
 
 }  // namespace
 
-Status writeFileAtomic(const std::string& path, const std::string& data, int mode) {
+namespace {
+Status writeReplacing(const std::string& path, const std::string& data, int mode, bool durable) {
   std::filesystem::path target(path);
   std::string tmp = path + ".tmp-XXXXXX";
   std::vector<char> tmpl(tmp.begin(), tmp.end());
@@ -60,12 +61,22 @@ Status writeFileAtomic(const std::string& path, const std::string& data, int mod
     off += static_cast<size_t>(n);
   }
   if (fchmod(f.fd, static_cast<mode_t>(mode)) != 0) return fail("chmod");
-  if (fsync(f.fd) != 0) return fail("fsync");
+  if (durable && fsync(f.fd) != 0) return fail("fsync");
   if (rename(tmp_path.c_str(), path.c_str()) != 0) return fail("rename");
+  if (!durable) return okStatus();
   std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
   Fd d{open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
   if (d.fd >= 0) fsync(d.fd);
   return okStatus();
+}
+}  // namespace
+
+Status writeFileAtomic(const std::string& path, const std::string& data, int mode) {
+  return writeReplacing(path, data, mode, true);
+}
+
+Status replaceFile(const std::string& path, const std::string& data, int mode) {
+  return writeReplacing(path, data, mode, false);
 }
 
 Result<std::string> readFileTail(const std::string& path, size_t max_bytes) {

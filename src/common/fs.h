@@ -12,6 +12,10 @@ namespace space {
 // Writes `data` to `path` so that a crash leaves either the old file or the new one:
 // temp file in the same directory, fsync, rename, fsync of the directory.
 Status writeFileAtomic(const std::string& path, const std::string& data, int mode = 0644);
+// The same without the fsyncs: readers see the old file or the new one, never a mix, but a host
+// crash may leave either (or an empty file). For files whose owner makes them durable later
+// (fsyncPath) when it matters, on paths where a millisecond counts.
+Status replaceFile(const std::string& path, const std::string& data, int mode = 0644);
 
 // Flushes a file or a directory (its entries, e.g. after a rename) to disk. ENOSPC/EDQUOT are
 // kResourceExhausted.

@@ -208,6 +208,8 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
       reason_ = decision.reason;
     }
     pipes_[kOut].bytes += hello_.size();
+    // Counted against the bandwidth limit like relayed bytes (the debt slows the next reads).
+    if (core_->bandwidth) (void)core_->bandwidth->take(static_cast<double>(hello_.size()));
     asio::async_write(upstream_, asio::buffer(hello_), [self = shared_from_this()](error_code ec, size_t) {
       if (self->state_ != State::kRelaying) return;
       if (ec) return self->close(true, "upstream write: " + ec.message());

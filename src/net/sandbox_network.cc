@@ -102,6 +102,20 @@ void GuestConnections::remove(int fd) {
   fds_.erase(fd);
 }
 
+int GuestConnections::startConnect(int fd, const sockaddr* to, socklen_t length) {
+  std::lock_guard lock(mu_);
+  if (ended_) {
+    errno = ECONNABORTED;
+    return -1;
+  }
+  return ::connect(fd, to, length);
+}
+
+bool GuestConnections::ended() {
+  std::lock_guard lock(mu_);
+  return ended_;
+}
+
 void GuestConnections::endAll() {
   std::lock_guard lock(mu_);
   ended_ = true;
@@ -120,7 +134,7 @@ SandboxNetwork::~SandboxNetwork() {
   pool_->releaseSlot(slot_);
 }
 
-Result<GuestConnection> SandboxNetwork::connectToGuest(uint16_t port, Clock::time_point deadline) {
+Result<GuestConnection> SandboxNetwork::socketToGuest() {
   // A socket belongs to the namespace it was made in, so only its creation needs the slot;
   // connecting and all later I/O work from any thread.
   UniqueFd fd;
@@ -129,29 +143,8 @@ Result<GuestConnection> SandboxNetwork::connectToGuest(uint16_t port, Clock::tim
     return fd.valid() ? okStatus()
                       : makeError(ErrorCode::kInternal, "socket in slot " + slot_.name + ": " + strerror(errno));
   }));
-  sockaddr_in guest{};
-  guest.sin_family = AF_INET;
-  guest.sin_port = htons(port);
-  ::inet_pton(AF_INET, kGuestIp, &guest.sin_addr);
-  const std::string where = std::string(kGuestIp) + ":" + std::to_string(port) + " in slot " + slot_.name;
-  int err = 0;
-  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&guest), sizeof guest) != 0) {
-    err = errno;
-    if (err == EINPROGRESS) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      pollfd p{fd.get(), POLLOUT, 0};
-      int ready = ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left, 0, 24 * 3600 * 1000)));
-      if (ready == 0) return makeError(ErrorCode::kDeadlineExceeded, "connecting to " + where + " timed out");
-      socklen_t len = sizeof err;
-      if (ready < 0 || ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-    }
-  }
-  if (err == ECONNREFUSED) {
-    return makeError(ErrorCode::kUnavailable, "nothing listens on port " + std::to_string(port) + " of the guest");
-  }
-  if (err != 0) return makeError(ErrorCode::kUnavailable, "connecting to " + where + ": " + strerror(err));
-  int one = 1;
-  ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  // Registered before it connects: a pending connection counts against the cap, and one the
+  // sandbox's end finds still connecting is aborted with the rest.
   if (!guest_connections_->add(fd.get())) {
     return makeError(ErrorCode::kResourceExhausted,
                      "this sandbox has " + std::to_string(kMaxGuestConnections) +
@@ -161,8 +154,43 @@ Result<GuestConnection> SandboxNetwork::connectToGuest(uint16_t port, Clock::tim
   return GuestConnection(guest_connections_, std::move(fd));
 }
 
-Status SandboxNetwork::setPolicy(const Policy& policy) {
-  return NetworkPool::writePolicy(NetworkPool::gatewayDir(state_dir_), policy);
+Status GuestConnection::connect(uint16_t port, Clock::time_point deadline) const {
+  sockaddr_in guest{};
+  guest.sin_family = AF_INET;
+  guest.sin_port = htons(port);
+  ::inet_pton(AF_INET, kGuestIp, &guest.sin_addr);
+  const std::string where = std::string(kGuestIp) + ":" + std::to_string(port);
+  int err = 0;
+  if (registry_->startConnect(fd(), reinterpret_cast<const sockaddr*>(&guest), sizeof guest) != 0) {
+    err = errno;
+    if (err == EINPROGRESS) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      pollfd p{fd(), POLLOUT, 0};
+      int ready = ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left, 0, 24 * 3600 * 1000)));
+      if (ready == 0) return makeError(ErrorCode::kDeadlineExceeded, "connecting to " + where + " timed out");
+      socklen_t len = sizeof err;
+      if (ready < 0 || ::getsockopt(fd(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    }
+  }
+  if (err == ECONNREFUSED) {
+    return makeError(ErrorCode::kUnavailable, "nothing listens on port " + std::to_string(port) + " of the guest");
+  }
+  if (err != 0) return makeError(ErrorCode::kUnavailable, "connecting to " + where + ": " + strerror(err));
+  // Belt and braces: ended while connecting (a shut-down connect fails anyway).
+  if (registry_->ended()) return makeError(ErrorCode::kUnavailable, "the sandbox stopped running");
+  int one = 1;
+  ::setsockopt(fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return okStatus();
+}
+
+Status SandboxNetwork::setPolicy(const Policy& policy, bool durable) {
+  return NetworkPool::writePolicy(NetworkPool::gatewayDir(state_dir_), policy, durable);
+}
+
+Status SandboxNetwork::persistPolicy() const {
+  const std::string dir = NetworkPool::gatewayDir(state_dir_);
+  SPACE_TRY(fsyncPath(dir + "/" + kPolicyFile));
+  return fsyncPath(dir);
 }
 
 bool SandboxNetwork::gatewayExited() {
@@ -413,8 +441,10 @@ Result<ChildProcess> NetworkPool::spawnGateway(const Slot& slot, const std::stri
   return child;
 }
 
-Status NetworkPool::writePolicy(const std::string& dir, const Policy& policy) {
-  return writeFileAtomic(dir + "/" + kPolicyFile, toJson(policy).dump() + "\n", 0644);
+Status NetworkPool::writePolicy(const std::string& dir, const Policy& policy, bool durable) {
+  const std::string text = toJson(policy).dump() + "\n";
+  return durable ? writeFileAtomic(dir + "/" + kPolicyFile, text, 0644)
+                 : replaceFile(dir + "/" + kPolicyFile, text, 0644);
 }
 
 std::string NetworkPool::readAudit(const std::string& state_dir, size_t max_bytes) {

@@ -11,6 +11,7 @@
 // no symlinks followed, regular files only, bounded.
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -65,6 +66,11 @@ class GuestConnections {
   // Shuts every registered socket down (their owners see the end and close them) and refuses
   // new ones.
   void endAll();
+  // connect(2) for a registered socket, started under the lock so that endAll() either comes
+  // first (and nothing starts: shutdown does nothing to a socket not yet connecting) or finds
+  // it connecting or connected (and ends it). -1 with errno set as connect(2) sets it.
+  int startConnect(int fd, const sockaddr* to, socklen_t length);
+  bool ended();
 
  private:
   std::mutex mu_;
@@ -88,6 +94,9 @@ class GuestConnection {
   }
   ~GuestConnection() { reset(); }
   int fd() const { return fd_.get(); }
+  // Connects to `port` of the guest within the deadline (the socket stays non-blocking).
+  // kUnavailable when nothing listens there (the guest refused), or the sandbox ended meanwhile.
+  Status connect(uint16_t port, Clock::time_point deadline) const;
 
  private:
   void reset() {
@@ -114,19 +123,23 @@ class SandboxNetwork {
   const std::string& stateDir() const { return state_dir_; }
   pid_t gatewayPid() const { return gateway_ ? gateway_->pid() : -1; }
 
-  // Writes the policy the gateway applies from its next DNS answer or connection on.
-  Status setPolicy(const Policy& policy);
+  // Writes the policy the gateway applies from its next DNS answer or connection on. Not
+  // `durable`: atomic but not yet on disk (persistPolicy() does that), for the create path,
+  // where the sandbox cannot outlive a host crash anyway.
+  Status setPolicy(const Policy& policy, bool durable = true);
+  // Puts the policy file on disk (before a suspend records that the sandbox can come back).
+  Status persistPolicy() const;
   // The gateway exited (killed, crashed): the guest has lost its connections, not its policy.
   bool gatewayExited();
   // Starts a new gateway on the same slot and policy file.
   Status restartGateway();
   // Leaves slot and gateway running for the next daemon (attachment.json says where).
   void detach();
-  // A TCP connection from the slot to `port` of the guest (ingress), connected within the
-  // deadline; non-blocking. kUnavailable when nothing listens there (the guest refused);
-  // kResourceExhausted ("too_many_connections") with kMaxGuestConnections open. It is shut
-  // down when this attachment ends (delete, suspend), whoever holds it.
-  Result<GuestConnection> connectToGuest(uint16_t port, Clock::time_point deadline);
+  // A TCP socket in the slot for a connection to the guest (ingress; connect it with
+  // GuestConnection::connect, which needs no lock). kResourceExhausted ("too_many_connections")
+  // with kMaxGuestConnections open or connecting. It is shut down when this attachment ends
+  // (delete, suspend), whoever holds it.
+  Result<GuestConnection> socketToGuest();
 
  private:
   friend class NetworkPool;
@@ -161,7 +174,7 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   static std::string gatewayDir(const std::string& state_dir) { return state_dir + "/gw"; }
   // The policy.json in `dir` (nullopt: none written yet); writes it atomically.
   static Result<std::optional<Policy>> readPolicy(const std::string& dir);
-  static Status writePolicy(const std::string& dir, const Policy& policy);
+  static Status writePolicy(const std::string& dir, const Policy& policy, bool durable = true);
   // The newest `max_bytes` or so of a sandbox's audit log (the rotated file's tail, then the
   // current one), read as the gateway's hostile files.
   static std::string readAudit(const std::string& state_dir, size_t max_bytes);

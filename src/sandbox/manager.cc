@@ -475,7 +475,10 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     // Its policy before the guest runs anything of the tenant's: the gateway applies it from
     // its next connection, and the pool guest has made none.
     if (auto* network = live->runtime->network(); network != nullptr) {
-      if (auto set = network->setPolicy(policy); !set.ok()) {
+      // Not fsynced here (a millisecond of the create): a running sandbox does not outlive a
+      // host crash, and a suspend makes the file durable before it records the sandbox.
+      auto set = network->setPolicy(policy, /*durable=*/false);
+      if (!set.ok()) {
         live->runtime.reset();
         release();
         return set.error();
@@ -976,27 +979,40 @@ Result<AgentLease> SandboxManager::agent(const std::string& tenant, const std::s
 }
 
 Result<PortConnection> SandboxManager::connectPort(const std::string& tenant, const std::string& id, uint16_t port,
-                                                   Clock::time_point deadline) {
+                                                   Clock::time_point deadline, bool may_resume) {
   if (!config_.network) return noNetwork();
+  if (!may_resume) {
+    auto rec = getOwned(tenant, id);
+    if (!rec.ok()) return rec.error();
+    if (rec->state == stateName(SandboxState::kSuspended)) {
+      return makeError(ErrorCode::kFailedPrecondition,
+                       "sandbox " + id + " is suspended; its ports wake it only for its tenant's API key",
+                       "invalid_state");
+    }
+  }
   auto lease = agent(tenant, id, "connect to a port of");
   if (!lease.ok()) return lease.error();
   auto live = findLive(tenant, id);
   if (!live.ok()) return makeError(ErrorCode::kUnavailable, "sandbox " + id + " is between states; retry");
-  // Connected under `control`, so the slot is still this sandbox's: once the sandbox ends, its
-  // slot is scrubbed and may serve another sandbox, and a socket made for the old one would
-  // reach the new guest. A connection to a local guest takes milliseconds; the cap keeps a
-  // silent guest from holding lifecycle operations for long.
-  std::lock_guard control(live.value()->control);
-  if (live.value()->finished || !live.value()->runtime || live.value()->state != SandboxState::kRunning) {
-    return makeError(ErrorCode::kUnavailable, "sandbox " + id + " stopped running; retry");
+  // The socket is made and registered under `control`, so the slot is still this sandbox's:
+  // once the sandbox ends its slot is scrubbed and may serve another sandbox, and the end shuts
+  // every registered socket down first, connected or still connecting. The connect itself
+  // needs no lock, so a guest that drops SYNs holds no lifecycle operation up.
+  Result<net::GuestConnection> connection = makeError(ErrorCode::kInternal, "unset");
+  {
+    std::lock_guard control(live.value()->control);
+    if (live.value()->finished || !live.value()->runtime || live.value()->state != SandboxState::kRunning) {
+      return makeError(ErrorCode::kUnavailable, "sandbox " + id + " stopped running; retry");
+    }
+    net::SandboxNetwork* network = live.value()->runtime->network();
+    if (network == nullptr) {
+      return makeError(ErrorCode::kFailedPrecondition,
+                       "sandbox " + id + " has no network (it was made before this node had networking)");
+    }
+    connection = network->socketToGuest();
   }
-  net::SandboxNetwork* network = live.value()->runtime->network();
-  if (network == nullptr) {
-    return makeError(ErrorCode::kFailedPrecondition,
-                     "sandbox " + id + " has no network (it was made before this node had networking)");
-  }
-  auto connection = network->connectToGuest(port, std::min(deadline, Clock::now() + std::chrono::seconds(5)));
   if (!connection.ok()) return connection.error();
+  SPACE_TRY(connection->connect(port, std::min(deadline, Clock::now() + std::chrono::seconds(5))));
   return PortConnection{std::move(connection).value(), std::move(lease->activity)};
 }
 

@@ -222,8 +222,9 @@ class SandboxManager {
   // A TCP connection to `port` of a running sandbox's guest (ingress), resuming a suspended
   // one as agent() does. kUnavailable when nothing listens there; kFailedPrecondition on a
   // node without networking, for a sandbox without a NIC, or in a state without a guest.
+  // `may_resume` false: a suspended sandbox is refused (kFailedPrecondition), not resumed.
   Result<PortConnection> connectPort(const std::string& tenant, const std::string& id, uint16_t port,
-                                     Clock::time_point deadline);
+                                     Clock::time_point deadline, bool may_resume);
   // The tenant of sandbox `id` (kNotFound if there is none, or it is deleted): for requests
   // that prove access to one sandbox rather than carry a tenant's key (ingress).
   Result<std::string> ownerOf(const std::string& id);

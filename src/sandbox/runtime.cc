@@ -59,6 +59,8 @@ Status SandboxRuntime::load(Clock::time_point deadline) { return vm_->loadPrepar
 Status SandboxRuntime::awaitAgent(Clock::time_point deadline) { return vm_->awaitAgent(deadline); }
 
 Status SandboxRuntime::suspendTo(const std::string& state_file, std::chrono::milliseconds timeout) {
+  // Its policy comes back with it: on disk before anything records the sandbox as suspended.
+  if (network_) SPACE_TRY(network_->persistPolicy());
   SPACE_TRY(vm_->saveState(state_file, timeout));
   release();
   return okStatus();

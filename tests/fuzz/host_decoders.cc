@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "agentproto/commands.h"
+#include "api/ingress.h"
 #include "agentproto/wire.h"
 #include "common/bounded_json.h"
 #include "vmm/qmp_client.h"
@@ -48,6 +49,12 @@ void fuzzHostDecoders(const uint8_t* data, size_t size) {
   // One QMP line.
   auto qmp = vmm::QmpClient::parseMessage(std::string(in.substr(0, in.find('\n'))));
   if (qmp.ok()) useLikeTheHost(qmp.value().body);
+
+  // A guest's answer on a proxied port (ingress): its response head, and the same bytes as a
+  // preview target and host.
+  if (size >= 4 && in.substr(size - 4) == "\r\n\r\n") (void)api::rewriteResponseHead(in, data[0] & 1);
+  (void)api::ingressFromPath(in);
+  (void)api::ingressFromHost(in, "preview.test", "/");
 
   // A process event as JSON text.
   auto event = parseJsonBounded(in);

@@ -3043,6 +3043,16 @@ TEST_F(SpacedIngressTest, AGuestsWebServerAndWebSocketAreReachableWithTheRightCr
   d.callJson("PUT", "/v1/sandboxes/" + id + "/network", json{{"egress", "allow"}}, 200);
   EXPECT_EQ(get(ports + "8080/public", {}).status, 401);
 
+  // Suspended: the token does not wake it (only the tenant's key does), and after the key did,
+  // the guest's server answers from where it was.
+  d.callJson("POST", "/v1/sandboxes/" + id + "/suspend", json(), 200);
+  auto asleep = get(ports + "8080/", {{"X-Space-Access-Token", token}});
+  EXPECT_EQ(asleep.status, 409) << asleep.body;
+  EXPECT_NE(asleep.body.find("suspended"), std::string::npos) << asleep.body;
+  auto woken = d.call("GET", ports + "8080/woken");
+  EXPECT_EQ(woken.status, 200) << woken.body;
+  EXPECT_EQ(woken.body.rfind("path=/woken", 0), 0u) << woken.body;
+
   // Connections still open end with the sandbox: its slot may serve another tenant's next.
   std::string early;
   UniqueFd open_socket = openWebSocket(early);

@@ -32,6 +32,9 @@ std::vector<std::string> seeds() {
       R"({"error": {"class": "GenericError", "desc": "x"}, "id": [1]})",
       std::string("\x00\x7f\xff\xff\xff", 5),
       std::string("\x03\x00\x00\x00\x02{}", 7),
+      "HTTP/1.1 200 OK\r\nSet-Cookie: a=b\r\nConnection: keep-alive\r\nKeep-Alive: 5\r\n\r\n",
+      "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n",
+      "/v1/sandboxes/sb_0123456789abcdefghij/ports/8080/a?b",
   };
 }
 

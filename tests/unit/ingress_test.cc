@@ -126,6 +126,16 @@ TEST(IngressResponseHead, EndsTheConnectionUnlessSwitching) {
   EXPECT_EQ(upgraded->status, 101);
   EXPECT_EQ(upgraded->head, switching);
   EXPECT_EQ(rewriteResponseHead("HTTP/1.0 404\r\n\r\n")->status, 404);
+  // Anything a browser might read differently from us: a bare LF or CR, NUL, a folded line, a
+  // line that is no field; and no status line.
+  for (const char* bad :
+       {"HTTP/1.1 200 OK\r\nContent-Type: text/html\n\n<script>x</script>\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nX: a\nSet-Cookie: s=1\r\n\r\n", "HTTP/1.1 200 OK\r\nX: a\rSet-Cookie: s=1\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nX: a\r\n Set-Cookie: s=1\r\n\r\n", "HTTP/1.1 200 OK\r\nno colon\r\n\r\n",
+        "HTTP/1.1 200 OK\r\n: empty name\r\n\r\n", "HTTP/1.1 200 OK\nX: 1\r\n\r\n", "HTTP/1.1 200 O\x01K\r\n\r\n"}) {
+    EXPECT_FALSE(rewriteResponseHead(bad, true).ok()) << bad;
+  }
+  EXPECT_FALSE(rewriteResponseHead(std::string("HTTP/1.1 200 OK\r\nX: a\0b\r\n\r\n", 28)).ok());
   for (const char* bad : {"SSH-2.0-x\r\n\r\n", "HTTP/1.1 2000 OK\r\n\r\n", "HTTP/1.1 20x OK\r\n\r\n",
                           "HTTP/2 200\r\n\r\n", "HTTP/1.1 099 x\r\n\r\n", "HTTP/1.1 200\r\n"}) {
     EXPECT_FALSE(rewriteResponseHead(bad).ok()) << bad;
@@ -140,6 +150,16 @@ TEST(IngressResponseHead, OnTheApisOriginAPageGetsNoCookiesAndAnOriginOfItsOwn) 
   EXPECT_EQ(head->head.find("ookie"), std::string::npos) << head->head;
   EXPECT_NE(head->head.find("Content-Type: text/html\r\n"), std::string::npos);
   EXPECT_NE(head->head.find("\r\nContent-Security-Policy: sandbox allow-scripts"), std::string::npos) << head->head;
+  // Switching protocols keeps its connection fields but sets no cookie there either; interim
+  // answers get nothing added.
+  auto switching =
+      rewriteResponseHead("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                          "Set-Cookie: s=1\r\n\r\n",
+                          true);
+  ASSERT_TRUE(switching.ok());
+  EXPECT_EQ(switching->head, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n");
+  EXPECT_EQ(rewriteResponseHead("HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n", true)->head,
+            "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n");
   // On its own host (the host form) the page keeps its cookies.
   auto own = rewriteResponseHead("HTTP/1.1 200 OK\r\nSet-Cookie: a=b\r\n\r\n", false);
   ASSERT_TRUE(own.ok());
@@ -371,6 +391,7 @@ TEST_F(IngressProxyTest, AGuestThatFailsBeforeAnsweringGetsA502OrA504) {
     if (mode == 1) sendRaw(fd, "SSH-2.0-x\r\n\r\n");     // not HTTP
     if (mode == 2) std::this_thread::sleep_for(1500ms);  // silent past the response timeout
     if (mode == 3) sendRaw(fd, "HTTP/1.1 200 OK\r\nX: " + std::string(70 * 1024, 'a'));  // endless head
+    if (mode == 5) sendRaw(fd, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n");
     const std::string hint = "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n";
     for (int i = 0; mode == 4 && i < 100 && send(fd, hint.data(), hint.size(), MSG_NOSIGNAL) > 0; ++i) {
     }
@@ -378,10 +399,11 @@ TEST_F(IngressProxyTest, AGuestThatFailsBeforeAnsweringGetsA502OrA504) {
   });
   serve(guest);
   const std::vector<std::pair<int, std::string>> expected = {{502, "closed the connection without an answer"},
-                                                             {502, "not an HTTP/1.x response"},
+                                                             {502, "not a valid HTTP/1.x response head"},
                                                              {504, "did not answer within"},
                                                              {502, "response head over"},
-                                                             {502, "more than 8 interim (1xx) answers"}};
+                                                             {502, "more than 8 interim (1xx) answers"},
+      {502, "although the client asked for no upgrade"}};
   for (size_t i = 0; i < expected.size(); ++i) {
     mode = static_cast<int>(i);
     UniqueFd client = connectRaw(server_->port());
