@@ -27,7 +27,7 @@ class Exchange {
  public:
   // `parser` has read the request's header; `stopping` turns off keep-alive once set.
   Exchange(SocketStream& stream, boost::beast::flat_buffer& buffer, RequestParser& parser,
-           std::chrono::milliseconds read_timeout, const std::atomic<bool>& stopping);
+           const std::atomic<bool>& stopping);
 
   // Fills the Request from the parsed header; an error is the client's (a 400).
   Status parseRequest(const std::string& remote_address);
@@ -73,7 +73,6 @@ class Exchange {
   SocketStream& stream_;
   boost::beast::flat_buffer& buffer_;
   RequestParser& parser_;
-  std::chrono::milliseconds read_timeout_;
   const std::atomic<bool>& stopping_;
   Request request_;
   Response response_;

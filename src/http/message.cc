@@ -228,8 +228,8 @@ Status Response::end() {
 namespace detail {
 
 Exchange::Exchange(SocketStream& stream, boost::beast::flat_buffer& buffer, RequestParser& parser,
-                   std::chrono::milliseconds read_timeout, const std::atomic<bool>& stopping)
-    : stream_(stream), buffer_(buffer), parser_(parser), read_timeout_(read_timeout), stopping_(stopping) {
+                   const std::atomic<bool>& stopping)
+    : stream_(stream), buffer_(buffer), parser_(parser), stopping_(stopping) {
   request_.exchange_ = this;
   response_.exchange_ = this;
 }

@@ -340,7 +340,7 @@ void Server::serveConnection(Connection& connection, detail::SocketStream& strea
     }
 
     if (!setBusy(connection, true)) break;  // evicted while its header arrived
-    detail::Exchange exchange(stream, buffer, parser, limits_.read_timeout, stopping_);
+    detail::Exchange exchange(stream, buffer, parser, stopping_);
     Request& request = exchange.request();
     Response& response = exchange.response();
     auto parsed = exchange.parseRequest(remote);
