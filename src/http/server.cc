@@ -1,19 +1,23 @@
 #include "http/server.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/read.hpp>
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "http/exchange.h"
 #include "http/tcp.h"
@@ -74,77 +78,119 @@ std::string clientOf(const std::string& remote) {
 
 }  // namespace
 
-// Fields other than thread and abort_fd are guarded by Server::mutex_.
+// The event loop alone touches socket and timer, and only while the connection waits
+// (`waiting`); a worker owns the descriptor while it serves a request. Fields marked so are
+// guarded by Server::mutex_.
 struct Server::Connection {
-  std::thread thread;
+  explicit Connection(boost::asio::io_context& io) : socket(io), timer(io) {}
+
+  boost::asio::ip::tcp::socket socket;
+  boost::asio::steady_timer timer;
+  uint64_t deadline_generation = 0;  // a timer that fires for an operation already over is ignored
+  boost::asio::ip::tcp protocol = boost::asio::ip::tcp::v4();
+  boost::beast::flat_buffer buffer;
+  std::optional<detail::RequestParser> parser;
+  std::string remote;
   std::string client;
   UniqueFd abort_fd{eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};  // fails this connection's socket I/O
-  bool busy = false;                                          // running a request: never evicted
-  bool evicted = false;                                       // made room for a newer connection; closing
-  bool finished = false;
+  Clock::time_point first_header_deadline;
+  bool first_request = true;
+  // Guarded by mutex_:
+  bool waiting = false;   // the event loop holds the socket
+  bool busy = false;      // a request header arrived: never evicted
+  bool evicted = false;   // made room for a newer connection; closing
+  bool finished = false;  // counted out of open_connections_
   Clock::time_point idle_since = Clock::now();
 };
 
 Result<std::unique_ptr<Server>> Server::start(const std::string& listen, Handler handler, ServerLimits limits) {
-  auto listener = detail::listenTcp(listen, 128);
+  auto listener = detail::listenTcp(listen, 512);
   if (!listener.ok()) return listener.error();
-  std::unique_ptr<Server> server(new Server(std::move(listener.value()), std::move(handler), limits));
-  if (!server->stop_fd_.valid()) {
-    return makeError(ErrorCode::kResourceExhausted, "cannot create the server's eventfds (out of descriptors?)");
+  sockaddr_storage local{};
+  socklen_t length = sizeof local;
+  if (getsockname(listener->get(), reinterpret_cast<sockaddr*>(&local), &length) != 0) {
+    return makeError(ErrorCode::kInternal, std::string("getsockname on the listening socket: ") + strerror(errno));
   }
+  // Each connection holds two descriptors (its socket and an eventfd), and twice the limit may be
+  // open while evicted ones close; the process needs others besides (files, VMs).
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
+    size_t fit = nofile.rlim_cur > 1024 ? static_cast<size_t>(nofile.rlim_cur - 512) / 4 : 64;
+    if (limits.max_connections > fit) {
+      spdlog::warn("http: at most {} connections instead of {}: the descriptor limit is {}", fit,
+                   limits.max_connections, nofile.rlim_cur);
+      limits.max_connections = fit;
+    }
+  }
+  std::unique_ptr<Server> server(new Server(std::move(handler), limits));
+  server->address_ = detail::localAddress(listener->get());
+  auto parsed = detail::parseHostPort(server->address_, true);
+  if (parsed.ok()) server->port_ = parsed->port;
+  boost::system::error_code ec;
+  auto protocol = local.ss_family == AF_INET6 ? boost::asio::ip::tcp::v6() : boost::asio::ip::tcp::v4();
+  server->acceptor_.assign(protocol, listener->get(), ec);
+  if (ec) return makeError(ErrorCode::kInternal, "cannot watch the listening socket: " + ec.message());
+  (void)listener->release();
   try {
-    server->acceptor_ = std::thread([s = server.get()] { s->acceptLoop(); });
+    server->event_loop_ = std::thread([s = server.get()] {
+      try {
+        s->io_.run();
+      } catch (const std::exception& e) {
+        // Nothing on the loop throws by design; losing it would leave every connection hanging.
+        spdlog::critical("http: the event loop failed: {}", e.what());
+        std::abort();
+      }
+    });
   } catch (const std::system_error& e) {
-    return makeError(ErrorCode::kResourceExhausted, std::string("cannot start the acceptor thread: ") + e.what());
+    server->work_.reset();
+    return makeError(ErrorCode::kResourceExhausted, std::string("cannot start the server's thread: ") + e.what());
   }
+  boost::asio::post(server->io_, [s = server.get()] { s->acceptNext(); });
   spdlog::info("http: listening on {}", server->address_);
   return server;
 }
 
-Server::Server(UniqueFd listener, Handler handler, ServerLimits limits)
-    : listener_(std::move(listener)),
-      handler_(std::move(handler)),
+Server::Server(Handler handler, ServerLimits limits)
+    : handler_(std::move(handler)),
       limits_(limits),
-      stop_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
-  address_ = detail::localAddress(listener_.get());
-  auto parsed = detail::parseHostPort(address_, true);
-  if (parsed.ok()) port_ = parsed->port;
-}
+      io_(1),
+      work_(io_.get_executor()),
+      acceptor_(io_),
+      accept_backoff_(io_),
+      workers_(std::make_unique<detail::WorkerPool>(limits.max_running_requests, std::chrono::seconds(60))) {}
 
 Server::~Server() { stop(std::chrono::milliseconds(0)); }
 
 void Server::stop(std::chrono::milliseconds grace) {
   std::call_once(stop_once_, [&] {
     stopping_ = true;
-    signalEventFd(stop_fd_.get());
-    if (acceptor_.joinable()) acceptor_.join();
-    listener_.reset();
-    std::list<Connection> all;
+    if (event_loop_.joinable()) {
+      // The loop stops accepting and ends every wait; a connection whose request is running is
+      // on a worker and finds stopping_ set when its handler returns.
+      boost::asio::post(io_, [this] {
+        boost::system::error_code ignored;
+        acceptor_.close(ignored);
+        accept_backoff_.cancel();
+        std::lock_guard lock(mutex_);
+        for (const ConnectionPtr& connection : connections_) {
+          if (connection->waiting) closeOnLoop(*connection);
+        }
+      });
+    }
     {
       std::unique_lock lock(mutex_);
       if (!connection_ended_.wait_for(lock, grace, [&] { return open_connections_ == 0; })) {
         spdlog::warn("http: {} connection(s) still busy after {} ms; failing their I/O", open_connections_,
                      grace.count());
-        for (Connection& connection : connections_) signalEventFd(connection.abort_fd.get());
+        for (const ConnectionPtr& connection : connections_) signalEventFd(connection->abort_fd.get());
       }
-      all.splice(all.end(), connections_);
+      connection_ended_.wait(lock, [&] { return open_connections_ == 0; });
     }
-    for (Connection& connection : all) connection.thread.join();
+    workers_->stop();
+    work_.reset();
+    if (event_loop_.joinable()) event_loop_.join();
     spdlog::info("http: stopped listening on {}", address_);
   });
-}
-
-void Server::reapFinished() {
-  std::list<Connection> finished;
-  {
-    std::lock_guard lock(mutex_);
-    for (auto it = connections_.begin(); it != connections_.end();) {
-      auto next = std::next(it);
-      if (it->finished) finished.splice(finished.end(), connections_, it);
-      it = next;
-    }
-  }
-  for (Connection& connection : finished) connection.thread.join();
 }
 
 bool Server::admit(const std::string& client, std::string& why) {
@@ -152,8 +198,8 @@ bool Server::admit(const std::string& client, std::string& why) {
   Connection* oldest_idle = nullptr;
   Connection* oldest_idle_of_client = nullptr;
   size_t closing = 0;
-  for (Connection& c : connections_) {
-    if (c.finished) continue;
+  for (const ConnectionPtr& pointer : connections_) {
+    Connection& c = *pointer;
     if (c.evicted) {
       ++closing;
       continue;
@@ -184,21 +230,23 @@ bool Server::admit(const std::string& client, std::string& why) {
     }
   }
   // Evicted connections close within moments, but a client opening connections faster than
-  // that must not push the thread count past twice the limit.
+  // that must not push the descriptor count past twice the limit.
   if (open_connections_ >= 2 * limits_.max_connections) {
     why = "the server is closing " + std::to_string(closing) + " connections to make room";
     return false;
   }
   if (victim) {
     victim->evicted = true;
+    // A waiting connection is on this loop: its read ends now. One between a worker and the
+    // loop sees `evicted` at its next step.
+    if (victim->waiting) closeOnLoop(*victim);
     signalEventFd(victim->abort_fd.get());
     spdlog::debug("http: closing an idle connection of {} to admit one from {}", victim->client, client);
   }
   return true;
 }
 
-bool Server::setBusy(Connection& connection, bool busy) {
-  std::lock_guard lock(mutex_);
+bool Server::setBusyLocked(Connection& connection, bool busy) {
   if (connection.evicted) return false;
   connection.busy = busy;
   if (!busy) connection.idle_since = Clock::now();
@@ -206,9 +254,9 @@ bool Server::setBusy(Connection& connection, bool busy) {
 }
 
 void Server::rejectOverloaded(UniqueFd fd, const std::string& why) {
-  spdlog::warn("http: rejecting {}: {}", detail::peerAddress(fd.get()), why);
+  logRejection(detail::peerAddress(fd.get()), why);
   std::string response = errorResponseBytes(503, ErrorCode::kUnavailable, why + "; retry later");
-  // Non-blocking and best effort: the acceptor must not wait for an unwanted client. A short
+  // Non-blocking and best effort: the event loop must not wait for an unwanted client. A short
   // response fits the socket buffer; what the client already sent is drained so closing does
   // not reset the connection over the response.
   ssize_t sent = send(fd.get(), response.data(), response.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -219,160 +267,343 @@ void Server::rejectOverloaded(UniqueFd fd, const std::string& why) {
   }
 }
 
-void Server::acceptLoop() {
-  while (!stopping_) {
-    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {stop_fd_.get(), POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0 && errno != EINTR) {
-      spdlog::error("http: poll on the listening socket: {}", strerror(errno));
+void Server::acceptNext() {
+  if (stopping_) return;
+  acceptor_.async_accept([this](boost::system::error_code ec, boost::asio::ip::tcp::socket socket) {
+    if (stopping_ || ec == boost::asio::error::operation_aborted) return;
+    if (ec) {
+      if (ec == boost::asio::error::connection_aborted || ec == boost::asio::error::interrupted ||
+          ec == boost::asio::error::would_block) {
+        return acceptNext();
+      }
+      // Out of descriptors or memory: back off instead of spinning on a listener that stays ready.
+      spdlog::warn("http: accept: {}", ec.message());
+      accept_backoff_.expires_after(std::chrono::milliseconds(100));
+      accept_backoff_.async_wait([this](boost::system::error_code wait_ec) {
+        if (!wait_ec) acceptNext();
+      });
       return;
     }
-    if (fds[1].revents & POLLIN) return;
-    if (!(fds[0].revents & POLLIN)) continue;
-    UniqueFd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-    if (!fd.valid()) {
-      int err = errno;
-      if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == ECONNABORTED) continue;
-      // Out of descriptors or memory: back off instead of spinning on a listener that stays ready.
-      spdlog::warn("http: accept: {}", strerror(err));
-      pollfd stop{stop_fd_.get(), POLLIN, 0};
-      poll(&stop, 1, 100);
-      continue;
-    }
-    int one = 1;
-    // Streamed output (one NDJSON line per chunk) must not wait for Nagle's algorithm.
-    setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    reapFinished();
+    onAccepted(std::move(socket));
+    acceptNext();
+  });
+}
 
-    std::string remote = detail::peerAddress(fd.get());
-    std::string client = clientOf(remote);
+void Server::onAccepted(boost::asio::ip::tcp::socket socket) {
+  boost::system::error_code ec;
+  socket.non_blocking(true, ec);
+  // Asio accepts without SOCK_CLOEXEC: a tenant's connection must never leak into a child.
+  fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
+  // Streamed output (one NDJSON line per chunk) must not wait for Nagle's algorithm.
+  socket.set_option(boost::asio::ip::tcp::no_delay(true), ec);
+  std::string remote = detail::peerAddress(socket.native_handle());
+  auto connection = std::make_shared<Connection>(io_);
+  connection->protocol = socket.local_endpoint(ec).protocol();
+  connection->remote = remote;
+  connection->client = clientOf(remote);
+  connection->buffer.max_size(limits_.max_header_bytes + limits_.max_buffered_bytes);
+  {
     std::unique_lock lock(mutex_);
     std::string why;
-    if (!admit(client, why)) {
+    if (!admit(connection->client, why)) {
       lock.unlock();
-      rejectOverloaded(std::move(fd), why);
-      continue;
+      rejectOverloaded(UniqueFd(socket.release(ec)), why);
+      return;
     }
-    connections_.emplace_back();
-    Connection& connection = connections_.back();
-    connection.client = client;
-    if (!connection.abort_fd.valid()) {
-      connections_.pop_back();
+    if (!connection->abort_fd.valid()) {
       lock.unlock();
-      rejectOverloaded(std::move(fd), "the server is out of file descriptors");
-      continue;
+      rejectOverloaded(UniqueFd(socket.release(ec)), "the server is out of file descriptors");
+      return;
     }
-    try {
-      connection.thread = std::thread([this, &connection, remote, fd = std::move(fd)]() mutable {
-        try {
-          detail::SocketStream stream(std::move(fd), connection.abort_fd.get());
-          serveConnection(connection, stream, remote);
-        } catch (const std::exception& e) {
-          // Out of memory, most likely: lose this connection, not the process.
-          spdlog::error("http: connection from {} failed: {}", remote, e.what());
-        }
-        std::lock_guard done_lock(mutex_);
-        connection.finished = true;
-        --open_connections_;
-        connection_ended_.notify_all();
-      });
-      ++open_connections_;
-    } catch (const std::system_error& e) {
-      connections_.pop_back();
-      lock.unlock();
-      spdlog::error("http: cannot start a connection thread: {}", e.what());
+    connection->socket = std::move(socket);
+    connection->waiting = true;
+    connections_.push_back(connection);
+    ++open_connections_;
+  }
+  auto accepted = Clock::now();
+  connection->first_header_deadline = accepted + std::min(limits_.read_timeout, limits_.first_request_timeout);
+  waitForRequest(connection);
+}
+
+void Server::closeOnLoop(Connection& connection) {
+  // Closed, not cancelled: a cancel ends only the read pending now, and Beast's header read or a
+  // completion already queued would start another one that nothing ends. After a close, every
+  // further operation fails at once and the connection finishes.
+  boost::system::error_code ignored;
+  connection.socket.close(ignored);
+}
+
+void Server::logRejection(const std::string& remote, const std::string& why) {
+  size_t suppressed = 0;
+  {
+    std::lock_guard lock(mutex_);
+    auto now = Clock::now();
+    if (now - last_rejection_log_ < std::chrono::seconds(1)) {
+      ++rejections_unlogged_;
+      return;
     }
+    last_rejection_log_ = now;
+    suppressed = std::exchange(rejections_unlogged_, 0);
+  }
+  if (suppressed > 0) {
+    spdlog::warn("http: rejecting {}: {} (and {} more rejected in the last second)", remote, why, suppressed);
+  } else {
+    spdlog::warn("http: rejecting {}: {}", remote, why);
   }
 }
 
-void Server::serveConnection(Connection& connection, detail::SocketStream& stream, const std::string& remote) {
-  stream.setTimeouts(limits_.read_timeout, limits_.write_timeout);
-  boost::beast::flat_buffer buffer(limits_.max_header_bytes + limits_.max_buffered_bytes);
-  bool first_request = true;
-  bool drain_before_close = false;
-  auto answerAndClose = [&](int status, ErrorCode code, const std::string& message) {
-    std::string bytes = errorResponseBytes(status, code, message);
-    boost::system::error_code ignored;
-    boost::asio::write(stream, boost::asio::buffer(bytes), ignored);
-    spdlog::debug("http: {} -> {} ({})", remote, status, message);
-    drain_before_close = true;
-  };
+void Server::armDeadline(const ConnectionPtr& connection, Clock::time_point deadline) {
+  uint64_t generation = ++connection->deadline_generation;
+  connection->timer.expires_at(deadline);
+  connection->timer.async_wait([this, connection, generation](boost::system::error_code ec) {
+    if (ec || generation != connection->deadline_generation) return;
+    closeOnLoop(*connection);
+  });
+}
 
-  auto accepted = Clock::now();
-  auto first_header_deadline = accepted + std::min(limits_.read_timeout, limits_.first_request_timeout);
-  while (true) {
-    if (buffer.size() == 0) {
-      auto ready = stream.waitReadable(first_request ? first_header_deadline : Clock::now() + limits_.idle_timeout,
-                                       stop_fd_.get());
-      auto wait = first_request ? first_header_deadline - accepted : std::chrono::milliseconds(limits_.idle_timeout);
-      if (ready == detail::SocketStream::Wait::kTimedOut && first_request) {
-        spdlog::debug("http: {} sent nothing for {} ms; closing", remote,
-                      std::chrono::duration_cast<std::chrono::milliseconds>(wait).count());
+void Server::waitForRequest(const ConnectionPtr& connection) {
+  if (stopping_) return finish(connection);
+  if (connection->buffer.size() > 0) return readHeader(connection);  // pipelined
+  // The next request's first bytes: within the idle timeout, or for a new connection within
+  // its first-request deadline. Reading (rather than waiting for readability) also picks up
+  // bytes that arrived while a worker had the socket.
+  auto deadline = connection->first_request ? connection->first_header_deadline : Clock::now() + limits_.idle_timeout;
+  armDeadline(connection, deadline);
+  auto space = connection->buffer.prepare(std::min<size_t>(4096, connection->buffer.max_size()));
+  connection->socket.async_read_some(space, [this, connection](boost::system::error_code ec, size_t n) {
+    ++connection->deadline_generation;
+    connection->timer.cancel();
+    if (ec || n == 0) {
+      if (ec == boost::asio::error::operation_aborted && connection->first_request && !stopping_) {
+        spdlog::debug("http: {} sent nothing in time; closing", connection->remote);
       }
-      if (ready != detail::SocketStream::Wait::kReadable) break;
-    } else if (stopping_) {
-      break;
+      return finish(connection);
     }
-    auto started = Clock::now();
-    auto header_deadline = first_request ? first_header_deadline : started + limits_.read_timeout;
-    first_request = false;
+    connection->buffer.commit(n);
+    readHeader(connection);
+  });
+}
 
-    detail::RequestParser parser;
-    parser.header_limit(
-        static_cast<uint32_t>(std::min<size_t>(limits_.max_header_bytes, std::numeric_limits<uint32_t>::max())));
-    parser.body_limit(boost::none);  // handlers choose their limits with readBody(max_bytes)
-    boost::system::error_code ec;
-    stream.setReadDeadline(header_deadline);
-    beast_http::read_header(stream, buffer, parser, ec);
-    stream.setReadDeadline(Clock::time_point::max());
-    if (ec == beast_http::error::header_limit || ec == beast_http::error::buffer_overflow) {
-      answerAndClose(431, ErrorCode::kResourceExhausted,
-                     "the request header exceeds the limit of " + std::to_string(limits_.max_header_bytes) + " bytes");
-      break;
-    }
-    if (ec == beast_http::error::end_of_stream || ec == beast_http::error::partial_message) break;
-    if (detail::isHttpParseError(ec)) {
-      answerAndClose(400, ErrorCode::kInvalidArgument, "malformed HTTP request: " + ec.message());
-      break;
-    }
-    if (ec) {
-      spdlog::debug("http: {} dropped while sending a request header: {}", remote, ec.message());
-      break;
-    }
+void Server::readHeader(const ConnectionPtr& connection) {
+  auto deadline = connection->first_request ? connection->first_header_deadline : Clock::now() + limits_.read_timeout;
+  connection->first_request = false;
+  connection->parser.emplace();
+  auto& parser = *connection->parser;
+  parser.header_limit(
+      static_cast<uint32_t>(std::min<size_t>(limits_.max_header_bytes, std::numeric_limits<uint32_t>::max())));
+  parser.body_limit(boost::none);  // handlers choose their limits with readBody(max_bytes)
+  armDeadline(connection, deadline);
+  beast_http::async_read_header(
+      connection->socket, connection->buffer, parser, [this, connection](boost::system::error_code ec, size_t) {
+        ++connection->deadline_generation;
+        connection->timer.cancel();
+        if (ec == beast_http::error::header_limit || ec == beast_http::error::buffer_overflow) {
+          return dispatch(connection,
+                          std::pair(431, makeError(ErrorCode::kResourceExhausted,
+                                                   "the request header exceeds the limit of " +
+                                                       std::to_string(limits_.max_header_bytes) + " bytes")));
+        }
+        if (detail::isHttpParseError(ec) && ec != beast_http::error::partial_message) {
+          return dispatch(connection, std::pair(400, makeError(ErrorCode::kInvalidArgument,
+                                                               "malformed HTTP request: " + ec.message())));
+        }
+        if (ec) {
+          if (ec != beast_http::error::end_of_stream && ec != beast_http::error::partial_message) {
+            spdlog::debug("http: {} dropped while sending a request header: {}", connection->remote, ec.message());
+          }
+          return finish(connection);
+        }
+        dispatch(connection, std::nullopt);
+      });
+}
 
-    if (!setBusy(connection, true)) break;  // evicted while its header arrived
-    detail::Exchange exchange(stream, buffer, parser, stopping_);
-    Request& request = exchange.request();
-    Response& response = exchange.response();
-    auto parsed = exchange.parseRequest(remote);
-    if (!parsed.ok()) {
-      exchange.closeAfterResponse();
-      exchange.sendServerError(400, parsed.error());
+void Server::dispatch(const ConnectionPtr& connection, std::optional<std::pair<int, Error>> early) {
+  bool evicted = false;
+  std::string over_limit;
+  {
+    std::lock_guard lock(mutex_);
+    connection->waiting = false;
+    size_t running_of_client = 0;
+    for (const ConnectionPtr& other : connections_) {
+      if (other->busy && other->client == connection->client) ++running_of_client;
+    }
+    if (running_of_client >= limits_.max_running_requests_per_client) {
+      over_limit = "this client is running " + std::to_string(running_of_client) + " requests (the limit is " +
+                   std::to_string(limits_.max_running_requests_per_client) + ")";
     } else {
-      try {
-        handler_(request, response);
-      } catch (const std::exception& e) {
-        spdlog::error("http: handler for {} {} threw: {}", request.method(), request.rawPath(), e.what());
-      } catch (...) {
-        spdlog::error("http: handler for {} {} threw a non-standard exception", request.method(), request.rawPath());
-      }
+      // An early answer closes the connection anyway; a request is not evicted from here on.
+      evicted = !early && !setBusyLocked(*connection, true);
     }
-    if (!response.started()) {
-      if (const auto& failure = exchange.bodyFailure()) {
-        exchange.sendServerError(failure->first, failure->second);
-      } else {
-        exchange.sendServerError(500, makeError(ErrorCode::kInternal, "the request handler failed to respond"));
-      }
-    }
-    spdlog::debug("http: {} {} {} -> {} ({:.1f} ms)", remote, request.method(), request.rawPath(), response.status(),
-                  millisecondsSince(started));
-    if (!exchange.keepAlive()) {
-      // A taken-over connection ends with a FIN too: its last bytes must reach the client.
-      drain_before_close = !exchange.ioFailed() && (!exchange.bodyComplete() || exchange.takenOver());
-      break;
-    }
-    if (!setBusy(connection, false)) break;
   }
-  if (drain_before_close) stream.closeGracefully(Clock::now() + kLingerTime, kLingerBytes);
+  if (evicted || stopping_) return finish(connection);
+  boost::system::error_code ec;
+  UniqueFd fd(connection->socket.release(ec));
+  if (ec || !fd.valid()) return finish(connection);  // closed meanwhile (a deadline, an eviction)
+  if (!over_limit.empty()) {
+    rejectOverloaded(std::move(fd), over_limit);
+    return finish(connection);
+  }
+  // The task owns the descriptor until the worker's stream takes it; a task never run (the
+  // pool refused it) closes it with the lambda.
+  auto shared_fd = std::make_shared<UniqueFd>(std::move(fd));
+  std::string why;
+  bool taken = workers_->run(
+      [this, connection, shared_fd, early] { serveRequest(connection, std::move(*shared_fd), early); }, why);
+  if (!taken) {
+    rejectOverloaded(std::move(*shared_fd), why);
+    finish(connection);
+  }
+}
+
+void Server::finish(const ConnectionPtr& connection) {
+  {
+    std::lock_guard lock(mutex_);
+    if (connection->finished) return;
+    connection->finished = true;
+    connection->waiting = false;
+    connections_.remove(connection);
+    --open_connections_;
+    connection_ended_.notify_all();
+  }
+  // The socket and timer belong to the event loop: closed there, after anything still queued
+  // for them. A worker reaches here holding no socket (its stream closed the descriptor).
+  boost::asio::post(io_, [connection] {
+    boost::system::error_code ignored;
+    connection->timer.cancel();
+    connection->socket.close(ignored);
+  });
+}
+
+void Server::serveRequest(const ConnectionPtr& connection, UniqueFd fd, std::optional<std::pair<int, Error>> early) {
+  const std::string& remote = connection->remote;
+  detail::SocketStream stream(std::move(fd), connection->abort_fd.get());
+  stream.setTimeouts(limits_.read_timeout, limits_.write_timeout);
+  bool keep = false;
+  bool drain_before_close = false;
+  try {
+    if (early) {
+      std::string bytes = errorResponseBytes(early->first, early->second.code, early->second.message);
+      boost::system::error_code ignored;
+      boost::asio::write(stream, boost::asio::buffer(bytes), ignored);
+      spdlog::debug("http: {} -> {} ({})", remote, early->first, early->second.message);
+      drain_before_close = true;
+    } else {
+      auto started = Clock::now();
+      detail::Exchange exchange(stream, connection->buffer, *connection->parser, stopping_);
+      Request& request = exchange.request();
+      Response& response = exchange.response();
+      auto parsed = exchange.parseRequest(remote);
+      if (!parsed.ok()) {
+        exchange.closeAfterResponse();
+        exchange.sendServerError(400, parsed.error());
+      } else {
+        try {
+          handler_(request, response);
+        } catch (const std::exception& e) {
+          spdlog::error("http: handler for {} {} threw: {}", request.method(), request.rawPath(), e.what());
+        } catch (...) {
+          spdlog::error("http: handler for {} {} threw a non-standard exception", request.method(), request.rawPath());
+        }
+      }
+      if (!response.started()) {
+        if (const auto& failure = exchange.bodyFailure()) {
+          exchange.sendServerError(failure->first, failure->second);
+        } else {
+          exchange.sendServerError(500, makeError(ErrorCode::kInternal, "the request handler failed to respond"));
+        }
+      }
+      spdlog::debug("http: {} {} {} -> {} ({:.1f} ms)", remote, request.method(), request.rawPath(), response.status(),
+                    millisecondsSince(started));
+      keep = exchange.keepAlive() && !stopping_;
+      // A taken-over connection ends with a FIN too: its last bytes must reach the client.
+      if (!exchange.keepAlive()) {
+        drain_before_close = !exchange.ioFailed() && (!exchange.bodyComplete() || exchange.takenOver());
+      }
+    }
+  } catch (const std::exception& e) {
+    // Out of memory, most likely: lose this connection, not the process.
+    spdlog::error("http: connection from {} failed: {}", remote, e.what());
+    keep = false;
+    drain_before_close = false;
+  }
+  connection->parser.reset();
+  {
+    // Not running a request any more: evictable, and not counted against the client's running
+    // requests, while it lingers or waits for the next request.
+    std::lock_guard lock(mutex_);
+    keep = setBusyLocked(*connection, false) && keep;
+  }
+  try {
+    if (!keep && !drain_before_close) return finish(connection);
+    // Back to the event loop: to wait for the next request, or to linger, without a thread.
+    if (!keep) shutdown(stream.fd(), SHUT_WR);
+    if (connection->buffer.size() == 0) connection->buffer.shrink_to_fit();  // an idle connection keeps no body
+    auto back = std::make_shared<UniqueFd>(stream.releaseFd());
+    if (!keep) {
+      boost::asio::post(io_, [this, connection, back] { linger(connection, std::move(*back)); });
+      return;
+    }
+    postWaitForNext(connection, back);
+  } catch (const std::exception& e) {
+    // Out of memory: this connection is lost, but it must still be counted out.
+    spdlog::error("http: connection from {} failed: {}", remote, e.what());
+    finish(connection);
+  }
+}
+
+void Server::postWaitForNext(const ConnectionPtr& connection, const std::shared_ptr<UniqueFd>& back) {
+  boost::asio::post(io_, [this, connection, back] {
+    bool evicted = false;
+    {
+      std::lock_guard lock(mutex_);
+      evicted = connection->evicted;
+      if (!evicted && !stopping_) connection->waiting = true;
+    }
+    if (evicted || stopping_) return finish(connection);
+    boost::system::error_code ec;
+    connection->socket.assign(connection->protocol, back->get(), ec);
+    if (ec) {
+      spdlog::warn("http: cannot wait for {}'s next request: {}", connection->remote, ec.message());
+      return finish(connection);
+    }
+    (void)back->release();
+    waitForRequest(connection);
+  });
+}
+
+void Server::linger(const ConnectionPtr& connection, UniqueFd fd) {
+  if (stopping_) return finish(connection);
+  boost::system::error_code ec;
+  connection->socket.assign(connection->protocol, fd.get(), ec);
+  if (ec) return finish(connection);
+  (void)fd.release();
+  {
+    std::lock_guard lock(mutex_);
+    if (connection->evicted) {
+      closeOnLoop(*connection);
+      return finish(connection);
+    }
+    connection->waiting = true;
+  }
+  armDeadline(connection, Clock::now() + kLingerTime);
+  auto discard = std::make_shared<size_t>(0);
+  auto step = std::make_shared<std::function<void()>>();
+  *step = [this, connection, discard, step] {
+    connection->buffer.clear();
+    auto space = connection->buffer.prepare(std::min<size_t>(16384, connection->buffer.max_size()));
+    connection->socket.async_read_some(space,
+                                       [this, connection, discard, step](boost::system::error_code read_ec, size_t n) {
+                                         *discard += n;
+                                         if (read_ec || n == 0 || *discard >= kLingerBytes || stopping_) {
+                                           ++connection->deadline_generation;
+                                           connection->timer.cancel();
+                                           *step = nullptr;  // breaks the cycle step -> lambda -> step
+                                           return finish(connection);
+                                         }
+                                         (*step)();
+                                       });
+  };
+  (*step)();
 }
 
 }  // namespace space::http

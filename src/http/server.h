@@ -1,32 +1,40 @@
 // HTTP/1.1 server for the daemon's REST API.
 //
-// One thread accepts; each connection gets its own thread running synchronous Beast I/O. API
-// handlers block for seconds (booting a VM, waiting for a command) and the number of clients
-// of a local daemon is small, so a thread per connection keeps handlers plain sequential code
-// without starving other requests; max_connections bounds the threads.
+// An event loop (one Asio thread) accepts connections, waits for their requests and reads
+// request headers; only then does a request get a thread from a pool, where its handler runs
+// as plain blocking code with Beast's synchronous I/O. API handlers block for seconds (booting
+// a VM, waiting for a command), so they keep a thread while they run; a connection between
+// requests (keep-alive, a client still sending its header, a slowloris) holds no thread, only
+// its socket and buffer. max_running_requests bounds the threads, max_connections the sockets.
 //
-// Every socket operation has a timeout, so a client that stops sending or reading (slowloris)
-// only holds its thread for read_timeout / write_timeout. The server answers on its own, as
-// errorBody JSON: 400 for malformed HTTP, 431 for a header over the limit, 413 when the handler
-// refused a body as too large (or a chunk header or trailer overflowed the buffer), 500 when the
-// handler threw or did not respond, 503 when the connection limits are reached and no idle
+// Every socket operation has a timeout, so a client that stops sending or reading only holds
+// its connection for read_timeout / write_timeout. The server answers on its own, as errorBody
+// JSON: 400 for malformed HTTP, 431 for a header over the limit, 413 when the handler refused a
+// body as too large (or a chunk header or trailer overflowed the buffer), 500 when the handler
+// threw or did not respond, 503 when the connection or request limits are reached and no idle
 // connection can make room. A connection is kept alive only if the handler consumed the request
 // body, and never after a 401.
 #pragma once
 
 #include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "common/result.h"
 #include "common/unix_socket.h"
 #include "http/message.h"
+#include "http/worker_pool.h"
 
 namespace space::http {
 
@@ -39,12 +47,20 @@ struct ServerLimits {
   // What one connection may buffer beyond the header: a chunk header (size and extensions) or
   // a request trailer larger than this fails the request (413) and closes the connection.
   size_t max_buffered_bytes = 64 * 1024;
-  size_t max_connections = 512;  // open connections
+  // Open connections. Each costs a descriptor and its buffer, and a thread only while it runs
+  // a request (see max_running_requests).
+  size_t max_connections = 4096;
   // Open connections of one client address. A new connection over either limit takes the place
   // of the one that has waited longest for its next request (sent nothing, or a header still
   // incomplete); when every connection is running a request, the new one gets 503. Idle
   // sockets therefore cannot lock out a client with a request to make.
-  size_t max_connections_per_client = 64;
+  size_t max_connections_per_client = 1024;
+  // Requests running at once, each on its own thread (a stream holds one for its life); a
+  // request over it gets 503. Threads idle for a minute exit.
+  size_t max_running_requests = 1024;
+  // Of those, what one client address may run (as counted for max_connections_per_client): a
+  // single address, even without a key, cannot take every thread.
+  size_t max_running_requests_per_client = 128;
   // For each read: a client silent for longer is dropped. The whole request header must also
   // arrive within it, so a client trickling header bytes cannot hold the thread either.
   std::chrono::milliseconds read_timeout{30000};
@@ -72,40 +88,63 @@ class Server {
 
   // Stops accepting and closes idle keep-alive connections at once; running handlers get up to
   // `grace` to finish their response, then their sockets fail every operation. Returns when all
-  // connection threads have ended, which includes waiting for handlers to return: a handler must
+  // connections have closed, which includes waiting for handlers to return: a handler must
   // give up when its reads or writes fail.
   void stop(std::chrono::milliseconds grace);
 
  private:
   struct Connection;
+  using ConnectionPtr = std::shared_ptr<Connection>;
 
-  Server(UniqueFd listener, Handler handler, ServerLimits limits);
-  void acceptLoop();
-  void serveConnection(Connection& connection, detail::SocketStream& stream, const std::string& remote);
-  void reapFinished();
+  Server(Handler handler, ServerLimits limits);
+  // On the event loop.
+  void acceptNext();
+  void onAccepted(boost::asio::ip::tcp::socket socket);
+  void waitForRequest(const ConnectionPtr& connection);
+  void readHeader(const ConnectionPtr& connection);
+  // Arms the connection's timer to cancel its socket's operation at `deadline`.
+  void armDeadline(const ConnectionPtr& connection, Clock::time_point deadline);
+  // Moves the connection to a worker: `early` is an answer the server gives without a handler.
+  void dispatch(const ConnectionPtr& connection, std::optional<std::pair<int, Error>> early);
+  // On a worker.
+  void serveRequest(const ConnectionPtr& connection, UniqueFd fd, std::optional<std::pair<int, Error>> early);
+  // On the loop: after a response that closes the connection, reads and drops what the client
+  // still sends until it closes or the linger ends, so closing does not reset the connection
+  // over the response; no worker waits for it.
+  void linger(const ConnectionPtr& connection, UniqueFd fd);
+  void postWaitForNext(const ConnectionPtr& connection, const std::shared_ptr<UniqueFd>& back);
+  void closeOnLoop(Connection& connection);  // ends any operation of the loop's on it at once
+  // Logs a rejection, at most once a second (a flood must not flood the log from the loop).
+  void logRejection(const std::string& remote, const std::string& why);
+  // Either side: the connection is done; closes what it still holds.
+  void finish(const ConnectionPtr& connection);
   void rejectOverloaded(UniqueFd fd, const std::string& why);
   // Under mutex_: makes room for a connection from `client`; false when none can be made.
   bool admit(const std::string& client, std::string& why);
   // Under mutex_: the connection marks itself idle (evictable) or running a request; false
   // when it was evicted meanwhile and must close.
-  bool setBusy(Connection& connection, bool busy);
+  bool setBusyLocked(Connection& connection, bool busy);
 
-  UniqueFd listener_;
   Handler handler_;
   ServerLimits limits_;
   std::string address_;
   uint16_t port_ = 0;
-  // An eventfd that stays readable once signalled: wakes idle connections and the acceptor.
-  // Each connection has its own abort eventfd (evicted, or the grace period is over).
-  UniqueFd stop_fd_;
   std::atomic<bool> stopping_{false};
-  std::thread acceptor_;
   std::once_flag stop_once_;
+
+  boost::asio::io_context io_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::steady_timer accept_backoff_;
+  std::thread event_loop_;
+  std::unique_ptr<detail::WorkerPool> workers_;
 
   std::mutex mutex_;
   std::condition_variable connection_ended_;
-  std::list<Connection> connections_;  // guarded by mutex_
-  size_t open_connections_ = 0;        // guarded by mutex_; includes evicted ones still closing
+  std::list<ConnectionPtr> connections_;    // guarded by mutex_
+  size_t open_connections_ = 0;             // guarded by mutex_; includes evicted ones still closing
+  Clock::time_point last_rejection_log_{};  // guarded by mutex_
+  size_t rejections_unlogged_ = 0;          // guarded by mutex_
 };
 
 }  // namespace space::http

@@ -49,6 +49,8 @@ class SocketStream {
   explicit SocketStream(UniqueFd fd, int abort_fd = -1);
 
   int fd() const { return fd_.get(); }
+  // Hands the socket back (to the server's event loop, between requests).
+  UniqueFd releaseFd() { return std::move(fd_); }
   int abortFd() const { return abort_fd_; }
   void setTimeouts(Duration read, Duration write) {
     read_timeout_ = read;

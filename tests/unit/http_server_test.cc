@@ -1,11 +1,14 @@
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <future>
 #include <thread>
 #include <vector>
@@ -392,6 +395,188 @@ TEST(HttpServer, KeepAliveServesSeveralRequestsOnOneConnection) {
   EXPECT_TRUE(readResponse(fd.get(), pending).ends_with("/three:xy"));
   ASSERT_EQ(remotes.size(), 3u);
   EXPECT_EQ(remotes[0], remotes[2]);
+}
+
+size_t threadsOfThisProcess() {
+  size_t n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    (void)entry;
+    ++n;
+  }
+  return n;
+}
+
+// Connections between requests wait on the server's event loop, not on threads: a thousand
+// keep-alive connections that each made a request leave the thread count where it was.
+TEST(HttpServer, IdleKeepAliveConnectionsHoldNoThread) {
+  rlimit nofile{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &nofile), 0);
+  nofile.rlim_cur = std::min<rlim_t>(nofile.rlim_max, 8192);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &nofile), 0);
+  // Both ends of every connection live in this process.
+  const size_t count = std::min<size_t>(1000, (nofile.rlim_cur - 200) / 2);
+  ASSERT_GE(count, 400u) << "the hard descriptor limit is too low for this test";
+  auto server = startServer([](Request&, Response& response) { (void)response.send(200, "text/plain", "ok"); });
+  ASSERT_TRUE(server);
+  // One request first, so the server's worker exists before the baseline is taken.
+  auto warm = connectRaw(server->port());
+  std::string pending;
+  sendRaw(warm.get(), "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_TRUE(readResponse(warm.get(), pending).ends_with("ok"));
+  const size_t baseline = threadsOfThisProcess();
+
+  std::vector<UniqueFd> open;
+  for (size_t i = 0; i < count; ++i) {
+    open.push_back(connectRaw(server->port()));
+    sendRaw(open.back().get(), "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    std::string rest;
+    ASSERT_TRUE(readResponse(open.back().get(), rest).ends_with("ok")) << "connection " << i;
+  }
+  EXPECT_LE(threadsOfThisProcess(), baseline + 2) << count << " idle connections";
+  // Every one of them is still open and served on its next request.
+  for (size_t i = 0; i < count; i += count / 10) {
+    sendRaw(open[i].get(), "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    std::string rest;
+    EXPECT_TRUE(readResponse(open[i].get(), rest).ends_with("ok")) << "connection " << i;
+  }
+}
+
+// Running requests are what takes threads, and they are bounded: one over the limit gets 503
+// while idle connections do not count.
+TEST(HttpServer, RunningRequestsOverTheLimitAre503) {
+  ServerLimits limits;
+  limits.max_running_requests = 2;
+  std::atomic<int> entered{0};
+  std::promise<void> release;
+  auto release_future = release.get_future().share();
+  auto server = startServer(
+      [&](Request& request, Response& response) {
+        if (request.path() == "/slow") {
+          ++entered;
+          release_future.wait();
+        }
+        (void)response.send(200, "text/plain", "done");
+      },
+      limits);
+  ASSERT_TRUE(server);
+  std::vector<UniqueFd> idle;
+  for (int i = 0; i < 20; ++i) idle.push_back(connectRaw(server->port()));
+  auto client = clientFor(*server);
+  auto first = std::async(std::launch::async, [&] { return client.request("GET", "/slow"); });
+  auto second = std::async(std::launch::async, [&] { return client.request("GET", "/slow"); });
+  while (entered.load() < 2) std::this_thread::sleep_for(5ms);
+  auto rejected = client.request("GET", "/fast");
+  ASSERT_TRUE(rejected.ok()) << rejected.error().message;
+  EXPECT_EQ(rejected->status, 503);
+  EXPECT_NE(jsonBody(*rejected)["error"]["message"].get<std::string>().find("running 2 requests"), std::string::npos);
+  release.set_value();
+  EXPECT_EQ(first.get()->status, 200);
+  EXPECT_EQ(second.get()->status, 200);
+  // Once they are done, requests run again.
+  auto after = client.request("GET", "/fast");
+  ASSERT_TRUE(after.ok()) << after.error().message;
+  EXPECT_EQ(after->status, 200);
+}
+
+// A single address cannot take every request thread, even with connections to spare.
+TEST(HttpServer, OneClientsRunningRequestsAreCappedBelowThePool) {
+  ServerLimits limits;
+  limits.max_running_requests_per_client = 2;
+  std::atomic<int> entered{0};
+  std::promise<void> release;
+  auto release_future = release.get_future().share();
+  auto server = startServer(
+      [&](Request& request, Response& response) {
+        if (request.path() == "/slow") {
+          ++entered;
+          release_future.wait();
+        }
+        (void)response.send(200, "text/plain", "done");
+      },
+      limits);
+  ASSERT_TRUE(server);
+  auto client = clientFor(*server);
+  auto first = std::async(std::launch::async, [&] { return client.request("GET", "/slow"); });
+  auto second = std::async(std::launch::async, [&] { return client.request("GET", "/slow"); });
+  while (entered.load() < 2) std::this_thread::sleep_for(5ms);
+  auto rejected = client.request("GET", "/fast");
+  ASSERT_TRUE(rejected.ok()) << rejected.error().message;
+  EXPECT_EQ(rejected->status, 503);
+  EXPECT_NE(jsonBody(*rejected)["error"]["message"].get<std::string>().find("this client is running 2 requests"),
+            std::string::npos);
+  release.set_value();
+  EXPECT_EQ(first.get()->status, 200);
+  EXPECT_EQ(second.get()->status, 200);
+}
+
+// A response that closes its connection while the client still sends (an unread body) drains
+// on the event loop: the request's thread is free at once.
+TEST(HttpServer, AClosingConnectionLingersWithoutAThread) {
+  ServerLimits limits;
+  limits.max_running_requests = 1;
+  auto server = startServer(
+      [](Request&, Response& response) {
+        response.closeConnection();
+        (void)response.sendError(401, "unauthenticated", "no key");
+      },
+      limits);
+  ASSERT_TRUE(server);
+  std::vector<UniqueFd> lingering;
+  for (int i = 0; i < 5; ++i) {
+    lingering.push_back(connectRaw(server->port()));
+    sendRaw(lingering.back().get(), "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nsome");
+    std::string pending;
+    EXPECT_TRUE(readResponse(lingering.back().get(), pending).starts_with("HTTP/1.1 401 ")) << i;
+  }
+  // The clients keep their sockets open and silent; another request still gets the one thread.
+  auto r = clientFor(*server).request("GET", "/", {}, {}, 5s);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->status, 401);
+}
+
+// Connections still sending their header when the server stops are closed at once, not
+// served out to their read timeout.
+TEST(HttpServer, StopDoesNotWaitForHeadersStillArriving) {
+  ServerLimits limits;
+  limits.read_timeout = 20s;
+  limits.first_request_timeout = 20s;
+  auto server = startServer([](Request&, Response& response) { (void)response.send(200, "text/plain", "ok"); }, limits);
+  ASSERT_TRUE(server);
+  std::vector<UniqueFd> trickling;
+  for (int i = 0; i < 50; ++i) {
+    trickling.push_back(connectRaw(server->port()));
+    sendRaw(trickling.back().get(), "GET / HTTP/1.1\r\n");
+  }
+  std::atomic<bool> done{false};
+  std::thread trickle([&] {
+    while (!done) {
+      for (auto& fd : trickling) (void)send(fd.get(), "X-A: b\r\n", 8, MSG_NOSIGNAL | MSG_DONTWAIT);
+      std::this_thread::sleep_for(2ms);
+    }
+  });
+  std::this_thread::sleep_for(100ms);
+  auto started = std::chrono::steady_clock::now();
+  server->stop(0ms);
+  auto took = std::chrono::steady_clock::now() - started;
+  done = true;
+  trickle.join();
+  EXPECT_LT(took, 3s);
+}
+
+TEST(HttpServer, AcceptedSocketsAreNotInheritedByChildren) {
+  int flags = -1;
+  auto server = startServer([&](Request&, Response& response) {
+    auto taken = response.takeOver(200);
+    if (!taken.ok()) return;
+    flags = fcntl(taken->fd, F_GETFD);
+    const char reply[] = "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n";
+    (void)send(taken->fd, reply, sizeof reply - 1, MSG_NOSIGNAL);
+  });
+  ASSERT_TRUE(server);
+  auto r = clientFor(*server).request("GET", "/");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_NE(flags, -1);
+  EXPECT_TRUE(flags & FD_CLOEXEC);
 }
 
 TEST(HttpServer, HeadResponsesHaveNoBody) {

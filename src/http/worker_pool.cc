@@ -1,0 +1,114 @@
+#include "http/worker_pool.h"
+
+#include <spdlog/spdlog.h>
+
+#include <system_error>
+
+namespace space::http::detail {
+
+WorkerPool::WorkerPool(size_t max_threads, std::chrono::milliseconds idle_exit)
+    : max_threads_(max_threads), idle_exit_(idle_exit) {}
+
+size_t WorkerPool::threads() const {
+  std::lock_guard lock(mutex_);
+  return live_;
+}
+
+size_t WorkerPool::idleThreads() const {
+  std::lock_guard lock(mutex_);
+  return idle_ - tasks_.size();
+}
+
+void WorkerPool::takeExited(std::list<Worker>& out) {
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    auto next = std::next(it);
+    if (it->exited) out.splice(out.end(), workers_, it);
+    it = next;
+  }
+}
+
+bool WorkerPool::run(std::function<void()> task, std::string& why) {
+  std::list<Worker> exited;
+  bool taken = false;
+  {
+    std::lock_guard lock(mutex_);
+    takeExited(exited);
+    if (stopping_) {
+      why = "the server is stopping";
+    } else if (idle_ > tasks_.size()) {
+      tasks_.push_back(std::move(task));
+      work_ready_.notify_one();
+      taken = true;
+    } else if (live_ >= max_threads_) {
+      why = "the server is running " + std::to_string(live_) + " requests (the limit is " +
+            std::to_string(max_threads_) + ")";
+    } else {
+      workers_.emplace_back();
+      Worker& worker = workers_.back();
+      try {
+        // The new thread starts idle and takes the task queued for it.
+        tasks_.push_back(std::move(task));
+        ++idle_;
+        ++live_;
+        worker.thread = std::thread([this, &worker] { loop(worker); });
+        taken = true;
+      } catch (const std::system_error& e) {
+        tasks_.pop_back();
+        --idle_;
+        --live_;
+        workers_.pop_back();
+        why = std::string("cannot start a thread for the request: ") + e.what();
+      }
+    }
+  }
+  for (Worker& worker : exited) worker.thread.join();
+  return taken;
+}
+
+void WorkerPool::loop(Worker& self) {
+  std::unique_lock lock(mutex_);
+  while (true) {
+    if (tasks_.empty()) {
+      if (stopping_) break;
+      // A thread idle for idle_exit_ goes away; the next burst creates threads again.
+      if (!work_ready_.wait_for(lock, idle_exit_, [&] { return !tasks_.empty() || stopping_; })) break;
+      continue;
+    }
+    auto task = std::move(tasks_.front());
+    tasks_.pop_front();
+    --idle_;
+    lock.unlock();
+    try {
+      task();
+    } catch (const std::exception& e) {
+      spdlog::error("http: a request task threw: {}", e.what());
+    }
+    task = nullptr;  // what the task captured goes before the thread counts as idle
+    lock.lock();
+    ++idle_;
+  }
+  --idle_;
+  --live_;
+  self.exited = true;
+}
+
+void WorkerPool::stop() {
+  std::list<Worker> all;
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    work_ready_.notify_all();
+  }
+  // Threads keep taking the tasks already handed to them, then exit; new ones cannot start.
+  while (true) {
+    {
+      std::lock_guard lock(mutex_);
+      all.splice(all.end(), workers_);
+    }
+    if (all.empty()) return;
+    for (Worker& worker : all) worker.thread.join();
+    all.clear();
+  }
+}
+
+}  // namespace space::http::detail
