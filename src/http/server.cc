@@ -32,6 +32,9 @@ namespace {
 // SocketStream::closeGracefully), and how much of it.
 constexpr std::chrono::milliseconds kLingerTime{1000};
 constexpr size_t kLingerBytes = 1 << 20;
+// Threads beyond max_running_requests, for requests that stopped counting but whose thread is
+// still handing the connection back.
+constexpr size_t kThreadsFinishing = 32;
 
 void signalEventFd(int fd) {
   uint64_t one = 1;
@@ -157,7 +160,11 @@ Server::Server(Handler handler, ServerLimits limits)
       work_(io_.get_executor()),
       acceptor_(io_),
       accept_backoff_(io_),
-      workers_(std::make_unique<detail::WorkerPool>(limits.max_running_requests, std::chrono::seconds(60))) {}
+      // Requests are counted (and refused over the limit) in dispatch(); a request's thread is
+      // free for the next one only once it has handed its connection back, moments after the
+      // request stopped counting, so the pool has some threads more than the limit.
+      workers_(std::make_unique<detail::WorkerPool>(limits.max_running_requests + kThreadsFinishing,
+                                                    std::chrono::seconds(60))) {}
 
 Server::~Server() { stop(std::chrono::milliseconds(0)); }
 
@@ -423,11 +430,17 @@ void Server::dispatch(const ConnectionPtr& connection, std::optional<std::pair<i
   {
     std::lock_guard lock(mutex_);
     connection->waiting = false;
+    size_t running = 0;
     size_t running_of_client = 0;
     for (const ConnectionPtr& other : connections_) {
-      if (other->busy && other->client == connection->client) ++running_of_client;
+      if (!other->busy) continue;
+      ++running;
+      if (other->client == connection->client) ++running_of_client;
     }
-    if (running_of_client >= limits_.max_running_requests_per_client) {
+    if (running >= limits_.max_running_requests) {
+      over_limit = "the server is running " + std::to_string(running) + " requests (the limit is " +
+                   std::to_string(limits_.max_running_requests) + ")";
+    } else if (running_of_client >= limits_.max_running_requests_per_client) {
       over_limit = "this client is running " + std::to_string(running_of_client) + " requests (the limit is " +
                    std::to_string(limits_.max_running_requests_per_client) + ")";
     } else {
