@@ -75,6 +75,7 @@ bench: build images
 	$(BUILD)/bin/space-api-bench --creates 30 --execs 100
 	$(BUILD)/bin/space-api-bench --creates 50 --execs 40 --warm-pool 2
 	$(BUILD)/bin/space-api-bench --creates 50 --execs 40 --warm-pool 2 --network
+	$(BUILD)/bin/space-qemu-bench --template /tmp/space-qemu-bench-template --startup 30 --memory-rounds 3
 	taskset -c 0 $(BUILD)/bin/space-net-bench
 	$(BUILD)/bin/space-net-bench
 	$(BUILD)/bin/space-lifecycle-bench --creates 200 --warm-pool 2 --baseline-creates 30 --cold-creates 10 \

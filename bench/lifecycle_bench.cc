@@ -6,7 +6,10 @@
 //   concurrent: N creates sent at once; baseline: the same N sent one after another.
 //   ops:        pause/resume, suspend/resume, snapshot of a sandbox with a process running;
 //               baseline: GET of the same sandbox (HTTP + auth + store, no VM work).
-//   branch:     POST /v1/snapshots/{id}/branch with count c; baseline: one create from the snapshot.
+//   branch:     POST /v1/snapshots/{id}/branch with count c, on one spaced per --branch-workers
+//               value (children started at once: 1 = one after another); baseline: one create
+//               from the snapshot. Also the source's pause for each snapshot (spaced's log), and
+//               in-process the stop-and-copy capture's pause (pause, freeze, save, resume).
 //   memory:     host memory (PSS) per idle restored sandbox, split into guest pages and QEMU's
 //               own; baseline: a cold-booted sandbox.
 // Every sandbox has 1 vCPU and 256 MB. Each spaced gets its own temporary data dir and API key,
@@ -66,6 +69,9 @@ struct Options {
   int snapshots = 10;
   std::vector<int> branch{10, 50};
   int branch_baseline = 5;
+  // One spaced per entry, `--branch-workers` of it (0: spaced's default, one per host CPU).
+  std::vector<int> branch_workers{0, 1};
+  int pause_snapshots = 5;
   int memory_sandboxes = 10;
   int cold_memory_sandboxes = 3;
   int idle_s = 5;
@@ -171,7 +177,8 @@ std::string fileTail(const std::string& path, size_t bytes) {
   return s.size() > bytes ? s.substr(s.size() - bytes) : s;
 }
 
-Daemon& startDaemon(const std::string& name, const std::vector<std::string>& extra) {
+Daemon& startDaemon(const std::string& name, const std::vector<std::string>& extra,
+                    const std::string& log_level = "warn") {
   auto owned = std::make_unique<Daemon>();
   Daemon& d = *owned;
   d.name = name;
@@ -182,7 +189,7 @@ Daemon& startDaemon(const std::string& name, const std::vector<std::string>& ext
   const std::string data_dir = d.dir + "/data";
   std::vector<std::string> argv{SPACED_BIN, "--listen", "127.0.0.1:0", "--data-dir", data_dir, "--kernel",
                                 imagePath("SPACE_KERNEL", "vmlinux"), "--rootfs",
-                                imagePath("SPACE_ROOTFS", "rootfs.ext4"), "--log-level", "warn", "--on-shutdown",
+                                imagePath("SPACE_ROOTFS", "rootfs.ext4"), "--log-level", log_level, "--on-shutdown",
                                 "stop", "--default-cpus", "1", "--default-memory-mb", "256",
                                 // No NIC: the numbers recorded so far are without one, and a
                                 // benchmark must not reach the host's network (see net_bench).
@@ -333,14 +340,9 @@ json createLoopJson(const CreateLoop& c) {
   return json{{"create_ms", statsJson(c.create)}, {"create_first_exec_ms", statsJson(c.first_exec)}};
 }
 
-struct Floor {
-  std::vector<double> prepare, restore, running;
-};
-
-// The restore with nothing around it: no HTTP, no store, no identity refresh; prepare is what
-// the pool takes off the request path.
-Floor floorLoop(const std::string& data_dir, int n) {
-  Floor out;
+// The base template snapshot spaced built under `data_dir`, and the spec of a 1 vCPU / 256 MB
+// VM restored from it the way spaced restores a clone.
+std::pair<std::string, vmm::VmSpec> templateRestoreSpec(const std::string& data_dir) {
   std::string snap;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(data_dir + "/templates", ec)) {
@@ -358,6 +360,19 @@ Floor floorLoop(const std::string& data_dir, int n) {
   spec.vcpus = 1;
   spec.memory_mib = 256;
   spec.accelerator = accel->accelerator;
+  return {snap, spec};
+}
+
+struct Floor {
+  std::vector<double> prepare, restore, running;
+};
+
+// The restore with nothing around it: no HTTP, no store, no identity refresh; prepare is what
+// the pool takes off the request path.
+Floor floorLoop(const std::string& data_dir, int n) {
+  Floor out;
+  std::error_code ec;
+  auto [snap, spec] = templateRestoreSpec(data_dir);
   vmm::VmStartOptions options;
   options.run_root = g_root + "/floor";
   std::filesystem::create_directories(options.run_root, ec);
@@ -542,27 +557,66 @@ Ops opsLoop(Daemon& d, int n, int snapshots) {
 // --- 4. branch ----------------------------------------------------------------------------
 
 struct Branch {
+  int workers = 0;                           // spaced's --branch-workers
   std::vector<double> single;                // one create from the snapshot
   std::vector<std::pair<int, double>> runs;  // count, ms until the 201
+  std::vector<double> snapshot;              // POST .../snapshots -> 201 of the running source
+  std::vector<double> paused;                // how long the source was stopped for each (spaced's log)
+  double snapshot_idle = 0;                  // the branch's snapshot, of the source idle
+  double paused_idle = 0;
 };
 
-Branch branchLoop(Daemon& d, const std::vector<int>& counts, int baseline) {
+// What spaced logged (at info) for each snapshot: "... (sandbox stopped for N ms; ...)".
+std::vector<double> pausesLogged(const Daemon& d) {
+  std::vector<double> out;
+  std::ifstream in(d.dir + "/spaced.log");
+  const std::string mark = "sandbox stopped for ";
+  for (std::string line; std::getline(in, line);) {
+    auto at = line.find(mark);
+    if (at != std::string::npos) out.push_back(atof(line.c_str() + at + mark.size()));
+  }
+  return out;
+}
+
+// On a spaced of its own (no pool: nothing else starts VMs meanwhile), with info logs for the
+// source's pauses.
+Branch branchLoop(Daemon& d, int workers, const std::vector<int>& counts, int baseline, int pause_snapshots) {
   Branch b;
-  waitPoolFull(d, seconds(60));
+  b.workers = workers;
   const std::string source = createSandbox(d, kLongLived);
+  // For the pauses the source is busy the way an agent's sandbox is: a process writing a little
+  // memory (so dirtying pages while its RAM is copied) all the time. Not for the branch: every
+  // child would inherit it.
+  call(
+      d, "POST", apiclient::sandboxPath(source) + "/exec",
+      json{{"command",
+            "setsid sh -c 'echo $$ > /tmp/busy.pid; while :; do date > /tmp/now; sleep 0.01; done' >/dev/null 2>&1 &"}},
+      seconds(60));
+  for (int i = 0; i < pause_snapshots; ++i) {
+    auto t0 = Clock::now();
+    const std::string extra =
+        idOf(call(d, "POST", apiclient::sandboxPath(source) + "/snapshots", json::object(), seconds(300)));
+    b.snapshot.push_back(Ms(Clock::now() - t0).count());
+    call(d, "DELETE", apiclient::snapshotPath(extra));
+  }
+  b.paused = pausesLogged(d);
+  call(d, "POST", apiclient::sandboxPath(source) + "/exec", json{{"command", "kill $(cat /tmp/busy.pid)"}},
+       seconds(60));
+  auto t0 = Clock::now();
   const std::string snap =
       idOf(call(d, "POST", apiclient::sandboxPath(source) + "/snapshots", json::object(), seconds(300)));
+  b.snapshot_idle = Ms(Clock::now() - t0).count();
+  auto all_paused = pausesLogged(d);
+  if (all_paused.size() > b.paused.size()) b.paused_idle = all_paused.back();
   const json from_snapshot{{"snapshot", snap}, {"timeout_s", 7200}};
   for (int i = 0; i < baseline; ++i) {
-    waitPoolFull(d, seconds(60));
-    auto t0 = Clock::now();
+    t0 = Clock::now();
     std::string id = createSandbox(d, from_snapshot, seconds(300));
     b.single.push_back(Ms(Clock::now() - t0).count());
     deleteSandbox(d, id);
   }
   for (int count : counts) {
-    waitPoolFull(d, seconds(60));
-    auto t0 = Clock::now();
+    t0 = Clock::now();
     json r = call(d, "POST", apiclient::snapshotPath(snap) + "/branch", json{{"count", count}, {"timeout_s", 7200}},
                   seconds(600));
     b.runs.emplace_back(count, Ms(Clock::now() - t0).count());
@@ -576,6 +630,43 @@ Branch branchLoop(Daemon& d, const std::vector<int>& counts, int baseline) {
   call(d, "DELETE", apiclient::snapshotPath(snap));
   deleteSandbox(d, source);
   return b;
+}
+
+// The source's pause in-process, on one guest restored from the template, with a process
+// writing: the capture stops it, freezes the disk, streams all RAM and the devices, continues.
+struct Pause {
+  std::vector<double> stop_copy;
+};
+
+Pause pauseLoop(const std::string& data_dir, int n) {
+  Pause out;
+  std::error_code ec;
+  auto [snap, spec] = templateRestoreSpec(data_dir);
+  vmm::VmStartOptions options;
+  options.run_root = g_root + "/floor";
+  const std::string files = g_root + "/floor/pause";
+  std::filesystem::create_directories(files, ec);
+  options.restore_from = snap + "/state";
+  auto vm = vmm::Vm::start(spec, options);
+  if (!vm.ok()) die("Vm::start (restore): " + vm.error().message);
+  auto busy =
+      (*vm)->exec("setsid sh -c 'while :; do date > /tmp/now; sleep 0.01; done' >/dev/null 2>&1 &", seconds(30));
+  if (!busy.ok() || busy->exit_code != 0) die("exec in the restored VM failed");
+  int layer = 0;
+  for (int i = 0; i < n; ++i) {
+    const std::string stream = files + "/stream";
+    auto t0 = Clock::now();
+    Status done = (*vm)->pause();
+    if (done.ok()) done = (*vm)->freezeDisk(files + "/layer-" + std::to_string(layer++) + ".qcow2");
+    if (done.ok()) done = (*vm)->saveState(stream, seconds(60), /*ignore_shared=*/false);
+    if (done.ok()) done = (*vm)->resume();
+    if (!done.ok()) die("stop-and-copy save: " + done.error().message);
+    out.stop_copy.push_back(Ms(Clock::now() - t0).count());
+    std::this_thread::sleep_for(milliseconds(500));
+  }
+  auto alive = (*vm)->exec("cat /tmp/now", seconds(30));
+  if (!alive.ok() || alive->exit_code != 0) die("the guest did not survive its saves");
+  return out;
 }
 
 // --- 5. memory ----------------------------------------------------------------------------
@@ -719,6 +810,16 @@ Options parseOptions(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  app.add_option("--branch-workers", o.branch_workers,
+                 "spaced --branch-workers values to compare, one spaced (no pool) each; 0: spaced's default "
+                 "(one per host CPU), 1: one child at a time")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
+  app.add_option("--pause-snapshots", o.pause_snapshots,
+                 "extra snapshots of the branch source (for its pause), and rounds of the in-process pause "
+                 "measurement (stop-and-copy)")
+      ->capture_default_str();
   app.add_option("--branch-baseline", o.branch_baseline,
                  "single creates from the same snapshot, the per-child baseline")
       ->check(count)
@@ -793,7 +894,8 @@ int main(int argc, char** argv) {
   Floor floor;
   std::optional<Burst> burst, burst_seq;
   std::optional<Ops> ops;
-  std::optional<Branch> branch;
+  std::vector<Branch> branches;
+  std::optional<Pause> pause;
   std::optional<Memory> memory, cold_memory;
   const std::string pool_arg = std::to_string(opt.warm_pool);
   std::string pool_data_dir;
@@ -817,15 +919,26 @@ int main(int argc, char** argv) {
       progress("[ops] " + std::to_string(opt.ops) + " rounds each, " + std::to_string(opt.snapshots) + " snapshots");
       ops = opsLoop(d, opt.ops, opt.snapshots);
     }
-    if (run("branch") && !opt.branch.empty()) {
-      progress("[branch] from one snapshot");
-      branch = branchLoop(d, opt.branch, opt.branch_baseline);
-    }
     if (run("memory")) {
       progress("[memory] " + std::to_string(opt.memory_sandboxes) + " idle restored sandboxes");
       memory = memoryOf(d, opt.memory_sandboxes, opt.idle_s);
     }
     stopDaemon(d);
+  }
+  if (run("branch") && opt.pause_snapshots > 0) {
+    // spaced is stopped: nothing else runs next to the in-process VM.
+    progress("[branch] the source's pause in-process: " + std::to_string(opt.pause_snapshots) + " x stop-and-copy");
+    pause = pauseLoop(pool_data_dir, opt.pause_snapshots);
+  }
+  if (run("branch") && !opt.branch.empty()) {
+    for (int workers : opt.branch_workers) {
+      const std::string w = std::to_string(workers);
+      progress("[branch] spaced --warm-pool 0 --branch-workers " + w + ": from one snapshot");
+      Daemon& d = startDaemon("branch-w" + w, {"--warm-pool", "0", "--branch-workers", w}, "info");
+      warmUp(d);
+      branches.push_back(branchLoop(d, workers, opt.branch, opt.branch_baseline, opt.pause_snapshots));
+      stopDaemon(d);
+    }
   }
   if (run("create") && opt.floor > 0) {
     // spaced is stopped: its template files stay, and nothing else runs next to the floor.
@@ -877,12 +990,25 @@ int main(int argc, char** argv) {
                       {"snapshot_ms", statsJson(ops->snapshot)},
                       {"process_survived", ops->process_survived}};
   }
-  if (branch) {
-    json runs = json::array();
-    for (const auto& [count, ms] : branch->runs) {
-      runs.push_back(json{{"count", count}, {"total_ms", ms}, {"ms_per_child", ms / count}});
+  if (!branches.empty()) {
+    json all = json::array();
+    for (const auto& branch : branches) {
+      json runs = json::array();
+      for (const auto& [count, ms] : branch.runs) {
+        runs.push_back(json{{"count", count}, {"total_ms", ms}, {"ms_per_child", ms / count}});
+      }
+      all.push_back(json{{"branch_workers", branch.workers},
+                         {"baseline_single_create_from_snapshot_ms", statsJson(branch.single)},
+                         {"source_snapshot_ms", statsJson(branch.snapshot)},
+                         {"source_stopped_ms", statsJson(branch.paused)},
+                         {"source_idle_snapshot_ms", branch.snapshot_idle},
+                         {"source_idle_stopped_ms", branch.paused_idle},
+                         {"runs", runs}});
     }
-    out["branch"] = json{{"baseline_single_create_from_snapshot_ms", statsJson(branch->single)}, {"runs", runs}};
+    out["branch"] = all;
+  }
+  if (pause) {
+    out["pause"] = json{{"stop_and_copy_ms", statsJson(pause->stop_copy)}};
   }
   if (memory) {
     out["memory"] = memoryJson(*memory, true);
@@ -929,13 +1055,22 @@ int main(int argc, char** argv) {
     printRow("POST .../snapshots -> 201", ops->snapshot);
     printf("  %-54s %s\n", "the process survived all of it", ops->process_survived ? "yes" : "NO");
   }
-  if (branch) {
-    printf("branch from one snapshot\n");
-    printRow("baseline: POST /v1/sandboxes {\"snapshot\"} (one child)", branch->single);
-    for (const auto& [count, ms] : branch->runs) {
+  for (const auto& branch : branches) {
+    printf("branch from one snapshot (spaced --branch-workers %d%s)\n", branch.workers,
+           branch.workers == 0 ? ": one per host CPU" : "");
+    printRow("baseline: POST /v1/sandboxes {\"snapshot\"} (one child)", branch.single);
+    for (const auto& [count, ms] : branch.runs) {
       printf("  %-54s %8.0f ms total, %6.1f ms per child\n",
              ("POST /v1/snapshots/{id}/branch count " + std::to_string(count)).c_str(), ms, ms / count);
     }
+    printRow("source (a process writing): POST .../snapshots -> 201", branch.snapshot);
+    printRow("source (a process writing): stopped for (log)", branch.paused);
+    printf("  %-54s %8.0f ms, stopped for %.0f ms\n", "source idle: the branch's snapshot", branch.snapshot_idle,
+           branch.paused_idle);
+  }
+  if (pause) {
+    printf("the source's pause for a snapshot, in-process (256 MB guest, a process writing)\n");
+    printRow("stop, freeze disk, stream RAM + devices, cont", pause->stop_copy);
   }
   if (memory) {
     VmMemory m = memory->mean();

@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -285,13 +286,27 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{60}, int64_t{365} * 24 * 3600));
   app.add_option("--warm-pool", config.warm_pool_size,
                  "sandboxes of template base and the default size kept running and warmed up ahead of need, so "
-                 "a create only gives one its identity (0: none; each costs its guest's memory in use and ~0.1% "
-                 "of a core when idle under TCG)")
+                 "a create only gives one its identity (0: no pool at all; each costs its guest's memory in use "
+                 "and ~0.1% of a core when idle under TCG)")
       ->capture_default_str()
       ->check(CLI::Range(0, 64));
+  app.add_option("--warm-pool-budget-mb", config.warm_pool_budget_mb,
+                 "memory that pooled guests of the kinds (template, size) recent creates asked for may hold "
+                 "together, beyond the --warm-pool ones; each kind gets what its recent bursts and rate need "
+                 "(0: only the --warm-pool guests)")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
+  app.add_option("--warm-pool-budget-cpus", config.warm_pool_budget_cpus,
+                 "vCPUs those pooled guests may have together (0: as many as the host has CPUs)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
   app.add_option("--max-branch", config.max_branch, "children one branch request may create")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
+  app.add_option("--branch-workers", config.branch_workers,
+                 "children of a branch started at once (0: one per host CPU; 1: one after another)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 256));
   api::ApiLimits api_limits;
   api_limits.tenant_requests_per_s = 100;
   api_limits.tenant_request_burst = 500;
@@ -414,6 +429,14 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // The API server holds up to 4096 connections (idle ones cost a descriptor, not a thread), and
+  // each sandbox holds a few descriptors of its own; a default soft limit of 1024 would fail
+  // accept() first. Raised within the hard limit, which only the administrator sets.
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < 65536) {
+    nofile.rlim_cur = std::min<rlim_t>(65536, nofile.rlim_max);
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
 
   auto store = openStore(data_dir);
   if (!store.ok()) return fatal(store.error().message);

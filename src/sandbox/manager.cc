@@ -213,9 +213,15 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
   auto housekeeper = startThread("housekeeping.thread", [m = manager.get()] { m->housekeeping(); });
   if (!housekeeper.ok()) return housekeeper.error();
   manager->housekeeper_ = std::move(housekeeper.value());
-  if (manager->config_.use_snapshots && manager->config_.warm_pool_size > 0 &&
-      manager->config_.templates.count("base")) {
-    auto pool = WarmPool::start(manager->config_.warm_pool_size, [m = manager.get()] { return m->makeWarmVm(); });
+  if (manager->config_.use_snapshots && manager->config_.warm_pool_size > 0) {
+    PoolSizerConfig sizing;
+    sizing.default_key = {"base", manager->config_.default_cpus, manager->config_.default_memory_mb};
+    sizing.default_min = manager->config_.templates.count("base") ? manager->config_.warm_pool_size : 0;
+    sizing.budget_mb = manager->config_.warm_pool_budget_mb;
+    sizing.budget_cpus = manager->config_.warm_pool_budget_cpus != 0 ? manager->config_.warm_pool_budget_cpus
+                                                                     : manager->launcher_->facts().max_vcpus;
+    auto pool =
+        WarmPool::start(std::move(sizing), [m = manager.get()](const PoolKey& key) { return m->makeWarmVm(key); });
     if (!pool.ok()) return pool.error();
     manager->pool_ = std::move(pool.value());
   }
@@ -224,13 +230,12 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
 
 SandboxManager::~SandboxManager() { shutdown(ShutdownMode::kKeepRunning); }
 
-Result<WarmVm> SandboxManager::makeWarmVm() {
-  auto tpl = launcher_->findTemplate("base");
+Result<WarmVm> SandboxManager::makeWarmVm(const PoolKey& key) {
+  auto tpl = launcher_->findTemplate(key.template_name);
   if (!tpl.ok()) return tpl.error();
   WarmVm warm;
   warm.sandbox_id = newSandboxId();
-  auto launch = launcher_->fromTemplate(*tpl.value(), config_.default_cpus, config_.default_memory_mb,
-                                        sandboxDir(warm.sandbox_id));
+  auto launch = launcher_->fromTemplate(*tpl.value(), key.cpus, key.memory_mb, sandboxDir(warm.sandbox_id));
   if (!launch.ok()) return launch.error();
   auto runtime = SandboxRuntime::start(launch.value());
   if (!runtime.ok()) return runtime.error();
@@ -403,10 +408,8 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
 
   // A VM started ahead of need, if one fits: the request then only loads the guest's state.
   std::optional<WarmVm> warm;
-  if (pool_ && !from_snapshot && template_name == "base" && cpus == config_.default_cpus &&
-      memory_mb == config_.default_memory_mb) {
-    warm = pool_->take();
-  }
+  const PoolKey pool_key{template_name, cpus, memory_mb};
+  if (pool_ && !from_snapshot) warm = pool_->take(pool_key);
   store::SandboxRecord rec;
   rec.id = warm ? warm->sandbox_id : newSandboxId();
   rec.tenant = request.tenant;
@@ -426,7 +429,7 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   auto live = liveFromRecord(rec);
   std::unique_lock control(live->control);  // held through boot: other requests on it wait
   if (auto reserved = reserve(live); !reserved.ok()) {
-    if (warm) pool_->put(std::move(*warm));
+    if (warm) pool_->put(pool_key, std::move(*warm));
     return reserved.error();
   }
   auto release = [&] {
@@ -465,8 +468,9 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     // compete for the CPUs with the guest taking its identity, which the client waits for.
     struct RefillAfter {
       WarmPool* pool;
-      ~RefillAfter() { pool->used(); }
-    } refill_after{pool_.get()};
+      const PoolKey& key;
+      ~RefillAfter() { pool->used(key); }
+    } refill_after{pool_.get(), pool_key};
     // A running guest from the pool: it only takes its identity, and is recorded once, running.
     // (Nothing is recorded before: a crash meanwhile leaves an unrecorded VM, which the next
     // start's orphan sweep removes, and the client never had an answer.)
@@ -1072,7 +1076,7 @@ ManagerStats SandboxManager::stats() {
   s.max_total_memory_mb = config_.max_total_memory_mb;
   if (pool_) {
     s.warm_pool_ready = pool_->size();
-    s.warm_pool_target = config_.warm_pool_size;
+    s.warm_pool_target = pool_->target();
   }
   return s;
 }

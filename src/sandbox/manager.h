@@ -56,8 +56,13 @@ struct ManagerConfig {
   // booting. Off: every create is a cold boot (for comparison and debugging).
   bool use_snapshots = true;
   // Guests of template "base" at the default size kept running and warmed up, waiting to
-  // become sandboxes (see WarmPool). 0: none; every create restores its guest.
+  // become sandboxes (see WarmPool). 0: no pool at all; every create restores its guest.
   uint32_t warm_pool_size = 2;
+  // With a pool: what guests of other kinds (template, size), and more of the default kind,
+  // may hold together when recent creates ask for them (PoolSizer). 0 MB: only the
+  // warm_pool_size guests above. 0 vCPUs: as many as the host has CPUs.
+  uint64_t warm_pool_budget_mb = 2048;
+  uint32_t warm_pool_budget_cpus = 0;
   // Networking: every sandbox gets a slot and a gateway from this pool (null: no NIC at all).
   std::shared_ptr<net::NetworkPool> network;
   net::Policy default_policy = net::defaultPolicy();  // a sandbox's, unless its create says
@@ -83,6 +88,8 @@ struct ManagerConfig {
   std::chrono::seconds suspended_retention{7 * 24 * 3600};
   // Most children one branch request may create.
   uint32_t max_branch = 64;
+  // How many of a branch's children start at once (0: one per host CPU; 1: one after another).
+  uint32_t branch_workers = 0;
   TenantQuota tenant_quota;
   // How many sizes (template snapshots) one template is kept for; a create of another size
   // beyond them boots and keeps nothing (the default size is always kept). 0: no limit.
@@ -160,7 +167,7 @@ struct ManagerStats {
   uint32_t max_total_vcpus = 0;
   uint64_t max_total_memory_mb = 0;
   size_t warm_pool_ready = 0;   // running guests waiting in the hot pool now
-  size_t warm_pool_target = 0;  // its configured size (0: no pool)
+  size_t warm_pool_target = 0;  // what it is being filled to now, all kinds (0: no pool)
 };
 
 class SandboxManager {
@@ -291,7 +298,7 @@ class SandboxManager {
   std::unique_ptr<snapshot::TemplateCache> templates_;
   std::unique_ptr<Launcher> launcher_;  // how every VM here is started
   std::unique_ptr<WarmPool> pool_;
-  Result<WarmVm> makeWarmVm();
+  Result<WarmVm> makeWarmVm(const PoolKey& key);
 
   std::mutex mu_;  // guards live_ and the reservations
   std::map<std::string, std::shared_ptr<Live>> live_;

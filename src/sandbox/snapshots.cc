@@ -2,6 +2,8 @@
 // disk layers.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <thread>
 
@@ -243,22 +245,56 @@ Result<std::vector<store::SandboxRecord>> SandboxManager::branch(const CreateReq
     return makeError(ErrorCode::kInvalidArgument,
                      "count = " + std::to_string(count) + ": must be within 1.." + std::to_string(config_.max_branch));
   }
-  if (auto snap = getSnapshot(request.tenant, request.snapshot_id); !snap.ok()) return snap.error();
+  auto snap = getSnapshot(request.tenant, request.snapshot_id);
+  if (!snap.ok()) return snap.error();
+  // All or none, so a branch that cannot fit is refused before any child starts (each child
+  // still reserves its own place before its VM starts: others may take room meanwhile).
+  {
+    std::lock_guard lock(mu_);
+    const TenantQuota& quota = config_.tenant_quota;
+    const auto usage = tenant_usage_.find(request.tenant);
+    const TenantUsage used = usage == tenant_usage_.end() ? TenantUsage{} : usage->second;
+    const uint64_t vcpus = uint64_t{count} * snap->cpus;
+    const uint64_t memory_mb = uint64_t{count} * snap->memory_mb;
+    auto refuse = [&](const std::string& what, const char* reason) {
+      return makeError(ErrorCode::kResourceExhausted,
+                       "branch of " + request.snapshot_id + " into " + std::to_string(count) +
+                           " sandboxes does not fit: " + what + " (none started)",
+                       reason);
+    };
+    if (live_.size() + count > config_.max_sandboxes) {
+      return refuse("this node runs at most " + std::to_string(config_.max_sandboxes) + " sandboxes, " +
+                        std::to_string(live_.size()) + " now",
+                    "too_many_sandboxes");
+    }
+    if ((quota.max_sandboxes && used.sandboxes + count > quota.max_sandboxes) ||
+        (quota.max_vcpus && used.vcpus + vcpus > quota.max_vcpus) ||
+        (quota.max_memory_mb && used.memory_mb + memory_mb > quota.max_memory_mb)) {
+      return refuse("tenant " + request.tenant + " would exceed its quota", "tenant_quota");
+    }
+    if (reserved_vcpus_ + vcpus > config_.max_total_vcpus ||
+        reserved_memory_mb_ + memory_mb > config_.max_total_memory_mb) {
+      return refuse("not enough vCPU or memory capacity free on this node", "insufficient_capacity");
+    }
+  }
   auto started = Clock::now();
-  // A few at a time: each start is mostly waiting on its own QEMU, but all share the host's cores.
-  const uint32_t workers = std::min<uint32_t>(count, 4);
+  // Under TCG and at a QEMU start a child is CPU-bound (it waits on little but its own QEMU), so
+  // more children at once than cores only share them: one per core by default.
+  const uint32_t per_node = config_.branch_workers ? config_.branch_workers : launcher_->facts().max_vcpus;
+  const uint32_t workers = std::clamp<uint32_t>(per_node, 1, count);
   std::vector<Result<store::SandboxRecord>> made(count, makeError(ErrorCode::kCanceled, "not started"));
   std::atomic<uint32_t> next{0};
   std::atomic<bool> failed{false};
+  auto work = [&] {
+    for (uint32_t i = next++; i < count && !failed; i = next++) {
+      made[i] = create(request);
+      if (!made[i].ok()) failed = true;
+    }
+  };
   std::vector<std::thread> threads;
   std::optional<Error> no_thread;
   for (uint32_t w = 0; w < workers; ++w) {
-    auto thread = startThread("branch.worker", [&] {
-      for (uint32_t i = next++; i < count && !failed; i = next++) {
-        made[i] = create(request);
-        if (!made[i].ok()) failed = true;
-      }
-    });
+    auto thread = startThread("branch.worker", work);
     if (!thread.ok()) {
       // All or none: the workers started stop after their current child, which is deleted below.
       no_thread = thread.error();
@@ -278,14 +314,27 @@ Result<std::vector<store::SandboxRecord>> SandboxManager::branch(const CreateReq
     }
   }
   if (first_error) {
-    for (const auto& child : children) (void)remove(request.tenant, child.id);
+    // Removed as they were started: in parallel (a delete waits for its QEMU to exit).
+    std::atomic<size_t> next_removal{0};
+    auto removeSome = [&] {
+      for (size_t i = next_removal++; i < children.size(); i = next_removal++)
+        (void)remove(request.tenant, children[i].id);
+    };
+    std::vector<std::thread> removers;
+    for (uint32_t w = 1; w < workers && w < children.size(); ++w) {
+      auto thread = startThread("branch.undo", removeSome);
+      if (!thread.ok()) break;  // this thread removes what the others do not
+      removers.push_back(std::move(thread.value()));
+    }
+    removeSome();
+    for (auto& t : removers) t.join();
     return makeError(first_error->code,
                      "branch of " + request.snapshot_id + " failed (" + std::to_string(children.size()) + " of " +
                          std::to_string(count) + " started, now deleted): " + first_error->message,
                      first_error->reason);
   }
-  spdlog::info("snapshot {}: branched into {} sandboxes in {} ms", request.snapshot_id, count,
-               std::chrono::duration_cast<milliseconds>(Clock::now() - started).count());
+  spdlog::info("snapshot {}: branched into {} sandboxes in {} ms ({} at a time)", request.snapshot_id, count,
+               std::chrono::duration_cast<milliseconds>(Clock::now() - started).count(), workers);
   return children;
 }
 

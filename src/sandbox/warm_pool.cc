@@ -7,13 +7,22 @@
 
 namespace space::sandbox {
 
-Result<std::unique_ptr<WarmPool>> WarmPool::start(size_t target, Maker make) {
-  std::unique_ptr<WarmPool> pool(new WarmPool(target, std::move(make)));
-  if (target > 0) {
-    auto thread = startThread("warm_pool.refill", [p = pool.get()] { p->refill(); });
-    if (!thread.ok()) return thread.error();
-    pool->thread_ = std::move(thread.value());
-  }
+namespace {
+// Demand fades within the sizer's window; the refill thread looks again this often even when
+// nothing happens, so an unused kind's guests are let go.
+constexpr std::chrono::seconds kRetargetEvery{5};
+}  // namespace
+
+WarmPool::WarmPool(PoolSizerConfig sizing, Maker make, Alive alive)
+    : sizer_(std::move(sizing)), make_(std::move(make)), alive_(std::move(alive)) {
+  if (!alive_) alive_ = [](const WarmVm& vm) { return vm.runtime && vm.runtime->vm().processRunning(); };
+}
+
+Result<std::unique_ptr<WarmPool>> WarmPool::start(PoolSizerConfig sizing, Maker make, Alive alive) {
+  std::unique_ptr<WarmPool> pool(new WarmPool(std::move(sizing), std::move(make), std::move(alive)));
+  auto thread = startThread("warm_pool.refill", [p = pool.get()] { p->refill(); });
+  if (!thread.ok()) return thread.error();
+  pool->thread_ = std::move(thread.value());
   return pool;
 }
 
@@ -26,48 +35,99 @@ void WarmPool::stop() {
   }
   changed_.notify_all();
   if (thread_.joinable()) thread_.join();
-  std::deque<WarmVm> dropped;
+  std::map<PoolKey, Kind> dropped;
   {
     std::lock_guard lock(mu_);
-    dropped.swap(ready_);
+    dropped.swap(kinds_);
   }
   dropped.clear();  // each runtime kills its QEMU and removes its run directory
 }
 
-void WarmPool::used() {
+void WarmPool::used(const PoolKey& key) {
   std::lock_guard lock(mu_);
-  if (taken_ > 0) --taken_;
+  auto it = kinds_.find(key);
+  if (it != kinds_.end() && it->second.taken > 0) --it->second.taken;
   changed_.notify_all();
 }
 
-std::optional<WarmVm> WarmPool::take() {
+std::optional<WarmVm> WarmPool::take(const PoolKey& key) {
   std::lock_guard lock(mu_);
-  while (!ready_.empty()) {
-    WarmVm vm = std::move(ready_.front());
-    ready_.pop_front();
-    if (vm.runtime && vm.runtime->vm().processRunning()) {
-      ++taken_;  // its place is refilled only once the taker says it keeps it (used())
+  if (stopping_) return std::nullopt;
+  sizer_.recordCreate(key, Clock::now());
+  changed_.notify_all();  // demand changed: the refill thread retargets
+  auto it = kinds_.find(key);
+  if (it == kinds_.end()) return std::nullopt;
+  Kind& kind = it->second;
+  while (!kind.ready.empty()) {
+    WarmVm vm = std::move(kind.ready.front());
+    kind.ready.pop_front();
+    if (alive_(vm)) {
+      ++kind.taken;  // its place is refilled only once the taker says it keeps it (used())
       return vm;
     }
     spdlog::warn("warm pool: VM {} died while waiting; dropped", vm.sandbox_id);
-    changed_.notify_all();  // its place is free: refill it
   }
   return std::nullopt;
 }
 
-void WarmPool::put(WarmVm vm) {
+void WarmPool::put(const PoolKey& key, WarmVm vm) {
   std::unique_lock lock(mu_);
-  if (taken_ > 0) --taken_;
-  if (stopping_ || ready_.size() >= target_) {
+  auto it = kinds_.find(key);
+  if (it == kinds_.end()) return;  // dropped: its runtime cleans up
+  Kind& kind = it->second;
+  if (kind.taken > 0) --kind.taken;
+  if (stopping_ || kind.ready.size() >= kind.target) {
     lock.unlock();
     return;  // dropped: its runtime cleans up, outside the lock
   }
-  ready_.push_front(std::move(vm));
+  kind.ready.push_front(std::move(vm));
 }
 
 size_t WarmPool::size() {
   std::lock_guard lock(mu_);
-  return ready_.size();
+  size_t n = 0;
+  for (const auto& [key, kind] : kinds_) n += kind.ready.size();
+  return n;
+}
+
+size_t WarmPool::target() {
+  std::lock_guard lock(mu_);
+  size_t n = 0;
+  for (const auto& [key, kind] : kinds_) n += kind.target;
+  return n;
+}
+
+std::map<PoolKey, size_t> WarmPool::sizes() {
+  std::lock_guard lock(mu_);
+  std::map<PoolKey, size_t> out;
+  for (const auto& [key, kind] : kinds_) {
+    if (!kind.ready.empty()) out[key] = kind.ready.size();
+  }
+  return out;
+}
+
+void WarmPool::retarget(std::deque<WarmVm>& surplus) {
+  auto targets = sizer_.targets(Clock::now());
+  for (auto& [key, target] : targets) kinds_[key];  // new kinds in demand
+  for (auto it = kinds_.begin(); it != kinds_.end();) {
+    Kind& kind = it->second;
+    auto found = targets.find(it->first);
+    size_t target = found == targets.end() ? 0 : found->second;
+    if (target != kind.target) {
+      spdlog::info("warm pool: {} guest(s) of {} (was {})", target, it->first.describe(), kind.target);
+      kind.target = target;
+    }
+    // The oldest waiting guests go first: they have waited longest for a create.
+    while (kind.ready.size() > target) {
+      surplus.push_back(std::move(kind.ready.front()));
+      kind.ready.pop_front();
+    }
+    if (target == 0 && kind.ready.empty() && kind.taken == 0) {
+      it = kinds_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void WarmPool::refill() {
@@ -77,20 +137,55 @@ void WarmPool::refill() {
   if (auto lowered = setThreadNice(kRefillNice); !lowered.ok()) {
     spdlog::warn("warm pool: refill runs at normal priority: {}", lowered.error().message);
   }
-  std::chrono::milliseconds backoff{0};
   std::unique_lock lock(mu_);
   while (!stopping_) {
-    if (backoff.count() > 0 && changed_.wait_for(lock, backoff, [this] { return stopping_; })) return;
-    changed_.wait(lock, [this] { return stopping_ || ready_.size() + taken_ < target_; });
-    if (stopping_) return;
+    std::deque<WarmVm> surplus;
+    retarget(surplus);
+    if (!surplus.empty()) {
+      lock.unlock();
+      surplus.clear();  // their QEMUs are killed outside the lock
+      lock.lock();
+      continue;
+    }
+    // The kind furthest below its target, among those not backing off after a failure.
+    auto now = Clock::now();
+    const PoolKey* next = nullptr;
+    size_t largest = 0;
+    Clock::time_point soonest_retry = now + kRetargetEvery;
+    for (auto& [key, kind] : kinds_) {
+      size_t have = kind.ready.size() + kind.taken;
+      if (have >= kind.target) continue;
+      if (kind.retry_after > now) {
+        soonest_retry = std::min(soonest_retry, kind.retry_after);
+        continue;
+      }
+      if (kind.target - have > largest) {
+        largest = kind.target - have;
+        next = &key;
+      }
+    }
+    if (!next) {
+      changed_.wait_until(lock, soonest_retry);
+      continue;
+    }
+    PoolKey key = *next;
     lock.unlock();
-    auto made = make_();
+    auto started = Clock::now();
+    auto made = make_(key);
+    auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
     lock.lock();
+    if (stopping_) {
+      lock.unlock();  // `made` goes with the scope, outside the lock
+      return;
+    }
+    Kind& kind = kinds_[key];
     if (made.ok()) {
-      backoff = std::chrono::milliseconds(0);
-      // Full meanwhile (a taker put its VM back): the new one is dropped, never kept over size.
-      if (!stopping_ && ready_.size() + taken_ < target_) {
-        ready_.push_back(std::move(made.value()));
+      sizer_.recordRefill(key, took);
+      kind.backoff = std::chrono::milliseconds(0);
+      kind.retry_after = {};
+      // Full meanwhile (a taker put its VM back, or demand fell): never kept over the target.
+      if (kind.ready.size() + kind.taken < kind.target) {
+        kind.ready.push_back(std::move(made.value()));
       } else {
         lock.unlock();
         made = makeError(ErrorCode::kCanceled, "");  // the VM goes here, outside the lock
@@ -98,10 +193,11 @@ void WarmPool::refill() {
       }
     } else {
       // E.g. the template cannot be built: said once per attempt, retried less and less often.
-      backoff = std::min<std::chrono::milliseconds>(std::max(backoff * 2, std::chrono::milliseconds(1000)),
-                                                    std::chrono::milliseconds(60000));
-      spdlog::warn("warm pool: cannot start a waiting VM (retry in {} s): {}", backoff.count() / 1000,
-                   made.error().message.substr(0, made.error().message.find('\n')));
+      kind.backoff = std::min<std::chrono::milliseconds>(std::max(kind.backoff * 2, std::chrono::milliseconds(1000)),
+                                                         std::chrono::milliseconds(60000));
+      kind.retry_after = Clock::now() + kind.backoff;
+      spdlog::warn("warm pool: cannot start a waiting VM of {} (retry in {} s): {}", key.describe(),
+                   kind.backoff.count() / 1000, made.error().message.substr(0, made.error().message.find('\n')));
     }
   }
 }

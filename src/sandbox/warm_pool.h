@@ -2,8 +2,10 @@
 // pays for one agent call (the sandbox's identity) and its record, not for starting QEMU,
 // loading the guest's state or the guest's first, untranslated answers.
 //
-// A background thread keeps the pool at its target size. Each entry is a guest restored from
-// the template snapshot of the default size, with its agent connected, its own entropy and
+// The pool holds guests of each kind (template, size) that creates asked for recently, as many
+// as PoolSizer decides within the budget; a background thread refills it, one VM at a time, at
+// low priority, and lets go of guests whose kind is no longer asked for. Each entry is a guest
+// restored from its kind's template snapshot, with its agent connected, its own entropy and
 // clock given at once, and a warm-up command run (so the guest code on the exec path is
 // already translated under TCG). It already has its sandbox id (its run directory is named by
 // it). Entries hold no reservation and no record: a daemon that dies leaves them to the next
@@ -15,6 +17,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -22,6 +25,7 @@
 #include <thread>
 
 #include "common/result.h"
+#include "sandbox/pool_sizer.h"
 #include "sandbox/runtime.h"
 
 namespace space::sandbox {
@@ -36,37 +40,51 @@ struct WarmVm {
 
 class WarmPool {
  public:
-  using Maker = std::function<Result<WarmVm>()>;
+  using Maker = std::function<Result<WarmVm>(const PoolKey&)>;
+  // Whether a waiting entry can still become a sandbox (its QEMU runs); tests give their own.
+  using Alive = std::function<bool(const WarmVm&)>;
   // Starts the refill thread; `make` runs on it, one VM at a time. kResourceExhausted (reason
   // "insufficient_capacity") if the thread cannot be started.
-  static Result<std::unique_ptr<WarmPool>> start(size_t target, Maker make);
+  static Result<std::unique_ptr<WarmPool>> start(PoolSizerConfig sizing, Maker make, Alive alive = {});
   ~WarmPool();  // stops refilling; waiting VMs are killed and their files removed
   WarmPool(const WarmPool&) = delete;
   WarmPool& operator=(const WarmPool&) = delete;
 
-  // A waiting VM, or nothing if the pool is empty (never waits). Entries whose QEMU died
-  // while waiting are dropped, not returned. Taking does not start a refill: used() does, once
-  // the taker knows it keeps the VM, so that requests refused after a take (a node limit)
-  // cannot make the pool build and throw away guests without end.
-  std::optional<WarmVm> take();
+  // A waiting VM of this kind, or nothing (never waits); either way the create counts as demand
+  // for the kind. Entries whose QEMU died while waiting are dropped, not returned. Taking does
+  // not start a refill: used() does, once the taker knows it keeps the VM, so that requests
+  // refused after a take (a node limit) cannot make the pool build and throw away guests
+  // without end.
+  std::optional<WarmVm> take(const PoolKey& key);
   // The VM taken is kept: refill its place.
-  void used();
+  void used(const PoolKey& key);
   // Returns a VM taken but not used (e.g. the request was refused by a node limit).
-  void put(WarmVm vm);
+  void put(const PoolKey& key, WarmVm vm);
   // Stops refilling and kills the waiting VMs; take() finds nothing and put() drops, from now on.
   void stop();
-  size_t size();
+  size_t size();                      // waiting guests, all kinds
+  size_t target();                    // what the pool is being filled to, all kinds
+  std::map<PoolKey, size_t> sizes();  // waiting guests by kind
 
  private:
-  WarmPool(size_t target, Maker make) : target_(target), make_(std::move(make)) {}
+  WarmPool(PoolSizerConfig sizing, Maker make, Alive alive);
+  struct Kind {
+    std::deque<WarmVm> ready;
+    size_t taken = 0;  // taken, and neither used() nor put() back yet
+    size_t target = 0;
+    Clock::time_point retry_after{};  // after a failed make: backing off
+    std::chrono::milliseconds backoff{0};
+  };
   void refill();
+  // Under mu_: new targets from the sizer; guests over a kind's target move to `surplus`.
+  void retarget(std::deque<WarmVm>& surplus);
 
-  const size_t target_;
+  PoolSizer sizer_;
   Maker make_;
+  Alive alive_;
   std::mutex mu_;
   std::condition_variable changed_;
-  std::deque<WarmVm> ready_;
-  size_t taken_ = 0;  // taken, and neither used() nor put() back yet
+  std::map<PoolKey, Kind> kinds_;
   bool stopping_ = false;
   std::thread thread_;
 };

@@ -45,7 +45,9 @@ std::vector<std::string> buildQemuArgv(const VmSpec& spec, const VmPaths& paths,
   if (accelerator == Accelerator::kKvm) {
     add({"-accel", "kvm", "-cpu", "host"});
   } else {
-    add({"-accel", "tcg,thread=multi", "-cpu", "max"});
+    std::string tcg = "tcg,thread=multi";
+    if (spec.tcg_tb_size_mib > 0) tcg += ",tb-size=" + std::to_string(spec.tcg_tb_size_mib);
+    add({"-accel", tcg, "-cpu", "max"});
   }
   add({"-smp", std::to_string(spec.vcpus), "-m", std::to_string(spec.memory_mib) + "M"});
   if (!spec.memory_file.empty()) {

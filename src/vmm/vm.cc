@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "vmm/accelerator.h"
+#include "vmm/disk_overlay.h"
 
 namespace space::vmm {
 
@@ -67,25 +68,6 @@ std::string currentDisk(const std::string& run_dir, pid_t pid) {
   }
   spdlog::warn("vmm: cannot see which disk QEMU {} has open; assuming the newest", pid);
   return run_dir + "/" + diskName(found.front());
-}
-
-Status createOverlay(const std::string& base, const std::string& format, const std::string& overlay,
-                     const std::string& log) {
-  std::string abs_base = std::filesystem::absolute(base).string();
-  auto img = ChildProcess::spawn({"qemu-img", "create", "-q", "-f", "qcow2", "-F", format, "-b", abs_base, overlay},
-                                 SpawnOptions{log, "", true});
-  if (!img.ok()) return img.error();
-  auto status = img->waitFor(std::chrono::seconds(30));
-  if (!status) {
-    img->kill();
-    return makeError(ErrorCode::kDeadlineExceeded, "qemu-img create did not finish in 30 s");
-  }
-  if (status->signaled || status->exit_code != 0) {
-    auto tail = readFileTail(log, 2048);
-    return makeError(ErrorCode::kInternal,
-                     "qemu-img create " + status->describe() + ": " + (tail.ok() ? tail.value() : std::string()));
-  }
-  return okStatus();
 }
 
 }  // namespace
@@ -221,7 +203,7 @@ Status Vm::boot(const VmSpec& spec, const VmStartOptions& options, bool defer_st
   memory_mib_ = spec.memory_mib;
 
   if (spec.disk_mode == DiskMode::kOverlay && !options.reuse_run_dir) {
-    SPACE_TRY(createOverlay(spec.rootfs_path, spec.rootfs_format, paths_.disk, qemu_log));
+    SPACE_TRY(createDiskOverlay(spec.rootfs_path, spec.rootfs_format, paths_.disk, qemu_log));
   }
 
   VmSpec effective = spec;

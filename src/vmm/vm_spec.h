@@ -47,6 +47,11 @@ struct VmSpec {
   std::string extra_cmdline;
   std::chrono::milliseconds boot_timeout{60000};
   std::string qemu_binary = "qemu-system-x86_64";
+  // TCG only: the size of QEMU's translation buffer in MiB (`-accel tcg,tb-size=`); 0 leaves
+  // QEMU's own default (1 GiB here). Not yet lowered by default: bench/RESULTS.md ("QEMU's
+  // memory") measured 128 MiB at no cost, but a guest panic seen while that change was on
+  // trial is not yet explained.
+  uint32_t tcg_tb_size_mib = 0;
 };
 
 struct HostCapacity {

@@ -158,6 +158,10 @@ class Daemon {
     if (std::find(extra.begin(), extra.end(), "--warm-pool") == extra.end()) {
       extra.insert(extra.end(), {"--warm-pool", "0"});
     }
+    // Nor guests of other kinds the pool would add as creates ask for them (PoolSizer).
+    if (std::find(extra.begin(), extra.end(), "--warm-pool-budget-mb") == extra.end()) {
+      extra.insert(extra.end(), {"--warm-pool-budget-mb", "0"});
+    }
     if (std::find(extra.begin(), extra.end(), "--gateway-upstream-netns") == extra.end()) {
       auto isolated = isolatedNetworkArgs();
       extra.insert(extra.end(), isolated.begin(), isolated.end());
@@ -995,7 +999,8 @@ TEST_F(SpacedTest, SandboxesAreRestoredFromATemplateWithTheirOwnIdentity) {
 // then, so the kernel's own next reseed is 10 s away): children that differ in their first
 // reads can only owe it to the entropy the host gives each of them at start.
 TEST_F(SpacedTest, BranchedChildrenDoNotShareTheirRandomState) {
-  daemon_ = Daemon::start(data_dir_);
+  // One child after another (the serial path; ABranchStartsItsChildrenTogether has the parallel one).
+  daemon_ = Daemon::start(data_dir_, {"--branch-workers", "1"});
   ASSERT_TRUE(daemon_);
   auto& d = *daemon_;
   const std::string parent = d.create();
@@ -1505,6 +1510,52 @@ TEST_F(SpacedTest, CreateExecDeleteLoopNeverHangs) {
 // The warm pool: QEMU processes wait (named by the sandbox id they will have) for a create of
 // the default size, which then only loads the guest; the pool refills; waiting VMs never outlive
 // the daemon, whatever its shutdown mode.
+// The pool learns the kinds creates ask for: after two creates of another size, the third
+// finds a guest of that size waiting, within the budget (a kind that does not fit gets none).
+TEST_F(SpacedTest, ThePoolKeepsGuestsOfTheKindsCreatesAskFor) {
+  daemon_ = Daemon::start(data_dir_, {"--warm-pool", "1", "--warm-pool-budget-mb", "896", "--default-memory-mb", "256",
+                                      "--default-cpus", "1"});
+  ASSERT_TRUE(daemon_);
+  auto metric = [&](const std::string& name) {
+    auto body = daemon_->call("GET", "/metrics").body;
+    auto at = body.find("\n" + name + " ");
+    return at == std::string::npos ? -1 : std::stoi(body.substr(at + name.size() + 2));
+  };
+  auto waitForPool = [&](int target) {
+    auto deadline = Clock::now() + seconds(120);
+    while (Clock::now() < deadline &&
+           !(metric("space_warm_pool_target") == target && metric("space_warm_pool_ready") == target)) {
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    return metric("space_warm_pool_target") == target && metric("space_warm_pool_ready") == target;
+  };
+  ASSERT_TRUE(waitForPool(1));
+  const json odd_size{{"cpus", 1}, {"memory_mb", 384}};
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2; ++i) {
+    ids.push_back(daemon_->create(odd_size));
+    ASSERT_FALSE(ids.back().empty());
+    EXPECT_FALSE(waitForLog("sandbox " + ids.back() + ": running (tenant default, 1 vCPU, 384 MB, taken from the pool",
+                            0, milliseconds(1)));
+  }
+  // The budget (896 MB: the default kind's 256 and one 384) leaves no room for a second guest of
+  // that kind, nor for a kind of 512 MB.
+  const json too_big{{"cpus", 1}, {"memory_mb", 512}};
+  for (int i = 0; i < 2; ++i) {
+    ids.push_back(daemon_->create(too_big));
+    ASSERT_FALSE(ids.back().empty());
+  }
+  ASSERT_TRUE(waitForPool(2)) << "target " << metric("space_warm_pool_target") << ", ready "
+                              << metric("space_warm_pool_ready");
+  EXPECT_TRUE(waitForLog("warm pool: 1 guest(s) of base 1 vCPU 384 MB (was 0)", 0, seconds(1)));
+  ids.push_back(daemon_->create(odd_size));
+  ASSERT_FALSE(ids.back().empty());
+  EXPECT_TRUE(waitForLog("sandbox " + ids.back() + ": running (tenant default, 1 vCPU, 384 MB, taken from the pool in",
+                         0, seconds(1)));
+  EXPECT_FALSE(waitForLog("guest(s) of base 1 vCPU 512 MB", 0, milliseconds(1)));
+  for (const auto& id : ids) EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + id).status, 204);
+}
+
 TEST_F(SpacedTest, WarmPoolVmsBecomeSandboxesAndNeverOutliveTheDaemon) {
   daemon_ = Daemon::start(
       data_dir_, {"--on-shutdown", "keep", "--warm-pool", "2", "--default-memory-mb", "256", "--default-cpus", "1"});
@@ -1813,12 +1864,65 @@ TEST_F(SpacedTest, AVmStoppedByAFullDiskIsPausedAndSaysWhy) {
   daemon_.reset();  // before the mount goes
 }
 
+// A branch starts its children together, as many at once as --branch-workers (0: one per host
+// CPU), each running with the parent's processes. The parent, snapshotted while a process in it
+// writes, is stopped only at the end of its live save (logged "stopped for"). A branch that
+// cannot fit the node is refused before any child starts.
+TEST_F(SpacedTest, ABranchStartsItsChildrenTogetherAndOneThatCannotFitStartsNone) {
+  daemon_ = Daemon::start(data_dir_, {"--branch-workers", "2", "--warm-pool", "0", "--max-sandboxes", "4"});
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string parent = d.create(json{{"cpus", 1}, {"memory_mb", 256}});
+  ASSERT_FALSE(parent.empty());
+  execJson(d, parent,
+           json{{"command",
+                 "setsid sh -c 'echo $$ > /tmp/ticker.pid; while :; do date > /tmp/now; sleep 0.01; done' "
+                 ">/dev/null 2>&1 &"}});
+  const std::string ticker = execJson(d, parent, json{{"command", kCatTickerPid}})["stdout"];
+  ASSERT_FALSE(ticker.empty());
+  const size_t log_from = logSize();
+  const std::string snap = d.callJson("POST", "/v1/sandboxes/" + parent + "/snapshots", json::object(), 201)["id"];
+  EXPECT_TRUE(waitForLog("(sandbox stopped for ", log_from, seconds(10)));
+
+  json branched = d.callJson("POST", "/v1/snapshots/" + snap + "/branch", json{{"count", 3}}, 201);
+  ASSERT_EQ(branched["sandboxes"].size(), 3u) << branched;
+  EXPECT_TRUE(waitForLog("branched into 3 sandboxes in", log_from, seconds(10)));
+  EXPECT_TRUE(waitForLog(" ms (2 at a time)", log_from, seconds(10)));
+  std::set<std::string> ids;
+  for (const auto& child : branched["sandboxes"]) {
+    EXPECT_EQ(child["state"], "running");
+    ids.insert(child["id"].get<std::string>());
+    EXPECT_EQ(
+        execJson(d, child["id"], json{{"command", "kill -0 $(cat /tmp/ticker.pid) && cat /tmp/ticker.pid"}})["stdout"],
+        ticker);
+  }
+  EXPECT_EQ(ids.size(), 3u);
+  EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 4u);
+  // The parent ran on through its snapshot.
+  EXPECT_EQ(execJson(d, parent, json{{"command", "kill -0 $(cat /tmp/ticker.pid) && echo alive"}})["stdout"],
+            "alive\n");
+  for (const auto& id : ids) EXPECT_EQ(d.call("DELETE", "/v1/sandboxes/" + id).status, 204);
+
+  // The parent and 4 children would be 5 of at most 4: refused at once, nothing started.
+  const size_t before_refusal = logSize();
+  json refused = d.callJson("POST", "/v1/snapshots/" + snap + "/branch", json{{"count", 4}}, 429);
+  EXPECT_EQ(refused["error"].value("code", ""), "too_many_sandboxes") << refused;
+  EXPECT_NE(refused["error"].value("message", "").find("none started"), std::string::npos) << refused;
+  EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 1u);
+  auto log = readSmallFile(logPath(), 64 << 20);
+  ASSERT_TRUE(log.ok());
+  EXPECT_EQ(log->find(": running (", before_refusal), std::string::npos) << "a child started before the refusal";
+  json running = d.callJson("GET", "/v1/sandboxes?state=running,creating,failed", nullptr, 200);
+  ASSERT_EQ(running["sandboxes"].size(), 1u) << running;
+  EXPECT_EQ(running["sandboxes"][0]["id"], parent);
+}
+
 // A thread that cannot be started (SPACE_FAULT_FAIL at branch.worker makes the second one fail as
 // EAGAIN would) fails the branch with 503 and leaves nothing: what the first worker started is
 // deleted again. The daemon goes on serving.
 TEST_F(SpacedTest, ABranchThatCannotStartItsThreadsFailsWith503AndLeavesNothing) {
   ::setenv("SPACE_FAULT_FAIL", "branch.worker@2", 1);
-  daemon_ = Daemon::start(data_dir_);
+  daemon_ = Daemon::start(data_dir_, {"--branch-workers", "3"});  // whatever the host's cores
   ::unsetenv("SPACE_FAULT_FAIL");
   ASSERT_TRUE(daemon_);
   auto& d = *daemon_;

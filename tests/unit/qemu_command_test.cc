@@ -46,11 +46,24 @@ TEST(QemuCommand, MicrovmWithoutDefaults) {
 
 TEST(QemuCommand, TcgAndKvm) {
   auto tcg = buildQemuArgv(spec(), VmPaths::inRunDir("/r"), Accelerator::kTcg);
-  EXPECT_TRUE(hasPair(tcg, "-accel", "tcg,thread=multi"));
+  EXPECT_TRUE(hasPair(tcg, "-accel", "tcg,thread=multi"));  // QEMU's own buffer size by default
   EXPECT_TRUE(hasPair(tcg, "-cpu", "max"));
   auto kvm = buildQemuArgv(spec(), VmPaths::inRunDir("/r"), Accelerator::kKvm);
   EXPECT_TRUE(hasPair(kvm, "-accel", "kvm"));
   EXPECT_TRUE(hasPair(kvm, "-cpu", "host"));
+}
+
+TEST(QemuCommand, TcgTranslationBufferSize) {
+  auto s = spec();
+  s.tcg_tb_size_mib = 96;
+  auto tcg = buildQemuArgv(s, VmPaths::inRunDir("/r"), Accelerator::kTcg);
+  EXPECT_TRUE(hasPair(tcg, "-accel", "tcg,thread=multi,tb-size=96"));
+  // KVM runs guest code natively: there is no translation buffer to size.
+  auto kvm = buildQemuArgv(s, VmPaths::inRunDir("/r"), Accelerator::kKvm);
+  EXPECT_TRUE(hasPair(kvm, "-accel", "kvm"));
+  s.tcg_tb_size_mib = 0;  // QEMU's own default
+  tcg = buildQemuArgv(s, VmPaths::inRunDir("/r"), Accelerator::kTcg);
+  EXPECT_TRUE(hasPair(tcg, "-accel", "tcg,thread=multi"));
 }
 
 TEST(QemuCommand, OverlayDiskByDefaultDirectOnRequest) {

@@ -1,0 +1,119 @@
+#include "vmm/disk_overlay.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "common/fs.h"
+#include "common/process.h"
+#include "common/unix_socket.h"
+
+namespace space::vmm {
+
+namespace {
+
+// A new overlay is the same bytes for every VM over one base: its header names the base and its
+// format, and its empty tables are sized by the base's virtual size. qemu-img, a process that
+// links QEMU's block layer and fdatasyncs the file five times, took ~20-25 ms of each restore's
+// start (bench/RESULTS.md), so what it wrote for a base is kept and written directly for the next
+// VMs over that base. The key holds the base's identity: a replaced or rewritten base (new inode,
+// size or mtime) gets a new overlay from qemu-img. Not fsynced, as qemu-img's would be: QEMU
+// fdatasyncs the file on every guest flush and when a save stops the guest, which covers these
+// bytes before anything of value is in it.
+struct Key {
+  std::string base;
+  std::string format;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  off_t size = 0;
+  int64_t mtime_ns = 0;
+  auto operator<=>(const Key&) const = default;
+};
+
+// Each entry is ~200 KB for a 2 GiB base; bases are images, templates and snapshots.
+constexpr size_t kMaxKept = 32;
+constexpr size_t kMaxKeptBytes = 1 << 20;
+
+std::mutex g_mu;
+std::map<Key, std::shared_ptr<const std::string>> g_kept;
+std::atomic<size_t> g_from_memory{0};
+
+std::optional<Key> keyOf(const std::string& abs_base, const std::string& format) {
+  struct stat st {};
+  if (::stat(abs_base.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  return Key{abs_base,  format,     st.st_dev,
+             st.st_ino, st.st_size, int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+Status writeOverlay(const std::string& overlay, const std::string& bytes) {
+  UniqueFd fd(::open(overlay.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  int err = 0;
+  if (!fd.valid()) {
+    err = errno;
+  } else {
+    for (size_t done = 0; done < bytes.size() && err == 0;) {
+      ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) err = n < 0 ? errno : EIO;
+      if (n > 0) done += static_cast<size_t>(n);
+    }
+  }
+  if (err == 0) return okStatus();
+  ::unlink(overlay.c_str());
+  return makeError(err == ENOSPC || err == EDQUOT ? ErrorCode::kResourceExhausted : ErrorCode::kInternal,
+                   "write " + overlay + ": " + strerror(err));
+}
+
+}  // namespace
+
+Status createDiskOverlay(const std::string& base, const std::string& format, const std::string& overlay,
+                         const std::string& log) {
+  const std::string abs_base = std::filesystem::absolute(base).string();
+  const auto key = keyOf(abs_base, format);
+  if (key) {
+    std::shared_ptr<const std::string> kept;
+    {
+      std::lock_guard guard(g_mu);
+      if (auto it = g_kept.find(*key); it != g_kept.end()) kept = it->second;
+    }
+    if (kept) {
+      ++g_from_memory;
+      return writeOverlay(overlay, *kept);
+    }
+  }
+  auto img = ChildProcess::spawn({"qemu-img", "create", "-q", "-f", "qcow2", "-F", format, "-b", abs_base, overlay},
+                                 SpawnOptions{log, "", true});
+  if (!img.ok()) return img.error();
+  auto status = img->waitFor(std::chrono::seconds(30));
+  if (!status) {
+    img->kill();
+    return makeError(ErrorCode::kDeadlineExceeded, "qemu-img create did not finish in 30 s");
+  }
+  if (status->signaled || status->exit_code != 0) {
+    auto tail = readFileTail(log, 2048);
+    return makeError(ErrorCode::kInternal,
+                     "qemu-img create " + status->describe() + ": " + (tail.ok() ? tail.value() : std::string()));
+  }
+  // Kept only if the base is still the file qemu-img read.
+  if (key && keyOf(abs_base, format) == key) {
+    if (auto bytes = readSmallFile(overlay, kMaxKeptBytes); bytes.ok()) {
+      std::lock_guard guard(g_mu);
+      if (g_kept.size() >= kMaxKept) g_kept.clear();
+      g_kept.emplace(*key, std::make_shared<const std::string>(std::move(bytes.value())));
+    }
+  }
+  return okStatus();
+}
+
+size_t diskOverlaysWrittenFromMemory() { return g_from_memory.load(); }
+
+}  // namespace space::vmm

@@ -1,0 +1,88 @@
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+
+#include "common/fs.h"
+#include "vmm/disk_overlay.h"
+
+namespace space::vmm {
+namespace {
+
+uint64_t bigEndian(const std::string& bytes, size_t at, size_t width) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < width; ++i) v = (v << 8) | static_cast<unsigned char>(bytes.at(at + i));
+  return v;
+}
+
+struct Header {
+  uint64_t virtual_size = 0;
+  std::string backing;
+};
+
+// The fields of a qcow2 header that depend on the base: its virtual size and backing file name.
+Header readHeader(const std::string& path) {
+  auto bytes = readSmallFile(path, 4 << 20);
+  EXPECT_TRUE(bytes.ok()) << path;
+  if (!bytes.ok() || bytes->size() < 32 || bytes->compare(0, 4, "QFI\xfb") != 0) return {};
+  const uint64_t backing_offset = bigEndian(*bytes, 8, 8);
+  const uint64_t backing_size = bigEndian(*bytes, 16, 4);
+  return Header{bigEndian(*bytes, 24, 8), bytes->substr(backing_offset, backing_size)};
+}
+
+void makeFile(const std::string& path, off_t size) {
+  std::filesystem::remove(path);
+  { std::ofstream(path, std::ios::binary); }
+  ASSERT_EQ(::truncate(path.c_str(), size), 0);
+}
+
+TEST(DiskOverlay, TheSecondOverlayOverABaseIsWrittenFromMemoryAndIsTheSame) {
+  auto dir = TempDir::create("/tmp", "overlay-test-");
+  ASSERT_TRUE(dir.ok());
+  const std::string base = dir->path() + "/base.img";
+  makeFile(base, 64 << 20);
+  const size_t before = diskOverlaysWrittenFromMemory();
+  ASSERT_TRUE(createDiskOverlay(base, "raw", dir->path() + "/a.qcow2", dir->path() + "/log").ok());
+  EXPECT_EQ(diskOverlaysWrittenFromMemory(), before);  // the first one: qemu-img
+  ASSERT_TRUE(createDiskOverlay(base, "raw", dir->path() + "/b.qcow2", dir->path() + "/log").ok());
+  EXPECT_EQ(diskOverlaysWrittenFromMemory(), before + 1);
+  EXPECT_EQ(readSmallFile(dir->path() + "/a.qcow2", 4 << 20).value(),
+            readSmallFile(dir->path() + "/b.qcow2", 4 << 20).value());
+  const Header h = readHeader(dir->path() + "/b.qcow2");
+  EXPECT_EQ(h.virtual_size, uint64_t{64} << 20);
+  EXPECT_EQ(h.backing, base);
+}
+
+TEST(DiskOverlay, AChangedBaseGetsANewOverlay) {
+  auto dir = TempDir::create("/tmp", "overlay-test-");
+  ASSERT_TRUE(dir.ok());
+  const std::string base = dir->path() + "/base.img";
+  makeFile(base, 64 << 20);
+  ASSERT_TRUE(createDiskOverlay(base, "raw", dir->path() + "/a.qcow2", dir->path() + "/log").ok());
+  ASSERT_TRUE(createDiskOverlay(base, "raw", dir->path() + "/b.qcow2", dir->path() + "/log").ok());
+  // Grown in place (its size and mtime change): overlays over it must say its new size.
+  ASSERT_EQ(::truncate(base.c_str(), 128 << 20), 0);
+  const size_t before = diskOverlaysWrittenFromMemory();
+  ASSERT_TRUE(createDiskOverlay(base, "raw", dir->path() + "/c.qcow2", dir->path() + "/log").ok());
+  EXPECT_EQ(diskOverlaysWrittenFromMemory(), before);
+  EXPECT_EQ(readHeader(dir->path() + "/c.qcow2").virtual_size, uint64_t{128} << 20);
+  // Replaced by another file of the same size: a new inode, so qemu-img again.
+  makeFile(base + ".new", 128 << 20);
+  std::filesystem::rename(base + ".new", base);
+  ASSERT_TRUE(createDiskOverlay(base, "raw", dir->path() + "/d.qcow2", dir->path() + "/log").ok());
+  EXPECT_EQ(diskOverlaysWrittenFromMemory(), before);
+  // The same base named in another format is another overlay (qemu-img checks it).
+  EXPECT_FALSE(createDiskOverlay(base, "qcow2", dir->path() + "/e.qcow2", dir->path() + "/log").ok());
+}
+
+TEST(DiskOverlay, AMissingBaseFails) {
+  auto dir = TempDir::create("/tmp", "overlay-test-");
+  ASSERT_TRUE(dir.ok());
+  auto made = createDiskOverlay(dir->path() + "/nothing.img", "raw", dir->path() + "/a.qcow2", dir->path() + "/log");
+  EXPECT_FALSE(made.ok());
+}
+
+}  // namespace
+}  // namespace space::vmm

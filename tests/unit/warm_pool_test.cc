@@ -1,0 +1,187 @@
+#include "sandbox/warm_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "sandbox/pool_sizer.h"
+
+namespace space::sandbox {
+namespace {
+
+using namespace std::chrono_literals;
+using TimePoint = PoolSizer::TimePoint;
+
+const PoolKey kDefault{"base", 1, 512};
+const PoolKey kBig{"base", 2, 2048};
+const PoolKey kPython{"python", 1, 512};
+
+PoolSizerConfig sizing(size_t default_min, uint64_t budget_mb, uint32_t budget_cpus = 64) {
+  PoolSizerConfig c;
+  c.default_key = kDefault;
+  c.default_min = default_min;
+  c.budget_mb = budget_mb;
+  c.budget_cpus = budget_cpus;
+  return c;
+}
+
+TEST(PoolSizer, KeepsTheDefaultKindsFloorWithoutDemandEvenOverBudget) {
+  PoolSizer sizer(sizing(2, 0));
+  auto targets = sizer.targets(TimePoint{} + 1h);
+  ASSERT_EQ(targets.size(), 1u);
+  EXPECT_EQ(targets[kDefault], 2u);
+}
+
+TEST(PoolSizer, AKindAskedForOnceGetsNothingTwiceGetsAGuest) {
+  PoolSizer sizer(sizing(0, 4096));
+  TimePoint t = TimePoint{} + 1h;
+  sizer.recordCreate(kPython, t);
+  EXPECT_TRUE(sizer.targets(t).empty());
+  sizer.recordCreate(kPython, t + 60s);
+  auto targets = sizer.targets(t + 60s);
+  EXPECT_EQ(targets[kPython], 1u);
+}
+
+TEST(PoolSizer, ABurstIsAbsorbedUpToTheLimitPerKind) {
+  PoolSizer sizer(sizing(0, 1 << 20));
+  TimePoint t = TimePoint{} + 1h;
+  for (int i = 0; i < 5; ++i) sizer.recordCreate(kPython, t + std::chrono::milliseconds(100 * i));
+  EXPECT_EQ(sizer.targets(t + 1s)[kPython], 5u);
+  for (int i = 0; i < 50; ++i) sizer.recordCreate(kPython, t + 2s);
+  EXPECT_EQ(sizer.targets(t + 2s)[kPython], sizer.config().max_per_key);
+}
+
+TEST(PoolSizer, ASteadyRateNeedsWhatArrivesDuringARefill) {
+  PoolSizer sizer(sizing(0, 1 << 20));
+  TimePoint t = TimePoint{} + 1h;
+  // One create every 11 s (never two in a burst span) for the whole window, and refills that
+  // take 30 s: about three arrive while one guest is made, twice that is kept.
+  for (int i = 0; i < 20; ++i) sizer.recordRefill(kPython, 30s);
+  for (int i = 0; i < 54; ++i) sizer.recordCreate(kPython, t + std::chrono::seconds(11 * i));
+  auto now = t + std::chrono::seconds(11 * 53);
+  EXPECT_EQ(sizer.targets(now)[kPython], 6u);
+}
+
+TEST(PoolSizer, DemandFadesAfterTheWindow) {
+  PoolSizer sizer(sizing(1, 4096));
+  TimePoint t = TimePoint{} + 1h;
+  sizer.recordCreate(kPython, t);
+  sizer.recordCreate(kPython, t + 1s);
+  EXPECT_EQ(sizer.targets(t + 2s)[kPython], 2u);
+  auto later = sizer.targets(t + sizer.config().window + 2s);
+  EXPECT_EQ(later.count(kPython), 0u);
+  EXPECT_EQ(later[kDefault], 1u);
+}
+
+TEST(PoolSizer, TheBudgetGoesFirstToTheKindAskedForMostAndOneAtATime) {
+  // Room for 3 guests of 1 GB beyond the floor (1 x 512 MB... 3.5 GB budget).
+  PoolSizer sizer(sizing(1, 512 + 3 * 1024 + 100));
+  TimePoint t = TimePoint{} + 1h;
+  PoolKey a{"base", 1, 1024};
+  PoolKey b{"python", 1, 1024};
+  for (int i = 0; i < 6; ++i) sizer.recordCreate(a, t + std::chrono::milliseconds(i));
+  for (int i = 0; i < 3; ++i) sizer.recordCreate(b, t + std::chrono::milliseconds(i));
+  auto targets = sizer.targets(t + 1s);
+  EXPECT_EQ(targets[kDefault], 1u);
+  EXPECT_EQ(targets[a], 2u);  // asked for most: the first and the third guest
+  EXPECT_EQ(targets[b], 1u);  // but b is not crowded out
+}
+
+TEST(PoolSizer, TheCpuBudgetBoundsToo) {
+  PoolSizer sizer(sizing(0, 1 << 20, /*budget_cpus=*/4));
+  TimePoint t = TimePoint{} + 1h;
+  for (int i = 0; i < 8; ++i) sizer.recordCreate(kBig, t);
+  EXPECT_EQ(sizer.targets(t)[kBig], 2u);  // 2 vCPUs each
+}
+
+TEST(PoolSizer, RemembersABoundedNumberOfCreates) {
+  PoolSizer sizer(sizing(0, 1 << 20));
+  TimePoint t = TimePoint{} + 1h;
+  for (int i = 0; i < 100000; ++i) sizer.recordCreate(kPython, t);
+  EXPECT_EQ(sizer.targets(t)[kPython], sizer.config().max_per_key);
+}
+
+// A pool whose guests are plain tokens: the maker counts what it made.
+struct FakeMaker {
+  std::atomic<int> made{0};
+  std::atomic<bool> fail{false};
+  Result<WarmVm> operator()(const PoolKey& key) {
+    if (fail) return makeError(ErrorCode::kUnavailable, "no template " + key.template_name);
+    WarmVm vm;
+    vm.sandbox_id = key.template_name + "-" + std::to_string(++made);
+    return vm;
+  }
+};
+
+bool waitFor(const std::function<bool()>& condition, std::chrono::milliseconds limit = 5s) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return condition();
+}
+
+std::unique_ptr<WarmPool> startPool(PoolSizerConfig config, FakeMaker& maker) {
+  auto pool = WarmPool::start(
+      std::move(config), [&maker](const PoolKey& key) { return maker(key); }, [](const WarmVm&) { return true; });
+  EXPECT_TRUE(pool.ok());
+  return std::move(pool.value());
+}
+
+TEST(WarmPool, FillsTheFloorAndRefillsOnlyWhatIsKept) {
+  FakeMaker maker;
+  auto pool = startPool(sizing(2, 0), maker);
+  ASSERT_TRUE(waitFor([&] { return pool->size() == 2; }));
+  auto taken = pool->take(kDefault);
+  ASSERT_TRUE(taken);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(maker.made.load(), 2);  // taken, not yet kept: no refill
+  pool->put(kDefault, std::move(*taken));
+  EXPECT_EQ(pool->size(), 2u);
+  taken = pool->take(kDefault);
+  pool->used(kDefault);
+  ASSERT_TRUE(waitFor([&] { return pool->size() == 2; }));
+  EXPECT_EQ(maker.made.load(), 3);
+}
+
+TEST(WarmPool, AKindInDemandGetsGuestsAndLosesThemWhenDemandFades) {
+  FakeMaker maker;
+  auto config = sizing(0, 4096);
+  config.window = std::chrono::seconds(1);
+  auto pool = startPool(config, maker);
+  EXPECT_FALSE(pool->take(kPython));  // a miss still counts as demand
+  EXPECT_FALSE(pool->take(kPython));
+  ASSERT_TRUE(waitFor([&] { return pool->sizes()[kPython] == 2; })) << pool->size();
+  auto taken = pool->take(kPython);
+  ASSERT_TRUE(taken);
+  EXPECT_EQ(taken->sandbox_id.rfind("python-", 0), 0u);
+  pool->used(kPython);
+  // No create for longer than the window: the kind's guests are let go (the refill thread
+  // looks again every few seconds).
+  ASSERT_TRUE(waitFor([&] { return pool->size() == 0 && pool->target() == 0; }, 10s)) << pool->size();
+}
+
+TEST(WarmPool, AFailingKindBacksOffWithoutStoppingTheOthers) {
+  FakeMaker maker;
+  maker.fail = true;
+  auto pool = startPool(sizing(1, 0), maker);
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(pool->size(), 0u);
+  maker.fail = false;
+  // The first retry comes after a second.
+  ASSERT_TRUE(waitFor([&] { return pool->size() == 1; }, 5s));
+}
+
+TEST(WarmPool, StopDropsWaitingGuestsAndRefusesTakes) {
+  FakeMaker maker;
+  auto pool = startPool(sizing(2, 0), maker);
+  ASSERT_TRUE(waitFor([&] { return pool->size() == 2; }));
+  pool->stop();
+  EXPECT_EQ(pool->size(), 0u);
+  EXPECT_FALSE(pool->take(kDefault));
+}
+
+}  // namespace
+}  // namespace space::sandbox
