@@ -291,9 +291,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0, 64));
   app.add_option("--warm-pool-budget-mb", config.warm_pool_budget_mb,
-                 "memory that pooled guests of the kinds (template, size) recent creates asked for may hold "
-                 "together, beyond the --warm-pool ones; each kind gets what its recent bursts and rate need "
-                 "(0: only the --warm-pool guests)")
+                 "memory that all pooled guests may hold together: the --warm-pool ones (kept even over it) and "
+                 "those of the kinds (template, size) that creates asked for at least twice in 10 minutes, each "
+                 "kind getting what its recent bursts and rate need (0: only the --warm-pool guests)")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
   app.add_option("--warm-pool-budget-cpus", config.warm_pool_budget_cpus,
@@ -469,8 +469,9 @@ int main(int argc, char** argv) {
     // Slots are network namespaces with taps and nftables rules, and gateways drop to uids of
     // their own: all of it needs root. Said at once, not as the first create's failure.
     if (::geteuid() != 0) {
-      return fatal("--network on needs root (it makes network namespaces, taps and nftables rules for the "
-                   "sandboxes' gateways); run spaced as root, or with --network off for sandboxes without a NIC");
+      return fatal(
+          "--network on needs root (it makes network namespaces, taps and nftables rules for the "
+          "sandboxes' gateways); run spaced as root, or with --network off for sandboxes without a NIC");
     }
     if (network_options.gateway_binary.empty()) {
       network_options.gateway_binary =
