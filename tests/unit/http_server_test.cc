@@ -443,9 +443,10 @@ TEST(HttpServer, IdleKeepAliveConnectionsHoldNoThread) {
 
 // Running requests are what takes threads, and they are bounded: one over the limit gets 503
 // while idle connections do not count.
-TEST(HttpServer, RunningRequestsOverTheLimitAre503) {
-  ServerLimits limits;
-  limits.max_running_requests = 2;
+// Two requests from one client run and wait; a third from the same client is refused with 503
+// and `message` while they run, and served once they are done. `idle_connections` are opened
+// first and never used.
+void expectAThirdRequestRefusedWhileTwoRun(ServerLimits limits, const std::string& message, int idle_connections = 0) {
   std::atomic<int> entered{0};
   std::promise<void> release;
   auto release_future = release.get_future().share();
@@ -460,53 +461,35 @@ TEST(HttpServer, RunningRequestsOverTheLimitAre503) {
       limits);
   ASSERT_TRUE(server);
   std::vector<UniqueFd> idle;
-  for (int i = 0; i < 20; ++i) idle.push_back(connectRaw(server->port()));
+  for (int i = 0; i < idle_connections; ++i) idle.push_back(connectRaw(server->port()));
   auto client = clientFor(*server);
   auto first = std::async(std::launch::async, [&] { return client.request("GET", "/slow"); });
   auto second = std::async(std::launch::async, [&] { return client.request("GET", "/slow"); });
   while (entered.load() < 2) std::this_thread::sleep_for(5ms);
   auto rejected = client.request("GET", "/fast");
+  release.set_value();
   ASSERT_TRUE(rejected.ok()) << rejected.error().message;
   EXPECT_EQ(rejected->status, 503);
-  EXPECT_NE(jsonBody(*rejected)["error"]["message"].get<std::string>().find("running 2 requests"), std::string::npos);
-  release.set_value();
+  EXPECT_NE(jsonBody(*rejected)["error"]["message"].get<std::string>().find(message), std::string::npos)
+      << rejected->body;
   EXPECT_EQ(first.get()->status, 200);
   EXPECT_EQ(second.get()->status, 200);
-  // Once they are done, requests run again.
   auto after = client.request("GET", "/fast");
   ASSERT_TRUE(after.ok()) << after.error().message;
   EXPECT_EQ(after->status, 200);
+}
+
+TEST(HttpServer, RunningRequestsOverTheLimitAre503) {
+  ServerLimits limits;
+  limits.max_running_requests = 2;
+  expectAThirdRequestRefusedWhileTwoRun(limits, "the server is running 2 requests", /*idle_connections=*/20);
 }
 
 // A single address cannot take every request thread, even with connections to spare.
 TEST(HttpServer, OneClientsRunningRequestsAreCappedBelowThePool) {
   ServerLimits limits;
   limits.max_running_requests_per_client = 2;
-  std::atomic<int> entered{0};
-  std::promise<void> release;
-  auto release_future = release.get_future().share();
-  auto server = startServer(
-      [&](Request& request, Response& response) {
-        if (request.path() == "/slow") {
-          ++entered;
-          release_future.wait();
-        }
-        (void)response.send(200, "text/plain", "done");
-      },
-      limits);
-  ASSERT_TRUE(server);
-  auto client = clientFor(*server);
-  auto first = std::async(std::launch::async, [&] { return client.request("GET", "/slow"); });
-  auto second = std::async(std::launch::async, [&] { return client.request("GET", "/slow"); });
-  while (entered.load() < 2) std::this_thread::sleep_for(5ms);
-  auto rejected = client.request("GET", "/fast");
-  ASSERT_TRUE(rejected.ok()) << rejected.error().message;
-  EXPECT_EQ(rejected->status, 503);
-  EXPECT_NE(jsonBody(*rejected)["error"]["message"].get<std::string>().find("this client is running 2 requests"),
-            std::string::npos);
-  release.set_value();
-  EXPECT_EQ(first.get()->status, 200);
-  EXPECT_EQ(second.get()->status, 200);
+  expectAThirdRequestRefusedWhileTwoRun(limits, "this client is running 2 requests");
 }
 
 // A response that closes its connection while the client still sends (an unread body) drains
@@ -710,31 +693,7 @@ TEST(HttpServer, IdleSocketsDoNotLockOutARequest) {
 TEST(HttpServer, OneClientsRunningRequestsAreCappedPerClient) {
   ServerLimits limits;
   limits.max_connections_per_client = 2;
-  std::atomic<int> entered{0};
-  std::promise<void> release;
-  auto release_future = release.get_future().share();
-  auto server = startServer(
-      [&](Request& request, Response& response) {
-        if (request.path() == "/slow") {
-          ++entered;
-          release_future.wait();
-        }
-        (void)response.send(200, "text/plain", "done");
-      },
-      limits);
-  ASSERT_TRUE(server);
-  auto client = clientFor(*server);
-  auto first = std::async(std::launch::async, [&] { return client.request("GET", "/slow"); });
-  auto second = std::async(std::launch::async, [&] { return client.request("GET", "/slow"); });
-  while (entered.load() < 2) std::this_thread::sleep_for(5ms);
-  auto rejected = client.request("GET", "/fast");
-  ASSERT_TRUE(rejected.ok()) << rejected.error().message;
-  EXPECT_EQ(rejected->status, 503);
-  EXPECT_NE(jsonBody(*rejected)["error"]["message"].get<std::string>().find("this client has 2 connections"),
-            std::string::npos);
-  release.set_value();
-  EXPECT_EQ(first.get()->status, 200);
-  EXPECT_EQ(second.get()->status, 200);
+  expectAThirdRequestRefusedWhileTwoRun(limits, "this client has 2 connections");
 }
 
 // Every loopback address is one client: a local user may bind any of 127.0.0.0/8.
