@@ -255,9 +255,24 @@ bool Server::admit(const std::string& client, std::string& why) {
 
 bool Server::setBusyLocked(Connection& connection, bool busy) {
   if (connection.evicted) return false;
+  if (connection.busy != busy) {
+    if (busy) {
+      ++running_;
+      ++running_by_client_[connection.client];
+    } else {
+      --running_;
+      auto it = running_by_client_.find(connection.client);
+      if (--it->second == 0) running_by_client_.erase(it);
+    }
+  }
   connection.busy = busy;
   if (!busy) connection.idle_since = Clock::now();
   return true;
+}
+
+size_t Server::runningRequests() {
+  std::lock_guard lock(mutex_);
+  return running_;
 }
 
 void Server::rejectOverloaded(UniqueFd fd, const std::string& why) {
@@ -430,13 +445,9 @@ void Server::dispatch(const ConnectionPtr& connection, std::optional<std::pair<i
   {
     std::lock_guard lock(mutex_);
     connection->waiting = false;
-    size_t running = 0;
-    size_t running_of_client = 0;
-    for (const ConnectionPtr& other : connections_) {
-      if (!other->busy) continue;
-      ++running;
-      if (other->client == connection->client) ++running_of_client;
-    }
+    size_t running = running_;
+    auto of_client = running_by_client_.find(connection->client);
+    size_t running_of_client = of_client == running_by_client_.end() ? 0 : of_client->second;
     if (running >= limits_.max_running_requests) {
       over_limit = "the server is running " + std::to_string(running) + " requests (the limit is " +
                    std::to_string(limits_.max_running_requests) + ")";

@@ -30,6 +30,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include "common/result.h"
 #include "common/unix_socket.h"
@@ -92,6 +93,10 @@ class Server {
   // give up when its reads or writes fail.
   void stop(std::chrono::milliseconds grace);
 
+  // Requests whose handler has not yet returned. A client can read a response before its
+  // handler returns, so a request sent right after may still find the previous one counted.
+  size_t runningRequests();
+
  private:
   struct Connection;
   using ConnectionPtr = std::shared_ptr<Connection>;
@@ -141,10 +146,12 @@ class Server {
 
   std::mutex mutex_;
   std::condition_variable connection_ended_;
-  std::list<ConnectionPtr> connections_;    // guarded by mutex_
-  size_t open_connections_ = 0;             // guarded by mutex_; includes evicted ones still closing
-  Clock::time_point last_rejection_log_{};  // guarded by mutex_
-  size_t rejections_unlogged_ = 0;          // guarded by mutex_
+  std::list<ConnectionPtr> connections_;                       // guarded by mutex_
+  size_t open_connections_ = 0;                                // guarded by mutex_; includes evicted ones still closing
+  size_t running_ = 0;                                         // guarded by mutex_: connections marked busy
+  std::unordered_map<std::string, size_t> running_by_client_;  // guarded by mutex_; no zero entries
+  Clock::time_point last_rejection_log_{};                     // guarded by mutex_
+  size_t rejections_unlogged_ = 0;                             // guarded by mutex_
 };
 
 }  // namespace space::http

@@ -446,6 +446,17 @@ TEST(HttpServer, IdleKeepAliveConnectionsHoldNoThread) {
 // Two requests from one client run and wait; a third from the same client is refused with 503
 // and `message` while they run, and served once they are done. `idle_connections` are opened
 // first and never used.
+// A client reads a response before its handler has returned; a test that means "the thread is
+// free now" waits for the server to count it out first.
+bool waitUntilNoRequestRuns(Server& server) {
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (server.runningRequests() != 0) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
 void expectAThirdRequestRefusedWhileTwoRun(ServerLimits limits, const std::string& message, int idle_connections = 0) {
   std::atomic<int> entered{0};
   std::promise<void> release;
@@ -474,6 +485,7 @@ void expectAThirdRequestRefusedWhileTwoRun(ServerLimits limits, const std::strin
       << rejected->body;
   EXPECT_EQ(first.get()->status, 200);
   EXPECT_EQ(second.get()->status, 200);
+  ASSERT_TRUE(waitUntilNoRequestRuns(*server));
   auto after = client.request("GET", "/fast");
   ASSERT_TRUE(after.ok()) << after.error().message;
   EXPECT_EQ(after->status, 200);
@@ -510,6 +522,8 @@ TEST(HttpServer, AClosingConnectionLingersWithoutAThread) {
     sendRaw(lingering.back().get(), "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nsome");
     std::string pending;
     EXPECT_TRUE(readResponse(lingering.back().get(), pending).starts_with("HTTP/1.1 401 ")) << i;
+    // Counted out while its connection still lingers: lingering takes no request slot.
+    ASSERT_TRUE(waitUntilNoRequestRuns(*server)) << i;
   }
   // The clients keep their sockets open and silent; another request still gets the one thread.
   auto r = clientFor(*server).request("GET", "/", {}, {}, 5s);
