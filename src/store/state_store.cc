@@ -87,6 +87,9 @@ class Stmt {
     keep(sqlite3_bind_text64(stmt_, index(name), data, value.size(), SQLITE_TRANSIENT, SQLITE_UTF8));
   }
   void bind(const char* name, int64_t value) { keep(sqlite3_bind_int64(stmt_, index(name), value)); }
+  void bindBlob(const char* name, std::string_view bytes) {
+    keep(sqlite3_bind_blob64(stmt_, index(name), bytes.empty() ? "" : bytes.data(), bytes.size(), SQLITE_TRANSIENT));
+  }
 
   // SQLITE_ROW, SQLITE_DONE or an error code.
   int step() { return bind_rc_ != SQLITE_OK ? bind_rc_ : sqlite3_step(stmt_); }
@@ -104,6 +107,11 @@ class Stmt {
     return std::string(reinterpret_cast<const char*>(p), static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
   }
   int64_t integer(int col) const { return sqlite3_column_int64(stmt_, col); }
+  std::string blob(int col) const {
+    const void* p = sqlite3_column_blob(stmt_, col);
+    if (p == nullptr) return "";
+    return std::string(static_cast<const char*>(p), static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
+  }
 
  private:
   Stmt(sqlite3* db, sqlite3_stmt* stmt) : db_(db), stmt_(stmt) {}
@@ -210,6 +218,20 @@ Status migrateToV2(sqlite3* db, const std::string& op) {
               op);
 }
 
+// Tenants' secrets, sealed by the secrets module (the store never sees a value in clear).
+Status migrateToV3(sqlite3* db, const std::string& op) {
+  return exec(db,
+              "CREATE TABLE secrets ("
+              "  tenant TEXT NOT NULL,"
+              "  name TEXT NOT NULL,"
+              "  sealed BLOB NOT NULL,"
+              "  version INTEGER NOT NULL,"
+              "  created_at_ms INTEGER NOT NULL,"
+              "  updated_at_ms INTEGER NOT NULL,"
+              "  PRIMARY KEY (tenant, name));",
+              op);
+}
+
 struct Migration {
   const char* summary;
   Status (*apply)(sqlite3* db, const std::string& op);
@@ -218,6 +240,7 @@ struct Migration {
 constexpr Migration kMigrations[] = {
     {"sandboxes and api_keys tables", migrateToV1},
     {"sandbox timeout/idle settings and snapshots", migrateToV2},
+    {"sealed secrets", migrateToV3},
 };
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
 
@@ -894,6 +917,127 @@ Status StateStore::limitGrowthForTesting(int64_t extra_pages) {
   // PRAGMA takes no parameters; the value is a computed integer.
   auto limit = queryInt(db_, "PRAGMA max_page_count = " + std::to_string(pages.value() + extra_pages), op);
   if (!limit.ok()) return limit.error();
+  return okStatus();
+}
+
+namespace {
+
+Status validateSecretKey(const std::string& tenant, const std::string& name) {
+  if (tenant.empty()) return invalid("secret has an empty tenant");
+  if (name.empty()) return invalid("secret has an empty name");
+  return okStatus();
+}
+
+SecretRecord secretFrom(const Stmt& stmt) {
+  SecretRecord r;
+  r.tenant = stmt.text(0);
+  r.name = stmt.text(1);
+  r.sealed = stmt.blob(2);
+  r.version = stmt.integer(3);
+  r.created_at_ms = stmt.integer(4);
+  r.updated_at_ms = stmt.integer(5);
+  return r;
+}
+
+constexpr const char* kSecretColumns = "tenant, name, sealed, version, created_at_ms, updated_at_ms";
+
+}  // namespace
+
+Status StateStore::putSecret(SecretRecord& record, size_t max_per_tenant) {
+  SPACE_TRY(validateSecretKey(record.tenant, record.name));
+  if (record.sealed.empty()) return invalid("secret " + record.name + " has no sealed value");
+  std::lock_guard lock(mu_);
+  const std::string op = "storing secret " + record.name + " of tenant " + record.tenant;
+  const int64_t now = nowMs();
+  SPACE_TRY(exec(db_, "BEGIN IMMEDIATE", op));
+  auto body = [&]() -> Status {
+    auto existing =
+        Stmt::prepare(db_, "SELECT version, created_at_ms FROM secrets WHERE tenant = :t AND name = :n", op);
+    if (!existing.ok()) return existing.error();
+    existing->bind(":t", record.tenant);
+    existing->bind(":n", record.name);
+    int rc = existing->step();
+    if (rc == SQLITE_ROW) {
+      record.version = existing->integer(0) + 1;
+      record.created_at_ms = existing->integer(1);
+      record.created = false;
+    } else if (rc == SQLITE_DONE) {
+      auto count = Stmt::prepare(db_, "SELECT COUNT(*) FROM secrets WHERE tenant = :t", op);
+      if (!count.ok()) return count.error();
+      count->bind(":t", record.tenant);
+      if (count->step() != SQLITE_ROW) return sqliteError(db_, SQLITE_MISUSE, op);
+      if (static_cast<size_t>(count->integer(0)) >= max_per_tenant) {
+        return makeError(ErrorCode::kResourceExhausted,
+                         "the tenant has " + std::to_string(count->integer(0)) + " secrets (the limit is " +
+                             std::to_string(max_per_tenant) + "); delete one first",
+                         "too_many_secrets");
+      }
+      record.version = 1;
+      record.created_at_ms = now;
+      record.created = true;
+    } else {
+      return sqliteError(db_, rc, op);
+    }
+    record.updated_at_ms = now;
+    auto write = Stmt::prepare(db_,
+                               "INSERT OR REPLACE INTO secrets (tenant, name, sealed, version, created_at_ms, "
+                               "updated_at_ms) VALUES (:t, :n, :sealed, :version, :created, :updated)",
+                               op);
+    if (!write.ok()) return write.error();
+    write->bind(":t", record.tenant);
+    write->bind(":n", record.name);
+    write->bindBlob(":sealed", record.sealed);
+    write->bind(":version", record.version);
+    write->bind(":created", record.created_at_ms);
+    write->bind(":updated", record.updated_at_ms);
+    return write->run(op);
+  };
+  Status st = body();
+  if (st.ok()) st = exec(db_, "COMMIT", op);
+  if (!st.ok() && sqlite3_get_autocommit(db_) == 0) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+  return st;
+}
+
+Result<SecretRecord> StateStore::getSecret(const std::string& tenant, const std::string& name) {
+  SPACE_TRY(validateSecretKey(tenant, name));
+  std::lock_guard lock(mu_);
+  const std::string op = "reading secret " + name + " of tenant " + tenant;
+  auto stmt =
+      Stmt::prepare(db_, std::string("SELECT ") + kSecretColumns + " FROM secrets WHERE tenant = :t AND name = :n", op);
+  if (!stmt.ok()) return stmt.error();
+  stmt->bind(":t", tenant);
+  stmt->bind(":n", name);
+  int rc = stmt->step();
+  if (rc == SQLITE_DONE) return makeError(ErrorCode::kNotFound, "no secret named " + name);
+  if (rc != SQLITE_ROW) return sqliteError(db_, rc, op);
+  return secretFrom(*stmt);
+}
+
+Result<std::vector<SecretRecord>> StateStore::listSecrets(const std::string& tenant) {
+  if (tenant.empty()) return invalid("listing secrets needs a tenant");
+  std::lock_guard lock(mu_);
+  const std::string op = "listing secrets of tenant " + tenant;
+  auto stmt =
+      Stmt::prepare(db_, std::string("SELECT ") + kSecretColumns + " FROM secrets WHERE tenant = :t ORDER BY name", op);
+  if (!stmt.ok()) return stmt.error();
+  stmt->bind(":t", tenant);
+  std::vector<SecretRecord> out;
+  int rc;
+  while ((rc = stmt->step()) == SQLITE_ROW) out.push_back(secretFrom(*stmt));
+  if (rc != SQLITE_DONE) return sqliteError(db_, rc, op);
+  return out;
+}
+
+Status StateStore::deleteSecret(const std::string& tenant, const std::string& name) {
+  SPACE_TRY(validateSecretKey(tenant, name));
+  std::lock_guard lock(mu_);
+  const std::string op = "deleting secret " + name + " of tenant " + tenant;
+  auto stmt = Stmt::prepare(db_, "DELETE FROM secrets WHERE tenant = :t AND name = :n", op);
+  if (!stmt.ok()) return stmt.error();
+  stmt->bind(":t", tenant);
+  stmt->bind(":n", name);
+  SPACE_TRY(stmt->run(op));
+  if (sqlite3_changes(db_) == 0) return makeError(ErrorCode::kNotFound, "no secret named " + name);
   return okStatus();
 }
 

@@ -106,6 +106,19 @@ struct ApiKeyRecord {
   bool operator==(const ApiKeyRecord&) const = default;
 };
 
+// A tenant's secret as stored: the value only sealed (secrets::SecretBox), never in clear.
+struct SecretRecord {
+  std::string tenant;
+  std::string name;
+  std::string sealed;         // opaque bytes
+  int64_t version = 0;        // 1 when created, +1 on every rotation; set by putSecret
+  int64_t created_at_ms = 0;  // set by putSecret
+  int64_t updated_at_ms = 0;  // set by putSecret
+  bool created = false;       // putSecret: whether the row is new (not stored)
+
+  bool operator==(const SecretRecord&) const = default;
+};
+
 // Every method may be called from any thread: one connection, serialized by a mutex (spaced's
 // write rate is low, and one connection keeps every read consistent with the writes before it).
 // Errors: kInvalidArgument for bad input, kNotFound / kAlreadyExists as documented,
@@ -154,6 +167,14 @@ class StateStore {
   Status addApiKey(const ApiKeyRecord& key);        // kAlreadyExists if the digest exists
   Result<std::vector<ApiKeyRecord>> listApiKeys();  // ordered by tenant, created_at_ms, digest
   Status removeApiKeys(const std::string& tenant);  // kNotFound if the tenant had none
+
+  // Creates or replaces (rotates) the tenant's secret of that name, in one transaction; fills in
+  // version, timestamps and `created`. kResourceExhausted (reason too_many_secrets) when it
+  // would be the tenant's secret number max_per_tenant + 1.
+  Status putSecret(SecretRecord& record, size_t max_per_tenant);
+  Result<SecretRecord> getSecret(const std::string& tenant, const std::string& name);  // kNotFound
+  Result<std::vector<SecretRecord>> listSecrets(const std::string& tenant);            // by name
+  Status deleteSecret(const std::string& tenant, const std::string& name);             // kNotFound
 
   // Caps the database at its current size plus `extra_pages`, so tests can see what a full
   // disk does without filling one.

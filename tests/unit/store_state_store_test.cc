@@ -165,10 +165,10 @@ TEST_F(StateStoreTest, MigratesAnEmptyFile) {
   ASSERT_TRUE(writeFileAtomic(path, "").ok());
   auto store = StateStore::open(path);
   ASSERT_TRUE(store.ok()) << store.error().message;
-  EXPECT_EQ(store.value()->schemaVersion(), 2);
+  EXPECT_EQ(store.value()->schemaVersion(), StateStore::latestSchemaVersion());
   EXPECT_TRUE(store.value()->insertSandbox(sandbox(sbId(1), "acme", 1)).ok());
   store.value().reset();
-  EXPECT_EQ(rawQueryInt(path, "PRAGMA user_version"), 2);
+  EXPECT_EQ(rawQueryInt(path, "PRAGMA user_version"), StateStore::latestSchemaVersion());
   EXPECT_EQ(rawQueryInt(path, "SELECT COUNT(*) FROM sqlite_schema WHERE type = 'index' AND name LIKE 'sandboxes_%'"),
             2);
   EXPECT_EQ(rawQueryInt(path, "SELECT COUNT(*) FROM sqlite_schema WHERE type = 'index' AND name LIKE 'snapshots_%'"),
@@ -218,7 +218,7 @@ TEST_F(StateStoreTest, MigratesAVersion1DatabaseKeepingItsRows) {
 
   auto store = StateStore::open(path);
   ASSERT_TRUE(store.ok()) << store.error().message;
-  EXPECT_EQ(store.value()->schemaVersion(), 2);
+  EXPECT_EQ(store.value()->schemaVersion(), StateStore::latestSchemaVersion());
   SandboxRecord want = sandbox(sbId(7), "acme", 1000, "suspended");
   want.state_reason = "timeout";
   want.updated_at_ms = 2000;
@@ -244,7 +244,7 @@ TEST_F(StateStoreTest, MigratesAVersion1DatabaseKeepingItsRows) {
   EXPECT_EQ(store.value()->getSandbox(sbId(7))->on_timeout, "suspend");
   EXPECT_TRUE(store.value()->allSnapshots()->empty());
   store.value().reset();
-  EXPECT_EQ(rawQueryInt(path, "PRAGMA user_version"), 2);
+  EXPECT_EQ(rawQueryInt(path, "PRAGMA user_version"), StateStore::latestSchemaVersion());
 }
 
 TEST_F(StateStoreTest, FailedVersion2MigrationLeavesVersion1) {
