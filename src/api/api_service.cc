@@ -261,6 +261,11 @@ const std::vector<ApiService::Route>& ApiService::routeTable() {
       {"GET", "/v1/snapshots/{id}", &ApiService::getSnapshot, false},
       {"DELETE", "/v1/snapshots/{id}", &ApiService::deleteSnapshot, false},
       {"POST", "/v1/snapshots/{id}/branch", &ApiService::branchSnapshot, false},
+      {"GET", "/v1/secrets", &ApiService::listSecrets, false},
+      {"POST", "/v1/secrets", &ApiService::createSecret, false},
+      {"GET", "/v1/secrets/{name}", &ApiService::getSecret, false},
+      {"PUT", "/v1/secrets/{name}", &ApiService::putSecret, false},
+      {"DELETE", "/v1/secrets/{name}", &ApiService::deleteSecret, false},
   };
   return kRoutes;
 }
@@ -277,12 +282,13 @@ std::vector<std::pair<std::string, std::string>> ApiService::routes() {
 }
 
 ApiService::ApiService(sandbox::SandboxManager& manager, KeyRing& keys, ApiLimits limits, std::string operator_tenant,
-                       IngressOptions ingress)
+                       IngressOptions ingress, secrets::SecretVault* secrets)
     : manager_(manager),
       keys_(keys),
       limits_(limits),
       operator_tenant_(std::move(operator_tenant)),
       ingress_(std::move(ingress)),
+      secrets_(secrets),
       tenant_gate_(TenantGate::Limits{limits.max_requests_per_tenant, limits.tenant_requests_per_s,
                                       limits.tenant_request_burst}) {
   // The router only matches; handle() runs the route's method with the authenticated tenant.
@@ -727,6 +733,103 @@ void ApiService::branchSnapshot(Call& c) {
   for (const auto& rec : children.value()) items.push_back(sandboxView(rec));
   metrics_.create_seconds.observe(std::chrono::duration<double>(Clock::now() - started).count());
   (void)c.res.send(201, "application/json", dumpJson(json{{"sandboxes", items}}));
+}
+
+// --- secrets ---------------------------------------------------------------------------------
+// A secret's value comes in and never goes out: no answer, log line or error message holds it.
+
+namespace {
+
+// A request body holds one value (16 KiB at most, escaped up to six-fold) and a name.
+constexpr size_t kMaxSecretBody = 128 * 1024;
+
+json secretView(const secrets::SecretInfo& s) {
+  return json{{"name", s.name},
+              {"version", s.version},
+              {"created_at", rfc3339(s.created_at_ms)},
+              {"updated_at", rfc3339(s.updated_at_ms)}};
+}
+
+}  // namespace
+
+Result<secrets::SecretVault*> ApiService::vault() {
+  if (secrets_ == nullptr) return makeError(ErrorCode::kUnavailable, "this node keeps no secrets");
+  return secrets_;
+}
+
+Result<std::pair<std::string, std::string>> ApiService::readSecret(Call& c, bool with_name) {
+  auto body = readJson(c, kMaxSecretBody);
+  if (!body.ok()) return body.error();
+  ObjectReader in(body.value());
+  std::optional<std::string> name;
+  if (with_name) {
+    auto given = in.string("name", secrets::kMaxNameBytes + 1);
+    if (!given.ok()) return given.error();
+    if (!given.value()) return makeError(ErrorCode::kInvalidArgument, "name: required");
+    name = *given.value();
+  }
+  auto value = in.string("value", secrets::kMaxValueBytes + 1);
+  if (!value.ok()) return value.error();
+  if (!value.value()) return makeError(ErrorCode::kInvalidArgument, "value: required");
+  SPACE_TRY(in.finish());
+  return std::pair(name.value_or(c.req.pathParam("name")), std::move(*value.value()));
+}
+
+void ApiService::listSecrets(Call& c) {
+  auto v = vault();
+  if (!v.ok()) return fail(c, v.error());
+  auto listed = v.value()->list(c.tenant);
+  if (!listed.ok()) return fail(c, listed.error());
+  json items = json::array();
+  for (const auto& s : listed.value()) items.push_back(secretView(s));
+  (void)c.res.sendJson(200, json{{"secrets", items}});
+}
+
+void ApiService::createSecret(Call& c) {
+  auto v = vault();
+  if (!v.ok()) return fail(c, v.error());
+  auto given = readSecret(c, /*with_name=*/true);
+  if (!given.ok()) return fail(c, given.error());
+  const auto& [name, value] = given.value();
+  // POST creates only: an existing name is a conflict, so a typo cannot overwrite a secret.
+  if (auto existing = v.value()->info(c.tenant, name); existing.ok()) {
+    return fail(c, makeError(ErrorCode::kAlreadyExists,
+                             "a secret named " + name + " exists; PUT /v1/secrets/" + name + " replaces its value"));
+  }
+  auto stored = v.value()->put(c.tenant, name, value);
+  if (!stored.ok()) return fail(c, stored.error());
+  spdlog::info("api: tenant {} {} secret {} (version {})", c.tenant, stored->created ? "created" : "rotated", name,
+               stored->version);
+  (void)c.res.sendJson(stored->created ? 201 : 200, secretView(stored.value()));
+}
+
+void ApiService::getSecret(Call& c) {
+  auto v = vault();
+  if (!v.ok()) return fail(c, v.error());
+  auto found = v.value()->info(c.tenant, c.req.pathParam("name"));
+  if (!found.ok()) return fail(c, found.error());
+  (void)c.res.sendJson(200, secretView(found.value()));
+}
+
+void ApiService::putSecret(Call& c) {
+  auto v = vault();
+  if (!v.ok()) return fail(c, v.error());
+  auto given = readSecret(c, /*with_name=*/false);
+  if (!given.ok()) return fail(c, given.error());
+  auto stored = v.value()->put(c.tenant, given->first, given->second);
+  if (!stored.ok()) return fail(c, stored.error());
+  spdlog::info("api: tenant {} {} secret {} (version {})", c.tenant, stored->created ? "created" : "rotated",
+               given->first, stored->version);
+  (void)c.res.sendJson(stored->created ? 201 : 200, secretView(stored.value()));
+}
+
+void ApiService::deleteSecret(Call& c) {
+  auto v = vault();
+  if (!v.ok()) return fail(c, v.error());
+  const std::string& name = c.req.pathParam("name");
+  if (auto removed = v.value()->remove(c.tenant, name); !removed.ok()) return fail(c, removed.error());
+  spdlog::info("api: tenant {} deleted secret {}", c.tenant, name);
+  (void)c.res.send(204, "", "");
 }
 
 // --- agent access ----------------------------------------------------------------------------

@@ -23,6 +23,7 @@
 #include "http/message.h"
 #include "http/router.h"
 #include "sandbox/manager.h"
+#include "secrets/vault.h"
 
 namespace space::api {
 
@@ -50,9 +51,11 @@ std::string_view openApiDocument();
 class ApiService {
  public:
   // `operator_tenant` is the node's operator: the only tenant that reads node-wide figures
-  // (/metrics, the free capacity named in a refused create).
+  // (/metrics, the free capacity named in a refused create). Without `secrets` the /v1/secrets
+  // routes answer 503.
   ApiService(sandbox::SandboxManager& manager, KeyRing& keys, ApiLimits limits = {},
-             std::string operator_tenant = "default", IngressOptions ingress = {});
+             std::string operator_tenant = "default", IngressOptions ingress = {},
+             secrets::SecretVault* secrets = nullptr);
   ApiService(const ApiService&) = delete;
   ApiService& operator=(const ApiService&) = delete;
 
@@ -103,6 +106,15 @@ class ApiService {
   void getSnapshot(Call& c);
   void deleteSnapshot(Call& c);
   void branchSnapshot(Call& c);
+  void listSecrets(Call& c);
+  void createSecret(Call& c);
+  void getSecret(Call& c);
+  void putSecret(Call& c);
+  void deleteSecret(Call& c);
+  // The vault, or an error for a node without one.
+  Result<secrets::SecretVault*> vault();
+  // Reads {"name"?, "value"} (name only where `with_name`) from a secrets request body.
+  Result<std::pair<std::string, std::string>> readSecret(Call& c, bool with_name);
 
   // Ingress: a request for a port of a sandbox (api/ingress.h), with its own access rules.
   void serveIngress(http::Request& req, http::Response& res, const Result<IngressTarget>& found);
@@ -120,6 +132,7 @@ class ApiService {
   ApiLimits limits_;
   std::string operator_tenant_;
   IngressOptions ingress_;
+  secrets::SecretVault* secrets_;
   std::mutex ingress_mu_;
   size_t ingress_open_ = 0;                          // guarded by ingress_mu_
   std::map<std::string, size_t> ingress_by_tenant_;  // guarded by ingress_mu_

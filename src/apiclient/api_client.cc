@@ -118,6 +118,7 @@ Result<Endpoint> endpointOfDataDir(const std::string& data_dir) {
 std::string sandboxPath(const std::string& id) { return "/v1/sandboxes/" + http::urlEncode(id); }
 
 std::string snapshotPath(const std::string& id) { return "/v1/snapshots/" + http::urlEncode(id); }
+std::string secretPath(const std::string& name) { return "/v1/secrets/" + http::urlEncode(name); }
 
 Query& Query::add(const std::string& name, const std::string& value) {
   text_ += (text_.empty() ? "?" : "&") + name + "=" + http::urlEncode(value);

@@ -73,6 +73,7 @@ Result<Endpoint> endpointOfDataDir(const std::string& data_dir);
 // Targets with the user's ids URL-encoded into them.
 std::string sandboxPath(const std::string& id);
 std::string snapshotPath(const std::string& id);
+std::string secretPath(const std::string& name);
 
 // A query string: names are ours, values come from the user and are encoded.
 class Query {

@@ -20,6 +20,7 @@
 #include "cli/spacectl/output.h"
 #include "cli/spacectl/processes.h"
 #include "cli/spacectl/sandboxes.h"
+#include "cli/spacectl/secrets.h"
 #include "cli/spacectl/signals.h"
 #include "cli/spacectl/snapshots.h"
 
@@ -28,6 +29,7 @@ namespace {
 using namespace space;
 using namespace space::spacectl;
 using apiclient::sandboxPath;
+using apiclient::secretPath;
 using apiclient::snapshotPath;
 
 constexpr const char* kDescription =
@@ -267,6 +269,29 @@ int main(int argc, char** argv) {
                            "deleted)",
                            [&](const apiclient::Client& api) { return cmdRemove(api, ids, snapshotPath, as_json); });
   c_snap_rm->add_option("ids", ids, "snapshot ids")->required();
+
+  std::vector<std::string> names;
+  std::string secret_file;
+  auto* c_secret = app.add_subcommand(
+      "secret", "keep API tokens that sandboxes' gateways add to their requests (the guest never holds them)");
+  c_secret->add_flag("--json", as_json, "print the API's JSON (one document) instead of text");
+  c_secret->require_subcommand(1);
+  c_secret->footer(
+      "A value is read from stdin or --from-file, never from the command line, and is never shown again.\n"
+      "Examples: printf %s \"$GH_TOKEN\" | spacectl secret set gh\n"
+      "          spacectl secret set openai --from-file ~/.config/openai.key");
+  auto* c_secret_set = nested(
+      c_secret, "set", "create a secret or rotate its value (sandboxes use the new value from their next request)",
+      [&](const apiclient::Client& api) { return cmdSecretSet(api, id, secret_file, as_json); });
+  c_secret_set->add_option("name", id, "the secret's name: 1-64 of A-Z a-z 0-9 _ . -")->required();
+  c_secret_set->add_option("--from-file", secret_file,
+                           "read the value from this file (default: stdin; typed without echo on a terminal); one "
+                           "trailing newline is dropped");
+  nested(c_secret, "ls", "list the secrets' names and versions (never their values)",
+         [&](const apiclient::Client& api) { return cmdSecretList(api, as_json); });
+  auto* c_secret_rm = nested(c_secret, "rm", "delete secrets (exit 1 if any could not be deleted)",
+                             [&](const apiclient::Client& api) { return cmdRemove(api, names, secretPath, as_json); });
+  c_secret_rm->add_option("names", names, "secret names")->required();
 
   auto* c_branch = command("branch", "start sandboxes from a snapshot, all or none, and print their ids (one per line)",
                            [&](const apiclient::Client& api) { return cmdBranch(api, id, branch, as_json); });

@@ -501,7 +501,14 @@ int main(int argc, char** argv) {
     return fatal(ingress_key.error().message);
   }
   ingress.token_key = ingress_key.value();
-  api::ApiService service(*manager.value(), keys, api_limits, kDefaultTenant, ingress);
+  // Tenants' secrets are sealed under <data-dir>/secret-key: state.db alone reveals none.
+  auto secret_box = secrets::SecretBox::openOrCreateKey(data_dir + "/secret-key");
+  if (!secret_box.ok()) {
+    manager.value()->shutdown(sandbox::ShutdownMode::kKeepRunning);
+    return fatal(secret_box.error().message);
+  }
+  secrets::SecretVault vault(*store.value(), secret_box.value());
+  api::ApiService service(*manager.value(), keys, api_limits, kDefaultTenant, ingress, &vault);
   auto server = http::Server::start(listen, [&](http::Request& rq, http::Response& rs) { service.handle(rq, rs); });
   if (!server.ok()) {
     manager.value()->shutdown(sandbox::ShutdownMode::kKeepRunning);

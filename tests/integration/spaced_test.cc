@@ -2532,6 +2532,113 @@ TEST_F(SpacedTest, SecretsStayOffTheCommandLineAndNodeFiguresAreTheOperators) {
   EXPECT_EQ(daemon_->key(), "sk_operatorkeyfromafile0123");
 }
 
+// A tenant's secrets go in and never come out: not in an answer, the daemon's log, or the
+// state database; the sealed copies need the node's key file, and spacectl reads values only
+// from stdin or a file.
+TEST_F(SpacedTest, SecretsAreSealedPerTenantAndNeverShown) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  struct stat st {};
+  ASSERT_EQ(::stat((data_dir_ + "/secret-key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  const std::string v1 = "ghp_FirstValueOfTheToken0123456789";
+  const std::string v2 = "ghp_SecondValueOfTheToken987654321";
+  std::vector<std::string> answers;
+  auto call = [&](const std::string& method, const std::string& target, const json& body, int want,
+                  const std::string& key = "\x01") {
+    auto r = daemon_->call(method, target, body.is_null() ? "" : body.dump(), key);
+    EXPECT_EQ(r.status, want) << method << " " << target << ": " << r.body;
+    answers.push_back(r.body);
+    return r.body.empty() ? json() : json::parse(r.body, nullptr, false);
+  };
+  json created = call("POST", "/v1/secrets", json{{"name", "gh"}, {"value", v1}}, 201);
+  EXPECT_EQ(created["name"], "gh");
+  EXPECT_EQ(created["version"], 1);
+  EXPECT_FALSE(created.contains("value"));
+  // POST never overwrites; PUT rotates.
+  EXPECT_EQ(call("POST", "/v1/secrets", json{{"name", "gh"}, {"value", v2}}, 409)["error"]["code"], "already_exists");
+  json rotated = call("PUT", "/v1/secrets/gh", json{{"value", v2}}, 200);
+  EXPECT_EQ(rotated["version"], 2);
+  EXPECT_EQ(call("GET", "/v1/secrets/gh", nullptr, 200)["version"], 2);
+  // Bad input: a clear 400, and nothing changes.
+  call("PUT", "/v1/secrets/gh", json{{"value", "two\nlines"}}, 400);
+  call("PUT", "/v1/secrets/gh", json{{"value", v1}, {"extra", 1}}, 400);
+  call("PUT", "/v1/secrets/gh", json{{"value", 42}}, 400);
+  call("PUT", "/v1/secrets/gh", json{{"value", std::string(16 * 1024 + 1, 'x')}}, 400);
+  call("PUT", "/v1/secrets/bad%20name", json{{"value", v1}}, 400);
+  call("POST", "/v1/secrets", json{{"value", v1}}, 400);
+  auto malformed = daemon_->call("PUT", "/v1/secrets/gh", "{\"value\": \"" + v1);
+  EXPECT_EQ(malformed.status, 400) << malformed.body;
+  EXPECT_EQ(call("GET", "/v1/secrets/gh", nullptr, 200)["version"], 2);
+  call("GET", "/v1/secrets/nope", nullptr, 404);
+  call("DELETE", "/v1/secrets/nope", nullptr, 404);
+
+  // Another tenant neither sees nor touches them, and has its own namespace of names.
+  const std::string bob = addTenant("bob");
+  ASSERT_FALSE(bob.empty());
+  EXPECT_EQ(call("GET", "/v1/secrets", nullptr, 200, bob)["secrets"].size(), 0u);
+  call("GET", "/v1/secrets/gh", nullptr, 404, bob);
+  call("DELETE", "/v1/secrets/gh", nullptr, 404, bob);
+  EXPECT_EQ(call("PUT", "/v1/secrets/gh", json{{"value", "bobs-own-value"}}, 201, bob)["version"], 1);
+  EXPECT_EQ(call("GET", "/v1/secrets/gh", nullptr, 200)["version"], 2);
+
+  // spacectl: the value from a pipe or a file, one trailing newline dropped.
+  int calls = 0;
+  auto spacectl = [&](std::vector<std::string> args, const std::string& stdin_text, int want_exit = 0) {
+    const std::string base = dir_->path() + "/ctl" + std::to_string(++calls);
+    { std::ofstream(base + ".in") << stdin_text; }
+    int in = ::open((base + ".in").c_str(), O_RDONLY | O_CLOEXEC);
+    args.insert(args.begin(), {SPACECTL_BIN, "--data-dir", data_dir_});
+    SpawnOptions options{base + ".out", base + ".err", true};
+    options.pass_fds = {{in, 0}};
+    auto p = ChildProcess::spawn(args, options);
+    ::close(in);
+    EXPECT_TRUE(p.ok());
+    auto status = p->waitFor(seconds(30));
+    auto err = readSmallFile(base + ".err", 1 << 16);
+    EXPECT_TRUE(status && status->exit_code == want_exit)
+        << args[3] << ": exit " << (status ? status->exit_code : -1) << "\n"
+        << (err.ok() ? err.value() : "");
+    auto out = readSmallFile(base + ".out", 1 << 20);
+    answers.push_back(out.ok() ? out.value() : "");
+    answers.push_back(err.ok() ? err.value() : "");
+    return out.ok() ? out.value() : std::string();
+  };
+  EXPECT_EQ(spacectl({"secret", "set", "model"}, "sk-model-value-from-a-pipe\n"), "created model (version 1)\n");
+  const std::string key_file = dir_->path() + "/model.key";
+  { std::ofstream(key_file) << "sk-model-value-from-a-file\n"; }
+  EXPECT_EQ(spacectl({"secret", "set", "model", "--from-file", key_file}, ""), "rotated model (version 2)\n");
+  spacectl({"secret", "set", "empty"}, "", 1);
+  json listed = json::parse(spacectl({"secret", "ls", "--json"}, ""), nullptr, false);
+  ASSERT_EQ(listed["secrets"].size(), 2u) << listed;
+  EXPECT_EQ(listed["secrets"][0]["name"], "gh");
+  EXPECT_EQ(listed["secrets"][1]["name"], "model");
+  EXPECT_NE(spacectl({"secret", "ls"}, "").find("model"), std::string::npos);
+  EXPECT_EQ(spacectl({"secret", "rm", "model"}, ""), "model\n");
+  spacectl({"secret", "rm", "model"}, "", 1);
+
+  // Kept across a restart, under the same key.
+  daemon_.reset();
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  EXPECT_EQ(call("GET", "/v1/secrets/gh", nullptr, 200)["version"], 2);
+  EXPECT_EQ(call("DELETE", "/v1/secrets/gh", nullptr, 204), json());
+  call("GET", "/v1/secrets/gh", nullptr, 404);
+  daemon_.reset();
+
+  // Nowhere in clear: the answers, spacectl's output, the daemon's log, the database.
+  std::string everything;
+  for (const auto& a : answers) everything += a;
+  for (const std::string& file : {logPath(), data_dir_ + "/state.db", data_dir_ + "/state.db-wal"}) {
+    auto bytes = readSmallFile(file, 64 << 20);
+    if (bytes.ok()) everything += bytes.value();
+  }
+  EXPECT_NE(everything.find("created secret gh (version 1)"), std::string::npos) << "the log was not read";
+  for (const std::string& secret : {v1, v2, std::string("bobs-own-value"), std::string("sk-model-value-from")}) {
+    EXPECT_EQ(everything.find(secret), std::string::npos) << secret;
+  }
+}
+
 }  // namespace
 
 // --- network: every sandbox behind its own gateway, against a fake internet -------------------
