@@ -1,6 +1,7 @@
 #include "net/policy.h"
 
 #include <array>
+#include <set>
 
 namespace space::net {
 namespace {
@@ -124,6 +125,7 @@ std::string displayText(const Rule& rule) { return rule.text.empty() ? canonical
 
 Decision allowedBy(const Rule& rule) { return {true, "allow:" + displayText(rule)}; }
 Decision deniedBy(const Rule& rule) { return {false, "deny:" + displayText(rule)}; }
+Decision credentialAllows(const CredentialRule& rule) { return {true, "credential:" + displayText(rule.host)}; }
 
 Result<std::vector<Rule>> parseRuleList(const nlohmann::json& value, std::string_view key) {
   if (!value.is_array()) return invalid("network." + std::string(key) + " must be an array of strings");
@@ -139,9 +141,133 @@ Result<std::vector<Rule>> parseRuleList(const nlohmann::json& value, std::string
   return rules;
 }
 
+// The syntax of a secret's name (secrets::checkSecretName is the same rule, and a test keeps
+// them equal): net depends on nothing that knows secrets.
+bool isSecretName(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || isDigit(c); };
+  if (!alnum(name[0])) return false;
+  for (char c : name) {
+    if (!alnum(c) && c != '_' && c != '.' && c != '-') return false;
+  }
+  return true;
+}
+
+// RFC 9110 token characters.
+bool isTokenChar(char c) {
+  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || isDigit(c)) return true;
+  return std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+}
+
+bool sameToken(std::string_view a, std::string_view b) { return sameName(a, b); }
+
+// Headers the gateway's framing and routing depend on: a credential rule may not set them.
+bool isReservedHeader(std::string_view name) {
+  for (std::string_view reserved : {"host", "content-length", "transfer-encoding", "connection", "upgrade", "te",
+                                    "trailer", "keep-alive", "proxy-connection", "expect"}) {
+    if (sameToken(name, reserved)) return true;
+  }
+  return false;
+}
+
+Status checkHeaderTemplate(std::string_view value, const std::string& where) {
+  if (value.size() > kMaxHeaderTemplateBytes) {
+    return invalid(where + " is longer than " + std::to_string(kMaxHeaderTemplateBytes) + " bytes");
+  }
+  for (char c : value) {
+    auto byte = static_cast<unsigned char>(c);
+    if ((byte < 0x20 && c != '\t') || byte == 0x7f) return invalid(where + " contains a control character");
+  }
+  std::string_view rest = value;
+  while (true) {
+    size_t open = rest.find("{{");
+    if (open == std::string_view::npos) break;
+    if (rest.substr(open, kSecretOpen.size()) != kSecretOpen) {
+      return invalid(where + ": \"{{\" starts only {{secret:NAME}}");
+    }
+    rest.remove_prefix(open + kSecretOpen.size());
+    size_t close = rest.find(kSecretClose);
+    if (close == std::string_view::npos || !isSecretName(rest.substr(0, close))) {
+      return invalid(where + ": {{secret:NAME}} needs a secret name (1-64 of A-Z a-z 0-9 _ . -) and \"}}\"");
+    }
+    rest.remove_prefix(close + kSecretClose.size());
+  }
+  return okStatus();
+}
+
+Result<CredentialRule> parseCredentialRule(const nlohmann::json& value, const std::string& where) {
+  if (!value.is_object()) return invalid(where + " must be an object with host and headers");
+  CredentialRule rule;
+  bool has_host = false, has_headers = false;
+  for (const auto& [key, member] : value.items()) {
+    if (key == "host") {
+      if (!member.is_string()) return invalid(where + ".host must be a string");
+      auto host = parseRule(member.get_ref<const std::string&>());
+      if (!host.ok()) return invalid(where + ".host: " + host.error().message);
+      if (host->kind != Rule::Kind::kDomain) {
+        return invalid(where + ".host: a credential rule names a host, not an address");
+      }
+      rule.host = std::move(host).value();
+      has_host = true;
+    } else if (key == "headers") {
+      if (!member.is_object() || member.empty()) return invalid(where + ".headers must be a non-empty object");
+      if (member.size() > kMaxCredentialHeaders) {
+        return invalid(where + ".headers has more than " + std::to_string(kMaxCredentialHeaders) + " entries");
+      }
+      for (const auto& [name, header_value] : member.items()) {
+        const std::string at = where + ".headers." + quoteForMessage(name);
+        bool token = !name.empty() && name.size() <= 64;
+        for (char c : name) token = token && isTokenChar(c);
+        if (!token) return invalid(at + ": a header name is 1-64 token characters");
+        if (isReservedHeader(name)) return invalid(at + ": the gateway sets this header itself");
+        if (!header_value.is_string()) return invalid(at + " must be a string");
+        const auto& text = header_value.get_ref<const std::string&>();
+        SPACE_TRY(checkHeaderTemplate(text, at));
+        for (const auto& [seen, ignored] : rule.headers) {
+          if (sameToken(seen, name)) return invalid(at + ": the header is named twice");
+        }
+        rule.headers.emplace_back(name, text);
+      }
+      has_headers = true;
+    } else if (key == "plain_http") {
+      if (!member.is_boolean()) return invalid(where + ".plain_http must be true or false");
+      rule.plain_http = member.get<bool>();
+    } else {
+      return invalid(where + " has an unknown key " + quoteForMessage(key));
+    }
+  }
+  if (!has_host) return invalid(where + ".host is required");
+  if (!has_headers) return invalid(where + ".headers is required");
+  return rule;
+}
+
 }  // namespace
 
 Policy defaultPolicy() { return Policy{}; }
+
+const CredentialRule* credentialFor(const Policy& policy, std::string_view name, uint16_t port) {
+  for (const CredentialRule& rule : policy.credentials) {
+    if (portMatches(rule.host, port) && ruleMatchesName(rule.host, name)) return &rule;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> credentialSecretNames(const Policy& policy) {
+  std::set<std::string> names;
+  for (const CredentialRule& rule : policy.credentials) {
+    for (const auto& [header, value_template] : rule.headers) {
+      std::string_view rest = value_template;
+      for (size_t open; (open = rest.find(kSecretOpen)) != std::string_view::npos;) {
+        rest.remove_prefix(open + kSecretOpen.size());
+        size_t close = rest.find(kSecretClose);
+        if (close == std::string_view::npos) break;
+        names.emplace(rest.substr(0, close));
+        rest.remove_prefix(close + kSecretClose.size());
+      }
+    }
+  }
+  return {names.begin(), names.end()};
+}
 
 const char* modeName(EgressMode mode) {
   switch (mode) {
@@ -334,6 +460,11 @@ Result<Policy> parsePolicy(const nlohmann::json& value) {
       }
     } else if (key == "allow" || key == "deny") {
       if (member.is_array()) rule_count += member.size();
+    } else if (key == "credentials") {
+      if (!member.is_array()) return invalid("network.credentials must be an array of rules");
+      if (member.size() > kMaxCredentialRules) {
+        return invalid("network.credentials has more than " + std::to_string(kMaxCredentialRules) + " rules");
+      }
     } else if (key == "public_ports") {
       if (!member.is_boolean()) return invalid("network.public_ports must be true or false");
       policy.public_ports = member.get<bool>();
@@ -355,6 +486,17 @@ Result<Policy> parsePolicy(const nlohmann::json& value) {
     if (!rules.ok()) return rules.error();
     policy.deny = std::move(rules).value();
   }
+  if (value.contains("credentials")) {
+    const auto& rules = value.at("credentials");
+    for (size_t i = 0; i < rules.size(); ++i) {
+      auto rule = parseCredentialRule(rules[i], "network.credentials[" + std::to_string(i) + "]");
+      if (!rule.ok()) return rule.error();
+      policy.credentials.push_back(std::move(rule).value());
+    }
+  }
+  if (policy.mode == EgressMode::kDeny && !policy.credentials.empty()) {
+    return invalid("network.egress \"deny\" reaches no host, so credential rules would be ignored");
+  }
   if (policy.mode == EgressMode::kDeny && !policy.allow.empty()) {
     return invalid("network.egress \"deny\" allows nothing, so allow rules would be ignored; use egress \"policy\"");
   }
@@ -367,10 +509,17 @@ nlohmann::json toJson(const Policy& policy) {
     for (const Rule& rule : rules) array.push_back(displayText(rule));
     return array;
   };
+  nlohmann::json credentials = nlohmann::json::array();
+  for (const CredentialRule& rule : policy.credentials) {
+    nlohmann::json headers = nlohmann::json::object();
+    for (const auto& [name, value_template] : rule.headers) headers[name] = value_template;
+    credentials.push_back({{"host", displayText(rule.host)}, {"headers", headers}, {"plain_http", rule.plain_http}});
+  }
   return {{"egress", modeName(policy.mode)},
           {"allow", texts(policy.allow)},
           {"deny", texts(policy.deny)},
-          {"public_ports", policy.public_ports}};
+          {"public_ports", policy.public_ports},
+          {"credentials", credentials}};
 }
 
 Decision decideName(const Policy& policy, std::string_view name) {
@@ -382,6 +531,9 @@ Decision decideName(const Policy& policy, std::string_view name) {
   if (policy.mode == EgressMode::kAllow) return {true, "mode:allow"};
   for (const Rule& rule : policy.allow) {
     if (ruleMatchesName(rule, name)) return allowedBy(rule);
+  }
+  for (const CredentialRule& rule : policy.credentials) {
+    if (ruleMatchesName(rule.host, name)) return credentialAllows(rule);
   }
   return {false, "not-allowed"};
 }
@@ -438,6 +590,7 @@ Decision decideConnection(const Policy& policy, const ConnectionFacts& facts) {
     for (const Rule& rule : policy.allow) {
       if (portMatches(rule, facts.port) && ruleMatchesName(rule, facts.name)) return allowedBy(rule);
     }
+    if (const CredentialRule* rule = credentialFor(policy, facts.name, facts.port)) return credentialAllows(*rule);
     return {false, "not-allowed"};
   }
   for (const Rule& rule : policy.allow) {
@@ -445,6 +598,9 @@ Decision decideConnection(const Policy& policy, const ConnectionFacts& facts) {
     for (const std::string& pinned_name : facts.pinned_names) {
       if (ruleMatchesName(rule, pinned_name)) return allowedBy(rule);
     }
+  }
+  for (const std::string& pinned_name : facts.pinned_names) {
+    if (const CredentialRule* rule = credentialFor(policy, pinned_name, facts.port)) return credentialAllows(*rule);
   }
   return {false, "not-allowed"};
 }

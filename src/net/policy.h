@@ -41,6 +41,18 @@ struct Rule {
   std::string text;  // as the tenant wrote it, for audit entries and the API
 };
 
+// A credential rule: requests to `host` get `headers` added by the gateway, each value a
+// template whose `{{secret:NAME}}` parts are the tenant's secret NAME at request time. The guest
+// never holds the value. Its host counts as allowed (in mode policy too). JSON:
+//   {"host": "api.github.com", "headers": {"Authorization": "Bearer {{secret:gh}}"},
+//    "plain_http": false}
+// `plain_http`: inject into plain-HTTP requests too (readable on the path); default only TLS.
+struct CredentialRule {
+  Rule host;  // a domain rule (wildcards and an optional port allowed), never an address
+  std::vector<std::pair<std::string, std::string>> headers;  // name as given, value template
+  bool plain_http = false;
+};
+
 struct Policy {
   EgressMode mode = EgressMode::kAllow;
   std::vector<Rule> allow;
@@ -53,11 +65,25 @@ struct Policy {
   // no API key or access token ("public_ports" in the JSON; default false). Not egress, but
   // part of the same network object so snapshots and branches carry it the same way.
   bool public_ports = false;
+  std::vector<CredentialRule> credentials;
 };
 
 // Limits on what a tenant may send (bounded input).
 inline constexpr size_t kMaxRules = 256;  // allow + deny together
 inline constexpr size_t kMaxRuleLength = 300;
+
+inline constexpr size_t kMaxCredentialRules = 32;
+inline constexpr size_t kMaxCredentialHeaders = 16;  // per rule
+inline constexpr size_t kMaxHeaderTemplateBytes = 1024;
+
+// The first credential rule for a connection claiming `name` (normalized) on `port`; null if none.
+const CredentialRule* credentialFor(const Policy& policy, std::string_view name, uint16_t port);
+// Every secret name the rules refer to, sorted, without repeats.
+std::vector<std::string> credentialSecretNames(const Policy& policy);
+// The header value for `value_template`: each {{secret:NAME}} replaced by lookup(NAME). nullopt
+// when a secret is missing (lookup gave null); `missing` then names it.
+template <class Lookup>
+std::optional<std::string> renderCredential(std::string_view value_template, Lookup&& lookup, std::string* missing);
 
 // The node's default default: internet allowed, forbidden ranges denied.
 Policy defaultPolicy();
@@ -119,5 +145,30 @@ Decision decideConnection(const Policy& policy, const ConnectionFacts& facts);
 
 std::string ipv4ToString(uint32_t ipv4);
 std::optional<uint32_t> parseIpv4(std::string_view text);  // strict dotted quad only
+
+inline constexpr std::string_view kSecretOpen = "{{secret:";
+inline constexpr std::string_view kSecretClose = "}}";
+
+template <class Lookup>
+std::optional<std::string> renderCredential(std::string_view value_template, Lookup&& lookup, std::string* missing) {
+  std::string out;
+  while (!value_template.empty()) {
+    size_t open = value_template.find(kSecretOpen);
+    out += value_template.substr(0, open);
+    if (open == std::string_view::npos) break;
+    value_template.remove_prefix(open + kSecretOpen.size());
+    size_t close = value_template.find(kSecretClose);
+    if (close == std::string_view::npos) return std::nullopt;  // parsePolicy refuses such templates
+    std::string_view name = value_template.substr(0, close);
+    const std::string* value = lookup(name);
+    if (value == nullptr) {
+      if (missing) *missing = std::string(name);
+      return std::nullopt;
+    }
+    out += *value;
+    value_template.remove_prefix(close + kSecretClose.size());
+  }
+  return out;
+}
 
 }  // namespace space::net

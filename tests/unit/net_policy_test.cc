@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -88,6 +89,12 @@ void expectSamePolicy(const Policy& a, const Policy& b) {
   expectSameRules(a.allow, b.allow);
   expectSameRules(a.deny, b.deny);
   EXPECT_EQ(a.public_ports, b.public_ports);
+  ASSERT_EQ(a.credentials.size(), b.credentials.size());
+  for (size_t i = 0; i < a.credentials.size(); ++i) {
+    expectSameRules({a.credentials[i].host}, {b.credentials[i].host});
+    EXPECT_EQ(a.credentials[i].headers, b.credentials[i].headers) << i;
+    EXPECT_EQ(a.credentials[i].plain_http, b.credentials[i].plain_http) << i;
+  }
 }
 
 // Forms that some resolver, inet_aton or browser reads as an IPv4 address, or that are IPv6:
@@ -421,6 +428,9 @@ TEST(PolicyParse, RoundTripsThroughJson) {
                "deny": ["evil.example:25", "198.51.100.0/24", "*.Bad.example"]})",
            R"({"egress": "allow", "allow": ["169.254.169.254:80"], "deny": ["203.0.113.7"]})",
            R"({"egress": "deny", "public_ports": true})",
+           R"({"egress": "policy", "credentials": [{"host": "api.github.com", "headers": {"Authorization":
+               "Bearer {{secret:gh}}", "X-Org": "acme"}}, {"host": "*.example.org:8080", "plain_http": true,
+               "headers": {"X-Key": "{{secret:a}}-{{secret:b.2}}"}}]})",
        }) {
     const Policy policy = policyOf(text);
     const json dumped = toJson(policy);
@@ -428,9 +438,103 @@ TEST(PolicyParse, RoundTripsThroughJson) {
     EXPECT_EQ(toJson(policyOf(dumped)), dumped);
   }
   EXPECT_EQ(toJson(defaultPolicy()),
-            json::parse(R"({"egress": "allow", "allow": [], "deny": [], "public_ports": false})"));
+            json::parse(R"({"egress": "allow", "allow": [], "deny": [], "public_ports": false, "credentials": []})"));
   EXPECT_TRUE(policyOf(R"({"public_ports": true})").public_ports);
   EXPECT_FALSE(policyOf(R"({"egress": "allow"})").public_ports);
+}
+
+// Credential rules: bounded, strict templates, never a header the gateway's framing needs.
+TEST(PolicyCredentials, RulesAreCheckedStrictly) {
+  auto error = [](const char* rules) {
+    return parseError(json::parse(std::string(R"({"egress": "policy", "credentials": )") + rules + "}"));
+  };
+  EXPECT_TRUE(contains(error(R"({})"), "network.credentials must be an array"));
+  EXPECT_TRUE(contains(error(R"([1])"), "network.credentials[0] must be an object"));
+  EXPECT_TRUE(contains(error(R"([{"headers": {"A": "b"}}])"), ".host is required"));
+  EXPECT_TRUE(contains(error(R"([{"host": "x.example"}])"), ".headers is required"));
+  EXPECT_TRUE(contains(error(R"([{"host": "x.example", "headers": {}}])"), "non-empty object"));
+  EXPECT_TRUE(contains(error(R"([{"host": "203.0.113.7", "headers": {"A": "b"}}])"), "not an address"));
+  EXPECT_TRUE(contains(error(R"([{"host": "10.0.0.0/8", "headers": {"A": "b"}}])"), "not an address"));
+  EXPECT_TRUE(contains(error(R"([{"host": "x..example", "headers": {"A": "b"}}])"), ".host:"));
+  EXPECT_TRUE(contains(error(R"([{"host": "x.example", "headers": {"A": "b"}, "extra": 1}])"), "unknown key"));
+  EXPECT_TRUE(contains(error(R"([{"host": "x.example", "headers": {"A": "b"}, "plain_http": "yes"}])"),
+                       "plain_http must be true or false"));
+  for (const char* name : {"Host", "content-length", "Transfer-Encoding", "CONNECTION", "Upgrade", "TE", "Expect"}) {
+    std::string rules = std::string(R"([{"host": "x.example", "headers": {")") + name + R"(": "v"}}])";
+    EXPECT_TRUE(contains(error(rules.c_str()), "the gateway sets this header itself")) << name;
+  }
+  for (const char* name : {"", "Bad Name", "A:B", "Ä", "a\\r\\nb"}) {
+    std::string rules = std::string(R"([{"host": "x.example", "headers": {")") + name + R"(": "v"}}])";
+    EXPECT_TRUE(contains(error(rules.c_str()), "token characters")) << name;
+  }
+  EXPECT_TRUE(contains(error(R"([{"host": "x.example", "headers": {"A": 1}}])"), "must be a string"));
+  EXPECT_TRUE(contains(error(R"([{"host": "x.example", "headers": {"A": "a", "a": "b"}}])"), "named twice"));
+  for (const char* value : {"x\\r\\nInjected: 1", "tab\\u0000", "{{secret:}}", "{{secret:gh", "{{env:HOME}}",
+                            "{{secret:_x}}", "{{secret:a b}}", "{{ secret:gh }}"}) {
+    std::string rules = std::string(R"([{"host": "x.example", "headers": {"A": ")") + value + R"("}}])";
+    EXPECT_FALSE(parsePolicy(json::parse(std::string(R"({"credentials": )") + rules + "}")).ok()) << value;
+  }
+  json many_headers = json::object();
+  for (size_t i = 0; i <= kMaxCredentialHeaders; ++i) many_headers["H" + std::to_string(i)] = "v";
+  EXPECT_TRUE(
+      contains(parseError(json{{"credentials", {{{"host", "x.example"}, {"headers", many_headers}}}}}), "more than"));
+  json many_rules = json::array();
+  for (size_t i = 0; i <= kMaxCredentialRules; ++i)
+    many_rules.push_back({{"host", "x.example"}, {"headers", {{"A", "b"}}}});
+  EXPECT_TRUE(contains(parseError(json{{"credentials", many_rules}}), "more than"));
+  EXPECT_TRUE(contains(parseError(json::parse(R"({"egress": "deny", "credentials": [{"host": "x.example",
+      "headers": {"A": "b"}}]})")),
+                       "credential rules would be ignored"));
+  EXPECT_TRUE(contains(
+      error((R"([{"host": "x.example", "headers": {"A": ")" + std::string(kMaxHeaderTemplateBytes + 1, 'v') + R"("}}])")
+                .c_str()),
+      "longer than"));
+}
+
+TEST(PolicyCredentials, ARuleAllowsItsHostAndIsFoundByNameAndPort) {
+  const Policy policy = policyOf(R"({"egress": "policy", "deny": ["blocked.example.org"], "credentials": [
+      {"host": "api.github.com", "headers": {"Authorization": "Bearer {{secret:gh}}"}},
+      {"host": "*.example.org:8443", "headers": {"X-Key": "{{secret:ex}}"}},
+      {"host": "blocked.example.org", "headers": {"X-Key": "{{secret:ex}}"}}]})");
+  EXPECT_EQ(decideName(policy, "api.github.com").reason, "credential:api.github.com");
+  EXPECT_FALSE(decideName(policy, "github.com").allowed);
+  EXPECT_EQ(decideConnection(policy, connection("203.0.113.5", 443, "api.github.com", {"api.github.com"})).reason,
+            "credential:api.github.com");
+  // Still pinned: the rule's name must have resolved to the destination for this guest.
+  EXPECT_EQ(decideConnection(policy, connection("203.0.113.5", 443, "api.github.com")).reason, "not-pinned");
+  EXPECT_EQ(decideConnection(policy, connection("203.0.113.5", 443, "", {"api.github.com"})).reason,
+            "credential:api.github.com");
+  EXPECT_TRUE(decideConnection(policy, connection("203.0.113.6", 8443, "a.example.org", {"a.example.org"})).allowed);
+  EXPECT_FALSE(decideConnection(policy, connection("203.0.113.6", 443, "a.example.org", {"a.example.org"})).allowed);
+  // Deny still beats it.
+  EXPECT_FALSE(decideName(policy, "blocked.example.org").allowed);
+  EXPECT_FALSE(decideConnection(policy, connection("203.0.113.6", 8443, "blocked.example.org", {"blocked.example.org"}))
+                   .allowed);
+  ASSERT_NE(credentialFor(policy, "api.github.com", 443), nullptr);
+  EXPECT_EQ(credentialFor(policy, "api.github.com", 443)->host.domain, "api.github.com");
+  EXPECT_EQ(credentialFor(policy, "API.GitHub.com.", 80), credentialFor(policy, "api.github.com", 443));
+  EXPECT_EQ(credentialFor(policy, "x.api.github.com", 443), nullptr);
+  EXPECT_EQ(credentialFor(policy, "a.example.org", 443), nullptr);
+  EXPECT_EQ(credentialFor(policy, "a.example.org", 8443)->headers[0].first, "X-Key");
+  EXPECT_EQ(credentialSecretNames(policy), (std::vector<std::string>{"ex", "gh"}));
+}
+
+TEST(PolicyCredentials, TemplatesRenderEverySecretOrNothing) {
+  std::map<std::string, std::string, std::less<>> secrets{{"gh", "ghp_x"}, {"b.2", "two"}};
+  auto lookup = [&](std::string_view name) -> const std::string* {
+    auto it = secrets.find(name);
+    return it == secrets.end() ? nullptr : &it->second;
+  };
+  std::string missing;
+  EXPECT_EQ(renderCredential("Bearer {{secret:gh}}", lookup, &missing), "Bearer ghp_x");
+  EXPECT_EQ(renderCredential("{{secret:gh}}:{{secret:b.2}}", lookup, &missing), "ghp_x:two");
+  EXPECT_EQ(renderCredential("static", lookup, &missing), "static");
+  EXPECT_EQ(renderCredential("", lookup, &missing), "");
+  EXPECT_EQ(renderCredential("Bearer {{secret:gone}}", lookup, &missing), std::nullopt);
+  EXPECT_EQ(missing, "gone");
+  // A value is inserted as it is, never read as a template itself.
+  secrets["gh"] = "{{secret:b.2}}";
+  EXPECT_EQ(renderCredential("{{secret:gh}}", lookup, &missing), "{{secret:b.2}}");
 }
 
 TEST(PolicyParse, RulesBuiltInCodeGetTheirCanonicalText) {
@@ -442,7 +546,7 @@ TEST(PolicyParse, RulesBuiltInCodeGetTheirCanonicalText) {
   EXPECT_EQ(
       toJson(policy),
       json::parse(
-          R"({"egress": "policy", "allow": ["*.pypi.org:443", "10.0.0.0/8"], "deny": ["203.0.113.7:25"], "public_ports": false})"));
+          R"({"egress": "policy", "allow": ["*.pypi.org:443", "10.0.0.0/8"], "deny": ["203.0.113.7:25"], "public_ports": false, "credentials": []})"));
   EXPECT_EQ(decideConnection(policy, connection("10.1.1.1", 80)).reason, "forbidden-range");
   EXPECT_EQ(decideConnection(openableTo(policy, "10.0.0.0/8"), connection("10.1.1.1", 80)).reason, "allow:10.0.0.0/8");
   EXPECT_EQ(decideConnection(policy, connection("203.0.113.7", 25)).reason, "deny:203.0.113.7:25");
@@ -452,8 +556,8 @@ TEST(PolicyParse, RefusesWrongShapes) {
   for (const char* text : {R"([])", R"("allow")", R"(null)", R"(42)", R"(true)"}) {
     EXPECT_TRUE(contains(parseError(json::parse(text)), "must be a JSON object")) << text;
   }
-  const std::string unknown = parseError(json::parse(R"({"egress": "allow", "credentials": {}})"));
-  EXPECT_TRUE(contains(unknown, "unknown key \"credentials\"")) << unknown;
+  const std::string unknown = parseError(json::parse(R"({"egress": "allow", "credential": []})"));
+  EXPECT_TRUE(contains(unknown, "unknown key \"credential\"")) << unknown;
   for (const json& not_bool : {json("true"), json(1), json(nullptr)}) {
     EXPECT_TRUE(contains(parseError(json{{"public_ports", not_bool}}), "network.public_ports must be true or false"));
   }

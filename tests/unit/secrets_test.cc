@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/fs.h"
+#include "net/policy.h"
 #include "secrets/secret_box.h"
 #include "secrets/vault.h"
 #include "store/state_store.h"
@@ -214,6 +215,18 @@ TEST_F(SecretVaultTest, AnotherNodeKeyCannotReadTheSecrets) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error().reason, "secret_unreadable");
   EXPECT_NE(refused.error().message.find("secret gh"), std::string::npos) << refused.error().message;
+}
+
+// A name a secret may have is exactly a name a credential rule may refer to (net checks templates
+// without depending on this module).
+TEST(SecretNames, AreTheNamesCredentialTemplatesAccept) {
+  for (std::string name :
+       std::initializer_list<std::string>{"gh", "GH_token.v2-x", "9", std::string(64, 'a'), std::string(65, 'a'), "_x",
+                                          ".x", "-x", "a b", "a/b", "a}b", "a{b", "ä", ""}) {
+    nlohmann::json policy = {
+        {"credentials", {{{"host", "x.example"}, {"headers", {{"A", "{{secret:" + name + "}}"}}}}}}};
+    EXPECT_EQ(checkSecretName(name).ok(), net::parsePolicy(policy).ok()) << name;
+  }
 }
 
 }  // namespace
