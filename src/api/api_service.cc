@@ -551,6 +551,7 @@ void ApiService::createSandbox(Call& c) {
         readSandboxSettings(in, request), in.finish()}) {
     if (!s.ok()) return fail(c, s.error());
   }
+  if (auto known = checkCredentialSecrets(c.tenant, request.network); !known.ok()) return fail(c, known.error());
   if (tpl.value() && snapshot.value()) {
     return fail(c, makeError(ErrorCode::kInvalidArgument,
                              "template and snapshot: give one (a snapshot already names its template)"));
@@ -727,6 +728,7 @@ void ApiService::branchSnapshot(Call& c) {
        {count.ok() ? okStatus() : Status(count.error()), readSandboxSettings(in, request), in.finish()}) {
     if (!s.ok()) return fail(c, s.error());
   }
+  if (auto known = checkCredentialSecrets(c.tenant, request.network); !known.ok()) return fail(c, known.error());
   auto children = manager_.branch(request, count.value() ? static_cast<uint32_t>(*count.value()) : 1);
   if (!children.ok()) return fail(c, children.error());
   json items = json::array();
@@ -751,6 +753,24 @@ json secretView(const secrets::SecretInfo& s) {
 }
 
 }  // namespace
+
+Status ApiService::checkCredentialSecrets(const std::string& tenant, const std::optional<net::Policy>& policy) {
+  if (!policy) return okStatus();
+  const std::vector<std::string> names = net::credentialSecretNames(*policy);
+  if (names.empty()) return okStatus();
+  auto v = vault();
+  if (!v.ok()) return makeError(ErrorCode::kInvalidArgument, "network.credentials: " + v.error().message);
+  for (const std::string& name : names) {
+    auto found = v.value()->info(tenant, name);
+    if (found.ok()) continue;
+    if (found.error().code == ErrorCode::kNotFound) {
+      return makeError(ErrorCode::kInvalidArgument, "network.credentials: no secret named " + name +
+                                                        " (create it first: PUT /v1/secrets/" + name + ")");
+    }
+    return found.error();
+  }
+  return okStatus();
+}
 
 Result<secrets::SecretVault*> ApiService::vault() {
   if (secrets_ == nullptr) return makeError(ErrorCode::kUnavailable, "this node keeps no secrets");
@@ -800,6 +820,7 @@ void ApiService::createSecret(Call& c) {
   if (!stored.ok()) return fail(c, stored.error());
   spdlog::info("api: tenant {} {} secret {} (version {})", c.tenant, stored->created ? "created" : "rotated", name,
                stored->version);
+  manager_.secretChanged(c.tenant, name);
   (void)c.res.sendJson(stored->created ? 201 : 200, secretView(stored.value()));
 }
 
@@ -820,6 +841,7 @@ void ApiService::putSecret(Call& c) {
   if (!stored.ok()) return fail(c, stored.error());
   spdlog::info("api: tenant {} {} secret {} (version {})", c.tenant, stored->created ? "created" : "rotated",
                given->first, stored->version);
+  manager_.secretChanged(c.tenant, given->first);
   (void)c.res.sendJson(stored->created ? 201 : 200, secretView(stored.value()));
 }
 
@@ -829,6 +851,7 @@ void ApiService::deleteSecret(Call& c) {
   const std::string& name = c.req.pathParam("name");
   if (auto removed = v.value()->remove(c.tenant, name); !removed.ok()) return fail(c, removed.error());
   spdlog::info("api: tenant {} deleted secret {}", c.tenant, name);
+  manager_.secretChanged(c.tenant, name);
   (void)c.res.send(204, "", "");
 }
 
@@ -1217,6 +1240,7 @@ void ApiService::setNetwork(Call& c) {
   if (!body.ok()) return fail(c, body.error());
   auto policy = net::parsePolicy(body.value());
   if (!policy.ok()) return fail(c, makeError(ErrorCode::kInvalidArgument, "network: " + policy.error().message));
+  if (auto known = checkCredentialSecrets(c.tenant, policy.value()); !known.ok()) return fail(c, known.error());
   if (auto set = manager_.setNetworkPolicy(c.tenant, c.id(), policy.value()); !set.ok()) return fail(c, set.error());
   (void)c.res.send(200, "application/json", dumpJson(net::toJson(policy.value())));
 }

@@ -111,6 +111,8 @@ class ApiService {
   void getSecret(Call& c);
   void putSecret(Call& c);
   void deleteSecret(Call& c);
+  // Every secret the policy's credential rules name exists for the tenant (else a 400 naming it).
+  Status checkCredentialSecrets(const std::string& tenant, const std::optional<net::Policy>& policy);
   // The vault, or an error for a node without one.
   Result<secrets::SecretVault*> vault();
   // Reads {"name"?, "value"} (name only where `with_name`) from a secrets request body.

@@ -491,6 +491,11 @@ int main(int argc, char** argv) {
     }
     config.network = net::NetworkPool::create(network_options);
   }
+  // Tenants' secrets are sealed under <data-dir>/secret-key: state.db alone reveals none.
+  auto secret_box = secrets::SecretBox::openOrCreateKey(data_dir + "/secret-key");
+  if (!secret_box.ok()) return fatal(secret_box.error().message);
+  secrets::SecretVault vault(*store.value(), secret_box.value());
+  config.secrets = &vault;
   auto manager = sandbox::SandboxManager::start(config, *store.value());
   if (!manager.ok()) return fatal(manager.error().message);
 
@@ -501,13 +506,6 @@ int main(int argc, char** argv) {
     return fatal(ingress_key.error().message);
   }
   ingress.token_key = ingress_key.value();
-  // Tenants' secrets are sealed under <data-dir>/secret-key: state.db alone reveals none.
-  auto secret_box = secrets::SecretBox::openOrCreateKey(data_dir + "/secret-key");
-  if (!secret_box.ok()) {
-    manager.value()->shutdown(sandbox::ShutdownMode::kKeepRunning);
-    return fatal(secret_box.error().message);
-  }
-  secrets::SecretVault vault(*store.value(), secret_box.value());
   api::ApiService service(*manager.value(), keys, api_limits, kDefaultTenant, ingress, &vault);
   auto server = http::Server::start(listen, [&](http::Request& rq, http::Response& rs) { service.handle(rq, rs); });
   if (!server.ok()) {

@@ -20,8 +20,9 @@ int adopt(const UniqueFd& fd) { return fcntl(fd.get(), F_DUPFD_CLOEXEC, 3); }
 
 }  // namespace
 
-Gateway::Gateway(GatewayOptions options, PolicyFile policy, AuditLog audit)
-    : core_(std::make_shared<GatewayCore>(io_, std::move(options), std::move(policy), std::move(audit))),
+Gateway::Gateway(GatewayOptions options, PolicyFile policy, AuditLog audit, CredentialsFile credentials)
+    : core_(std::make_shared<GatewayCore>(io_, std::move(options), std::move(policy), std::move(audit),
+                                          std::move(credentials))),
       signals_(io_, SIGTERM, SIGINT) {}
 
 Gateway::~Gateway() = default;

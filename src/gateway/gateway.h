@@ -29,7 +29,7 @@ struct Listeners {
 
 class Gateway {
  public:
-  Gateway(GatewayOptions options, PolicyFile policy, AuditLog audit);
+  Gateway(GatewayOptions options, PolicyFile policy, AuditLog audit, CredentialsFile credentials);
   ~Gateway();
 
   // Adopts the listeners and starts serving (once run() runs).

@@ -30,6 +30,15 @@ std::shared_ptr<const net::Policy> GatewayCore::policy() {
   return effective_;
 }
 
+const std::string* GatewayCore::secret(std::string_view name) {
+  if (auto failure = credentials_.refresh()) {
+    spdlog::warn("credentials reload failed, the previous values stay: {}", *failure);
+    audit.write(
+        {{"kind", "gateway"}, {"allowed", false}, {"reason", "credentials-reload-failed"}, {"detail", *failure}});
+  }
+  return credentials_.secret(name);
+}
+
 bool GatewayCore::isLocalAddress(uint32_t ipv4) {
   auto now = std::chrono::steady_clock::now();
   if (local_addresses_at_ == std::chrono::steady_clock::time_point{} ||

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gateway/audit_log.h"
+#include "gateway/credentials_file.h"
 #include "gateway/dns_pins.h"
 #include "gateway/policy_file.h"
 #include "gateway/token_bucket.h"
@@ -46,8 +47,13 @@ struct GatewayOptions {
 
 class GatewayCore {
  public:
-  GatewayCore(boost::asio::io_context& io, GatewayOptions options, PolicyFile policy, AuditLog audit)
-      : io(io), options(std::move(options)), audit(std::move(audit)), policy_(std::move(policy)) {
+  GatewayCore(boost::asio::io_context& io, GatewayOptions options, PolicyFile policy, AuditLog audit,
+              CredentialsFile credentials)
+      : io(io),
+        options(std::move(options)),
+        audit(std::move(audit)),
+        policy_(std::move(policy)),
+        credentials_(std::move(credentials)) {
     if (this->options.max_bytes_per_s > 0) {
       double rate = static_cast<double>(this->options.max_bytes_per_s);
       // A quarter second of burst: smooth enough, and a 64 KiB read always fits eventually.
@@ -58,6 +64,9 @@ class GatewayCore {
   // The policy to decide with now: the file is re-read if it changed, and a reload that fails
   // is audited (once per version of the file) while the previous policy stays in force.
   std::shared_ptr<const net::Policy> policy();
+  // The current value of a credential secret (the file re-read if it changed), or null. Valid
+  // until the next call.
+  const std::string* secret(std::string_view name);
   // Whether `ipv4` is an address of the upstream namespace itself (the host, by default): a
   // connection there would reach the host's own services over its loopback path, whatever
   // address they listen on. Refreshed at most once a second.
@@ -74,6 +83,7 @@ class GatewayCore {
 
  private:
   PolicyFile policy_;
+  CredentialsFile credentials_;
   std::shared_ptr<const net::Policy> seen_;       // the file's policy last made effective
   std::shared_ptr<const net::Policy> effective_;  // it, with the node's openable ranges
   std::vector<uint32_t> local_addresses_;

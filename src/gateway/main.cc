@@ -1,6 +1,6 @@
 // space-gateway's entry: flags, namespaces and privileges; then Gateway serves.
 //
-//   space-gateway --slot-netns PATH --policy FILE --audit FILE [--upstream-netns PATH]
+//   space-gateway --slot-netns PATH --policy FILE --audit FILE [--credentials FILE] [--upstream-netns PATH]
 //                 [--upstream-dns IP[:PORT]] [--ready-fd N] [--user NAME] [limits...]
 //
 // Starts as root: enters the upstream namespace (if given), creates the guest-side listeners in
@@ -175,7 +175,8 @@ int fail(const std::string& message, int code = 1) {
 
 int main(int argc, char** argv) {
   CLI::App app{"space-gateway: a sandbox's DNS resolver and TCP egress, enforcing its network policy"};
-  std::string slot_netns, policy_path, audit_path, upstream_netns, upstream_dns, user = "nobody", log_level = "info";
+  std::string slot_netns, policy_path, audit_path, credentials_path, upstream_netns, upstream_dns, user = "nobody",
+                                                                                                   log_level = "info";
   int ready_fd = -1;
   size_t max_connections = 256;
   int64_t handshake_timeout_ms = 10000, idle_timeout_ms = 600000;
@@ -183,6 +184,8 @@ int main(int argc, char** argv) {
   app.add_option("--slot-netns", slot_netns, "the slot's network namespace (a bind-mounted nsfs path)")->required();
   app.add_option("--policy", policy_path, "the egress policy (JSON), re-read when it changes")->required();
   app.add_option("--audit", audit_path, "the audit log (JSON lines), rotated to FILE.1")->required();
+  app.add_option("--credentials", credentials_path,
+                 "the values of the policy's credential secrets (JSON), re-read when it changes; absent: none");
   app.add_option("--upstream-netns", upstream_netns, "the namespace of upstream sockets (default: ours)");
   app.add_option("--upstream-dns", upstream_dns, "the resolver, IP[:PORT] (default: /etc/resolv.conf)");
   app.add_option("--ready-fd", ready_fd, "written \"ready\\n\" and closed once serving")->check(CLI::NonNegativeNumber);
@@ -270,7 +273,8 @@ int main(int argc, char** argv) {
 
   spdlog::info("space-gateway: upstream DNS {}:{}, at most {} connections", options.upstream_dns.address().to_string(),
                options.upstream_dns.port(), max_connections);
-  space::gateway::Gateway gateway(std::move(options), std::move(policy.value()), std::move(audit.value()));
+  space::gateway::Gateway gateway(std::move(options), std::move(policy.value()), std::move(audit.value()),
+                                  space::gateway::CredentialsFile(credentials_path));
   if (auto started = gateway.start(std::move(listeners.value())); !started.ok()) return fail(started.error().message);
 
   if (ready_fd >= 0) {

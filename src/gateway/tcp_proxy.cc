@@ -8,6 +8,7 @@
 #include <boost/asio/write.hpp>
 #include <vector>
 
+#include "net/http_rewrite.h"
 #include "net/sniff.h"
 
 #ifndef SO_ORIGINAL_DST
@@ -150,7 +151,85 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     net::Decision decision = judge(name);
     reason_ = decision.reason;
     if (!decision.allowed) return deny(decision.reason, detail);
+    if (!applyCredentials()) return;
     connect();
+  }
+
+  // A request to a credential rule's host gets the rule's headers (net::rewriteRequestHead) in
+  // place of its head in hello_. Only over plain HTTP so far, and only where the rule allows it;
+  // only when the destination is among the answers this guest got for the rule's name (a Host
+  // header names any host the guest likes). False when the connection was ended here.
+  bool applyCredentials() {
+    if (claim_.empty() || name_.empty()) return true;
+    const net::CredentialRule* rule = net::credentialFor(*decided_by_, name_, port_);
+    if (rule == nullptr) return true;
+    if (claim_ == "sni") {
+      detail_ = "a credential rule matches; TLS passes through without it (the gateway does not terminate TLS yet)";
+      return true;
+    }
+    if (!rule->plain_http) {
+      detail_ = "a credential rule matches; not sent over plain HTTP (the rule's plain_http is false)";
+      return true;
+    }
+    auto pinned = core_->pins.namesFor(ip_, DnsPins::Clock::now());
+    if (std::find(pinned.begin(), pinned.end(), name_) == pinned.end()) {
+      deny("credential-not-pinned", "Host " + name_ + " does not resolve to this destination for this guest");
+      return false;
+    }
+    std::vector<std::pair<std::string, std::string>> headers;
+    std::vector<std::string> used;
+    for (const auto& [header, value_template] : rule->headers) {
+      std::string missing;
+      auto lookup = [&](std::string_view secret_name) { return core_->secret(secret_name); };
+      auto value = net::renderCredential(value_template, lookup, &missing);
+      if (!value) {
+        answerGuest(502, "credential-missing",
+                    "the secret " + missing + " of a credential rule for " + name_ + " is not set; nothing was sent");
+        return false;
+      }
+      headers.emplace_back(header, std::move(*value));
+    }
+    for (const std::string& secret_name : net::credentialSecretNames(net::Policy{.credentials = {*rule}})) {
+      used.push_back(secret_name);
+    }
+    auto rewritten = net::rewriteRequestHead(hello_, headers);
+    for (auto& [header, value] : headers) explicit_bzero(value.data(), value.size());
+    if (!rewritten.ok()) {
+      deny("malformed", rewritten.error().message);
+      return false;
+    }
+    std::vector<uint8_t> out(rewritten->head.begin(), rewritten->head.end());
+    out.insert(out.end(), hello_.begin() + static_cast<std::ptrdiff_t>(rewritten->consumed), hello_.end());
+    explicit_bzero(rewritten->head.data(), rewritten->head.size());
+    hello_ = std::move(out);
+    injected_ = true;
+    auto e = entry(true, reason_);
+    e["kind"] = "credential";
+    e["method"] = rewritten->method;
+    e["path"] = rewritten->target.substr(0, 256);
+    e["secrets"] = used;
+    core_->audit.write(std::move(e));
+    return true;
+  }
+
+  // An HTTP answer of the gateway's own to the guest, then the end of the connection.
+  void answerGuest(int status, const std::string& reason, const std::string& message) {
+    detail_ = message;
+    auto e = entry(false, reason);
+    e["duration_ms"] = millisecondsSince(start_);
+    core_->audit.write(std::move(e));
+    state_ = State::kClosed;
+    cancelTimers();
+    const std::string body = "space-gateway: " + message + "\n";
+    auto text = std::make_shared<std::string>("HTTP/1.1 " + std::to_string(status) +
+                                              " Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+                                              "Content-Length: " +
+                                              std::to_string(body.size()) + "\r\n\r\n" + body);
+    asio::async_write(guest_, asio::buffer(*text), [self = shared_from_this(), text](error_code, size_t) {
+      error_code ignored;
+      self->guest_.shutdown(tcp::socket::shutdown_both, ignored);
+      self->guest_.close(ignored);
+    });
   }
 
   // The policy's word on this connection claiming `name` ("" for none).
@@ -163,6 +242,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     facts.pinned_names = core_->pins.namesFor(ip_, DnsPins::Clock::now());
     pinned_ = facts.pinned_names;
     if (pinned_.size() > kMaxAuditedPins) pinned_.resize(kMaxAuditedPins);
+    decided_by_ = policy;
     return net::decideConnection(*policy, facts);
   }
 
@@ -206,6 +286,10 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
       name_ = name;
       claim_ = claim;
       reason_ = decision.reason;
+      if (!applyCredentials()) {
+        reset(upstream_);
+        return;
+      }
     }
     pipes_[kOut].bytes += hello_.size();
     // Counted against the bandwidth limit like relayed bytes (the debt slows the next reads).
@@ -213,6 +297,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     asio::async_write(upstream_, asio::buffer(hello_), [self = shared_from_this()](error_code ec, size_t) {
       if (self->state_ != State::kRelaying) return;
       if (ec) return self->close(true, "upstream write: " + ec.message());
+      if (self->injected_) explicit_bzero(self->hello_.data(), self->hello_.size());
       self->hello_.clear();
       self->hello_.shrink_to_fit();
       self->read(kOut);
@@ -277,6 +362,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     asio::async_write(upstream_, asio::buffer(hello_), [self = shared_from_this()](error_code ec, size_t) {
       if (self->state_ != State::kRelaying) return;
       if (ec) return self->close(true, "upstream write: " + ec.message());
+      if (self->injected_) explicit_bzero(self->hello_.data(), self->hello_.size());
       self->hello_.clear();
       self->hello_.shrink_to_fit();
       self->read(kOut);
@@ -383,7 +469,9 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   std::vector<uint8_t> hello_;
   bool late_claim_check_ = false;  // decided by address: the first bytes, when they come, are judged
   std::string name_, claim_, detail_, reason_;
-  std::vector<std::string> pinned_;  // the names whose answers included the destination
+  std::vector<std::string> pinned_;                // the names whose answers included the destination
+  std::shared_ptr<const net::Policy> decided_by_;  // the policy of the last decision
+  bool injected_ = false;                          // a credential rule's headers were added
   std::array<Pipe, 2> pipes_;
 };
 

@@ -130,6 +130,7 @@ SandboxNetwork::~SandboxNetwork() {
   if (detached_) return;
   if (gateway_) gateway_->terminate(std::chrono::milliseconds(500));
   gateway_.reset();
+  ::unlink(credentialsPath().c_str());
   ::unlink((state_dir_ + "/" + kAttachmentFile).c_str());
   pool_->releaseSlot(slot_);
 }
@@ -185,6 +186,41 @@ Status GuestConnection::connect(uint16_t port, Clock::time_point deadline) const
 
 Status SandboxNetwork::setPolicy(const Policy& policy, bool durable) {
   return NetworkPool::writePolicy(NetworkPool::gatewayDir(state_dir_), policy, durable);
+}
+
+std::string SandboxNetwork::credentialsPath() const {
+  return pool_->options().credentials_dir + "/" + slot_.name + ".json";
+}
+
+Status SandboxNetwork::setCredentials(const std::map<std::string, std::string>& values) {
+  nlohmann::json secrets = nlohmann::json::object();
+  for (const auto& [name, value] : values) secrets[name] = value;
+  std::string text = nlohmann::json{{"secrets", secrets}}.dump();
+  const std::string path = credentialsPath();
+  const std::string temp = path + ".tmp";
+  ::unlink(temp.c_str());
+  UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0400));
+  auto fail = [&](const std::string& what) {
+    int err = errno;
+    explicit_bzero(text.data(), text.size());
+    ::unlink(temp.c_str());
+    return makeError(ErrorCode::kInternal, what + " " + temp + ": " + strerror(err));
+  };
+  if (!fd.valid()) return fail("cannot create");
+  // The gateway's own uid reads it, and nobody else but root.
+  auto [uid, gid] = pool_->gatewayIds(slot_);
+  if (::fchown(fd.get(), uid, gid) != 0) return fail("cannot chown");
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return fail("cannot write");
+    done += static_cast<size_t>(n);
+  }
+  explicit_bzero(text.data(), text.size());
+  fd.reset();
+  if (::rename(temp.c_str(), path.c_str()) != 0) return fail("cannot rename");
+  return okStatus();
 }
 
 Status SandboxNetwork::persistPolicy() const {
@@ -281,6 +317,18 @@ Status NetworkPool::start(const std::set<std::string>& keep) {
     ++reclaimed;
   }
   if (reclaimed > 0) spdlog::info("network: removed {} slot(s) a previous run left", reclaimed);
+  // Credential files of slots nobody holds now (a previous run's) go too.
+  std::filesystem::create_directories(options_.credentials_dir, ec);
+  ::chmod(options_.credentials_dir.c_str(), 0711);  // gateways reach their own file by name only
+  std::set<std::string> held;
+  for (const Slot& s : slots_.existing()) {
+    std::lock_guard lock(mu_);
+    if (used_.count(s.index) != 0) held.insert(s.name + ".json");
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(options_.credentials_dir, ec)) {
+    const std::string file = entry.path().filename().string();
+    if (file.rfind(options_.slot_prefix + "-", 0) == 0 && held.count(file) == 0) ::unlink(entry.path().c_str());
+  }
   try {
     refill_ = std::thread([this] { refillLoop(); });
   } catch (const std::system_error& e) {
@@ -413,6 +461,8 @@ Result<ChildProcess> NetworkPool::spawnGateway(const Slot& slot, const std::stri
                                    gw + "/" + kPolicyFile,
                                    "--audit",
                                    gw + "/" + kAuditFile,
+                                   "--credentials",
+                                   options_.credentials_dir + "/" + slot.name + ".json",
                                    "--ready-fd",
                                    "3",
                                    "--user",

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -45,6 +46,9 @@ struct NetworkOptions {
   // has, so gateways cannot signal one another. 0: as gateway_user instead.
   uint32_t gateway_uid_base = 1500000000;
   std::string gateway_user = "nobody";
+  // Where each slot's gateway finds the values of its sandbox's credential secrets
+  // (<slot name>.json, owned by that gateway's uid, mode 0400). On tmpfs: never at rest.
+  std::string credentials_dir = "/run/space/credentials";
   // Private ranges tenant allow CIDRs may open (net::Policy::openable); default none.
   std::vector<std::string> openable_cidrs;
   // Slots kept made and scrubbed, ready for the next sandbox.
@@ -127,6 +131,10 @@ class SandboxNetwork {
   // `durable`: atomic but not yet on disk (persistPolicy() does that), for the create path,
   // where the sandbox cannot outlive a host crash anyway.
   Status setPolicy(const Policy& policy, bool durable = true);
+  // Gives the gateway the values of the secrets its credential rules name ({name: value}); it
+  // uses them from its next request on. Replaces what it had: a secret left out is gone.
+  Status setCredentials(const std::map<std::string, std::string>& values);
+  std::string credentialsPath() const;
   // Puts the policy file on disk (before a suspend records that the sandbox can come back).
   Status persistPolicy() const;
   // The gateway exited (killed, crashed): the guest has lost its connections, not its policy.

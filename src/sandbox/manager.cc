@@ -73,6 +73,53 @@ Result<net::Policy> SandboxManager::networkPolicy(const std::string& tenant, con
   return policy.value() ? *policy.value() : config_.default_policy;
 }
 
+Status SandboxManager::syncCredentials(Live& live) {
+  net::SandboxNetwork* network = live.runtime ? live.runtime->network() : nullptr;
+  if (network == nullptr) return okStatus();
+  auto policy = net::NetworkPool::readPolicy(net::NetworkPool::gatewayDir(network->stateDir()));
+  if (!policy.ok()) return policy.error();
+  std::map<std::string, std::string> values;
+  if (policy.value() && config_.secrets != nullptr) {
+    for (const std::string& name : net::credentialSecretNames(*policy.value())) {
+      auto value = config_.secrets->reveal(live.tenant, name);
+      if (value.ok()) {
+        values.emplace(name, std::move(value.value()));
+      } else if (value.error().code != ErrorCode::kNotFound) {
+        // A deleted secret just leaves its rule without a value (the gateway refuses to send
+        // such requests); one that cannot be read is the node's problem, said loudly.
+        return makeError(value.error().code, "sandbox " + live.id + ": " + value.error().message);
+      }
+    }
+  }
+  Status written = network->setCredentials(values);
+  for (auto& [name, value] : values) explicit_bzero(value.data(), value.size());
+  return written;
+}
+
+void SandboxManager::secretChanged(const std::string& tenant, const std::string& name) {
+  std::vector<std::shared_ptr<Live>> lives;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, live] : live_) {
+      if (live->tenant == tenant) lives.push_back(live);
+    }
+  }
+  for (const auto& live : lives) {
+    std::lock_guard control(live->control);
+    if (live->finished || !live->runtime || live->runtime->network() == nullptr) continue;
+    auto policy = net::NetworkPool::readPolicy(net::NetworkPool::gatewayDir(live->runtime->network()->stateDir()));
+    if (!policy.ok() || !policy.value()) continue;
+    auto names = net::credentialSecretNames(*policy.value());
+    if (std::find(names.begin(), names.end(), name) == names.end()) continue;
+    if (auto synced = syncCredentials(*live); !synced.ok()) {
+      spdlog::error("sandbox {}: its gateway keeps the old value of secret {}: {}", live->id, name,
+                    synced.error().message);
+    } else {
+      spdlog::info("sandbox {}: its gateway has the current value of secret {}", live->id, name);
+    }
+  }
+}
+
 Status SandboxManager::setNetworkPolicy(const std::string& tenant, const std::string& id, const net::Policy& policy) {
   if (!config_.network) return noNetwork();
   auto live = findLive(tenant, id);
@@ -80,6 +127,7 @@ Status SandboxManager::setNetworkPolicy(const std::string& tenant, const std::st
     std::lock_guard control(live.value()->control);
     if (!live.value()->finished && live.value()->runtime && live.value()->runtime->network() != nullptr) {
       SPACE_TRY(live.value()->runtime->network()->setPolicy(policy));
+      SPACE_TRY(syncCredentials(*live.value()));
       spdlog::info("sandbox {}: network policy set ({})", id, net::toJson(policy).dump());
       return okStatus();
     }
@@ -482,6 +530,7 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
       // Not fsynced here (a millisecond of the create): a running sandbox does not outlive a
       // host crash, and a suspend makes the file durable before it records the sandbox.
       auto set = network->setPolicy(policy, /*durable=*/false);
+      if (set.ok()) set = syncCredentials(*live);
       if (!set.ok()) {
         live->runtime.reset();
         release();
@@ -580,6 +629,7 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     if (!runtime.ok()) return fail(runtime.error());
     live->runtime = std::move(runtime.value());
   }
+  if (auto synced = syncCredentials(*live); !synced.ok()) return fail(synced.error());
   if (auto configured = identity(); !configured.ok()) return fail(configured.error());
   if (faultFails("create.configured"))
     return fail(makeError(ErrorCode::kInternal, "injected failure (SPACE_FAULT_FAIL)"));
@@ -790,6 +840,13 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
                      "cannot resume sandbox " + suspended.id + ": " + firstLine(e.message));
   }
   live->runtime = std::move(runtime.value());
+  // Values may have been rotated while it slept, and its slot (with the file) is a new one.
+  if (auto synced = syncCredentials(*live); !synced.ok()) {
+    live->runtime->release();
+    live->runtime.reset();
+    unreserve();
+    return synced.error();
+  }
   faultPoint("resume.restored");
   rec.state = stateName(SandboxState::kRunning);
   rec.state_reason.clear();

@@ -31,6 +31,7 @@
 #include "sandbox/launcher.h"
 #include "sandbox/lifecycle.h"
 #include "sandbox/warm_pool.h"
+#include "secrets/vault.h"
 #include "snapshot/template_cache.h"
 #include "store/state_store.h"
 #include "vmm/vm.h"
@@ -66,6 +67,8 @@ struct ManagerConfig {
   // Networking: every sandbox gets a slot and a gateway from this pool (null: no NIC at all).
   std::shared_ptr<net::NetworkPool> network;
   net::Policy default_policy = net::defaultPolicy();  // a sandbox's, unless its create says
+  // Tenants' secrets, for the gateways' credential rules (null: rules get no values).
+  secrets::SecretVault* secrets = nullptr;
 
   // Node limits; a request beyond them is refused, never overcommitted.
   uint32_t max_sandboxes = 64;
@@ -196,6 +199,9 @@ class SandboxManager {
   // Changes it: a running sandbox's gateway applies it from its next DNS answer or connection;
   // a suspended one gets it when it resumes.
   Status setNetworkPolicy(const std::string& tenant, const std::string& id, const net::Policy& policy);
+  // A tenant's secret was created, rotated or deleted: every running sandbox of the tenant whose
+  // credential rules name it gets the new value (or loses it) before this returns.
+  void secretChanged(const std::string& tenant, const std::string& name);
   // The newest entries of its network audit log (JSON lines) that pass `filter`, oldest first.
   Result<std::vector<nlohmann::json>> networkLog(const std::string& tenant, const std::string& id,
                                                  const NetworkLogFilter& filter);
@@ -262,6 +268,9 @@ class SandboxManager {
   // Ends a sandbox that holds a VM: destroys the VM, records `to` with `reason`, frees its reservation.
   Status finish(const std::shared_ptr<Live>& live, SandboxState to, const std::string& reason);
   Result<std::shared_ptr<Live>> findLive(const std::string& tenant, const std::string& id);
+  // Under the sandbox's `control`: its gateway gets the current values of the secrets its policy's
+  // credential rules name. A sandbox without a network, or without rules, needs nothing.
+  Status syncCredentials(Live& live);
   Result<store::SandboxRecord> getOwned(const std::string& tenant, const std::string& id);
   Result<store::SandboxRecord> resumeSuspended(const store::SandboxRecord& rec);
   enum class SuspendCause { kRequest, kIdle, kTimeout };

@@ -91,6 +91,10 @@ Status SandboxManager::recover() {
       auto live = liveFromRecord(row);
       live->state = row.state == "paused" || disk_error ? SandboxState::kPaused : SandboxState::kRunning;
       live->runtime = std::move(runtime);
+      // Secrets may have been rotated or deleted while spaced was down.
+      if (auto synced = syncCredentials(*live); !synced.ok()) {
+        spdlog::error("sandbox {}: its gateway may hold old secret values: {}", row.id, synced.error().message);
+      }
       if (disk_error) {
         live->disk_error = *disk_error;
         row.state = stateName(SandboxState::kPaused);

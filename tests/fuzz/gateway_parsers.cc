@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "net/dns_message.h"
+#include "net/http_rewrite.h"
 #include "net/policy.h"
 #include "net/sniff.h"
 
@@ -58,6 +59,22 @@ void fuzzSniff(std::span<const uint8_t> in) {
       GATEWAY_FUZZ_CHECK(sameResult(prefix, whole));
     }
   }
+}
+
+// A head the sniffer accepted and named is one the credential rewrite parses too, and what the
+// rewrite sends names the same host: the host the gateway checked is the host the server sees.
+void fuzzRewrite(std::span<const uint8_t> in) {
+  net::SniffResult sniffed = net::sniff(in);
+  if (sniffed.status != net::SniffStatus::kHttp || sniffed.name.empty()) return;
+  auto rewritten = net::rewriteRequestHead(in, {{"Authorization", "Bearer fuzz-secret"}});
+  GATEWAY_FUZZ_CHECK(rewritten.ok());
+  GATEWAY_FUZZ_CHECK(rewritten->consumed <= in.size());
+  const std::string& head = rewritten->head;
+  auto again = net::sniff(std::span(reinterpret_cast<const uint8_t*>(head.data()), head.size()));
+  GATEWAY_FUZZ_CHECK(again.status == net::SniffStatus::kHttp && again.name == sniffed.name);
+  size_t secrets = 0;
+  for (size_t at = head.find("fuzz-secret"); at != std::string::npos; at = head.find("fuzz-secret", at + 1)) ++secrets;
+  GATEWAY_FUZZ_CHECK(secrets == 1);
 }
 
 void fuzzDns(std::span<const uint8_t> in) {
@@ -117,6 +134,7 @@ void fuzzDns(std::span<const uint8_t> in) {
 void fuzzGatewayParsers(const uint8_t* data, size_t size) {
   std::span<const uint8_t> in(data, size);
   fuzzSniff(in);
+  fuzzRewrite(in);
   fuzzDns(in);
 }
 

@@ -272,6 +272,9 @@ class SpacedTest : public testing::Test {
       ::umount2(slot.path().c_str(), MNT_DETACH);
       ::unlink(slot.path().c_str());
     }
+    for (const auto& file : std::filesystem::directory_iterator("/run/space/credentials", ec)) {
+      if (file.path().filename().string().rfind(slot_prefix, 0) == 0) ::unlink(file.path().c_str());
+    }
   }
   std::string sandboxDir(const std::string& id) const { return data_dir_ + "/sandboxes/" + id; }
 
@@ -2676,6 +2679,87 @@ class SpacedNetworkTest : public SpacedTest {
   }
   std::unique_ptr<testsupport::FakeInternet> internet_;
 };
+
+// A credential rule adds the tenant's secret to the guest's requests on the gateway, for its
+// host only, at its pinned address only, with the secret's current value; the guest never holds
+// it, and a missing secret is a clear 502, never a request without it.
+TEST_F(SpacedNetworkTest, CredentialRulesAddTheSecretOnlyWhereItBelongs) {
+  daemon_ = Daemon::start(data_dir_, networkArgs());
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string first = "ghp_FirstInjectedValue0123456789";
+  const std::string second = "ghp_SecondInjectedValue987654321";
+  const json rules = {
+      {"egress", "policy"},
+      {"allow", {"other.test"}},
+      {"credentials",
+       {{{"host", "allowed.test"}, {"headers", {{"Authorization", "Bearer {{secret:gh}}"}}}, {"plain_http", true}}}}};
+  // A rule naming a secret that does not exist is refused before anything starts.
+  json refused = d.callJson("POST", "/v1/sandboxes", json{{"cpus", 1}, {"memory_mb", 256}, {"network", rules}}, 400);
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("no secret named gh"), std::string::npos) << refused;
+  d.callJson("PUT", "/v1/secrets/gh", json{{"value", first}}, 201);
+  const std::string id = d.create(json{{"cpus", 1}, {"memory_mb", 256}, {"network", rules}});
+  ASSERT_FALSE(id.empty());
+  auto digest = [](const std::string& value) { return sha256Hex("Bearer " + value); };
+
+  // Its host gets it, once, in place of what the guest sent, on a connection told to close.
+  auto [rc, out] = sh(d, id, "curl -sS -m 20 -H 'Authorization: Bearer guess' http://allowed.test/auth");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("authorization 1 " + digest(first) + " connection close"), std::string::npos) << out;
+  // Another host does not, nor does the rule's name sent to another address (a spoofed Host).
+  auto [other_rc, other_out] = sh(d, id, "curl -sS -m 20 http://other.test/auth");
+  EXPECT_NE(other_out.find("authorization 0"), std::string::npos) << other_out;
+  auto [spoof_rc, spoof_out] = sh(d, id, "curl -sS -m 20 -H 'Host: allowed.test' http://other.test/auth");
+  EXPECT_NE(spoof_rc, 0) << spoof_out;
+  EXPECT_EQ(spoof_out.find("authorization 1"), std::string::npos) << spoof_out;
+
+  // A rotation applies to the next request; the guest's environment never held a value.
+  d.callJson("PUT", "/v1/secrets/gh", json{{"value", second}}, 200);
+  auto [rotated_rc, rotated_out] = sh(d, id, "curl -sS -m 20 http://allowed.test/auth; env; cat /proc/1/environ");
+  EXPECT_NE(rotated_out.find("authorization 1 " + digest(second)), std::string::npos) << rotated_out;
+  EXPECT_EQ(rotated_out.find(second), std::string::npos);
+
+  // Without plain_http the rule sends nothing over plain HTTP.
+  json strict = rules;
+  strict["credentials"][0]["plain_http"] = false;
+  d.callJson("PUT", "/v1/sandboxes/" + id + "/network", strict, 200);
+  auto [strict_rc, strict_out] = sh(d, id, "curl -sS -m 20 http://allowed.test/auth");
+  EXPECT_NE(strict_out.find("authorization 0"), std::string::npos) << strict_out;
+  d.callJson("PUT", "/v1/sandboxes/" + id + "/network", rules, 200);
+
+  // A snapshot of it holds no trace of the value, in its memory or anywhere else.
+  json snap = d.callJson("POST", "/v1/sandboxes/" + id + "/snapshots", json::object(), 201);
+  const std::string snap_id = snap.value("id", "");
+  ASSERT_FALSE(snap_id.empty()) << snap;
+  size_t files = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(data_dir_ + "/snapshots")) {
+    if (!entry.is_regular_file()) continue;
+    ++files;
+    auto bytes = readSmallFile(entry.path().string(), size_t{2} << 30);
+    ASSERT_TRUE(bytes.ok()) << entry.path();
+    EXPECT_EQ(bytes->find(second), std::string::npos) << entry.path();
+    EXPECT_EQ(bytes->find(first), std::string::npos) << entry.path();
+  }
+  EXPECT_GT(files, 2u);
+
+  // Deleted: a clear refusal from the gateway, and nothing reaches the host.
+  d.callJson("DELETE", "/v1/secrets/gh", json(), 204);
+  auto [gone_rc, gone_out] = sh(d, id, "curl -sS -m 20 -w ' status %{http_code}' http://allowed.test/auth");
+  EXPECT_NE(gone_out.find("secret gh"), std::string::npos) << gone_out;
+  EXPECT_NE(gone_out.find("status 502"), std::string::npos) << gone_out;
+  EXPECT_EQ(gone_out.find("authorization"), std::string::npos) << gone_out;
+
+  // The audit log names the secret, never its value.
+  json log = auditLog(d, id);
+  EXPECT_TRUE(logged(log, "kind", "credential", true)) << log.dump().substr(0, 2000);
+  EXPECT_TRUE(logged(log, "reason", "credential-missing", false)) << log.dump().substr(0, 2000);
+  const std::string text = log.dump();
+  EXPECT_EQ(text.find(first), std::string::npos);
+  EXPECT_EQ(text.find(second), std::string::npos);
+  auto daemon_log = readSmallFile(logPath(), 64 << 20);
+  ASSERT_TRUE(daemon_log.ok());
+  EXPECT_EQ(daemon_log->find(second), std::string::npos);
+}
 
 // The guest resolves and reaches what its policy allows, over HTTP and HTTPS, and gets a fast,
 // clear refusal (NXDOMAIN, a reset) for the rest, each decision in its audit log; a policy

@@ -155,6 +155,11 @@ class Http(http.server.BaseHTTPRequestHandler):
         ip, port = self.connection.getsockname()[:2]
         if self.path.startswith("/bytes/"):
             body = b"x" * min(int(self.path[7:]), 100 << 20)
+        elif self.path.startswith("/auth"):
+            # What a credential rule added, as a digest: the guest never sees the value itself.
+            got = self.headers.get_all("Authorization") or []
+            body = ("authorization %d %s connection %s\n" % (len(got), " ".join(
+                hashlib.sha256(v.encode()).hexdigest() for v in got), self.headers.get("Connection", "-"))).encode()
         else:
             body = ("server %s:%d host %s\n" % (ip, port, self.headers.get("Host", ""))).encode()
         self.send_response(200)

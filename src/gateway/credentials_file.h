@@ -1,0 +1,47 @@
+// The values of the sandbox's credential secrets, as spaced keeps them for this gateway in a
+// file on tmpfs ({"secrets": {"NAME": "value"}}, mode 0400, the gateway's own uid). Re-read when
+// it changes (a rotation): the next request uses the new value. A missing file is no secrets.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/result.h"
+
+namespace space::gateway {
+
+inline constexpr size_t kMaxCredentialsFileBytes = 8 << 20;
+
+class CredentialsFile {
+ public:
+  explicit CredentialsFile(std::string path) : path_(std::move(path)) {}
+  ~CredentialsFile();
+  CredentialsFile(CredentialsFile&&) = default;
+  CredentialsFile& operator=(CredentialsFile&&) = default;
+
+  // Reloads the file if it changed. On failure the previous values stay and the error is
+  // returned (once per version of the file).
+  std::optional<std::string> refresh();
+  // The value of secret `name`, or null. Valid until the next refresh().
+  const std::string* secret(std::string_view name) const;
+
+ private:
+  void clear();
+  std::string path_;
+  std::map<std::string, std::string, std::less<>> secrets_;
+  struct Version {
+    dev_t dev = 0;
+    ino_t ino = 0;
+    int64_t mtime_ns = 0;
+    int64_t size = 0;
+    bool operator==(const Version&) const = default;
+  };
+  std::optional<Version> loaded_;  // nullopt: nothing loaded (no file)
+  std::optional<Version> failed_;
+};
+
+}  // namespace space::gateway
