@@ -812,11 +812,11 @@ void ApiService::createSecret(Call& c) {
   if (!given.ok()) return fail(c, given.error());
   const auto& [name, value] = given.value();
   // POST creates only: an existing name is a conflict, so a typo cannot overwrite a secret.
-  if (auto existing = v.value()->info(c.tenant, name); existing.ok()) {
+  auto stored = v.value()->create(c.tenant, name, value);
+  if (!stored.ok() && stored.error().code == ErrorCode::kAlreadyExists) {
     return fail(c, makeError(ErrorCode::kAlreadyExists,
                              "a secret named " + name + " exists; PUT /v1/secrets/" + name + " replaces its value"));
   }
-  auto stored = v.value()->put(c.tenant, name, value);
   if (!stored.ok()) return fail(c, stored.error());
   spdlog::info("api: tenant {} {} secret {} (version {})", c.tenant, stored->created ? "created" : "rotated", name,
                stored->version);

@@ -177,7 +177,11 @@ int tenantCommand(const std::string& action, const std::string& data_dir, const 
   if (action == "rm") {
     auto removed = db.removeApiKeys(name);
     if (!removed.ok()) return fatal(removed.error().message);
-    std::cerr << "spaced: removed the API keys of tenant \"" << name << "\"\n";
+    // A tenant added later under the same name must not inherit them.
+    auto forgotten = db.deleteSecretsOf(name);
+    if (!forgotten.ok()) return fatal(forgotten.error().message);
+    std::cerr << "spaced: removed the API keys and " << forgotten.value() << " secret(s) of tenant \"" << name
+              << "\"\n";
     return 0;
   }
   auto keys = db.listApiKeys();

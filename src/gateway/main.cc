@@ -270,6 +270,8 @@ int main(int argc, char** argv) {
     }
   }
   if (auto dropped = dropPrivileges(user); !dropped.ok()) return fail(dropped.error().message);
+  // It holds its sandbox's credential values: no core dump, no ptrace by another process of its uid.
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return fail(errnoText("PR_SET_DUMPABLE"));
 
   spdlog::info("space-gateway: upstream DNS {}:{}, at most {} connections", options.upstream_dns.address().to_string(),
                options.upstream_dns.port(), max_connections);

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <array>
 #include <boost/asio/write.hpp>
 #include <vector>
@@ -24,6 +25,9 @@ using boost::system::error_code;
 namespace {
 
 constexpr size_t kRelayBuffer = 64 * 1024;
+// A rendered credential header (a template with its secrets in place) at most: servers refuse
+// longer headers anyway, and Beast cannot hold a field over 64 KiB.
+constexpr size_t kMaxCredentialHeaderBytes = 16 * 1024;
 // An audit entry names at most this many of the destination's pinned names.
 constexpr size_t kMaxAuditedPins = 8;
 
@@ -171,6 +175,19 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
       detail_ = "a credential rule matches; not sent over plain HTTP (the rule's plain_http is false)";
       return true;
     }
+    // Methods a server answers by reflecting the request (TRACE, TRACK) or that open a tunnel
+    // would hand the header back to the guest: only the usual ones carry a credential.
+    auto rewritten_check = net::rewriteRequestHead(hello_, {});
+    if (!rewritten_check.ok()) {
+      deny("malformed", rewritten_check.error().message);
+      return false;
+    }
+    static constexpr std::string_view kMethods[] = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"};
+    if (std::find(std::begin(kMethods), std::end(kMethods), rewritten_check->method) == std::end(kMethods)) {
+      answerGuest(502, "credential-method-refused",
+                  "a credential is not sent with method " + rewritten_check->method.substr(0, 32) + "; nothing was sent");
+      return false;
+    }
     auto pinned = core_->pins.namesFor(ip_, DnsPins::Clock::now());
     if (std::find(pinned.begin(), pinned.end(), name_) == pinned.end()) {
       deny("credential-not-pinned", "Host " + name_ + " does not resolve to this destination for this guest");
@@ -185,6 +202,14 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
       if (!value) {
         answerGuest(502, "credential-missing",
                     "the secret " + missing + " of a credential rule for " + name_ + " is not set; nothing was sent");
+        return false;
+      }
+      if (value->size() > kMaxCredentialHeaderBytes) {
+        explicit_bzero(value->data(), value->size());
+        answerGuest(502, "credential-too-large",
+                    "the header " + header + " of a credential rule for " + name_ + " would exceed " +
+                        std::to_string(kMaxCredentialHeaderBytes) + " bytes; nothing was sent");
+        for (auto& [h, v] : headers) explicit_bzero(v.data(), v.size());
         return false;
       }
       headers.emplace_back(header, std::move(*value));

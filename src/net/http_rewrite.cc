@@ -16,6 +16,7 @@ Result<RewrittenHead> rewriteRequestHead(std::span<const uint8_t> bytes,
   http::request_parser<http::empty_body> parser;
   parser.header_limit(static_cast<std::uint32_t>(kMaxSniffBytes));
   parser.eager(false);  // the head only: the body is relayed as it is, never parsed here
+  parser.body_limit(boost::none);  // as sniff() reads it: a large upload's head is a head
   boost::system::error_code ec;
   size_t consumed = parser.put(boost::asio::buffer(bytes.data(), bytes.size()), ec);
   if (ec || !parser.is_header_done()) {
@@ -23,13 +24,18 @@ Result<RewrittenHead> rewriteRequestHead(std::span<const uint8_t> bytes,
                      "not a complete HTTP request head" + (ec ? ": " + ec.message() : std::string()));
   }
   http::request<http::empty_body>& request = parser.get();
-  for (const char* hop : {"Connection", "Keep-Alive", "Proxy-Connection"}) request.erase(hop);
-  for (const auto& [name, value] : set_headers) request.set(name, value);
-  request.set(http::field::connection, "close");
-  std::ostringstream out;
-  out << request.base();
   RewrittenHead rewritten;
-  rewritten.head = out.str();
+  try {
+    for (const char* hop : {"Connection", "Keep-Alive", "Proxy-Connection"}) request.erase(hop);
+    // Beast refuses (throws on) a field value over 64 KiB; callers keep values far smaller.
+    for (const auto& [name, value] : set_headers) request.set(name, value);
+    request.set(http::field::connection, "close");
+    std::ostringstream out;
+    out << request.base();
+    rewritten.head = out.str();
+  } catch (const std::exception& e) {
+    return makeError(ErrorCode::kInvalidArgument, std::string("cannot rewrite the request head: ") + e.what());
+  }
   rewritten.consumed = consumed;
   rewritten.method = std::string(request.method_string());
   rewritten.target = std::string(request.target());

@@ -247,7 +247,10 @@ Policy defaultPolicy() { return Policy{}; }
 
 const CredentialRule* credentialFor(const Policy& policy, std::string_view name, uint16_t port) {
   for (const CredentialRule& rule : policy.credentials) {
-    if (portMatches(rule.host, port) && ruleMatchesName(rule.host, name)) return &rule;
+    // A rule without a port is for the web ports only: every other port of the host may run a
+    // service that would echo a header back (or log it), and the rule opens no more than it uses.
+    bool port_matches = rule.host.port ? *rule.host.port == port : port == 80 || port == 443;
+    if (port_matches && ruleMatchesName(rule.host, name)) return &rule;
   }
   return nullptr;
 }

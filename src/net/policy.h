@@ -48,7 +48,7 @@ struct Rule {
 //    "plain_http": false}
 // `plain_http`: inject into plain-HTTP requests too (readable on the path); default only TLS.
 struct CredentialRule {
-  Rule host;  // a domain rule (wildcards and an optional port allowed), never an address
+  Rule host;  // a domain rule (wildcards and an optional port allowed), never an address; no port: 80 and 443
   std::vector<std::pair<std::string, std::string>> headers;  // name as given, value template
   bool plain_http = false;
 };
@@ -76,7 +76,8 @@ inline constexpr size_t kMaxCredentialRules = 32;
 inline constexpr size_t kMaxCredentialHeaders = 16;  // per rule
 inline constexpr size_t kMaxHeaderTemplateBytes = 1024;
 
-// The first credential rule for a connection claiming `name` (normalized) on `port`; null if none.
+// The first credential rule for a connection claiming `name` (normalized) on `port` (the rule's
+// port, or 80 and 443 for a rule without one); null if none.
 const CredentialRule* credentialFor(const Policy& policy, std::string_view name, uint16_t port);
 // Every secret name the rules refer to, sorted, without repeats.
 std::vector<std::string> credentialSecretNames(const Policy& policy);

@@ -192,6 +192,8 @@ std::string SandboxNetwork::credentialsPath() const {
   return pool_->options().credentials_dir + "/" + slot_.name + ".json";
 }
 
+void SandboxNetwork::dropCredentials() { ::unlink(credentialsPath().c_str()); }
+
 Status SandboxNetwork::setCredentials(const std::map<std::string, std::string>& values) {
   nlohmann::json secrets = nlohmann::json::object();
   for (const auto& [name, value] : values) secrets[name] = value;

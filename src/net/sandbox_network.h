@@ -135,6 +135,8 @@ class SandboxNetwork {
   // uses them from its next request on. Replaces what it had: a secret left out is gone.
   Status setCredentials(const std::map<std::string, std::string>& values);
   std::string credentialsPath() const;
+  // Takes every value away (fail closed: its rules' requests get a 502 from the gateway).
+  void dropCredentials();
   // Puts the policy file on disk (before a suspend records that the sandbox can come back).
   Status persistPolicy() const;
   // The gateway exited (killed, crashed): the guest has lost its connections, not its policy.

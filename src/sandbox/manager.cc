@@ -79,10 +79,14 @@ Status SandboxManager::syncCredentials(Live& live) {
   auto policy = net::NetworkPool::readPolicy(net::NetworkPool::gatewayDir(network->stateDir()));
   if (!policy.ok()) return policy.error();
   std::map<std::string, std::string> values;
+  size_t total = 0;
+  // A gateway's values together (its file must stay small: it lives in the host's /run).
+  constexpr size_t kMaxCredentialBytes = 1 << 20;
   if (policy.value() && config_.secrets != nullptr) {
     for (const std::string& name : net::credentialSecretNames(*policy.value())) {
       auto value = config_.secrets->reveal(live.tenant, name);
       if (value.ok()) {
+        total += value->size();
         values.emplace(name, std::move(value.value()));
       } else if (value.error().code != ErrorCode::kNotFound) {
         // A deleted secret just leaves its rule without a value (the gateway refuses to send
@@ -91,7 +95,11 @@ Status SandboxManager::syncCredentials(Live& live) {
       }
     }
   }
-  Status written = network->setCredentials(values);
+  Status written = total > kMaxCredentialBytes
+                       ? makeError(ErrorCode::kInvalidArgument,
+                                   "the secrets its credential rules name hold more than " +
+                                       std::to_string(kMaxCredentialBytes) + " bytes together")
+                       : network->setCredentials(values);
   for (auto& [name, value] : values) explicit_bzero(value.data(), value.size());
   return written;
 }
@@ -112,7 +120,9 @@ void SandboxManager::secretChanged(const std::string& tenant, const std::string&
     auto names = net::credentialSecretNames(*policy.value());
     if (std::find(names.begin(), names.end(), name) == names.end()) continue;
     if (auto synced = syncCredentials(*live); !synced.ok()) {
-      spdlog::error("sandbox {}: its gateway keeps the old value of secret {}: {}", live->id, name,
+      // Never the old value: without the file the gateway sends nothing for these rules.
+      live->runtime->network()->dropCredentials();
+      spdlog::error("sandbox {}: its gateway lost its secret values (its credential rules now get 502): {}", live->id,
                     synced.error().message);
     } else {
       spdlog::info("sandbox {}: its gateway has the current value of secret {}", live->id, name);

@@ -34,22 +34,34 @@ Status checkSecretValue(std::string_view value) {
     return makeError(ErrorCode::kInvalidArgument, "value: a secret is 1-" + std::to_string(kMaxValueBytes) +
                                                       " bytes, got " + std::to_string(value.size()));
   }
-  if (value.find_first_of(std::string_view("\r\n\0", 3)) != std::string_view::npos) {
-    return makeError(ErrorCode::kInvalidArgument,
-                     "value: a secret is sent in HTTP header values, so it may not contain CR, LF or NUL (a trailing "
-                     "newline from a file? spacectl secret set strips one)");
+  for (char c : value) {
+    auto byte = static_cast<unsigned char>(c);
+    if ((byte < 0x20 && c != '\t') || byte == 0x7f) {
+      return makeError(ErrorCode::kInvalidArgument,
+                       "value: a secret is sent in HTTP header values, so it may not contain control characters "
+                       "such as CR, LF or NUL (a trailing newline from a file? spacectl secret set strips one)");
+    }
   }
   return okStatus();
 }
 
 Result<SecretInfo> SecretVault::put(const std::string& tenant, const std::string& name, std::string_view value) {
+  return store(tenant, name, value, /*create_only=*/false);
+}
+
+Result<SecretInfo> SecretVault::create(const std::string& tenant, const std::string& name, std::string_view value) {
+  return store(tenant, name, value, /*create_only=*/true);
+}
+
+Result<SecretInfo> SecretVault::store(const std::string& tenant, const std::string& name, std::string_view value,
+                                      bool create_only) {
   SPACE_TRY(checkSecretName(name));
   SPACE_TRY(checkSecretValue(value));
   store::SecretRecord record;
   record.tenant = tenant;
   record.name = name;
   record.sealed = box_.seal(value, sealContext(tenant, name));
-  SPACE_TRY(store_.putSecret(record, kMaxSecretsPerTenant));
+  SPACE_TRY(store_.putSecret(record, kMaxSecretsPerTenant, create_only));
   return infoOf(record);
 }
 

@@ -31,7 +31,8 @@ struct SecretInfo {
 
 // A name is 1-64 of [A-Za-z0-9_.-], starting with a letter or digit.
 Status checkSecretName(std::string_view name);
-// 1-16 KiB, without CR, LF or NUL (it is sent in HTTP header values). The error never quotes it.
+// 1-16 KiB of bytes a header value may hold: no control characters but tab (CR, LF and NUL would
+// forge headers; the rest bloat escaped copies). The error never quotes it.
 Status checkSecretValue(std::string_view value);
 
 class SecretVault {
@@ -40,6 +41,8 @@ class SecretVault {
 
   // Creates the secret, or replaces its value (a rotation) when it exists.
   Result<SecretInfo> put(const std::string& tenant, const std::string& name, std::string_view value);
+  // Creates it; kAlreadyExists when it exists (never a rotation, even under a concurrent create).
+  Result<SecretInfo> create(const std::string& tenant, const std::string& name, std::string_view value);
   Result<SecretInfo> info(const std::string& tenant, const std::string& name);  // kNotFound
   Result<std::vector<SecretInfo>> list(const std::string& tenant);
   Status remove(const std::string& tenant, const std::string& name);  // kNotFound
@@ -48,6 +51,8 @@ class SecretVault {
 
  private:
   store::StateStore& store_;
+  Result<SecretInfo> store(const std::string& tenant, const std::string& name, std::string_view value,
+                           bool create_only);
   SecretBox box_;
 };
 

@@ -943,7 +943,7 @@ constexpr const char* kSecretColumns = "tenant, name, sealed, version, created_a
 
 }  // namespace
 
-Status StateStore::putSecret(SecretRecord& record, size_t max_per_tenant) {
+Status StateStore::putSecret(SecretRecord& record, size_t max_per_tenant, bool create_only) {
   SPACE_TRY(validateSecretKey(record.tenant, record.name));
   if (record.sealed.empty()) return invalid("secret " + record.name + " has no sealed value");
   std::lock_guard lock(mu_);
@@ -958,6 +958,9 @@ Status StateStore::putSecret(SecretRecord& record, size_t max_per_tenant) {
     existing->bind(":n", record.name);
     int rc = existing->step();
     if (rc == SQLITE_ROW) {
+      if (create_only) {
+        return makeError(ErrorCode::kAlreadyExists, "a secret named " + record.name + " exists");
+      }
       record.version = existing->integer(0) + 1;
       record.created_at_ms = existing->integer(1);
       record.created = false;
@@ -1039,6 +1042,17 @@ Status StateStore::deleteSecret(const std::string& tenant, const std::string& na
   SPACE_TRY(stmt->run(op));
   if (sqlite3_changes(db_) == 0) return makeError(ErrorCode::kNotFound, "no secret named " + name);
   return okStatus();
+}
+
+Result<int64_t> StateStore::deleteSecretsOf(const std::string& tenant) {
+  if (tenant.empty()) return invalid("deleting secrets needs a tenant");
+  std::lock_guard lock(mu_);
+  const std::string op = "deleting the secrets of tenant " + tenant;
+  auto stmt = Stmt::prepare(db_, "DELETE FROM secrets WHERE tenant = :t", op);
+  if (!stmt.ok()) return stmt.error();
+  stmt->bind(":t", tenant);
+  SPACE_TRY(stmt->run(op));
+  return static_cast<int64_t>(sqlite3_changes(db_));
 }
 
 }  // namespace space::store

@@ -171,10 +171,12 @@ class StateStore {
   // Creates or replaces (rotates) the tenant's secret of that name, in one transaction; fills in
   // version, timestamps and `created`. kResourceExhausted (reason too_many_secrets) when it
   // would be the tenant's secret number max_per_tenant + 1.
-  Status putSecret(SecretRecord& record, size_t max_per_tenant);
+  // `create_only`: kAlreadyExists when it exists (checked in the same transaction).
+  Status putSecret(SecretRecord& record, size_t max_per_tenant, bool create_only = false);
   Result<SecretRecord> getSecret(const std::string& tenant, const std::string& name);  // kNotFound
   Result<std::vector<SecretRecord>> listSecrets(const std::string& tenant);            // by name
   Status deleteSecret(const std::string& tenant, const std::string& name);             // kNotFound
+  Result<int64_t> deleteSecretsOf(const std::string& tenant);  // how many went
 
   // Caps the database at its current size plus `extra_pages`, so tests can see what a full
   // disk does without filling one.

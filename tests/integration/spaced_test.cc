@@ -301,6 +301,7 @@ class SpacedTest : public testing::Test {
   // A new tenant's API key (`spaced tenant add`), once the running daemon accepts it.
   std::string addTenant(const std::string& name) {
     const std::string out = dir_->path() + "/tenant-" + name + ".json";
+    std::filesystem::remove(out);  // the output of an earlier add of the same name
     auto add = ChildProcess::spawn({SPACED_BIN, "tenant", "add", name, "--json", "--data-dir", data_dir_},
                                    SpawnOptions{out, dir_->path() + "/tenant.err", true});
     if (!add.ok()) return "";
@@ -2620,6 +2621,21 @@ TEST_F(SpacedTest, SecretsAreSealedPerTenantAndNeverShown) {
   EXPECT_EQ(spacectl({"secret", "rm", "model"}, ""), "model\n");
   spacectl({"secret", "rm", "model"}, "", 1);
 
+  // A tenant removed and added again under the same name starts with no secrets.
+  {
+    const std::string out = dir_->path() + "/tenant-rm.log";
+    auto rm =
+        ChildProcess::spawn({SPACED_BIN, "tenant", "rm", "bob", "--data-dir", data_dir_}, SpawnOptions{out, "", true});
+    ASSERT_TRUE(rm.ok());
+    auto removed = rm->waitFor(seconds(30));
+    auto said = readSmallFile(out, 4096);
+    ASSERT_TRUE(removed && removed->exit_code == 0 && said.ok());
+    EXPECT_NE(said->find("1 secret(s)"), std::string::npos) << said.value();
+  }
+  const std::string bob_again = addTenant("bob");
+  ASSERT_FALSE(bob_again.empty());
+  EXPECT_EQ(call("GET", "/v1/secrets", nullptr, 200, bob_again)["secrets"].size(), 0u);
+
   // Kept across a restart, under the same key.
   daemon_.reset();
   daemon_ = Daemon::start(data_dir_);
@@ -2691,7 +2707,7 @@ TEST_F(SpacedNetworkTest, CredentialRulesAddTheSecretOnlyWhereItBelongs) {
   const std::string second = "ghp_SecondInjectedValue987654321";
   const json rules = {
       {"egress", "policy"},
-      {"allow", {"other.test"}},
+      {"allow", {"other.test", "allowed.test:9000"}},
       {"credentials",
        {{{"host", "allowed.test"}, {"headers", {{"Authorization", "Bearer {{secret:gh}}"}}}, {"plain_http", true}}}}};
   // A rule naming a secret that does not exist is refused before anything starts.
@@ -2712,6 +2728,18 @@ TEST_F(SpacedNetworkTest, CredentialRulesAddTheSecretOnlyWhereItBelongs) {
   auto [spoof_rc, spoof_out] = sh(d, id, "curl -sS -m 20 -H 'Host: allowed.test' http://other.test/auth");
   EXPECT_NE(spoof_rc, 0) << spoof_out;
   EXPECT_EQ(spoof_out.find("authorization 1"), std::string::npos) << spoof_out;
+
+  // Nor another port of the rule's host (an echo service there would hand it back), nor a
+  // method a server answers by reflecting the request.
+  auto [echo_rc, echo_out] =
+      sh(d, id,
+         "python3 -c \"import socket; s=socket.create_connection(('allowed.test', 9000), 10); "
+         "s.sendall(b'GET /auth HTTP/1.1\\r\\nHost: allowed.test\\r\\n\\r\\n'); print(s.recv(4096))\"");
+  EXPECT_NE(echo_out.find("Host: allowed.test"), std::string::npos) << echo_out;
+  EXPECT_EQ(echo_out.find("Bearer"), std::string::npos) << echo_out;
+  auto [trace_rc, trace_out] = sh(d, id, "curl -sS -m 20 -X TRACE -w ' status %{http_code}' http://allowed.test/auth");
+  EXPECT_NE(trace_out.find("status 502"), std::string::npos) << trace_out;
+  EXPECT_NE(trace_out.find("method TRACE"), std::string::npos) << trace_out;
 
   // A rotation applies to the next request; the guest's environment never held a value.
   d.callJson("PUT", "/v1/secrets/gh", json{{"value", second}}, 200);

@@ -44,6 +44,17 @@ TEST(HttpRewrite, SetsTheRulesHeadersAndClosesAfterTheRequest) {
   EXPECT_EQ(count(head, "X-Other: kept\r\n"), 1u) << head;
 }
 
+// What sniff() accepted, the rewrite accepts: a large upload's head is still a head, and a value
+// Beast cannot hold is an error, never an exception out of the gateway's loop.
+TEST(HttpRewrite, TakesLargeUploadsAndRefusesHugeValues) {
+  const std::string upload = "POST /up HTTP/1.1\r\nHost: h.example\r\nContent-Length: 2000000000\r\n\r\nfirst bytes";
+  auto r = rewrite(upload, {{"Authorization", "Bearer x"}});
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->consumed, upload.size() - std::string("first bytes").size());
+  auto huge = rewrite("GET / HTTP/1.1\r\nHost: h.example\r\n\r\n", {{"Authorization", std::string(70000, 'v')}});
+  EXPECT_FALSE(huge.ok());
+}
+
 TEST(HttpRewrite, RefusesWhatIsNotACompleteHead) {
   for (const std::string& text : {std::string("GET / HTTP/1.1\r\nHost: x\r\n"), std::string("not http at all\r\n\r\n"),
                                  std::string("GET / HTTP/1.1\r\nBad Header\r\n\r\n"), std::string()}) {

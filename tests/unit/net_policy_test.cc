@@ -514,6 +514,10 @@ TEST(PolicyCredentials, ARuleAllowsItsHostAndIsFoundByNameAndPort) {
   EXPECT_EQ(credentialFor(policy, "api.github.com", 443)->host.domain, "api.github.com");
   EXPECT_EQ(credentialFor(policy, "API.GitHub.com.", 80), credentialFor(policy, "api.github.com", 443));
   EXPECT_EQ(credentialFor(policy, "x.api.github.com", 443), nullptr);
+  // Without a port a rule is for the web ports only, and opens no other.
+  EXPECT_EQ(credentialFor(policy, "api.github.com", 8080), nullptr);
+  EXPECT_EQ(credentialFor(policy, "api.github.com", 22), nullptr);
+  EXPECT_FALSE(decideConnection(policy, connection("203.0.113.5", 22, "", {"api.github.com"})).allowed);
   EXPECT_EQ(credentialFor(policy, "a.example.org", 443), nullptr);
   EXPECT_EQ(credentialFor(policy, "a.example.org", 8443)->headers[0].first, "X-Key");
   EXPECT_EQ(credentialSecretNames(policy), (std::vector<std::string>{"ex", "gh"}));

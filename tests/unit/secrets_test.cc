@@ -143,6 +143,19 @@ TEST_F(SecretVaultTest, PutCreatesThenRotatesAndRevealGivesTheCurrentValue) {
   EXPECT_EQ(vault_->remove("acme", "gh").error().code, ErrorCode::kNotFound);
 }
 
+TEST_F(SecretVaultTest, CreateNeverRotatesAndARemovedTenantLeavesNoSecrets) {
+  ASSERT_TRUE(vault_->create("acme", "gh", "first").ok());
+  auto again = vault_->create("acme", "gh", "second");
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().code, ErrorCode::kAlreadyExists);
+  EXPECT_EQ(vault_->reveal("acme", "gh").value(), "first");
+  ASSERT_TRUE(vault_->put("acme", "other", "x").ok());
+  ASSERT_TRUE(vault_->put("globex", "gh", "y").ok());
+  EXPECT_EQ(store_->deleteSecretsOf("acme").value(), 2);
+  EXPECT_EQ(vault_->list("acme").value().size(), 0u);
+  EXPECT_EQ(vault_->reveal("globex", "gh").value(), "y");
+}
+
 TEST_F(SecretVaultTest, TheDatabaseFileNeverHoldsAValueInClear) {
   const std::string value = "sk-live-ABCDEFGHIJKLMNOPQRSTUVWXYZ-0123456789";
   ASSERT_TRUE(vault_->put("acme", "model", value).ok());
@@ -182,7 +195,8 @@ TEST_F(SecretVaultTest, BadNamesAndValuesAreRefusedWithoutQuotingTheValue) {
   EXPECT_TRUE(vault_->put("acme", std::string(64, 'a'), "value").ok());
   EXPECT_TRUE(vault_->put("acme", "GH_token.v2-x", "value").ok());
   for (std::string value : {std::string(), std::string("secret-with\nnewline"), std::string("cr\rhere"),
-                            std::string("nul\0here", 8), std::string(kMaxValueBytes + 1, 'v')}) {
+                            std::string("nul\0here", 8), std::string("bell\x07"), std::string("del\x7f"),
+                            std::string(kMaxValueBytes + 1, 'v')}) {
     auto r = vault_->put("acme", "v", value);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
@@ -191,7 +205,8 @@ TEST_F(SecretVaultTest, BadNamesAndValuesAreRefusedWithoutQuotingTheValue) {
     }
   }
   EXPECT_TRUE(vault_->put("acme", "v", std::string(kMaxValueBytes, 'v')).ok());
-  EXPECT_EQ(vault_->list("acme").value().size(), 3u);
+  EXPECT_TRUE(vault_->put("acme", "tabbed", "a\tb").ok());
+  EXPECT_EQ(vault_->list("acme").value().size(), 4u);
 }
 
 TEST_F(SecretVaultTest, ATenantHasAtMostTheLimitOfSecretsButMayStillRotate) {
