@@ -2769,6 +2769,14 @@ TEST_F(SpacedNetworkTest, CredentialRulesAddTheSecretOnlyWhereItBelongs) {
     EXPECT_EQ(bytes->find(first), std::string::npos) << entry.path();
   }
   EXPECT_GT(files, 2u);
+  // Its children get the rules, and with them the secret's value at request time.
+  json children = d.callJson("POST", "/v1/snapshots/" + snap_id + "/branch", json{{"count", 1}}, 201);
+  ASSERT_EQ(children["sandboxes"].size(), 1u) << children;
+  const std::string child = children["sandboxes"][0].value("id", "");
+  d.callJson("PUT", "/v1/secrets/gh", json{{"value", first}}, 200);
+  auto [child_rc, child_out] = sh(d, child, "curl -sS -m 20 http://allowed.test/auth");
+  EXPECT_NE(child_out.find("authorization 1 " + digest(first)), std::string::npos) << child_out;
+  d.callJson("DELETE", "/v1/sandboxes/" + child, json(), 204);
 
   // Deleted: a clear refusal from the gateway, and nothing reaches the host.
   d.callJson("DELETE", "/v1/secrets/gh", json(), 204);
@@ -2787,6 +2795,7 @@ TEST_F(SpacedNetworkTest, CredentialRulesAddTheSecretOnlyWhereItBelongs) {
   auto daemon_log = readSmallFile(logPath(), 64 << 20);
   ASSERT_TRUE(daemon_log.ok());
   EXPECT_EQ(daemon_log->find(second), std::string::npos);
+  EXPECT_EQ(daemon_log->find(first), std::string::npos);
 }
 
 // The guest resolves and reaches what its policy allows, over HTTP and HTTPS, and gets a fast,
