@@ -110,7 +110,8 @@ void inNs(const std::string& path, const std::function<void()>& fn) {
   std::thread t([&] {
     try {
       UniqueFd ns(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-      if (!ns.valid() || setns(ns.get(), CLONE_NEWNET) != 0) throw Fatal("cannot enter " + path + ": " + strerror(errno));
+      if (!ns.valid() || setns(ns.get(), CLONE_NEWNET) != 0)
+        throw Fatal("cannot enter " + path + ": " + strerror(errno));
       fn();
     } catch (...) {
       error = std::current_exception();
@@ -151,7 +152,8 @@ bool httpConnection(const char* ip, const std::string& request, ConnSample* out)
   auto t0 = Clock::now();
   if (connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) return false;
   out->connect_ms = Ms(Clock::now() - t0).count();
-  if (send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) return false;
+  if (send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size()))
+    return false;
   char buf[4096];
   ssize_t n = recv(fd.get(), buf, sizeof buf, 0);
   if (n <= 0) return false;
@@ -230,7 +232,8 @@ Transfer echo(uint64_t bytes) {
     }
   }
   auto t1 = Clock::now();
-  return Transfer{static_cast<double>(bytes) / 1e6 / std::chrono::duration<double>(t1 - t0).count(), Ms(t1 - t0).count()};
+  return Transfer{static_cast<double>(bytes) / 1e6 / std::chrono::duration<double>(t1 - t0).count(),
+                  Ms(t1 - t0).count()};
 }
 
 // ---- DNS
@@ -333,7 +336,9 @@ class Env {
 
   // A slot with a "guest" at the end of its tap, and its gateway; `slot_ms` and `gateway_ms`
   // time SlotManager::create and spawn -> "ready".
-  Sandbox& add(const std::string& policy_json, double* slot_ms, double* gateway_ms) {
+  // `credentials_json`: the values file spaced would give the gateway ("" = none).
+  Sandbox& add(const std::string& policy_json, double* slot_ms, double* gateway_ms,
+               const std::string& credentials_json = "") {
     const int index = static_cast<int>(sandboxes.size());
     sandboxes.emplace_back();
     Sandbox& s = sandboxes.back();
@@ -363,6 +368,12 @@ class Env {
     const uid_t uid = kGatewayUidBase + static_cast<uid_t>(index);
     if (chown(s.gw_dir.c_str(), uid, uid) != 0 || chmod(s.gw_dir.c_str(), 0700) != 0) throw Fatal("chown gw dir");
     setPolicy(s, policy_json);
+    const std::string credentials = s.gw_dir + "/credentials.json";
+    if (!credentials_json.empty()) {
+      // As SandboxNetwork::setCredentials: the gateway's uid, 0400.
+      if (Status st = writeFileAtomic(credentials, credentials_json, 0400); !st.ok()) throw Fatal(st.error().message);
+      if (chown(credentials.c_str(), uid, uid) != 0) throw Fatal("chown credentials");
+    }
 
     int ready[2];
     if (pipe2(ready, O_CLOEXEC) != 0) throw Fatal("pipe");
@@ -374,6 +385,8 @@ class Env {
                                      s.gw_dir + "/policy.json",
                                      "--audit",
                                      s.gw_dir + "/audit.jsonl",
+                                     "--credentials",
+                                     credentials,
                                      "--ready-fd",
                                      "3",
                                      "--user",
@@ -393,7 +406,8 @@ class Env {
     char buf[8] = {};
     ssize_t n = poll(&p, 1, 10000) == 1 ? read(read_end.get(), buf, sizeof buf) : 0;
     *gateway_ms = Ms(Clock::now() - t0).count();
-    if (n < 5 || std::string(buf, 5) != "ready") throw Fatal("the gateway did not start: " + readText(state + "/gateway.log"));
+    if (n < 5 || std::string(buf, 5) != "ready")
+      throw Fatal("the gateway did not start: " + readText(state + "/gateway.log"));
     return s;
   }
 
@@ -524,19 +538,27 @@ int main(int argc, char** argv) {
   app.add_option("--connections", connections, "HTTP connections per variant (set-up latency)")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
-  app.add_option("--rounds", rounds, "rounds the variants alternate in")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--rounds", rounds, "rounds the variants alternate in")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   app.add_option("--dns-queries", dns_queries, "DNS questions per variant (paced under the gateway's 200/s)")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
-  app.add_option("--mib", mib, "GET /bytes/N size for throughput, MiB")->check(CLI::Range(1, 100))->capture_default_str();
+  app.add_option("--mib", mib, "GET /bytes/N size for throughput, MiB")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   app.add_option("--transfers", transfers, "downloads (and echo runs) per variant")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  app.add_option("--echo-mib", echo_mib, "bytes through the echo server, MiB")->check(CLI::Range(1, 1024))->capture_default_str();
-  app.add_option("--sandboxes", sandboxes, "slots + gateways started (idle memory, set-up time, first use)")
-      ->check(CLI::Range(2, 200))
+  app.add_option("--echo-mib", echo_mib, "bytes through the echo server, MiB")
+      ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  app.add_option("--settle-s", settle_s, "idle time before memory is read")->check(CLI::Range(0, 600))->capture_default_str();
+  app.add_option("--sandboxes", sandboxes, "slots + gateways started (idle memory, set-up time, first use)")
+      ->check(CLI::Range(3, 200))
+      ->capture_default_str();
+  app.add_option("--settle-s", settle_s, "idle time before memory is read")
+      ->check(CLI::Range(0, 600))
+      ->capture_default_str();
   app.add_option("--raw", raw_dir, "write each latency series there, one sample (ms) a line, in run order");
   CLI11_PARSE(app, argc, argv);
   if (geteuid() != 0) {
@@ -567,6 +589,10 @@ int main(int argc, char** argv) {
     const std::string upstream = env.inet->upstreamNetnsPath();
     const std::string allow_all = R"({"egress":"allow"})";
     const std::string allow_list = R"({"egress":"policy","allow":["allowed.test"]})";
+    // A credential rule for allowed.test over plain HTTP: every request gets a header added.
+    const std::string credential_rule = R"({"egress":"policy","credentials":[{"host":"allowed.test","plain_http":true,)"
+                                        R"("headers":{"Authorization":"Bearer {{secret:gh}}"}}]})";
+    const std::string credential_values = R"({"secrets":{"gh":"ghp_0123456789abcdef0123456789abcdef0123"}})";
 
     // --- Set-up of each sandbox's network, and what idle gateways hold.
     const long kernel_before = kernelKb();
@@ -574,7 +600,11 @@ int main(int argc, char** argv) {
     for (int i = 0; i < sandboxes; ++i) {
       checkStop();
       double s = 0, g = 0;
-      env.add(i == 1 ? allow_list : allow_all, &s, &g);
+      if (i == 2) {
+        env.add(credential_rule, &s, &g, credential_values);
+      } else {
+        env.add(i == 1 ? allow_list : allow_all, &s, &g);
+      }
       slot_ms.push_back(s);
       gateway_ms.push_back(g);
     }
@@ -594,9 +624,9 @@ int main(int argc, char** argv) {
     const std::string request = "GET / HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n";
     int failures = 0;
 
-    // --- First use of a fresh gateway (every sandbox but a and b): a DNS answer, a connection.
+    // --- First use of a fresh gateway (every sandbox but a, b and c): a DNS answer, a connection.
     std::vector<double> first_dns, first_conn, second_conn;
-    for (size_t i = 2; i < env.sandboxes.size(); ++i) {
+    for (size_t i = 3; i < env.sandboxes.size(); ++i) {
       checkStop();
       inNs(env.sandboxes[i].guestPath(), [&] {
         double ms = 0;
@@ -608,10 +638,14 @@ int main(int argc, char** argv) {
           ++failures;
         }
         ConnSample c;
-        if (httpConnection(FakeInternet::kAllowedIp, request, &c)) first_conn.push_back(c.first_byte_ms);
-        else ++failures;
-        if (httpConnection(FakeInternet::kAllowedIp, request, &c)) second_conn.push_back(c.first_byte_ms);
-        else ++failures;
+        if (httpConnection(FakeInternet::kAllowedIp, request, &c))
+          first_conn.push_back(c.first_byte_ms);
+        else
+          ++failures;
+        if (httpConnection(FakeInternet::kAllowedIp, request, &c))
+          second_conn.push_back(c.first_byte_ms);
+        else
+          ++failures;
       });
     }
 
@@ -652,22 +686,38 @@ int main(int argc, char** argv) {
     const int dns_upstream = env.inet->dnsQueries() - dns_upstream_before;
 
     // --- TCP set-up: connect + request + first byte of the answer, then the rest.
-    std::vector<ConnSample> tcp_direct, tcp_gw_allow, tcp_gw_pinned;
+    std::vector<ConnSample> tcp_direct, tcp_gw_allow, tcp_gw_pinned, tcp_gw_credential;
+    Sandbox& c = env.sandboxes[2];  // a credential rule for allowed.test (plain HTTP)
+    inNs(c.guestPath(), [&] {
+      double ms = 0;
+      int rcode = -1, answers = 0;
+      if (!dnsQuery(net::kGatewayIp, "allowed.test", net::dns::kTypeA, &ms, &rcode, &answers) || rcode != 0)
+        throw Fatal("c: allowed.test did not resolve");
+    });
     auto connection = [&](std::vector<ConnSample>& into) {
       return [&into, &request, &failures] {
         ConnSample c;
-        if (httpConnection(FakeInternet::kAllowedIp, request, &c)) into.push_back(c);
-        else ++failures;
+        if (httpConnection(FakeInternet::kAllowedIp, request, &c))
+          into.push_back(c);
+        else
+          ++failures;
       };
     };
-    const double a_cpu_tcp0 = cpuMs(a.gateway->pid()), b_cpu_tcp0 = cpuMs(b.gateway->pid());
+    const double a_cpu_tcp0 = cpuMs(a.gateway->pid()), b_cpu_tcp0 = cpuMs(b.gateway->pid()),
+                 c_cpu_tcp0 = cpuMs(c.gateway->pid());
     {
       std::vector<Variant> v = {{upstream, connection(tcp_direct)},
                                 {a.guestPath(), connection(tcp_gw_allow)},
-                                {b.guestPath(), connection(tcp_gw_pinned)}};
+                                {b.guestPath(), connection(tcp_gw_pinned)},
+                                {c.guestPath(), connection(tcp_gw_credential)}};
       interleave(v, rounds, std::max(1, connections / rounds));
     }
-    const double a_cpu_tcp = cpuMs(a.gateway->pid()) - a_cpu_tcp0, b_cpu_tcp = cpuMs(b.gateway->pid()) - b_cpu_tcp0;
+    const double a_cpu_tcp = cpuMs(a.gateway->pid()) - a_cpu_tcp0, b_cpu_tcp = cpuMs(b.gateway->pid()) - b_cpu_tcp0,
+                 c_cpu_tcp = cpuMs(c.gateway->pid()) - c_cpu_tcp0;
+    // Every one of c's requests must have had its header added (else the variant measures nothing).
+    if (readText(c.gw_dir + "/audit.jsonl").find("\"kind\":\"credential\"") == std::string::npos)
+      throw Fatal("c: no credential was added; its audit log: " + readText(c.gw_dir + "/audit.jsonl").substr(0, 2000) +
+                  "\ngateway log: " + readText(c.gw_dir + "/../gateway.log").substr(0, 2000));
 
     // --- Throughput: one download of --mib MiB per turn, and the echo both ways.
     const uint64_t bytes = static_cast<uint64_t>(mib) << 20, echo_bytes = static_cast<uint64_t>(echo_mib) << 20;
@@ -711,47 +761,53 @@ int main(int argc, char** argv) {
       }
       return stats(v);
     };
-    printf("space-net-bench: %d connections, %d DNS questions per variant, %d rounds; %d x %d MiB downloads, "
-           "%d x %d MiB echo; %d sandboxes\n",
-           connections, dns_queries, rounds, transfers, mib, transfers, echo_mib, sandboxes);
+    printf(
+        "space-net-bench: %d connections, %d DNS questions per variant, %d rounds; %d x %d MiB downloads, "
+        "%d x %d MiB echo; %d sandboxes\n",
+        connections, dns_queries, rounds, transfers, mib, transfers, echo_mib, sandboxes);
     printf("\nTCP set-up: connect + HTTP GET to allowed.test:80 + first byte of the answer\n");
     printRow("baseline: direct, from the upstream ns", need(pick(tcp_direct, &ConnSample::first_byte_ms), "direct"));
     printRow("gateway, egress allow", need(pick(tcp_gw_allow, &ConnSample::first_byte_ms), "gw allow"));
     printRow("gateway, egress policy (allow list, pinned name)",
              need(pick(tcp_gw_pinned, &ConnSample::first_byte_ms), "gw pinned"));
+    printRow("gateway, credential rule (plain HTTP, header added)",
+             need(pick(tcp_gw_credential, &ConnSample::first_byte_ms), "gw credential"));
     printRow("  connect() alone: direct", stats(pick(tcp_direct, &ConnSample::connect_ms)));
     printRow("  connect() alone: gateway (answered in the slot)", stats(pick(tcp_gw_allow, &ConnSample::connect_ms)));
     printRow("  to the server's close: direct", stats(pick(tcp_direct, &ConnSample::done_ms)));
     printRow("  to the server's close: gateway, egress allow", stats(pick(tcp_gw_allow, &ConnSample::done_ms)));
-    if (sandboxes > 2) {
+    if (sandboxes > 3) {
       printRow("first connection of a fresh gateway (after 1 DNS answer)", need(first_conn, "first conn"));
       printRow("second connection of that gateway", need(second_conn, "second conn"));
     }
-    printf("gateway CPU per connection: egress allow %.3f ms, policy %.3f ms\n",
-           a_cpu_tcp / static_cast<double>(tcp_gw_allow.size()), b_cpu_tcp / static_cast<double>(tcp_gw_pinned.size()));
+    printf("gateway CPU per connection: egress allow %.3f ms, policy %.3f ms, credential rule %.3f ms\n",
+           a_cpu_tcp / static_cast<double>(tcp_gw_allow.size()), b_cpu_tcp / static_cast<double>(tcp_gw_pinned.size()),
+           c_cpu_tcp / static_cast<double>(tcp_gw_credential.size()));
 
     printf("\nThroughput (MB/s, 10^6 bytes, first byte to last)\n");
     printRow("baseline: GET /bytes/N direct", need(dl_direct, "dl direct"), "MB/s");
     printRow("GET /bytes/N through the gateway", need(dl_gw, "dl gw"), "MB/s");
     printRow("baseline: echo both ways at once, direct (each way)", need(echo_direct, "echo direct"), "MB/s");
     printRow("echo both ways at once, through the gateway (each way)", need(echo_gw, "echo gw"), "MB/s");
-    printf("gateway CPU: downloads %.0f ms for %.0f MB (%.2f ms/MB); echo %.0f ms for %.0f MB each way (%.2f ms/MB "
-           "relayed)\n",
-           a_cpu_dl, static_cast<double>(bytes) * transfers / 1e6,
-           a_cpu_dl / (static_cast<double>(bytes) * transfers / 1e6), a_cpu_echo,
-           static_cast<double>(echo_bytes) * transfers / 1e6,
-           a_cpu_echo / (2 * static_cast<double>(echo_bytes) * transfers / 1e6));
+    printf(
+        "gateway CPU: downloads %.0f ms for %.0f MB (%.2f ms/MB); echo %.0f ms for %.0f MB each way (%.2f ms/MB "
+        "relayed)\n",
+        a_cpu_dl, static_cast<double>(bytes) * transfers / 1e6,
+        a_cpu_dl / (static_cast<double>(bytes) * transfers / 1e6), a_cpu_echo,
+        static_cast<double>(echo_bytes) * transfers / 1e6,
+        a_cpu_echo / (2 * static_cast<double>(echo_bytes) * transfers / 1e6));
 
     printf("\nDNS (UDP, a fresh socket per question)\n");
     printRow("baseline: allowed.test A, resolver directly", need(dns_direct, "dns direct"));
     printRow("gateway: allowed.test A (asked upstream every time)", need(dns_gw_a, "dns gw a"));
     printRow("gateway: allowed.test AAAA (NODATA, answered locally)", need(dns_gw_aaaa, "dns gw aaaa"));
     printRow("gateway: denied.test A (NXDOMAIN, answered locally)", need(dns_gw_denied, "dns gw denied"));
-    if (sandboxes > 2) printRow("gateway: first question of a fresh gateway", need(first_dns, "first dns"));
-    printf("first question to gateway b: %.3f ms; upstream questions during the DNS rounds: %d (direct %zu + "
-           "gateway A %zu); gateway CPU %.0f ms for %zu questions\n",
-           dns_first_b, dns_upstream, dns_direct.size(), dns_gw_a.size(), b_cpu_dns,
-           dns_gw_a.size() + dns_gw_aaaa.size() + dns_gw_denied.size());
+    if (sandboxes > 3) printRow("gateway: first question of a fresh gateway", need(first_dns, "first dns"));
+    printf(
+        "first question to gateway b: %.3f ms; upstream questions during the DNS rounds: %d (direct %zu + "
+        "gateway A %zu); gateway CPU %.0f ms for %zu questions\n",
+        dns_first_b, dns_upstream, dns_direct.size(), dns_gw_a.size(), b_cpu_dns,
+        dns_gw_a.size() + dns_gw_aaaa.size() + dns_gw_denied.size());
 
     printf("\nSet-up per sandbox (off the create path when pooled)\n");
     printRow("SlotManager::create (namespace, tap, sysctls, nftables)", stats(slot_ms));
@@ -762,9 +818,10 @@ int main(int argc, char** argv) {
     printMemory("gateway after the TCP/throughput runs (egress allow)", {after_a});
     printMemory("gateway after the DNS/TCP runs (egress policy)", {after_b});
     printMemory("baseline: /bin/sleep", {sleep_memory});
-    printf("kernel memory (Slab+KernelStack+PageTables+Percpu) per sandbox, rough: %.0f kB (%ld kB for %d; "
-           "includes the guest end)\n",
-           static_cast<double>(kernel_after - kernel_before) / sandboxes, kernel_after - kernel_before, sandboxes);
+    printf(
+        "kernel memory (Slab+KernelStack+PageTables+Percpu) per sandbox, rough: %.0f kB (%ld kB for %d; "
+        "includes the guest end)\n",
+        static_cast<double>(kernel_after - kernel_before) / sandboxes, kernel_after - kernel_before, sandboxes);
     printf("\nfailed samples: %d\n", failures);
     if (failures > 0) rc = 1;
   } catch (const std::exception& e) {

@@ -31,10 +31,15 @@ std::optional<std::string> CredentialsFile::refresh() {
     if (errno == ENOENT) {
       clear();
       loaded_.reset();
+      stat_errno_ = 0;
       return std::nullopt;
     }
+    // Said once, not at every request, until the file can be seen again.
+    if (stat_errno_ == errno) return std::nullopt;
+    stat_errno_ = errno;
     return "cannot stat " + path_ + ": " + strerror(errno);
   }
+  stat_errno_ = 0;
   Version now{st.st_dev, st.st_ino, st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec,
               static_cast<int64_t>(st.st_size)};
   if (loaded_ && now == *loaded_) return std::nullopt;

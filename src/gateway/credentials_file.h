@@ -42,6 +42,7 @@ class CredentialsFile {
   };
   std::optional<Version> loaded_;  // nullopt: nothing loaded (no file)
   std::optional<Version> failed_;
+  int stat_errno_ = 0;  // the last stat failure reported (0: none)
 };
 
 }  // namespace space::gateway

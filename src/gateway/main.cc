@@ -219,7 +219,8 @@ int main(int argc, char** argv) {
   // ancestors (spaced's private data dir) are closed to it, but its working directory is not.
   const std::filesystem::path work_dir = std::filesystem::absolute(policy_path).parent_path();
   if (chdir(work_dir.c_str()) != 0) return fail(errnoText("chdir " + work_dir.string()));
-  for (std::string* path : {&policy_path, &audit_path}) {
+  for (std::string* path : {&policy_path, &audit_path, &credentials_path}) {
+    if (path->empty()) continue;
     std::filesystem::path absolute = std::filesystem::absolute(*path);
     if (absolute.parent_path() == work_dir) *path = absolute.filename().string();
   }

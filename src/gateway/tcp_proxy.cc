@@ -184,8 +184,9 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     }
     static constexpr std::string_view kMethods[] = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"};
     if (std::find(std::begin(kMethods), std::end(kMethods), rewritten_check->method) == std::end(kMethods)) {
-      answerGuest(502, "credential-method-refused",
-                  "a credential is not sent with method " + rewritten_check->method.substr(0, 32) + "; nothing was sent");
+      answerGuest(
+          502, "credential-method-refused",
+          "a credential is not sent with method " + rewritten_check->method.substr(0, 32) + "; nothing was sent");
       return false;
     }
     auto pinned = core_->pins.namesFor(ip_, DnsPins::Clock::now());
