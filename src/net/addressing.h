@@ -22,5 +22,10 @@ inline constexpr int kMtu = 1500;
 // connection to kGatewayTcpPort and every DNS query (UDP and TCP 53) to kGatewayDnsPort.
 inline constexpr uint16_t kGatewayTcpPort = 15001;
 inline constexpr uint16_t kGatewayDnsPort = 15053;
+// Conntrack entries a guest's own traffic may hold at once (every flow it starts: TCP, DNS and
+// what is dropped later). The host's table is shared by every slot (nf_conntrack_max, 262144 on
+// a 24 GiB host), so one guest must not fill it; a busy guest's TCP connections in TIME_WAIT
+// (2 minutes each) fit many times over. Past it the guest's new flows are dropped.
+inline constexpr int kMaxGuestFlows = 4096;
 
 }  // namespace space::net

@@ -23,6 +23,14 @@ std::string SlotManager::rulesetText() {
   // slot pass (`ct direction` of a flow the slot started); the guest answers them but can
   // open nothing toward the slot that is not redirected to the gateway.
   return "table inet space_slot {\n"
+         // Before conntrack confirms a flow (mangle priority): a flow over the cap is dropped
+         // while it is still unconfirmed, so it never takes a place in the host's table.
+         "  chain flows {\n"
+         "    type filter hook prerouting priority mangle; policy accept;\n"
+         "    iifname \"" +
+         tap + "\" ct state new ct count over " + std::to_string(kMaxGuestFlows) +
+         " drop\n"
+         "  }\n"
          "  chain prerouting {\n"
          "    type nat hook prerouting priority dstnat; policy accept;\n"
          "    iifname \"" +

@@ -669,6 +669,30 @@ TEST_F(SlotTrafficTest, TheSlotConnectsToAGuestPortForIngress) {
   expectRedirected(gateway.get(), kGatewayIp, 8080);
 }
 
+// One guest cannot fill the host's shared conntrack table: a flood of DNS flows from new source
+// ports stops at the slot's cap, and the slot still works for what it already tracks.
+TEST_F(SlotTrafficTest, AGuestsFlowsAreCappedBelowTheHostsTable) {
+  UniqueFd udp = udpSocket(slot_.netns_path, kGatewayIp, kGatewayDnsPort);
+  const int flood = kMaxGuestFlows + 1000;
+  const std::string script = dir_->path() + "/flood.py";
+  {
+    std::ofstream out(script);
+    out << "import socket\nfor i in range(" << flood << "):\n"
+        << "  s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        << "  s.sendto(b'q', ('198.51.100.53', 53))\n"
+        << "  s.close()\nprint('sent')\n";
+  }
+  std::string sent = shIn(guest_, "python3 " + script);
+  EXPECT_NE(sent.find("sent"), std::string::npos) << sent;
+  const int tracked = std::stoi(shIn(slot_.netns_path, "cat /proc/sys/net/netfilter/nf_conntrack_count"));
+  EXPECT_LE(tracked, kMaxGuestFlows + 8);
+  EXPECT_GE(tracked, kMaxGuestFlows - 8);
+  // Scrubbed, the slot takes flows again.
+  ASSERT_TRUE(mgr_->scrub(slot_).ok());
+  UniqueFd listener = tcpListener(slot_.netns_path, kGatewayIp, kGatewayTcpPort);
+  expectRedirected(listener.get(), "198.51.100.10", 80);
+}
+
 TEST_F(SlotTrafficTest, ScrubForgetsConnectionsAndKeepsTheSlotUsable) {
   UniqueFd listener = tcpListener(slot_.netns_path, kGatewayIp, kGatewayTcpPort);
   expectRedirected(listener.get(), "198.51.100.10", 80);
