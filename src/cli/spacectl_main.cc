@@ -81,6 +81,12 @@ void addNetworkOptions(CLI::App* sub, NetworkPolicyOptions& o) {
       ->allow_extra_args(false);
   sub->add_flag("--public-ports", o.public_ports,
                 "network: serve the sandbox's ports (spacectl net url) to anyone, without a key or access token");
+  sub->add_option("--credential", o.credentials,
+                  "network: HOST=Header: value, where {{secret:NAME}} in the value is the secret NAME (spacectl "
+                  "secret set), added by the gateway so the guest never holds it (repeatable)")
+      ->allow_extra_args(false);
+  sub->add_flag("--credential-plain-http", o.credentials_plain_http,
+                "network: --credential headers go over plain HTTP too (readable on the path; default TLS only)");
 }
 
 void addSettingsOptions(CLI::App* sub, SandboxSettings& o) {

@@ -32,6 +32,7 @@
 #include "common/unix_socket.h"
 #include "http/client.h"
 #include "http/url.h"
+#include "net/policy.h"
 #include "vmm/accelerator.h"
 #include "vmm/qmp_client.h"
 
@@ -2753,7 +2754,23 @@ TEST_F(SpacedNetworkTest, CredentialRulesAddTheSecretOnlyWhereItBelongs) {
   d.callJson("PUT", "/v1/sandboxes/" + id + "/network", strict, 200);
   auto [strict_rc, strict_out] = sh(d, id, "curl -sS -m 20 http://allowed.test/auth");
   EXPECT_NE(strict_out.find("authorization 0"), std::string::npos) << strict_out;
-  d.callJson("PUT", "/v1/sandboxes/" + id + "/network", rules, 200);
+  // Back through spacectl, whose --credential makes the same rule.
+  {
+    const std::string out = dir_->path() + "/net-set.out";
+    auto set = ChildProcess::spawn({SPACECTL_BIN, "--data-dir", data_dir_, "net", "set", id, "--allow", "other.test",
+                                    "--allow", "allowed.test:9000", "--credential",
+                                    "allowed.test=Authorization: Bearer {{secret:gh}}", "--credential-plain-http"},
+                                   SpawnOptions{out, "", true});
+    ASSERT_TRUE(set.ok());
+    auto status = set->waitFor(seconds(30));
+    auto said = readSmallFile(out, 1 << 16);
+    ASSERT_TRUE(status && status->exit_code == 0 && said.ok()) << (said.ok() ? said.value() : "");
+    EXPECT_NE(said->find("credential: allowed.test Authorization: Bearer {{secret:gh}}  (also plain HTTP)"),
+              std::string::npos)
+        << said.value();
+  }
+  EXPECT_EQ(d.callJson("GET", "/v1/sandboxes/" + id + "/network", json(), 200)["credentials"],
+            net::toJson(net::parsePolicy(rules).value())["credentials"]);
 
   // A snapshot of it holds no trace of the value, in its memory or anywhere else.
   json snap = d.callJson("POST", "/v1/sandboxes/" + id + "/snapshots", json::object(), 201);

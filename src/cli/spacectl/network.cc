@@ -33,6 +33,13 @@ int printPolicy(const json& policy, bool as_json) {
               << (field(policy, "public_ports") == true ? "public (anyone with the URL)"
                                                         : "private (the API key or the sandbox's access token)")
               << "\n";
+    // Templates only: the values stay with spaced.
+    for (const auto& rule : field(policy, "credentials")) {
+      for (const auto& [header, value_template] : field(rule, "headers").items()) {
+        std::cout << "credential: " << text(field(rule, "host")) << " " << header << ": " << text(value_template)
+                  << (field(rule, "plain_http") == true ? "  (also plain HTTP)" : "") << "\n";
+      }
+    }
   }
   return 0;
 }
@@ -56,10 +63,12 @@ int cmdNetworkShow(const apiclient::Client& api, const std::string& id, bool as_
 
 int cmdNetworkSet(const apiclient::Client& api, const std::string& id, const NetworkPolicyOptions& o, bool as_json) {
   if (!o.given()) {
-    std::cerr << "spacectl: net set needs --egress, --allow or --deny (the whole policy is replaced)\n";
+    std::cerr << "spacectl: net set needs --egress, --allow, --deny or --credential (the whole policy is replaced)\n";
     return kExitUsage;
   }
-  auto policy = api.call("PUT", sandboxPath(id) + "/network", networkRequest(o));
+  auto request = networkRequest(o);
+  if (!request.ok()) return fail(request.error());
+  auto policy = api.call("PUT", sandboxPath(id) + "/network", request.value());
   if (!policy.ok()) return fail(policy.error());
   return printPolicy(*policy, as_json);
 }

@@ -69,28 +69,58 @@ json pairs(const std::vector<std::string>& items) {
   return out;
 }
 
-json networkRequest(const NetworkPolicyOptions& o) {
+Result<json> networkRequest(const NetworkPolicyOptions& o) {
   json policy = json::object();
-  policy["egress"] = !o.egress.empty() ? o.egress : (o.allow.empty() ? "allow" : "policy");
+  policy["egress"] = !o.egress.empty() ? o.egress : (o.allow.empty() && o.credentials.empty() ? "allow" : "policy");
   policy["allow"] = o.allow;
   policy["deny"] = o.deny;
   policy["public_ports"] = o.public_ports;
+  json rules = json::array();
+  for (const std::string& text : o.credentials) {
+    const size_t equals = text.find('=');
+    const size_t colon = equals == std::string::npos ? std::string::npos : text.find(':', equals);
+    if (equals == 0 || colon == std::string::npos || colon == equals + 1) {
+      return makeError(ErrorCode::kInvalidArgument, "--credential " + text +
+                                                        ": expected HOST=Header: value, e.g. "
+                                                        "'api.example.com=Authorization: Bearer {{secret:NAME}}'");
+    }
+    const std::string host = text.substr(0, equals);
+    const std::string header = text.substr(equals + 1, colon - equals - 1);
+    std::string value = text.substr(colon + 1);
+    if (!value.empty() && value.front() == ' ') value.erase(0, 1);
+    json* rule = nullptr;
+    for (auto& r : rules) {
+      if (r["host"] == host) rule = &r;
+    }
+    if (rule == nullptr) {
+      rules.push_back({{"host", host}, {"headers", json::object()}, {"plain_http", o.credentials_plain_http}});
+      rule = &rules.back();
+    }
+    (*rule)["headers"][header] = value;
+  }
+  if (!rules.empty()) policy["credentials"] = rules;
   return policy;
 }
 
-json settingsRequest(const SandboxSettings& o) {
+Result<json> settingsRequest(const SandboxSettings& o) {
   json request = json::object();
   if (o.timeout_s > 0) request["timeout_s"] = o.timeout_s;
   if (o.idle_suspend_s >= 0) request["idle_suspend_s"] = o.idle_suspend_s;
   if (!o.on_timeout.empty()) request["on_timeout"] = o.on_timeout;
   if (!o.env.empty()) request["env"] = pairs(o.env);
   if (!o.metadata.empty()) request["metadata"] = pairs(o.metadata);
-  if (o.network.given()) request["network"] = networkRequest(o.network);
+  if (o.network.given()) {
+    auto network = networkRequest(o.network);
+    if (!network.ok()) return network.error();
+    request["network"] = network.value();
+  }
   return request;
 }
 
-json createRequest(const CreateOptions& o) {
-  json request = settingsRequest(o.settings);
+Result<json> createRequest(const CreateOptions& o) {
+  auto settings = settingsRequest(o.settings);
+  if (!settings.ok()) return settings.error();
+  json request = std::move(settings.value());
   if (!o.template_name.empty()) request["template"] = o.template_name;
   if (!o.snapshot.empty()) request["snapshot"] = o.snapshot;
   if (o.cpus > 0) request["cpus"] = o.cpus;
@@ -99,7 +129,9 @@ json createRequest(const CreateOptions& o) {
 }
 
 int cmdCreate(const apiclient::Client& api, const CreateOptions& o, bool as_json) {
-  auto created = api.call("POST", "/v1/sandboxes", createRequest(o), kCreateTimeout);
+  auto request = createRequest(o);
+  if (!request.ok()) return fail(request.error());
+  auto created = api.call("POST", "/v1/sandboxes", request.value(), kCreateTimeout);
   if (!created.ok()) return fail(created.error());
   if (as_json) {
     printJson(*created);

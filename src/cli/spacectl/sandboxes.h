@@ -25,11 +25,16 @@ struct NetworkPolicyOptions {
   std::vector<std::string> allow;
   std::vector<std::string> deny;
   bool public_ports = false;
-  bool given() const { return !egress.empty() || !allow.empty() || !deny.empty() || public_ports; }
+  // "HOST=Header: value template" (repeatable; several for one host make one rule).
+  std::vector<std::string> credentials;
+  bool credentials_plain_http = false;  // every rule above also over plain HTTP
+  bool given() const {
+    return !egress.empty() || !allow.empty() || !deny.empty() || public_ports || !credentials.empty();
+  }
 };
-// {"egress", "allow", "deny", "public_ports"}; with allow rules and no mode, "policy" (only what
-// they name).
-json networkRequest(const NetworkPolicyOptions& o);
+// {"egress", "allow", "deny", "public_ports", "credentials"}; with allow or credential rules
+// and no mode, "policy" (only what they name). kInvalidArgument for a malformed --credential.
+Result<json> networkRequest(const NetworkPolicyOptions& o);
 
 struct SandboxSettings {
   int64_t timeout_s = 0;
@@ -52,8 +57,9 @@ struct CreateOptions {
 json pairs(const std::vector<std::string>& items);
 
 // The request fields of the settings given; the daemon's defaults for the others.
-json settingsRequest(const SandboxSettings& o);
-json createRequest(const CreateOptions& o);
+// kInvalidArgument for options the command line could not check (a malformed --credential).
+Result<json> settingsRequest(const SandboxSettings& o);
+Result<json> createRequest(const CreateOptions& o);
 
 int cmdCreate(const apiclient::Client& api, const CreateOptions& o, bool as_json);
 

@@ -94,7 +94,9 @@ int cmdSnapshotGet(const apiclient::Client& api, const std::string& id, bool as_
 }
 
 int cmdBranch(const apiclient::Client& api, const std::string& snapshot_id, const BranchOptions& o, bool as_json) {
-  json request = settingsRequest(o.settings);
+  auto settings = settingsRequest(o.settings);
+  if (!settings.ok()) return fail(settings.error());
+  json request = std::move(settings.value());
   if (o.count != 1) request["count"] = o.count;
   // The daemon answers once every child runs (or, if one fails, once the others are deleted).
   OnSignal reaction([](int sig) {
