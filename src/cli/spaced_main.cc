@@ -263,6 +263,12 @@ int main(int argc, char** argv) {
   app.add_option("--tenant-max-snapshot-mb", tenant_max_snapshot_mb,
                  "disk (MB) one tenant's snapshots may take; new ones are refused once reached (0: no quota)")
       ->capture_default_str();
+  config.tenant_quota.max_suspended = 256;
+  app.add_option("--tenant-max-suspended", config.tenant_quota.max_suspended,
+                 "suspended sandboxes one tenant may keep (each holds its disk and memory on the node's disk); a "
+                 "suspend beyond it is refused, an idle one keeps running, and one whose timeout would suspend "
+                 "it is deleted (0: no quota)")
+      ->capture_default_str();
   app.add_option("--max-template-sizes", config.max_template_sizes,
                  "sizes (vCPUs x memory) a template is kept restorable for; a create of another size beyond "
                  "them is refused, so creates over many sizes cannot fill the disk (0: no limit)")

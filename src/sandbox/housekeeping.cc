@@ -106,6 +106,13 @@ void SandboxManager::act(const std::shared_ptr<Live>& live, Due due) {
         return;
       }
       if (auto suspended = suspendLocked(live, SuspendCause::kTimeout); !suspended.ok() && !live->finished) {
+        // Over the tenant's suspended quota it would otherwise run on past its timeout for good.
+        if (suspended.error().reason == "tenant_quota") {
+          (void)finish(live, SandboxState::kDeleted,
+                       "timeout: its timeout_s expired and the tenant's suspended quota is full (" +
+                           suspended.error().message + ")");
+          return;
+        }
         // Kept running rather than lost (e.g. the disk is full); tried again shortly.
         spdlog::warn("sandbox {}: its timeout could not suspend it (retrying in 30 s): {}", live->id,
                      suspended.error().message);

@@ -778,6 +778,32 @@ Result<store::SandboxRecord> SandboxManager::suspendLocked(const std::shared_ptr
     return makeError(ErrorCode::kFailedPrecondition, "sandbox is " + rec->state + "; cannot suspend", "invalid_state");
   }
   SPACE_TRY(checkTransition(sandbox.state, SandboxState::kSuspended, "suspend"));
+  // The tenant's suspended quota, counting suspends under way (a place is held until recorded).
+  const uint32_t max_suspended = config_.tenant_quota.max_suspended;
+  if (max_suspended != 0) {
+    auto suspended = store_.countInState(sandbox.tenant, stateName(SandboxState::kSuspended));
+    if (!suspended.ok()) return suspended.error();
+    std::lock_guard lock(mu_);
+    const uint64_t held = static_cast<uint64_t>(suspended.value()) + suspending_[sandbox.tenant];
+    if (held >= max_suspended) {
+      return makeError(ErrorCode::kResourceExhausted,
+                       "tenant " + sandbox.tenant + " is at its quota of " + std::to_string(max_suspended) +
+                           " suspended sandboxes (" + std::to_string(held) +
+                           " suspended or being suspended); delete or resume one first",
+                       "tenant_quota");
+    }
+    ++suspending_[sandbox.tenant];
+  }
+  struct ReleaseSuspending {
+    SandboxManager* manager;
+    const std::string& tenant;
+    bool held;
+    ~ReleaseSuspending() {
+      if (!held) return;
+      std::lock_guard lock(manager->mu_);
+      if (--manager->suspending_[tenant] == 0) manager->suspending_.erase(tenant);
+    }
+  } release_suspending{this, sandbox.tenant, max_suspended != 0};
   const bool was_running = sandbox.state == SandboxState::kRunning;
   auto started = Clock::now();
   // saveState writes a temp file and renames it when complete: a failure (disk full) leaves no

@@ -46,6 +46,8 @@ struct TenantQuota {
   uint64_t max_memory_mb = 0;
   uint32_t max_snapshots = 0;
   uint64_t max_snapshot_bytes = 0;
+  // Suspended sandboxes (each keeps its disk and saved memory on the node's disk).
+  uint32_t max_suspended = 0;
 };
 
 struct ManagerConfig {
@@ -311,6 +313,7 @@ class SandboxManager {
 
   std::mutex mu_;  // guards live_ and the reservations
   std::map<std::string, std::shared_ptr<Live>> live_;
+  std::map<std::string, uint32_t> suspending_;  // guarded by mu_: suspends under way, per tenant
   uint32_t reserved_vcpus_ = 0;
   uint64_t reserved_memory_mb_ = 0;
   struct TenantUsage {

@@ -714,6 +714,18 @@ Result<std::map<std::string, int64_t>> StateStore::countByState() {
   }
 }
 
+Result<int64_t> StateStore::countInState(const std::string& tenant, const std::string& state) {
+  std::lock_guard lock(mu_);
+  const std::string op = "counting " + state + " sandboxes of tenant " + tenant;
+  auto stmt = Stmt::prepare(db_, "SELECT COUNT(*) FROM sandboxes WHERE tenant = :tenant AND state = :state", op);
+  if (!stmt.ok()) return stmt.error();
+  stmt->bind(":tenant", tenant);
+  stmt->bind(":state", state);
+  int rc = stmt->step();
+  if (rc != SQLITE_ROW) return sqliteError(db_, rc, op);
+  return stmt->integer(0);
+}
+
 Result<SnapshotUsage> StateStore::snapshotUsage(const std::string& tenant) {
   std::lock_guard lock(mu_);
   const std::string op = "counting snapshots of tenant " + tenant;

@@ -152,6 +152,7 @@ class StateStore {
   // All tenants, same order; for start-up re-adoption and the expiry reaper.
   Result<std::vector<SandboxRecord>> sandboxesInStates(const std::vector<std::string>& states);
   Result<std::map<std::string, int64_t>> countByState();  // all tenants, for metrics
+  Result<int64_t> countInState(const std::string& tenant, const std::string& state);  // one tenant's
   Status purgeDeletedBefore(int64_t updated_before_ms);   // retention of deleted and failed rows
 
   Status insertSnapshot(const SnapshotRecord& record);        // kAlreadyExists on duplicate id

@@ -1428,6 +1428,43 @@ TEST_F(SpacedTest, SnapshotsBranchIntoIndependentChildren) {
 
 // Idle sandboxes suspend by themselves and resume on demand; on_timeout=suspend keeps a
 // sandbox (suspended) past its timeout and re-arms the timeout when it resumes.
+// Suspended sandboxes keep their disk and memory on the node's disk: a tenant keeps at most its
+// quota of them. Beyond it a suspend is refused (the sandbox runs on), and a timeout that would
+// suspend deletes instead, with the reason said; another tenant is not affected.
+TEST_F(SpacedTest, ATenantKeepsAtMostItsQuotaOfSuspendedSandboxes) {
+  daemon_ = Daemon::start(data_dir_, {"--tenant-max-suspended", "1"});
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string a = d.create();
+  const std::string b = d.create();
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  d.callJson("POST", "/v1/sandboxes/" + a + "/suspend", json::object(), 200);
+  json refused = d.callJson("POST", "/v1/sandboxes/" + b + "/suspend", json::object(), 429);
+  EXPECT_EQ(refused["error"]["code"], "tenant_quota") << refused;
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("1 suspended sandboxes"), std::string::npos) << refused;
+  EXPECT_EQ(d.callJson("GET", "/v1/sandboxes/" + b, nullptr, 200)["state"], "running");
+  EXPECT_EQ(execJson(d, b, json{{"command", "echo still here"}})["stdout"], "still here\n");
+  // Another tenant has its own quota.
+  const std::string bob = addTenant("bob");
+  ASSERT_FALSE(bob.empty());
+  const std::string bobs =
+      d.callJson("POST", "/v1/sandboxes", json{{"cpus", 1}, {"memory_mb", 256}}, 201, bob).value("id", "");
+  d.callJson("POST", "/v1/sandboxes/" + bobs + "/suspend", json::object(), 200, bob);
+  // A resume frees the place.
+  d.callJson("POST", "/v1/sandboxes/" + a + "/resume", json::object(), 200);
+  d.callJson("POST", "/v1/sandboxes/" + b + "/suspend", json::object(), 200);
+  // At the quota, a timeout that would suspend deletes, and says why.
+  const std::string timed = d.create(
+      json{{"cpus", 1}, {"memory_mb", 256}, {"timeout_s", 2}, {"on_timeout", "suspend"}, {"idle_suspend_s", 0}});
+  ASSERT_FALSE(timed.empty());
+  json ended = waitState(timed, "deleted", seconds(30));
+  EXPECT_EQ(ended["state"], "deleted") << ended;
+  EXPECT_NE(ended.value("state_reason", "").find("suspended quota"), std::string::npos) << ended;
+  d.callJson("DELETE", "/v1/sandboxes/" + b, json(), 204);
+  d.callJson("DELETE", "/v1/sandboxes/" + bobs, json(), 204, bob);
+}
+
 TEST_F(SpacedTest, IdleAndTimedOutSandboxesSuspendAndResumeOnDemand) {
   daemon_ = Daemon::start(data_dir_, {"--idle-suspend", "2"});
   ASSERT_TRUE(daemon_);
