@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <array>
 #include <boost/asio/write.hpp>
+#include <cctype>
+#include <cstring>
 #include <vector>
 
 #include "net/http_rewrite.h"
@@ -229,12 +231,10 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     explicit_bzero(rewritten->head.data(), rewritten->head.size());
     hello_ = std::move(out);
     injected_ = true;
-    auto e = entry(true, reason_);
-    e["kind"] = "credential";
-    e["method"] = rewritten->method;
-    e["path"] = rewritten->target.substr(0, 256);
-    e["secrets"] = used;
-    core_->audit.write(std::move(e));
+    // Audited when the connection ends, with the server's status and the bytes both ways.
+    injected_method_ = rewritten->method;
+    injected_path_ = rewritten->target.substr(0, 256);
+    injected_secrets_ = std::move(used);
     return true;
   }
 
@@ -406,6 +406,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
       if (ec) return self->close(true, (dir == kOut ? "guest: " : "upstream: ") + ec.message());
       self->last_activity_ = std::chrono::steady_clock::now();
       if (dir == kOut && self->late_claim_check_) return self->lateClaim(n);
+      if (dir == kIn && self->injected_ && self->pipes_[kIn].bytes == 0) self->noteStatus(n);
       self->write(dir, n);
     });
   }
@@ -426,6 +427,15 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
                           if (!wait_ec && self->state_ == State::kRelaying) self->read(dir);
                         });
                       });
+  }
+
+  // The status of the server's answer to an injected request, from its first bytes ("HTTP/1.1 200").
+  void noteStatus(size_t n) {
+    const auto* b = pipes_[kIn].buf.data();
+    if (n >= 12 && std::memcmp(b, "HTTP/1.", 7) == 0 && b[8] == ' ' && std::isdigit(b[9]) && std::isdigit(b[10]) &&
+        std::isdigit(b[11])) {
+      injected_status_ = (b[9] - '0') * 100 + (b[10] - '0') * 10 + (b[11] - '0');
+    }
   }
 
   // One side finished sending: pass the FIN on and keep relaying the other way.
@@ -474,6 +484,13 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
       return;
     }
     auto e = entry(true, reason_);
+    if (injected_) {
+      e["kind"] = "credential";
+      e["method"] = injected_method_;
+      e["path"] = injected_path_;
+      e["secrets"] = injected_secrets_;
+      if (injected_status_ != 0) e["status"] = injected_status_;
+    }
     e["end"] = end;
     e["bytes_out"] = pipes_[kOut].bytes;
     e["bytes_in"] = pipes_[kIn].bytes;
@@ -498,6 +515,9 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   std::vector<std::string> pinned_;                // the names whose answers included the destination
   std::shared_ptr<const net::Policy> decided_by_;  // the policy of the last decision
   bool injected_ = false;                          // a credential rule's headers were added
+  std::string injected_method_, injected_path_;
+  std::vector<std::string> injected_secrets_;  // their names, never values
+  int injected_status_ = 0;                    // the server's answer, once seen
   std::array<Pipe, 2> pipes_;
 };
 

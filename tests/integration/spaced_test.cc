@@ -2842,6 +2842,14 @@ TEST_F(SpacedNetworkTest, CredentialRulesAddTheSecretOnlyWhereItBelongs) {
   // The audit log names the secret, never its value.
   json log = auditLog(d, id);
   EXPECT_TRUE(logged(log, "kind", "credential", true)) << log.dump().substr(0, 2000);
+  bool audited = false;
+  for (const auto& e : log) {
+    if (e.value("kind", "") != "credential") continue;
+    audited = audited ||
+              (e.value("status", 0) == 200 && e["secrets"] == json{"gh"} && e.value("method", "") == "GET" &&
+               e.value("path", "") == "/auth" && e.value("host", "") == "allowed.test" && e.value("bytes_in", 0) > 0);
+  }
+  EXPECT_TRUE(audited) << log.dump().substr(0, 3000);
   EXPECT_TRUE(logged(log, "reason", "credential-missing", false)) << log.dump().substr(0, 2000);
   const std::string text = log.dump();
   EXPECT_EQ(text.find(first), std::string::npos);
