@@ -2763,6 +2763,9 @@ TEST_F(SpacedNetworkTest, CredentialRulesAddTheSecretOnlyWhereItBelongs) {
   // Another host does not, nor does the rule's name sent to another address (a spoofed Host).
   auto [other_rc, other_out] = sh(d, id, "curl -sS -m 20 http://other.test/auth");
   EXPECT_NE(other_out.find("authorization 0"), std::string::npos) << other_out;
+  // A redirect from the rule's host to another is followed without it.
+  auto [redirect_rc, redirect_out] = sh(d, id, "curl -sS -L -m 20 http://allowed.test/redirect/other.test/auth");
+  EXPECT_NE(redirect_out.find("authorization 0"), std::string::npos) << redirect_out;
   auto [spoof_rc, spoof_out] = sh(d, id, "curl -sS -m 20 -H 'Host: allowed.test' http://other.test/auth");
   EXPECT_NE(spoof_rc, 0) << spoof_out;
   EXPECT_EQ(spoof_out.find("authorization 1"), std::string::npos) << spoof_out;

@@ -153,6 +153,13 @@ class Http(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
         ip, port = self.connection.getsockname()[:2]
+        if self.path.startswith("/redirect/"):
+            # GET /redirect/HOST/PATH: a 302 to http://HOST/PATH.
+            self.send_response(302)
+            self.send_header("Location", "http://" + self.path[len("/redirect/"):])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.path.startswith("/bytes/"):
             body = b"x" * min(int(self.path[7:]), 100 << 20)
         elif self.path.startswith("/auth"):
