@@ -494,8 +494,8 @@ TEST(PolicyCredentials, RulesAreCheckedStrictly) {
 TEST(PolicyCredentials, ARuleAllowsItsHostAndIsFoundByNameAndPort) {
   const Policy policy = policyOf(R"({"egress": "policy", "deny": ["blocked.example.org"], "credentials": [
       {"host": "api.github.com", "headers": {"Authorization": "Bearer {{secret:gh}}"}},
-      {"host": "*.example.org:8443", "headers": {"X-Key": "{{secret:ex}}"}},
-      {"host": "blocked.example.org", "headers": {"X-Key": "{{secret:ex}}"}}]})");
+      {"host": "*.example.org:8443", "headers": {"X-Key": "{{secret:org_key}}"}},
+      {"host": "blocked.example.org", "headers": {"X-Key": "{{secret:org_key}}"}}]})");
   EXPECT_EQ(decideName(policy, "api.github.com").reason, "credential:api.github.com");
   EXPECT_FALSE(decideName(policy, "github.com").allowed);
   EXPECT_EQ(decideConnection(policy, connection("203.0.113.5", 443, "api.github.com", {"api.github.com"})).reason,
@@ -520,7 +520,7 @@ TEST(PolicyCredentials, ARuleAllowsItsHostAndIsFoundByNameAndPort) {
   EXPECT_FALSE(decideConnection(policy, connection("203.0.113.5", 22, "", {"api.github.com"})).allowed);
   EXPECT_EQ(credentialFor(policy, "a.example.org", 443), nullptr);
   EXPECT_EQ(credentialFor(policy, "a.example.org", 8443)->headers[0].first, "X-Key");
-  EXPECT_EQ(credentialSecretNames(policy), (std::vector<std::string>{"ex", "gh"}));
+  EXPECT_EQ(credentialSecretNames(policy), (std::vector<std::string>{"gh", "org_key"}));
 }
 
 TEST(PolicyCredentials, TemplatesRenderEverySecretOrNothing) {
