@@ -95,11 +95,10 @@ Status SandboxManager::syncCredentials(Live& live) {
       }
     }
   }
-  Status written = total > kMaxCredentialBytes
-                       ? makeError(ErrorCode::kInvalidArgument,
-                                   "the secrets its credential rules name hold more than " +
-                                       std::to_string(kMaxCredentialBytes) + " bytes together")
-                       : network->setCredentials(values);
+  Status written = total > kMaxCredentialBytes ? makeError(ErrorCode::kInvalidArgument,
+                                                           "the secrets its credential rules name hold more than " +
+                                                               std::to_string(kMaxCredentialBytes) + " bytes together")
+                                               : network->setCredentials(values);
   for (auto& [name, value] : values) explicit_bzero(value.data(), value.size());
   return written;
 }
@@ -137,7 +136,11 @@ Status SandboxManager::setNetworkPolicy(const std::string& tenant, const std::st
     std::lock_guard control(live.value()->control);
     if (!live.value()->finished && live.value()->runtime && live.value()->runtime->network() != nullptr) {
       SPACE_TRY(live.value()->runtime->network()->setPolicy(policy));
-      SPACE_TRY(syncCredentials(*live.value()));
+      if (auto synced = syncCredentials(*live.value()); !synced.ok()) {
+        // The policy is in force: its rules get no values rather than the previous policy's.
+        live.value()->runtime->network()->dropCredentials();
+        return synced.error();
+      }
       spdlog::info("sandbox {}: network policy set ({})", id, net::toJson(policy).dump());
       return okStatus();
     }
