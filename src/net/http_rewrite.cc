@@ -15,7 +15,7 @@ Result<RewrittenHead> rewriteRequestHead(std::span<const uint8_t> bytes,
                                          const std::vector<std::pair<std::string, std::string>>& set_headers) {
   http::request_parser<http::empty_body> parser;
   parser.header_limit(static_cast<std::uint32_t>(kMaxSniffBytes));
-  parser.eager(false);  // the head only: the body is relayed as it is, never parsed here
+  parser.eager(false);             // the head only: the body is relayed as it is, never parsed here
   parser.body_limit(boost::none);  // as sniff() reads it: a large upload's head is a head
   boost::system::error_code ec;
   size_t consumed = parser.put(boost::asio::buffer(bytes.data(), bytes.size()), ec);

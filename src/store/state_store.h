@@ -151,9 +151,9 @@ class StateStore {
   Result<SandboxPage> listSandboxes(const ListFilter& filter);
   // All tenants, same order; for start-up re-adoption and the expiry reaper.
   Result<std::vector<SandboxRecord>> sandboxesInStates(const std::vector<std::string>& states);
-  Result<std::map<std::string, int64_t>> countByState();  // all tenants, for metrics
+  Result<std::map<std::string, int64_t>> countByState();                              // all tenants, for metrics
   Result<int64_t> countInState(const std::string& tenant, const std::string& state);  // one tenant's
-  Status purgeDeletedBefore(int64_t updated_before_ms);   // retention of deleted and failed rows
+  Status purgeDeletedBefore(int64_t updated_before_ms);  // retention of deleted and failed rows
 
   Status insertSnapshot(const SnapshotRecord& record);        // kAlreadyExists on duplicate id
   Result<SnapshotRecord> getSnapshot(const std::string& id);  // kNotFound
@@ -177,7 +177,7 @@ class StateStore {
   Result<SecretRecord> getSecret(const std::string& tenant, const std::string& name);  // kNotFound
   Result<std::vector<SecretRecord>> listSecrets(const std::string& tenant);            // by name
   Status deleteSecret(const std::string& tenant, const std::string& name);             // kNotFound
-  Result<int64_t> deleteSecretsOf(const std::string& tenant);  // how many went
+  Result<int64_t> deleteSecretsOf(const std::string& tenant);                          // how many went
 
   // Caps the database at its current size plus `extra_pages`, so tests can see what a full
   // disk does without filling one.

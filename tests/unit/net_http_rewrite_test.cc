@@ -57,7 +57,7 @@ TEST(HttpRewrite, TakesLargeUploadsAndRefusesHugeValues) {
 
 TEST(HttpRewrite, RefusesWhatIsNotACompleteHead) {
   for (const std::string& text : {std::string("GET / HTTP/1.1\r\nHost: x\r\n"), std::string("not http at all\r\n\r\n"),
-                                 std::string("GET / HTTP/1.1\r\nBad Header\r\n\r\n"), std::string()}) {
+                                  std::string("GET / HTTP/1.1\r\nBad Header\r\n\r\n"), std::string()}) {
     EXPECT_FALSE(rewrite(text, {{"A", "b"}}).ok()) << text;
   }
 }

@@ -194,9 +194,9 @@ TEST_F(SecretVaultTest, BadNamesAndValuesAreRefusedWithoutQuotingTheValue) {
   }
   EXPECT_TRUE(vault_->put("acme", std::string(64, 'a'), "value").ok());
   EXPECT_TRUE(vault_->put("acme", "GH_token.v2-x", "value").ok());
-  for (std::string value : {std::string(), std::string("secret-with\nnewline"), std::string("cr\rhere"),
-                            std::string("nul\0here", 8), std::string("bell\x07"), std::string("del\x7f"),
-                            std::string(kMaxValueBytes + 1, 'v')}) {
+  for (std::string value :
+       {std::string(), std::string("secret-with\nnewline"), std::string("cr\rhere"), std::string("nul\0here", 8),
+        std::string("bell\x07"), std::string("del\x7f"), std::string(kMaxValueBytes + 1, 'v')}) {
     auto r = vault_->put("acme", "v", value);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
