@@ -31,6 +31,9 @@ class SecretBox {
   std::string seal(std::string_view plaintext, std::string_view context) const;
   // kInternal (reason secret_unreadable) when the bytes were not sealed by this key for this context (or were changed).
   Result<std::string> open(std::string_view sealed, std::string_view context) const;
+  // 32 bytes of HKDF-SHA256 of the node key for `label`: keys of other purposes (a sandbox's
+  // credential CA) that reveal nothing of this one, and that the node can make again at will.
+  Key derive(std::string_view label) const;
 
  private:
   Key key_;

@@ -48,6 +48,11 @@ class SecretVault {
   Status remove(const std::string& tenant, const std::string& name);  // kNotFound
   // The value in clear: for the gateway's credential rules only.
   Result<std::string> reveal(const std::string& tenant, const std::string& name);
+  // The seed of sandbox `sandbox_id`'s credential CA (net::deriveCredentialCa): the same for
+  // the same id on this node, another for every other id.
+  SecretBox::Key credentialCaSeed(const std::string& sandbox_id) const {
+    return box_.derive("space credential CA v1\n" + sandbox_id);
+  }
 
  private:
   store::StateStore& store_;

@@ -45,6 +45,15 @@ TEST(SecretBox, SealedBytesOpenOnlyWithTheSameKeyAndContext) {
   EXPECT_NE(box.seal("ghp_token-value", "acme/gh"), sealed);
 }
 
+// Derived keys: fixed per key and label, different for another label or key, never the key.
+TEST(SecretBox, DerivedKeysDependOnKeyAndLabelOnly) {
+  SecretBox box(keyOf(1));
+  EXPECT_EQ(box.derive("space credential CA v1\nsbx_a"), SecretBox(keyOf(1)).derive("space credential CA v1\nsbx_a"));
+  EXPECT_NE(box.derive("space credential CA v1\nsbx_a"), box.derive("space credential CA v1\nsbx_b"));
+  EXPECT_NE(box.derive("space credential CA v1\nsbx_a"), SecretBox(keyOf(2)).derive("space credential CA v1\nsbx_a"));
+  EXPECT_NE(box.derive(""), keyOf(1));
+}
+
 class SecretKeyFileTest : public testing::Test {
  protected:
   void SetUp() override {
