@@ -21,6 +21,7 @@
 #include "agent/fs_service.h"
 #include "agent/guest_init.h"
 #include "agent/process_service.h"
+#include "agent/trust_store.h"
 #include "agent/users.h"
 #include "agentproto/base64.h"
 
@@ -142,7 +143,21 @@ int main(int argc, char** argv) {
       }
       entropy = std::move(*bytes);
     }
+    std::string credential_ca;
+    if (req.contains("credentialCa")) {
+      if (!req["credentialCa"].is_string()) return rpcError(RpcCode::kInvalidArgument, "credentialCa must be a string");
+      credential_ca = req["credentialCa"].get<std::string>();
+      if (auto bad = space::agent::checkCredentialCaPem(credential_ca); !bad.empty()) {
+        return rpcError(RpcCode::kInvalidArgument, bad);
+      }
+    }
     if (req.contains("envVars")) processes.setSandboxEnv(std::move(env));
+    if (!credential_ca.empty()) {
+      if (auto failed = space::agent::installCredentialCa(credential_ca); !failed.empty()) {
+        return rpcError(RpcCode::kInternal, "credentialCa: " + failed);
+      }
+      processes.setBaseEnv(space::agent::credentialCaEnv());
+    }
     if (auto failed = applyIdentity(hostname, time_ms, entropy); !failed.empty()) {
       return rpcError(RpcCode::kInternal, "identity: " + failed);
     }

@@ -534,7 +534,9 @@ void ProcessService::start(const Json& request, const CallContext& ctx, const st
 
   // Everything the child needs, allocated now: the child must not allocate.
   std::string path;
-  std::vector<std::string> env = mergeEnv(user, sandbox_env_, spec.envs, &path);
+  std::map<std::string, std::string> sandbox_env = base_env_;
+  for (const auto& [k, v] : sandbox_env_) sandbox_env[k] = v;
+  std::vector<std::string> env = mergeEnv(user, sandbox_env, spec.envs, &path);
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);

@@ -49,6 +49,8 @@ class ProcessService {
   void registerWith(Router& router);
   // Sandbox-wide environment (applied after PATH/HOME/USER/LOGNAME, before per-call envs).
   void setSandboxEnv(std::map<std::string, std::string> env) { sandbox_env_ = std::move(env); }
+  // Variables below the sandbox's own (the credential CA's: trust_store.h).
+  void setBaseEnv(std::map<std::string, std::string> env) { base_env_ = std::move(env); }
   // The agent (PID 1) reaps every child with waitpid(-1) on SIGCHLD and hands each status here.
   // Returns true if the pid was one of this service's children (including one whose exec failed).
   bool onChildExit(pid_t pid, int wait_status);
@@ -91,6 +93,7 @@ class ProcessService {
   EventLoop& loop_;
   const UserDb& users_;
   std::map<std::string, std::string> sandbox_env_;
+  std::map<std::string, std::string> base_env_;
   std::map<uint64_t, std::unique_ptr<Proc>> procs_;  // by start order; includes exited, not yet ended
   std::map<pid_t, uint64_t> running_;                // pid -> id until the exit status is known
   std::set<pid_t> failed_children_;                  // exec failed, not yet reaped
