@@ -17,6 +17,10 @@ CredentialsFile::~CredentialsFile() { clear(); }
 void CredentialsFile::clear() {
   for (auto& [name, value] : secrets_) explicit_bzero(value.data(), value.size());
   secrets_.clear();
+  explicit_bzero(ca_key_pem_.data(), ca_key_pem_.size());
+  ca_key_pem_.clear();
+  ca_cert_pem_.clear();
+  ++generation_;
 }
 
 const std::string* CredentialsFile::secret(std::string_view name) const {
@@ -71,6 +75,15 @@ std::optional<std::string> CredentialsFile::refresh() {
     return failure("not a credentials file");
   }
   clear();
+  if (auto tls = parsed.find("tls"); tls != parsed.end() && tls->is_object()) {
+    auto cert = tls->find("ca_cert");
+    auto key = tls->find("ca_key");
+    if (cert != tls->end() && key != tls->end() && cert->is_string() && key->is_string()) {
+      ca_cert_pem_ = cert->get<std::string>();
+      ca_key_pem_ = key->get<std::string>();
+      explicit_bzero(key->get_ref<std::string&>().data(), key->get_ref<std::string&>().size());
+    }
+  }
   for (auto& [name, value] : parsed["secrets"].items()) {
     if (value.is_string()) secrets_.emplace(name, value.get<std::string>());
     if (value.is_string()) explicit_bzero(value.get_ref<std::string&>().data(), value.get_ref<std::string&>().size());

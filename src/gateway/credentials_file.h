@@ -1,5 +1,5 @@
 // The values of the sandbox's credential secrets, as spaced keeps them for this gateway in a
-// file on tmpfs ({"secrets": {"NAME": "value"}}, mode 0400, the gateway's own uid). Re-read when
+// file on tmpfs ({"secrets": {"NAME": "value"}, "tls": {...}}, mode 0400, the gateway's own uid). Re-read when
 // it changes (a rotation): the next request uses the new value. A missing file is no secrets.
 #pragma once
 
@@ -28,11 +28,18 @@ class CredentialsFile {
   std::optional<std::string> refresh();
   // The value of secret `name`, or null. Valid until the next refresh().
   const std::string* secret(std::string_view name) const;
+  // The sandbox's credential CA ({"tls": {"ca_cert": PEM, "ca_key": PEM}}), empty when the
+  // file has none; `generation` changes whenever the file is loaded again.
+  const std::string& caCertPem() const { return ca_cert_pem_; }
+  const std::string& caKeyPem() const { return ca_key_pem_; }
+  uint64_t generation() const { return generation_; }
 
  private:
   void clear();
   std::string path_;
   std::map<std::string, std::string, std::less<>> secrets_;
+  std::string ca_cert_pem_, ca_key_pem_;
+  uint64_t generation_ = 0;
   struct Version {
     dev_t dev = 0;
     ino_t ino = 0;

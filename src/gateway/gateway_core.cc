@@ -11,6 +11,78 @@
 
 namespace space::gateway {
 
+namespace {
+
+namespace ssl = boost::asio::ssl;
+
+// Guests speak HTTP/1.1 to a terminating gateway: it reads and rewrites HTTP/1.1 heads only. A
+// client offering ALPN gets http/1.1 if it offers it, and no ALPN otherwise (HTTP/1.1 by default).
+int selectHttp11(SSL*, const unsigned char** out, unsigned char* outlen, const unsigned char* in, unsigned int inlen,
+                 void*) {
+  static constexpr unsigned char kHttp11[] = {8, 'h', 't', 't', 'p', '/', '1', '.', '1'};
+  unsigned char* selected = nullptr;
+  if (SSL_select_next_proto(&selected, outlen, kHttp11, sizeof kHttp11, in, inlen) != OPENSSL_NPN_NEGOTIATED) {
+    return SSL_TLSEXT_ERR_NOACK;
+  }
+  *out = selected;
+  return SSL_TLSEXT_ERR_OK;
+}
+
+}  // namespace
+
+GatewayCore::GatewayCore(boost::asio::io_context& io, GatewayOptions options, PolicyFile policy, AuditLog audit,
+                         CredentialsFile credentials)
+    : io(io),
+      options(std::move(options)),
+      audit(std::move(audit)),
+      policy_(std::move(policy)),
+      credentials_(std::move(credentials)),
+      guest_tls_(ssl::context::tls_server),
+      upstream_tls_(ssl::context::tls_client) {
+  if (this->options.max_bytes_per_s > 0) {
+    double rate = static_cast<double>(this->options.max_bytes_per_s);
+    // A quarter second of burst: smooth enough, and a 64 KiB read always fits eventually.
+    bandwidth.emplace(rate, std::max(rate / 4, 65536.0));
+  }
+  constexpr auto kNoOldProtocols = ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
+                                   ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1;
+  guest_tls_.set_options(kNoOldProtocols | SSL_OP_NO_TICKET | SSL_OP_NO_RENEGOTIATION);
+  SSL_CTX_set_alpn_select_cb(guest_tls_.native_handle(), selectHttp11, nullptr);
+  upstream_tls_.set_options(kNoOldProtocols | SSL_OP_NO_RENEGOTIATION);
+  upstream_tls_.set_verify_mode(ssl::verify_peer);
+  boost::system::error_code ec;
+  if (this->options.upstream_ca_pem.empty()) {
+    upstream_tls_.set_default_verify_paths(ec);
+  } else {
+    upstream_tls_.add_certificate_authority(boost::asio::buffer(this->options.upstream_ca_pem), ec);
+  }
+  // Without trust anchors every upstream fails verification: no secret is ever sent.
+  if (ec) spdlog::error("credential TLS: cannot load the upstream trust store: {}", ec.message());
+  static constexpr unsigned char kAlpn[] = {8, 'h', 't', 't', 'p', '/', '1', '.', '1'};
+  SSL_CTX_set_alpn_protos(upstream_tls_.native_handle(), kAlpn, sizeof kAlpn);
+}
+
+net::LeafMinter* GatewayCore::leafMinter() {
+  (void)secret("");  // the file re-read if it changed
+  if (credentials_.generation() != minter_generation_) {
+    minter_generation_ = credentials_.generation();
+    minter_.reset();
+    if (!credentials_.caCertPem().empty()) {
+      auto minter = net::LeafMinter::fromPem(credentials_.caCertPem(), credentials_.caKeyPem());
+      if (minter.ok()) {
+        minter_ = std::move(minter.value());
+      } else {
+        spdlog::warn("credential TLS: the credentials file's CA is unusable: {}", minter.error().message);
+        audit.write({{"kind", "gateway"},
+                     {"allowed", false},
+                     {"reason", "credentials-ca-unusable"},
+                     {"detail", minter.error().message}});
+      }
+    }
+  }
+  return minter_.get();
+}
+
 std::shared_ptr<const net::Policy> GatewayCore::policy() {
   auto refresh = policy_.refresh();
   if (refresh.reloaded) {

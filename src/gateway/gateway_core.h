@@ -5,6 +5,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/udp.hpp>
+#include <boost/asio/ssl/context.hpp>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "gateway/policy_file.h"
 #include "gateway/token_bucket.h"
 #include "net/policy.h"
+#include "net/tls_ca.h"
 
 namespace space::gateway {
 
@@ -43,23 +45,16 @@ struct GatewayOptions {
   // The private ranges the node lets tenant allow CIDRs open (net::Policy::openable); the
   // policy file, which a tenant's request wrote, never says.
   std::vector<net::Rule> openable;
+  // Credential TLS: the authorities an upstream's certificate must chain to (PEM; empty: the
+  // host's trust store), and the time allowed for each side's TLS handshake.
+  std::string upstream_ca_pem;
+  std::chrono::milliseconds tls_handshake_timeout{10000};
 };
 
 class GatewayCore {
  public:
   GatewayCore(boost::asio::io_context& io, GatewayOptions options, PolicyFile policy, AuditLog audit,
-              CredentialsFile credentials)
-      : io(io),
-        options(std::move(options)),
-        audit(std::move(audit)),
-        policy_(std::move(policy)),
-        credentials_(std::move(credentials)) {
-    if (this->options.max_bytes_per_s > 0) {
-      double rate = static_cast<double>(this->options.max_bytes_per_s);
-      // A quarter second of burst: smooth enough, and a 64 KiB read always fits eventually.
-      bandwidth.emplace(rate, std::max(rate / 4, 65536.0));
-    }
-  }
+              CredentialsFile credentials);
 
   // The policy to decide with now: the file is re-read if it changed, and a reload that fails
   // is audited (once per version of the file) while the previous policy stays in force.
@@ -67,6 +62,13 @@ class GatewayCore {
   // The current value of a credential secret (the file re-read if it changed), or null. Valid
   // until the next call.
   const std::string* secret(std::string_view name);
+  // The signer of leaf certificates under the sandbox's credential CA (from the credentials
+  // file, re-read if it changed), or null when the file has no CA or a bad one (audited once).
+  net::LeafMinter* leafMinter();
+  // TLS toward the guest (a leaf is set per connection) and toward credential rules' hosts
+  // (peer verified against options.upstream_ca_pem or the host's store; the name per connection).
+  boost::asio::ssl::context& guestTls() { return guest_tls_; }
+  boost::asio::ssl::context& upstreamTls() { return upstream_tls_; }
   // Whether `ipv4` is an address of the upstream namespace itself (the host, by default): a
   // connection there would reach the host's own services over its loopback path, whatever
   // address they listen on. Refreshed at most once a second.
@@ -84,6 +86,10 @@ class GatewayCore {
  private:
   PolicyFile policy_;
   CredentialsFile credentials_;
+  std::unique_ptr<net::LeafMinter> minter_;
+  uint64_t minter_generation_ = 0;
+  boost::asio::ssl::context guest_tls_;
+  boost::asio::ssl::context upstream_tls_;
   std::shared_ptr<const net::Policy> seen_;       // the file's policy last made effective
   std::shared_ptr<const net::Policy> effective_;  // it, with the node's openable ranges
   std::vector<uint32_t> local_addresses_;

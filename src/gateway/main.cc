@@ -1,7 +1,7 @@
 // space-gateway's entry: flags, namespaces and privileges; then Gateway serves.
 //
 //   space-gateway --slot-netns PATH --policy FILE --audit FILE [--credentials FILE] [--upstream-netns PATH]
-//                 [--upstream-dns IP[:PORT]] [--ready-fd N] [--user NAME] [limits...]
+//                 [--upstream-dns IP[:PORT]] [--upstream-ca PEM] [--ready-fd N] [--user NAME] [limits...]
 //
 // Starts as root: enters the upstream namespace (if given), creates the guest-side listeners in
 // the slot namespace, returns to the upstream one (where every upstream socket is then made),
@@ -28,6 +28,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/fs.h"
 #include "common/log.h"
 #include "gateway/gateway.h"
 #include "net/addressing.h"
@@ -187,6 +188,9 @@ int main(int argc, char** argv) {
   app.add_option("--credentials", credentials_path,
                  "the values of the policy's credential secrets (JSON), re-read when it changes; absent: none");
   app.add_option("--upstream-netns", upstream_netns, "the namespace of upstream sockets (default: ours)");
+  std::string upstream_ca;
+  app.add_option("--upstream-ca", upstream_ca,
+                 "PEM certificates that credential rules' hosts must chain to (default: the host's trust store)");
   app.add_option("--upstream-dns", upstream_dns, "the resolver, IP[:PORT] (default: /etc/resolv.conf)");
   app.add_option("--ready-fd", ready_fd, "written \"ready\\n\" and closed once serving")->check(CLI::NonNegativeNumber);
   app.add_option("--user", user, "the unprivileged user to run as")->capture_default_str();
@@ -245,6 +249,12 @@ int main(int argc, char** argv) {
   options.handshake_timeout = std::chrono::milliseconds(handshake_timeout_ms);
   options.idle_timeout = std::chrono::milliseconds(idle_timeout_ms);
   options.max_bytes_per_s = max_bytes_per_s;
+  if (!upstream_ca.empty()) {
+    // Read as root, before privileges go: the file may be closed to --user.
+    auto pem = space::readSmallFile(upstream_ca, 4 << 20);
+    if (!pem.ok()) return fail("--upstream-ca: " + pem.error().message, 2);
+    options.upstream_ca_pem = std::move(pem.value());
+  }
   for (const std::string& text : openable_cidrs) {
     auto rule = space::net::parseRule(text);
     if (!rule.ok() || rule->kind != space::net::Rule::Kind::kCidr || rule->port) {

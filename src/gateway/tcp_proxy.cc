@@ -11,7 +11,8 @@
 #include <cstring>
 #include <vector>
 
-#include "net/http_rewrite.h"
+#include "gateway/credential_injection.h"
+#include "gateway/credential_tls.h"
 #include "net/sniff.h"
 
 #ifndef SO_ORIGINAL_DST
@@ -27,9 +28,6 @@ using boost::system::error_code;
 namespace {
 
 constexpr size_t kRelayBuffer = 64 * 1024;
-// A rendered credential header (a template with its secrets in place) at most: servers refuse
-// longer headers anyway, and Beast cannot hold a field over 64 KiB.
-constexpr size_t kMaxCredentialHeaderBytes = 16 * 1024;
 // An audit entry names at most this many of the destination's pinned names.
 constexpr size_t kMaxAuditedPins = 8;
 
@@ -161,72 +159,44 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     connect();
   }
 
-  // A request to a credential rule's host gets the rule's headers (net::rewriteRequestHead) in
-  // place of its head in hello_. Only over plain HTTP so far, and only where the rule allows it;
-  // only when the destination is among the answers this guest got for the rule's name (a Host
-  // header names any host the guest likes). False when the connection was ended here.
+  // A request to a credential rule's host gets the rule's headers (injectCredential) in place of
+  // its head in hello_, over plain HTTP where the rule allows it; a TLS connection to such a host
+  // is handed to the credential TLS session, which terminates it. False when this session's part
+  // in the connection is over.
   bool applyCredentials() {
     if (claim_.empty() || name_.empty()) return true;
     const net::CredentialRule* rule = net::credentialFor(*decided_by_, name_, port_);
     if (rule == nullptr) return true;
     if (claim_ == "sni") {
-      detail_ = "a credential rule matches; TLS passes through without it (the gateway does not terminate TLS yet)";
-      return true;
+      if (core_->leafMinter() == nullptr) {
+        detail_ = "a credential rule matches, but this gateway has no credential CA: TLS passes through without it";
+        return true;
+      }
+      cancelTimers();
+      state_ = State::kClosed;  // the TLS session audits the connection from here on
+      error_code ignored;
+      guest_.non_blocking(false, ignored);
+      startCredentialTls(core_, std::move(guest_), std::move(hello_),
+                         CredentialTlsFacts{ip_, port_, name_, reason_, pinned_, *rule, start_});
+      return false;
     }
     if (!rule->plain_http) {
       detail_ = "a credential rule matches; not sent over plain HTTP (the rule's plain_http is false)";
       return true;
     }
-    // Methods a server answers by reflecting the request (TRACE, TRACK) or that open a tunnel
-    // would hand the header back to the guest: only the usual ones carry a credential.
-    // sniff() accepted the head, so it starts with a method token and a space.
-    const auto space = std::find(hello_.begin(), hello_.end(), ' ');
-    const std::string method(hello_.begin(), space);
-    static constexpr std::string_view kMethods[] = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"};
-    if (std::find(std::begin(kMethods), std::end(kMethods), method) == std::end(kMethods)) {
-      answerGuest(502, "credential-method-refused",
-                  "a credential is not sent with method " + method.substr(0, 32) + "; nothing was sent");
+    auto injected = injectCredential(*core_, *rule, hello_, name_, ip_);
+    if (auto* refusal = std::get_if<Refusal>(&injected)) {
+      answerGuest(refusal->status, refusal->reason, refusal->message);
       return false;
     }
-    std::vector<std::pair<std::string, std::string>> headers;
-    std::vector<std::string> used;
-    for (const auto& [header, value_template] : rule->headers) {
-      std::string missing;
-      auto lookup = [&](std::string_view secret_name) { return core_->secret(secret_name); };
-      auto value = net::renderCredential(value_template, lookup, &missing);
-      if (!value) {
-        answerGuest(502, "credential-missing",
-                    "the secret " + missing + " of a credential rule for " + name_ + " is not set; nothing was sent");
-        return false;
-      }
-      if (value->size() > kMaxCredentialHeaderBytes) {
-        explicit_bzero(value->data(), value->size());
-        answerGuest(502, "credential-too-large",
-                    "the header " + header + " of a credential rule for " + name_ + " would exceed " +
-                        std::to_string(kMaxCredentialHeaderBytes) + " bytes; nothing was sent");
-        for (auto& [h, v] : headers) explicit_bzero(v.data(), v.size());
-        return false;
-      }
-      headers.emplace_back(header, std::move(*value));
-    }
-    for (const std::string& secret_name : net::credentialSecretNames(net::Policy{.credentials = {*rule}})) {
-      used.push_back(secret_name);
-    }
-    auto rewritten = net::rewriteRequestHead(hello_, headers);
-    for (auto& [header, value] : headers) explicit_bzero(value.data(), value.size());
-    if (!rewritten.ok()) {
-      deny("malformed", rewritten.error().message);
-      return false;
-    }
-    std::vector<uint8_t> out(rewritten->head.begin(), rewritten->head.end());
-    out.insert(out.end(), hello_.begin() + static_cast<std::ptrdiff_t>(rewritten->consumed), hello_.end());
-    explicit_bzero(rewritten->head.data(), rewritten->head.size());
-    hello_ = std::move(out);
+    auto& injection = std::get<Injection>(injected);
+    explicit_bzero(hello_.data(), hello_.size());
+    hello_ = std::move(injection.bytes);
     injected_ = true;
     // Audited when the connection ends, with the server's status and the bytes both ways.
-    injected_method_ = rewritten->method;
-    injected_path_ = rewritten->target.substr(0, 256);
-    injected_secrets_ = std::move(used);
+    injected_method_ = std::move(injection.method);
+    injected_path_ = std::move(injection.path);
+    injected_secrets_ = std::move(injection.secrets);
     return true;
   }
 
@@ -238,11 +208,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     core_->audit.write(std::move(e));
     state_ = State::kClosed;
     cancelTimers();
-    const std::string body = "space-gateway: " + message + "\n";
-    auto text = std::make_shared<std::string>("HTTP/1.1 " + std::to_string(status) +
-                                              " Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\n"
-                                              "Content-Length: " +
-                                              std::to_string(body.size()) + "\r\n\r\n" + body);
+    auto text = std::make_shared<std::string>(gatewayAnswer(status, message));
     asio::async_write(guest_, asio::buffer(*text), [self = shared_from_this(), text](error_code, size_t) {
       error_code ignored;
       self->guest_.shutdown(tcp::socket::shutdown_both, ignored);

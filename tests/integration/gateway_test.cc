@@ -28,12 +28,14 @@
 #include <thread>
 #include <vector>
 
+#include "common/digest.h"
 #include "common/process.h"
 #include "common/unix_socket.h"
 #include "net/addressing.h"
 #include "net/dns_message.h"
 #include "net/policy.h"
 #include "net/slot.h"
+#include "net/tls_ca.h"
 #include "support/fake_internet.h"
 
 namespace space::net {
@@ -1042,6 +1044,108 @@ TEST_F(GatewayTest, ConnectionSetupCost) {
   RecordProperty("through_gateway_ms", std::to_string(t));
   RecordProperty("direct_ms", std::to_string(d));
   EXPECT_LT(t, d + 20) << "the gateway adds more than 20 ms to a connection";
+}
+
+// --- Credential injection ---
+
+class CredentialGatewayTest : public GatewayTest {
+ protected:
+  static constexpr const char* kValue = "ghp_GatewayTlsValue0123456789";
+
+  // A sandbox CA (as spaced derives one), the guest's copy of its certificate, and the
+  // credentials file spaced would write for the gateway.
+  void SetUp() override {
+    GatewayTest::SetUp();
+    if (HasFatalFailure()) return;
+    CaSeed seed;
+    seed.fill(42);
+    auto ca = deriveCredentialCa(seed, "gateway-test");
+    ASSERT_TRUE(ca.ok()) << ca.error().message;
+    guest_ca_ = dir_ + "/guest-ca.pem";
+    std::ofstream(guest_ca_) << ca->cert_pem;
+    credentials_ = dir_ + "/credentials.json";
+    std::ofstream(credentials_)
+        << Json{{"secrets", {{"gh", kValue}}}, {"tls", {{"ca_cert", ca->cert_pem}, {"ca_key", ca->key_pem}}}}.dump();
+    ASSERT_EQ(chmod(credentials_.c_str(), 0644), 0);  // the test gateway runs as nobody
+  }
+
+  void startWithRules(const Json& rules, const std::string& mode = "allow") {
+    writePolicy(Json{{"egress", mode}, {"allow", Json::array({"*.test"})}, {"credentials", rules}});
+    startGateway({"--credentials", credentials_, "--upstream-ca", inet_->caPath()});
+  }
+
+  static std::string authorized(const std::string& value) {
+    return "authorization 1 " + sha256Hex("Bearer " + value) + " connection close";
+  }
+
+  std::string guest_ca_, credentials_;
+};
+
+// The rule's host over HTTPS: the guest talks TLS to the gateway (a certificate of its own
+// sandbox CA), the server gets the header over the gateway's verified TLS, the guest never sees
+// the value, and every other host's TLS passes through untouched.
+TEST_F(CredentialGatewayTest, TlsToTheRulesHostIsTerminatedAndGetsTheHeader) {
+  startWithRules(Json::array({{{"host", "allowed.test"}, {"headers", {{"Authorization", "Bearer {{secret:gh}}"}}}}}));
+  CommandResult r = curl({"--cacert", guest_ca_, "https://allowed.test/auth"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(authorized(kValue)), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(kValue), std::string::npos);
+  Json e = waitForAudit({{"kind", "credential"}, {"sni", "allowed.test"}});
+  EXPECT_EQ(e["tls"], "terminated");
+  EXPECT_EQ(e["method"], "GET");
+  EXPECT_EQ(e["path"], "/auth");
+  EXPECT_EQ(e["status"], 200);
+  EXPECT_EQ(e["secrets"], Json::array({"gh"}));
+  EXPECT_EQ(readFile(audit_path_).find(kValue), std::string::npos);
+  // The guest sees the sandbox CA's certificate, not the server's: with only the real
+  // server's CA it refuses.
+  EXPECT_EQ(curl({"--cacert", inet_->caPath(), "https://allowed.test/auth"}).exit_code, 60);
+  // Another host: the server's own certificate, spliced, no header.
+  CommandResult other = curl({"--cacert", inet_->caPath(), "https://denied.test/auth"});
+  ASSERT_EQ(other.exit_code, 0) << other.output;
+  EXPECT_NE(other.output.find("authorization 0"), std::string::npos) << other.output;
+  // POST with a body, and HTTP/1.1 offered by ALPN.
+  CommandResult post = curl({"--cacert", guest_ca_, "--http1.1", "-d", "payload", "https://allowed.test/auth"});
+  EXPECT_EQ(post.exit_code, 0) << post.output;
+}
+
+TEST_F(CredentialGatewayTest, ATlsRequestWhoseHostIsNotItsServerNameIsRefused) {
+  startWithRules(Json::array({{{"host", "allowed.test"}, {"headers", {{"Authorization", "Bearer {{secret:gh}}"}}}}}));
+  CommandResult r =
+      curl({"--cacert", guest_ca_, "-H", "Host: denied.test", "-w", "%{http_code}", "https://allowed.test/auth"});
+  EXPECT_NE(r.output.find("421"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("is not the TLS server name allowed.test"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("authorization"), std::string::npos) << r.output;
+  waitForAudit({{"reason", "credential-host-mismatch"}, {"allowed", false}});
+}
+
+// The rule's name at an address its DNS never gave (curl --resolve): whatever the certificate
+// there says, the secret does not go; over plain HTTP a spoofed Host, in mode allow, the same.
+TEST_F(CredentialGatewayTest, TheRulesNameAtAnUnpinnedAddressGetsNoSecret) {
+  startWithRules(Json::array(
+      {{{"host", "allowed.test"}, {"headers", {{"Authorization", "Bearer {{secret:gh}}"}}}, {"plain_http", true}}}));
+  CommandResult tls = curl({"--cacert", guest_ca_, "--resolve", "allowed.test:443:198.51.100.20", "-w", "%{http_code}",
+                            "https://allowed.test/auth"});
+  EXPECT_NE(tls.output.find("502"), std::string::npos) << tls.output;
+  EXPECT_EQ(tls.output.find("authorization"), std::string::npos) << tls.output;
+  CommandResult plain = curl({"-H", "Host: allowed.test", "-w", "%{http_code}", "http://other.test/auth"});
+  EXPECT_NE(plain.output.find("502"), std::string::npos) << plain.output;
+  EXPECT_EQ(plain.output.find("authorization"), std::string::npos) << plain.output;
+  waitForAudit({{"reason", "credential-not-pinned"}, {"allowed", false}});
+  // Resolved through the gateway, the same request gets it.
+  CommandResult honest = curl({"http://allowed.test/auth"});
+  EXPECT_NE(honest.output.find(authorized(kValue)), std::string::npos) << honest.output;
+}
+
+// A server that cannot prove it is the rule's host (its certificate names others): the guest
+// gets a clear 502 and the server never sees the request.
+TEST_F(CredentialGatewayTest, AnUpstreamWithTheWrongCertificateGetsNothing) {
+  startWithRules(Json::array({{{"host", "short-ttl.test"}, {"headers", {{"Authorization", "Bearer {{secret:gh}}"}}}}}));
+  CommandResult r = curl({"--cacert", guest_ca_, "-w", "%{http_code}", "https://short-ttl.test/auth"});
+  EXPECT_NE(r.output.find("502"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("did not prove to be short-ttl.test"), std::string::npos) << r.output;
+  Json e = waitForAudit({{"reason", "credential-upstream-unverified"}});
+  EXPECT_NE(e["detail"].get<std::string>().find("short-ttl.test"), std::string::npos) << e.dump();
 }
 
 }  // namespace

@@ -1,0 +1,87 @@
+#include "gateway/credential_injection.h"
+
+#include <strings.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "net/http_rewrite.h"
+
+namespace space::gateway {
+
+namespace {
+
+// A rendered credential header (a template with its secrets in place) at most: servers refuse
+// longer headers anyway, and Beast cannot hold a field over 64 KiB.
+constexpr size_t kMaxCredentialHeaderBytes = 16 * 1024;
+
+void wipe(std::vector<std::pair<std::string, std::string>>& headers) {
+  for (auto& [name, value] : headers) explicit_bzero(value.data(), value.size());
+}
+
+}  // namespace
+
+std::string gatewayAnswer(int status, const std::string& message) {
+  const char* phrase = status == 400   ? "Bad Request"
+                       : status == 421 ? "Misdirected Request"
+                       : status == 504 ? "Gateway Timeout"
+                                       : "Bad Gateway";
+  const std::string body = "space-gateway: " + message + "\n";
+  return "HTTP/1.1 " + std::to_string(status) + " " + phrase +
+         "\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\n\r\n" + body;
+}
+
+std::variant<Injection, Refusal> injectCredential(GatewayCore& core, const net::CredentialRule& rule,
+                                                  std::span<const uint8_t> request, const std::string& host,
+                                                  uint32_t destination) {
+  auto pinned = core.pins.namesFor(destination, DnsPins::Clock::now());
+  if (std::find(pinned.begin(), pinned.end(), host) == pinned.end()) {
+    return Refusal{502, "credential-not-pinned",
+                   "a credential for " + host +
+                       " is sent only to the addresses its DNS answers gave this sandbox, and " +
+                       net::ipv4ToString(destination) + " is not one; nothing was sent"};
+  }
+  // Methods a server answers by reflecting the request (TRACE, TRACK) or that open a tunnel
+  // would hand the header back to the guest: only the usual ones carry a credential.
+  // sniff() accepted the head, so it starts with a method token and a space.
+  const auto space = std::find(request.begin(), request.end(), ' ');
+  const std::string method(request.begin(), space);
+  static constexpr std::string_view kMethods[] = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"};
+  if (std::find(std::begin(kMethods), std::end(kMethods), method) == std::end(kMethods)) {
+    return Refusal{502, "credential-method-refused",
+                   "a credential is not sent with method " + method.substr(0, 32) + "; nothing was sent"};
+  }
+  std::vector<std::pair<std::string, std::string>> headers;
+  for (const auto& [header, value_template] : rule.headers) {
+    std::string missing;
+    auto lookup = [&](std::string_view secret_name) { return core.secret(secret_name); };
+    auto value = net::renderCredential(value_template, lookup, &missing);
+    if (!value) {
+      wipe(headers);
+      return Refusal{502, "credential-missing",
+                     "the secret " + missing + " of a credential rule for " + host + " is not set; nothing was sent"};
+    }
+    if (value->size() > kMaxCredentialHeaderBytes) {
+      explicit_bzero(value->data(), value->size());
+      wipe(headers);
+      return Refusal{502, "credential-too-large",
+                     "the header " + header + " of a credential rule for " + host + " would exceed " +
+                         std::to_string(kMaxCredentialHeaderBytes) + " bytes; nothing was sent"};
+    }
+    headers.emplace_back(header, std::move(*value));
+  }
+  auto rewritten = net::rewriteRequestHead(request, headers);
+  wipe(headers);
+  if (!rewritten.ok()) return Refusal{400, "malformed", rewritten.error().message};
+  Injection out;
+  out.bytes.assign(rewritten->head.begin(), rewritten->head.end());
+  out.bytes.insert(out.bytes.end(), request.begin() + static_cast<std::ptrdiff_t>(rewritten->consumed), request.end());
+  explicit_bzero(rewritten->head.data(), rewritten->head.size());
+  out.method = rewritten->method;
+  out.path = rewritten->target.substr(0, 256);
+  out.secrets = net::credentialSecretNames(net::Policy{.credentials = {rule}});
+  return out;
+}
+
+}  // namespace space::gateway
