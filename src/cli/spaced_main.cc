@@ -351,6 +351,9 @@ int main(int argc, char** argv) {
                  "a network namespace (path) the gateways reach the outside from (default: spaced's own)");
   app.add_option("--gateway-upstream-dns", network_options.upstream_dns,
                  "the resolver the gateways ask, IP[:PORT] (default: the first nameserver in /etc/resolv.conf)");
+  app.add_option("--gateway-upstream-ca", network_options.upstream_ca,
+                 "PEM certificates the hosts of credential rules must chain to when their TLS is terminated "
+                 "(default: the host's trust store; tests point it at their fake internet's CA)");
   app.add_option("--tenant-openable-cidrs", network_options.openable_cidrs,
                  "private IPv4 ranges a tenant's allow rule may open (e.g. a shared database subnet); default "
                  "none: no tenant rule reaches a private, CGNAT or host address. Link-local (cloud metadata) and "

@@ -194,10 +194,19 @@ std::string SandboxNetwork::credentialsPath() const {
 
 void SandboxNetwork::dropCredentials() { ::unlink(credentialsPath().c_str()); }
 
-Status SandboxNetwork::setCredentials(const std::map<std::string, std::string>& values) {
-  nlohmann::json secrets = nlohmann::json::object();
-  for (const auto& [name, value] : values) secrets[name] = value;
-  std::string text = nlohmann::json{{"secrets", secrets}}.dump();
+Status SandboxNetwork::setCredentials(const std::map<std::string, std::string>& values, const CaMaterial* ca) {
+  nlohmann::json file{{"secrets", nlohmann::json::object()}};
+  for (const auto& [name, value] : values) file["secrets"][name] = value;
+  if (ca != nullptr) file["tls"] = {{"ca_cert", ca->cert_pem}, {"ca_key", ca->key_pem}};
+  std::string text = file.dump();
+  // The json's copies of the values and the key go with it.
+  for (auto& [name, value] : file["secrets"].items()) {
+    explicit_bzero(value.get_ref<std::string&>().data(), value.get_ref<std::string&>().size());
+  }
+  if (ca != nullptr) {
+    auto& key = file["tls"]["ca_key"].get_ref<std::string&>();
+    explicit_bzero(key.data(), key.size());
+  }
   const std::string path = credentialsPath();
   const std::string temp = path + ".tmp";
   ::unlink(temp.c_str());
@@ -472,6 +481,7 @@ Result<ChildProcess> NetworkPool::spawnGateway(const Slot& slot, const std::stri
   for (const std::string& cidr : options_.openable_cidrs) argv.insert(argv.end(), {"--openable-cidr", cidr});
   if (!options_.upstream_netns.empty()) argv.insert(argv.end(), {"--upstream-netns", options_.upstream_netns});
   if (!options_.upstream_dns.empty()) argv.insert(argv.end(), {"--upstream-dns", options_.upstream_dns});
+  if (!options_.upstream_ca.empty()) argv.insert(argv.end(), {"--upstream-ca", options_.upstream_ca});
   SpawnOptions spawn{state_dir + "/" + kGatewayLog, "", true};
   spawn.pass_fds = {{write_end.get(), 3}};
   auto child = ChildProcess::spawn(argv, spawn);

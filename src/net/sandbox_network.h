@@ -31,6 +31,7 @@
 #include "common/unix_socket.h"
 #include "net/policy.h"
 #include "net/slot.h"
+#include "net/tls_ca.h"
 
 namespace space::net {
 
@@ -42,6 +43,9 @@ struct NetworkOptions {
   std::string upstream_netns;
   // The resolver the gateways ask; empty: the first nameserver of /etc/resolv.conf.
   std::string upstream_dns;
+  // The certificates (a PEM file) the gateways verify credential rules' hosts against when they
+  // terminate TLS; empty: the host's trust store.
+  std::string upstream_ca;
   // Each slot's gateway runs as uid (and gid) gateway_uid_base + slot index, an id no account
   // has, so gateways cannot signal one another. 0: as gateway_user instead.
   uint32_t gateway_uid_base = 1500000000;
@@ -133,7 +137,8 @@ class SandboxNetwork {
   Status setPolicy(const Policy& policy, bool durable = true);
   // Gives the gateway the values of the secrets its credential rules name ({name: value}); it
   // uses them from its next request on. Replaces what it had: a secret left out is gone.
-  Status setCredentials(const std::map<std::string, std::string>& values);
+  // `ca`: the sandbox's credential CA, for a gateway that terminates TLS to the rules' hosts.
+  Status setCredentials(const std::map<std::string, std::string>& values, const CaMaterial* ca = nullptr);
   std::string credentialsPath() const;
   // Takes every value away (fail closed: its rules' requests get a 502 from the gateway).
   void dropCredentials();

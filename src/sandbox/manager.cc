@@ -10,6 +10,7 @@
 #include "common/bounded_json.h"
 #include "common/fault.h"
 #include "common/fs.h"
+#include "net/tls_ca.h"
 #include "sandbox/manager_internal.h"
 #include "vmm/node_facts.h"
 
@@ -95,12 +96,37 @@ Status SandboxManager::syncCredentials(Live& live) {
       }
     }
   }
+  // Its own authority, made again from the node key whenever it is needed: the same for this
+  // sandbox after a restart or a resume, another for every other sandbox (a branch's children too).
+  std::optional<net::CaMaterial> ca;
+  if (policy.value() && !policy.value()->credentials.empty() && config_.secrets != nullptr) {
+    auto seed = config_.secrets->credentialCaSeed(live.id);
+    auto made = net::deriveCredentialCa(seed, live.id);
+    explicit_bzero(seed.data(), seed.size());
+    if (!made.ok()) {
+      for (auto& [name, value] : values) explicit_bzero(value.data(), value.size());
+      return makeError(made.error().code, "sandbox " + live.id + ": " + made.error().message);
+    }
+    ca = std::move(made.value());
+  }
   Status written = total > kMaxCredentialBytes ? makeError(ErrorCode::kInvalidArgument,
                                                            "the secrets its credential rules name hold more than " +
                                                                std::to_string(kMaxCredentialBytes) + " bytes together")
-                                               : network->setCredentials(values);
+                                               : network->setCredentials(values, ca ? &*ca : nullptr);
   for (auto& [name, value] : values) explicit_bzero(value.data(), value.size());
+  live.credential_ca_cert = ca ? ca->cert_pem : std::string();
+  if (ca) explicit_bzero(ca->key_pem.data(), ca->key_pem.size());
   return written;
+}
+
+Status SandboxManager::installCredentialCa(Live& live) {
+  if (live.credential_ca_cert.empty() || !live.runtime) return okStatus();
+  auto installed = live.vm().agent().call("/agent.Agent/Configure", {{"credentialCa", live.credential_ca_cert}});
+  if (!installed.ok()) {
+    return makeError(installed.error().code,
+                     "sandbox " + live.id + ": its guest did not take its credential CA: " + installed.error().message);
+  }
+  return okStatus();
 }
 
 void SandboxManager::secretChanged(const std::string& tenant, const std::string& name) {
@@ -141,6 +167,7 @@ Status SandboxManager::setNetworkPolicy(const std::string& tenant, const std::st
         live.value()->runtime->network()->dropCredentials();
         return synced.error();
       }
+      if (live.value()->state == SandboxState::kRunning) SPACE_TRY(installCredentialCa(*live.value()));
       spdlog::info("sandbox {}: network policy set ({})", id, net::toJson(policy).dump());
       return okStatus();
     }
@@ -502,6 +529,8 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   // hostname, a clock stopped at the snapshot and the template's random state.
   auto identity = [&] {
     nlohmann::json configure{{"hostname", hostnameFor(rec.id)}, {"timeMs", nowMs()}, {"entropy", freshEntropy()}};
+    // Trusted before the tenant's first command, in the same call (no second round trip).
+    if (!live->credential_ca_cert.empty()) configure["credentialCa"] = live->credential_ca_cert;
     if (!request.env.empty()) {
       nlohmann::json vars = nlohmann::json::object();
       for (const auto& [k, v] : request.env) vars[k] = v;
@@ -880,7 +909,10 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
   }
   live->runtime = std::move(runtime.value());
   // Values may have been rotated while it slept, and its slot (with the file) is a new one.
-  if (auto synced = syncCredentials(*live); !synced.ok()) {
+  // Rules may have been given while it slept: its guest trusts its CA before it runs anything.
+  Status synced = syncCredentials(*live);
+  if (synced.ok()) synced = installCredentialCa(*live);
+  if (!synced.ok()) {
     live->runtime->release();
     live->runtime.reset();
     unreserve();
@@ -1008,6 +1040,12 @@ Result<store::SandboxRecord> SandboxManager::changeRunState(const std::string& t
     return recorded.error();
   }
   sandbox.state = to;
+  // Credential rules given while it was paused: its guest trusts their CA from now on.
+  if (to == SandboxState::kRunning) {
+    if (auto installed = installCredentialCa(sandbox); !installed.ok()) {
+      spdlog::warn("sandbox {}: {}", id, installed.error().message);
+    }
+  }
   if (!sandbox.disk_error.empty()) {
     std::lock_guard lock(mu_);
     sandbox.disk_error.clear();

@@ -272,7 +272,12 @@ class SandboxManager {
   Result<std::shared_ptr<Live>> findLive(const std::string& tenant, const std::string& id);
   // Under the sandbox's `control`: its gateway gets the current values of the secrets its policy's
   // credential rules name. A sandbox without a network, or without rules, needs nothing.
+  // Gives the sandbox's gateway the values of its rules' secrets, and its credential CA when it
+  // has rules (live.credential_ca_cert then says what the guest must trust).
   Status syncCredentials(Live& live);
+  // Has the guest trust its credential CA (the agent adds it to the system bundle and points
+  // Node, Python and pip at it); nothing when it has none.
+  Status installCredentialCa(Live& live);
   Result<store::SandboxRecord> getOwned(const std::string& tenant, const std::string& id);
   Result<store::SandboxRecord> resumeSuspended(const store::SandboxRecord& rec);
   enum class SuspendCause { kRequest, kIdle, kTimeout };

@@ -34,6 +34,9 @@ struct SandboxManager::Live {
   // Paused because QEMU stopped the guest on a disk error: what QEMU said (else empty).
   // Written under the manager's `mu_` too, so that get() reads it without waiting for `control`.
   std::string disk_error;
+  // The certificate of its credential CA while its policy has credential rules (what its guest
+  // must trust), else empty. Set by syncCredentials.
+  std::string credential_ca_cert;
 
   vmm::Vm& vm() { return runtime->vm(); }
 };

@@ -2715,7 +2715,7 @@ class SpacedNetworkTest : public SpacedTest {
   }
   std::vector<std::string> networkArgs() const {
     return {"--gateway-upstream-netns", internet_->upstreamNetnsPath(), "--gateway-upstream-dns",
-            internet_->dnsServer()};
+            internet_->dnsServer(),     "--gateway-upstream-ca",        internet_->caPath()};
   }
   // Runs a shell command in the guest; its exit code and output.
   static std::pair<int, std::string> sh(const Daemon& d, const std::string& id, const std::string& command) {
@@ -2861,6 +2861,87 @@ TEST_F(SpacedNetworkTest, CredentialRulesAddTheSecretOnlyWhereItBelongs) {
   ASSERT_TRUE(daemon_log.ok());
   EXPECT_EQ(daemon_log->find(second), std::string::npos);
   EXPECT_EQ(daemon_log->find(first), std::string::npos);
+}
+
+// Over HTTPS, the gateway terminates the guest's TLS to a rule's host with a certificate of the
+// sandbox's own CA, which the guest trusts from its create on: what agents use (curl, Python,
+// Node, git, pip, npm) works with no CA option, and the servers get the header. A rule added
+// later (PUT network) has the guest trust the CA from then on.
+TEST_F(SpacedNetworkTest, TheGuestsToolsTrustTheGatewayOnCredentialHosts) {
+  daemon_ = Daemon::start(data_dir_, networkArgs());
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string value = "ghp_TlsInjectedValue0123456789";
+  d.callJson("PUT", "/v1/secrets/gh", json{{"value", value}}, 201);
+  auto rule = [](const std::string& host) {
+    return json{{"host", host}, {"headers", {{"Authorization", "Bearer {{secret:gh}}"}}}};
+  };
+  const json network = {{"egress", "policy"},
+                        {"allow", json::array()},
+                        {"credentials", {rule("allowed.test"), rule("git.test"), rule("pypi.test"), rule("npm.test")}}};
+  const std::string id = d.create(json{{"cpus", 1}, {"memory_mb", 512}, {"network", network}});
+  ASSERT_FALSE(id.empty()) << d.log();
+  const std::string authorized = "authorization 1 " + sha256Hex("Bearer " + value);
+
+  auto [curl_rc, curl_out] = sh(d, id, "curl -sS -m 20 https://allowed.test/auth");
+  EXPECT_EQ(curl_rc, 0) << curl_out;
+  EXPECT_NE(curl_out.find(authorized), std::string::npos) << curl_out;
+  auto [py_rc, py_out] = sh(d, id,
+                            "python3 -c \"import urllib.request as u; print(u.urlopen('https://allowed.test/auth')"
+                            ".read().decode())\" && python3 -c \"from pip._vendor import requests; "
+                            "print(requests.get('https://allowed.test/auth').text)\"");
+  EXPECT_EQ(py_rc, 0) << py_out;
+  EXPECT_NE(py_out.find(authorized), py_out.rfind(authorized)) << "both clients: " << py_out;
+  auto [node_rc, node_out] =
+      sh(d, id,
+         "node -e \"require('https').get('https://allowed.test/auth', r => r.pipe(process.stdout))"
+         ".on('error', e => { console.error(e.message); process.exit(1); })\" && "
+         "node -e \"fetch('https://allowed.test/auth').then(r => r.text()).then(t => console.log(t), "
+         "e => { console.error(String(e.cause || e)); process.exit(1); })\"");
+  EXPECT_EQ(node_rc, 0) << node_out;
+  EXPECT_NE(node_out.find(authorized), node_out.rfind(authorized)) << "both clients: " << node_out;
+  auto [git_rc, git_out] = sh(d, id, "git clone -q https://git.test/demo.git && cat demo/README");
+  EXPECT_EQ(git_rc, 0) << git_out;
+  EXPECT_NE(git_out.find("hello from git.test"), std::string::npos) << git_out;
+  auto [pip_rc, pip_out] = sh(d, id,
+                              "pip install -q --disable-pip-version-check --index-url https://pypi.test/simple/ "
+                              "spacedemo && spacedemo");
+  EXPECT_EQ(pip_rc, 0) << pip_out;
+  EXPECT_NE(pip_out.find("hello from pypi.test"), std::string::npos) << pip_out;
+  auto [npm_rc, npm_out] =
+      sh(d, id,
+         "mkdir app && cd app && npm install --no-audit --no-fund --no-update-notifier "
+         "--registry https://npm.test/ spacedemo && node -e 'console.log(require(\"spacedemo\"))'");
+  EXPECT_EQ(npm_rc, 0) << npm_out;
+  EXPECT_NE(npm_out.find("hello from npm.test"), std::string::npos) << npm_out;
+  // The guest holds the CA's certificate, never its key, and no value.
+  auto [trust_rc, trust_out] =
+      sh(d, id,
+         "grep -c 'BEGIN SPACE credential CA' /etc/ssl/certs/ca-certificates.crt; "
+         "grep -rl 'PRIVATE KEY' /etc/space /etc/ssl 2>/dev/null | wc -l; echo $NODE_EXTRA_CA_CERTS; "
+         "grep -rl " +
+             value + " /etc /home /root /tmp 2>/dev/null | wc -l");
+  EXPECT_EQ(trust_out, "1\n0\n/etc/space/credential-ca.pem\n0\n") << trust_out;
+  json entries = auditLog(d, id);
+  for (const std::string host : {"allowed.test", "git.test", "pypi.test", "npm.test"}) {
+    bool injected = false;
+    for (const auto& e : entries) {
+      injected = injected || (e.value("kind", "") == "credential" && e.value("sni", "") == host &&
+                              e.value("tls", "") == "terminated" && e.value("status", 0) == 200);
+    }
+    EXPECT_TRUE(injected) << host << " " << entries.dump(1);
+  }
+
+  // A sandbox given its rule later trusts the CA from then on.
+  const std::string later = d.create(json{{"cpus", 1}, {"memory_mb", 256}, {"network", {{"egress", "policy"}}}});
+  ASSERT_FALSE(later.empty());
+  auto [before_rc, before_out] = sh(d, later, "grep -c 'SPACE credential CA' /etc/ssl/certs/ca-certificates.crt");
+  EXPECT_EQ(before_out, "0\n") << before_out;
+  d.callJson("PUT", "/v1/sandboxes/" + later + "/network",
+             json{{"egress", "policy"}, {"credentials", {rule("allowed.test")}}}, 200);
+  auto [later_rc, later_out] = sh(d, later, "curl -sS -m 20 https://allowed.test/auth");
+  EXPECT_EQ(later_rc, 0) << later_out;
+  EXPECT_NE(later_out.find(authorized), std::string::npos) << later_out;
 }
 
 // The guest resolves and reaches what its policy allows, over HTTP and HTTPS, and gets a fast,
