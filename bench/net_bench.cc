@@ -23,6 +23,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -44,6 +45,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -57,6 +59,7 @@
 #include "net/addressing.h"
 #include "net/dns_message.h"
 #include "net/slot.h"
+#include "net/tls_ca.h"
 #include "percentiles.h"  // next to this file
 #include "support/fake_internet.h"
 
@@ -165,6 +168,55 @@ bool httpConnection(const char* ip, const std::string& request, ConnSample* out)
   return answer.rfind("HTTP/1.1 200", 0) == 0 && answer.find("host allowed.test") != std::string::npos;
 }
 
+// An HTTPS connection to allowed.test:443 (SNI and certificate name allowed.test, verified against
+// `ca_file`): connect + TLS handshake + GET `path` + the first byte of the answer, then the rest.
+// `body_bytes` (if not null) gets the answer's body size; `first_body` when the first body byte came.
+bool httpsConnection(const std::string& ca_file, const std::string& path, ConnSample* out,
+                     uint64_t* body_bytes = nullptr, Clock::time_point* first_body = nullptr) {
+  static SSL_CTX* ctx = nullptr;
+  static std::string ctx_ca;
+  if (ctx == nullptr || ctx_ca != ca_file) {
+    if (ctx != nullptr) SSL_CTX_free(ctx);
+    ctx = SSL_CTX_new(TLS_client_method());
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+    if (SSL_CTX_load_verify_locations(ctx, ca_file.c_str(), nullptr) != 1) throw Fatal("cannot load " + ca_file);
+    ctx_ca = ca_file;
+  }
+  UniqueFd fd = tcpSocket();
+  sockaddr_in to = addr4(FakeInternet::kAllowedIp, 443);
+  auto t0 = Clock::now();
+  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) return false;
+  out->connect_ms = Ms(Clock::now() - t0).count();
+  std::unique_ptr<SSL, decltype(&SSL_free)> ssl(SSL_new(ctx), SSL_free);
+  SSL_set_fd(ssl.get(), fd.get());
+  SSL_set_tlsext_host_name(ssl.get(), "allowed.test");
+  SSL_set1_host(ssl.get(), "allowed.test");
+  if (SSL_connect(ssl.get()) != 1) return false;
+  const std::string request = "GET " + path + " HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n";
+  if (SSL_write(ssl.get(), request.data(), static_cast<int>(request.size())) != static_cast<int>(request.size()))
+    return false;
+  std::vector<char> buf(64 * 1024);
+  std::string head;
+  uint64_t body = 0;
+  for (;;) {
+    int n = SSL_read(ssl.get(), buf.data(), static_cast<int>(buf.size()));
+    if (n <= 0) break;  // close_notify, or a close without it: the answer's end either way
+    if (out->first_byte_ms == 0) out->first_byte_ms = Ms(Clock::now() - t0).count();
+    if (head.find("\r\n\r\n") == std::string::npos) {
+      head.append(buf.data(), static_cast<size_t>(n));
+      if (auto end = head.find("\r\n\r\n"); end != std::string::npos) {
+        body = head.size() - end - 4;
+        if (first_body) *first_body = Clock::now();
+      }
+    } else {
+      body += static_cast<uint64_t>(n);
+    }
+  }
+  out->done_ms = Ms(Clock::now() - t0).count();
+  if (body_bytes) *body_bytes = body;
+  return head.rfind("HTTP/1.1 200", 0) == 0;
+}
+
 // ---- Throughput
 
 struct Transfer {
@@ -200,6 +252,19 @@ Transfer download(uint64_t bytes) {
   }
   auto t1 = Clock::now();
   if (body != bytes) throw Fatal("download: got " + std::to_string(body) + " of " + std::to_string(bytes) + " bytes");
+  return Transfer{static_cast<double>(bytes) / 1e6 / std::chrono::duration<double>(t1 - first).count(),
+                  Ms(t1 - t0).count()};
+}
+
+// GET /bytes/N from allowed.test:443 (as httpsConnection).
+Transfer downloadTls(const std::string& ca_file, uint64_t bytes) {
+  ConnSample c;
+  uint64_t got = 0;
+  Clock::time_point first{};
+  auto t0 = Clock::now();
+  if (!httpsConnection(ca_file, "/bytes/" + std::to_string(bytes), &c, &got, &first) || got != bytes)
+    throw Fatal("TLS download: got " + std::to_string(got) + " of " + std::to_string(bytes) + " bytes");
+  auto t1 = Clock::now();
   return Transfer{static_cast<double>(bytes) / 1e6 / std::chrono::duration<double>(t1 - first).count(),
                   Ms(t1 - t0).count()};
 }
@@ -394,7 +459,9 @@ class Env {
                                      "--upstream-netns",
                                      inet->upstreamNetnsPath(),
                                      "--upstream-dns",
-                                     inet->dnsServer()};
+                                     inet->dnsServer(),
+                                     "--upstream-ca",
+                                     inet->caPath()};
     SpawnOptions spawn{state + "/gateway.log", "", true};
     spawn.pass_fds = {{write_end.get(), 3}};
     t0 = Clock::now();
@@ -592,7 +659,15 @@ int main(int argc, char** argv) {
     // A credential rule for allowed.test over plain HTTP: every request gets a header added.
     const std::string credential_rule = R"({"egress":"policy","credentials":[{"host":"allowed.test","plain_http":true,)"
                                         R"("headers":{"Authorization":"Bearer {{secret:gh}}"}}]})";
-    const std::string credential_values = R"({"secrets":{"gh":"ghp_0123456789abcdef0123456789abcdef0123"}})";
+    // c's credential CA (as spaced derives one): its gateway terminates TLS to allowed.test.
+    net::CaSeed ca_seed;
+    ca_seed.fill(7);
+    auto ca = net::deriveCredentialCa(ca_seed, "bench");
+    if (!ca.ok()) throw Fatal(ca.error().message);
+    const std::string credential_values =
+        nlohmann::json{{"secrets", {{"gh", "ghp_0123456789abcdef0123456789abcdef0123"}}},
+                       {"tls", {{"ca_cert", ca->cert_pem}, {"ca_key", ca->key_pem}}}}
+            .dump();
 
     // --- Set-up of each sandbox's network, and what idle gateways hold.
     const long kernel_before = kernelKb();
@@ -719,6 +794,31 @@ int main(int argc, char** argv) {
       throw Fatal("c: no credential was added; its audit log: " + readText(c.gw_dir + "/audit.jsonl").substr(0, 2000) +
                   "\ngateway log: " + readText(c.gw_dir + "/../gateway.log").substr(0, 2000));
 
+    // --- HTTPS set-up: direct, spliced by SNI (a), terminated with the header added (c).
+    const std::string guest_ca = env.dir() + "/guest-ca.pem";
+    if (Status st = writeFileAtomic(guest_ca, ca->cert_pem, 0644); !st.ok()) throw Fatal(st.error().message);
+    std::vector<ConnSample> tls_direct, tls_gw_spliced, tls_gw_terminated;
+    auto tls_connection = [&](std::vector<ConnSample>& into, const std::string& ca_file) {
+      return [&into, ca_file, &failures] {
+        ConnSample c;
+        if (httpsConnection(ca_file, "/", &c))
+          into.push_back(c);
+        else
+          ++failures;
+      };
+    };
+    const double a_cpu_tls0 = cpuMs(a.gateway->pid()), c_cpu_tls0 = cpuMs(c.gateway->pid());
+    {
+      std::vector<Variant> v = {{upstream, tls_connection(tls_direct, env.inet->caPath())},
+                                {a.guestPath(), tls_connection(tls_gw_spliced, env.inet->caPath())},
+                                {c.guestPath(), tls_connection(tls_gw_terminated, guest_ca)}};
+      interleave(v, rounds, std::max(1, connections / rounds));
+    }
+    const double a_cpu_tls = cpuMs(a.gateway->pid()) - a_cpu_tls0, c_cpu_tls = cpuMs(c.gateway->pid()) - c_cpu_tls0;
+    if (readText(c.gw_dir + "/audit.jsonl").find("\"tls\":\"terminated\"") == std::string::npos)
+      throw Fatal("c: no TLS connection was terminated; its audit log: " +
+                  readText(c.gw_dir + "/audit.jsonl").substr(0, 2000));
+
     // --- Throughput: one download of --mib MiB per turn, and the echo both ways.
     const uint64_t bytes = static_cast<uint64_t>(mib) << 20, echo_bytes = static_cast<uint64_t>(echo_mib) << 20;
     std::vector<double> dl_direct, dl_gw, echo_direct, echo_gw;
@@ -729,6 +829,16 @@ int main(int argc, char** argv) {
       interleave(v, transfers, 1);
     }
     const double a_cpu_dl = cpuMs(a.gateway->pid()) - a_cpu_dl0;
+    std::vector<double> tls_dl_direct, tls_dl_spliced, tls_dl_terminated;
+    const double c_cpu_tls_dl0 = cpuMs(c.gateway->pid());
+    {
+      std::vector<Variant> v = {
+          {upstream, [&] { tls_dl_direct.push_back(downloadTls(env.inet->caPath(), bytes).mb_per_s); }},
+          {a.guestPath(), [&] { tls_dl_spliced.push_back(downloadTls(env.inet->caPath(), bytes).mb_per_s); }},
+          {c.guestPath(), [&] { tls_dl_terminated.push_back(downloadTls(guest_ca, bytes).mb_per_s); }}};
+      interleave(v, transfers, 1);
+    }
+    const double c_cpu_tls_dl = cpuMs(c.gateway->pid()) - c_cpu_tls_dl0;
     const double a_cpu_echo0 = cpuMs(a.gateway->pid());
     {
       std::vector<Variant> v = {{upstream, [&] { echo_direct.push_back(echo(echo_bytes).mb_per_s); }},
@@ -784,9 +894,25 @@ int main(int argc, char** argv) {
            a_cpu_tcp / static_cast<double>(tcp_gw_allow.size()), b_cpu_tcp / static_cast<double>(tcp_gw_pinned.size()),
            c_cpu_tcp / static_cast<double>(tcp_gw_credential.size()));
 
+    printf("\nHTTPS set-up: connect + TLS handshake + GET allowed.test:443 + first byte of the answer\n");
+    printRow("baseline: direct, from the upstream ns",
+             need(pick(tls_direct, &ConnSample::first_byte_ms), "tls direct"));
+    printRow("gateway, spliced by SNI (egress allow)",
+             need(pick(tls_gw_spliced, &ConnSample::first_byte_ms), "tls gw spliced"));
+    printRow("gateway, terminated for a credential rule (header added)",
+             need(pick(tls_gw_terminated, &ConnSample::first_byte_ms), "tls gw terminated"));
+    printf("gateway CPU per HTTPS connection: spliced %.3f ms, terminated %.3f ms\n",
+           a_cpu_tls / static_cast<double>(tls_gw_spliced.size()),
+           c_cpu_tls / static_cast<double>(tls_gw_terminated.size()));
+
     printf("\nThroughput (MB/s, 10^6 bytes, first byte to last)\n");
     printRow("baseline: GET /bytes/N direct", need(dl_direct, "dl direct"), "MB/s");
     printRow("GET /bytes/N through the gateway", need(dl_gw, "dl gw"), "MB/s");
+    printRow("baseline: HTTPS GET /bytes/N direct", need(tls_dl_direct, "tls dl direct"), "MB/s");
+    printRow("HTTPS GET /bytes/N spliced by the gateway", need(tls_dl_spliced, "tls dl spliced"), "MB/s");
+    printRow("HTTPS GET /bytes/N terminated by the gateway", need(tls_dl_terminated, "tls dl terminated"), "MB/s");
+    printf("gateway CPU, terminated HTTPS downloads: %.2f ms/MB\n",
+           c_cpu_tls_dl / (static_cast<double>(bytes) * transfers / 1e6));
     printRow("baseline: echo both ways at once, direct (each way)", need(echo_direct, "echo direct"), "MB/s");
     printRow("echo both ways at once, through the gateway (each way)", need(echo_gw, "echo gw"), "MB/s");
     printf(
