@@ -152,14 +152,16 @@ int main(int argc, char** argv) {
       }
     }
     if (req.contains("envVars")) processes.setSandboxEnv(std::move(env));
+    // The identity first: a CA that cannot be installed (a guest that broke its own /etc/ssl)
+    // must not leave a clone with its template's clock and random state.
+    if (auto failed = applyIdentity(hostname, time_ms, entropy); !failed.empty()) {
+      return rpcError(RpcCode::kInternal, "identity: " + failed);
+    }
     if (!credential_ca.empty()) {
+      processes.setBaseEnv(space::agent::credentialCaEnv());
       if (auto failed = space::agent::installCredentialCa(credential_ca); !failed.empty()) {
         return rpcError(RpcCode::kInternal, "credentialCa: " + failed);
       }
-      processes.setBaseEnv(space::agent::credentialCaEnv());
-    }
-    if (auto failed = applyIdentity(hostname, time_ms, entropy); !failed.empty()) {
-      return rpcError(RpcCode::kInternal, "identity: " + failed);
     }
     return Json::object();
   });

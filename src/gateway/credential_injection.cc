@@ -75,6 +75,7 @@ std::variant<Injection, Refusal> injectCredential(GatewayCore& core, const net::
   wipe(headers);
   if (!rewritten.ok()) return Refusal{400, "malformed", rewritten.error().message};
   Injection out;
+  out.bytes.reserve(rewritten->head.size() + (request.size() - rewritten->consumed));  // no regrowth, no stray copy
   out.bytes.assign(rewritten->head.begin(), rewritten->head.end());
   out.bytes.insert(out.bytes.end(), request.begin() + static_cast<std::ptrdiff_t>(rewritten->consumed), request.end());
   explicit_bzero(rewritten->head.data(), rewritten->head.size());

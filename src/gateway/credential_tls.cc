@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "gateway/credential_injection.h"
+#include "net/request_end.h"
 #include "net/sniff.h"
 
 namespace space::gateway {
@@ -233,6 +234,10 @@ class CredentialTlsSession : public std::enable_shared_from_this<CredentialTlsSe
   void sendRequest() {
     phase_timer_.cancel();
     injected_ = true;
+    // One request goes with the credential, and nothing after it on this connection.
+    const size_t keep = request_end_.take(injection_);
+    dropped_ += injection_.size() - keep;
+    injection_.resize(keep);
     pipes_[kOut].bytes = injection_.size();
     last_activity_ = std::chrono::steady_clock::now();
     armIdle(core_->options.idle_timeout);
@@ -265,6 +270,13 @@ class CredentialTlsSession : public std::enable_shared_from_this<CredentialTlsSe
       if (ec) return self->finish(true, (dir == kOut ? "guest: " : "upstream: ") + ec.message());
       self->last_activity_ = std::chrono::steady_clock::now();
       if (dir == kIn && self->pipes_[kIn].bytes == 0) self->noteStatus(n);
+      if (dir == kOut) {
+        const size_t keep = self->request_end_.take(std::span(self->pipes_[kOut].buf.data(), n));
+        self->dropped_ += n - keep;
+        if (self->request_end_.failed()) return self->finish(true, "the credentialed request's framing is broken");
+        if (keep == 0) return self->read(kOut);  // after the request: read (to see the end), never sent
+        n = keep;
+      }
       self->write(dir, n);
     };
     withStream(dir, [&](auto& stream) { stream.async_read_some(asio::buffer(pipe.buf), std::move(on_read)); });
@@ -418,6 +430,7 @@ class CredentialTlsSession : public std::enable_shared_from_this<CredentialTlsSe
       e["method"] = method_;
       e["path"] = path_;
       e["secrets"] = secrets_;
+      if (dropped_ > 0) e["dropped_bytes"] = dropped_;
       if (status_ != 0) e["status"] = status_;
     }
     e["end"] = end;
@@ -440,8 +453,10 @@ class CredentialTlsSession : public std::enable_shared_from_this<CredentialTlsSe
   std::string method_, path_;
   std::vector<std::string> secrets_;
   int status_ = 0;
-  bool injected_ = false;  // the request went upstream with its credential
-  bool answered_ = false;  // the gateway answered instead (audited then)
+  net::RequestEnd request_end_;  // where the credentialed request ends
+  uint64_t dropped_ = 0;         // guest bytes after it, never sent
+  bool injected_ = false;        // the request went upstream with its credential
+  bool answered_ = false;        // the gateway answered instead (audited then)
   bool guest_tls_up_ = false;
   bool shutting_down_ = false;
   std::string end_;  // why the connection ends, once it is ending

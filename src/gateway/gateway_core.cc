@@ -48,6 +48,10 @@ GatewayCore::GatewayCore(boost::asio::io_context& io, GatewayOptions options, Po
                                    ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1;
   guest_tls_.set_options(kNoOldProtocols | SSL_OP_NO_TICKET | SSL_OP_NO_RENEGOTIATION);
   SSL_CTX_set_alpn_select_cb(guest_tls_.native_handle(), selectHttp11, nullptr);
+  // No resumption toward the guest: TLS 1.3 would keep session state per ticket in the
+  // context's cache, which a guest handshaking in a loop would fill.
+  SSL_CTX_set_session_cache_mode(guest_tls_.native_handle(), SSL_SESS_CACHE_OFF);
+  SSL_CTX_set_num_tickets(guest_tls_.native_handle(), 0);
   upstream_tls_.set_options(kNoOldProtocols | SSL_OP_NO_RENEGOTIATION);
   upstream_tls_.set_verify_mode(ssl::verify_peer);
   boost::system::error_code ec;

@@ -9,10 +9,12 @@
 #include <boost/asio/write.hpp>
 #include <cctype>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "gateway/credential_injection.h"
 #include "gateway/credential_tls.h"
+#include "net/request_end.h"
 #include "net/sniff.h"
 
 #ifndef SO_ORIGINAL_DST
@@ -168,6 +170,12 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     const net::CredentialRule* rule = net::credentialFor(*decided_by_, name_, port_);
     if (rule == nullptr) return true;
     if (claim_ == "sni") {
+      if (pipes_[kIn].bytes > 0) {
+        // Decided by address, and the server spoke before the ClientHello came: its bytes are
+        // in the guest's stream already, so the connection cannot become a terminated one.
+        answerless("credential-late-tls", "a TLS claim for a credential rule's host came after the server spoke");
+        return false;
+      }
       if (core_->leafMinter() == nullptr) {
         detail_ = "a credential rule matches, but this gateway has no credential CA: TLS passes through without it";
         return true;
@@ -192,12 +200,29 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     auto& injection = std::get<Injection>(injected);
     explicit_bzero(hello_.data(), hello_.size());
     hello_ = std::move(injection.bytes);
+    // One request goes with the credential, and nothing after it on this connection.
+    request_end_.emplace();
+    const size_t keep = request_end_->take(hello_);
+    dropped_ += hello_.size() - keep;
+    hello_.resize(keep);
     injected_ = true;
     // Audited when the connection ends, with the server's status and the bytes both ways.
     injected_method_ = std::move(injection.method);
     injected_path_ = std::move(injection.path);
     injected_secrets_ = std::move(injection.secrets);
     return true;
+  }
+
+  // Ends the connection with a reset both ways, audited as a denial.
+  void answerless(const std::string& reason, const std::string& detail) {
+    detail_ = detail;
+    auto e = entry(false, reason);
+    e["duration_ms"] = millisecondsSince(start_);
+    core_->audit.write(std::move(e));
+    state_ = State::kClosed;
+    cancelTimers();
+    reset(guest_);
+    reset(upstream_);
   }
 
   // An HTTP answer of the gateway's own to the guest, then the end of the connection.
@@ -364,6 +389,13 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
       if (ec) return self->close(true, (dir == kOut ? "guest: " : "upstream: ") + ec.message());
       self->last_activity_ = std::chrono::steady_clock::now();
       if (dir == kOut && self->late_claim_check_) return self->lateClaim(n);
+      if (dir == kOut && self->request_end_) {
+        const size_t keep = self->request_end_->take(std::span(self->pipes_[kOut].buf.data(), n));
+        self->dropped_ += n - keep;
+        if (self->request_end_->failed()) return self->close(true, "the credentialed request's framing is broken");
+        if (keep == 0) return self->read(kOut);  // after the request: read (to see the end), never sent
+        n = keep;
+      }
       if (dir == kIn && self->injected_ && self->pipes_[kIn].bytes == 0) self->noteStatus(n);
       self->write(dir, n);
     });
@@ -447,6 +479,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
       e["method"] = injected_method_;
       e["path"] = injected_path_;
       e["secrets"] = injected_secrets_;
+      if (dropped_ > 0) e["dropped_bytes"] = dropped_;
       if (injected_status_ != 0) e["status"] = injected_status_;
     }
     e["end"] = end;
@@ -474,8 +507,10 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   std::shared_ptr<const net::Policy> decided_by_;  // the policy of the last decision
   bool injected_ = false;                          // a credential rule's headers were added
   std::string injected_method_, injected_path_;
-  std::vector<std::string> injected_secrets_;  // their names, never values
-  int injected_status_ = 0;                    // the server's answer, once seen
+  std::vector<std::string> injected_secrets_;   // their names, never values
+  int injected_status_ = 0;                     // the server's answer, once seen
+  std::optional<net::RequestEnd> request_end_;  // where the credentialed request ends
+  uint64_t dropped_ = 0;                        // guest bytes after it, never sent
   std::array<Pipe, 2> pipes_;
 };
 

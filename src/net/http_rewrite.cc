@@ -1,15 +1,53 @@
 #include "net/http_rewrite.h"
 
+#include <algorithm>
 #include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/write.hpp>
+#include <cctype>
 #include <sstream>
+#include <string_view>
 
 #include "net/sniff.h"
 
 namespace space::net {
 
 namespace http = boost::beast::http;
+
+namespace {
+
+bool tokenEquals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+// "" when the request's body ends where every reader agrees, else why not.
+std::string checkUnambiguousFraming(const http::request<http::empty_body>& request) {
+  size_t encodings = 0, lengths = 0;
+  std::string_view encoding, length;
+  for (const auto& field : request) {
+    if (field.name() == http::field::transfer_encoding) {
+      ++encodings;
+      encoding = field.value();
+    } else if (field.name() == http::field::content_length) {
+      ++lengths;
+      length = field.value();
+    }
+  }
+  if (encodings > 0) {
+    if (request.version() < 11) return "Transfer-Encoding in an HTTP/1.0 request";
+    if (encodings > 1 || !tokenEquals(encoding, "chunked")) return "a Transfer-Encoding other than one \"chunked\"";
+    if (lengths > 0) return "both Transfer-Encoding and Content-Length";
+  }
+  if (lengths > 1) return "more than one Content-Length";
+  if (lengths == 1 && (length.empty() || length.find_first_not_of("0123456789") != std::string_view::npos)) {
+    return "a Content-Length that is not one number";
+  }
+  return "";
+}
+
+}  // namespace
 
 Result<RewrittenHead> rewriteRequestHead(std::span<const uint8_t> bytes,
                                          const std::vector<std::pair<std::string, std::string>>& set_headers) {
@@ -24,6 +62,12 @@ Result<RewrittenHead> rewriteRequestHead(std::span<const uint8_t> bytes,
                      "not a complete HTTP request head" + (ec ? ": " + ec.message() : std::string()));
   }
   http::request<http::empty_body>& request = parser.get();
+  // The framing the server will use to find this request's end must be the one every server
+  // reads the same way (RFC 9112 6.1, 6.3): a request that could end at two places lets what
+  // follows it on the connection be read as a request of its own, or as the body of one.
+  if (auto framing = checkUnambiguousFraming(request); !framing.empty()) {
+    return makeError(ErrorCode::kInvalidArgument, framing);
+  }
   RewrittenHead rewritten;
   try {
     for (const char* hop : {"Connection", "Keep-Alive", "Proxy-Connection"}) request.erase(hop);

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -153,18 +154,25 @@ inline constexpr std::string_view kSecretClose = "}}";
 template <class Lookup>
 std::optional<std::string> renderCredential(std::string_view value_template, Lookup&& lookup, std::string* missing) {
   std::string out;
+  // Sized once (a template is at most 1 KiB, a secret 16 KiB): growing would free copies of
+  // secret bytes unwiped.
+  out.reserve(value_template.size() + 64 * 1024);
+  auto drop = [&out] {
+    explicit_bzero(out.data(), out.size());
+    return std::nullopt;
+  };
   while (!value_template.empty()) {
     size_t open = value_template.find(kSecretOpen);
     out += value_template.substr(0, open);
     if (open == std::string_view::npos) break;
     value_template.remove_prefix(open + kSecretOpen.size());
     size_t close = value_template.find(kSecretClose);
-    if (close == std::string_view::npos) return std::nullopt;  // parsePolicy refuses such templates
+    if (close == std::string_view::npos) return drop();  // parsePolicy refuses such templates
     std::string_view name = value_template.substr(0, close);
     const std::string* value = lookup(name);
     if (value == nullptr) {
       if (missing) *missing = std::string(name);
-      return std::nullopt;
+      return drop();
     }
     out += *value;
     value_template.remove_prefix(close + kSecretClose.size());

@@ -37,7 +37,13 @@ struct ParamBldFree {
   void operator()(OSSL_PARAM_BLD* b) const { OSSL_PARAM_BLD_free(b); }
 };
 struct ParamFree {
-  void operator()(OSSL_PARAM* p) const { OSSL_PARAM_free(p); }
+  // It holds the private scalar; OpenSSL 3.0 has no OSSL_PARAM_clear_free.
+  void operator()(OSSL_PARAM* params) const {
+    for (OSSL_PARAM* p = params; p != nullptr && p->key != nullptr; ++p) {
+      if (p->data != nullptr) OPENSSL_cleanse(p->data, p->data_size);
+    }
+    OSSL_PARAM_free(params);
+  }
 };
 struct PkeyCtxFree {
   void operator()(EVP_PKEY_CTX* c) const { EVP_PKEY_CTX_free(c); }
@@ -125,8 +131,12 @@ Result<CaMaterial> deriveCredentialCa(const CaSeed& seed, std::string_view label
   if (!key.ok()) return key.error();
   X509Ptr cert(X509_new());
   if (!cert || !X509_set_version(cert.get(), 2)) return tlsError("cannot make the CA certificate");
+  // The serial: a hash of the seed under a label of its own (the seed is the private key).
   unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(seed.data(), seed.size(), digest);
+  std::string serial_input = "space credential CA serial\n";
+  serial_input.append(reinterpret_cast<const char*>(seed.data()), seed.size());
+  SHA256(reinterpret_cast<const unsigned char*>(serial_input.data()), serial_input.size(), digest);
+  OPENSSL_cleanse(serial_input.data(), serial_input.size());
   X509_NAME* name = X509_get_subject_name(cert.get());
   const std::string common_name = ("SPACE credential CA " + std::string(label)).substr(0, 64);
   if (!setSerial(cert.get(), digest, 16) ||

@@ -1137,6 +1137,36 @@ TEST_F(CredentialGatewayTest, TheRulesNameAtAnUnpinnedAddressGetsNoSecret) {
   EXPECT_NE(honest.output.find(authorized(kValue)), std::string::npos) << honest.output;
 }
 
+// One request carries the credential and nothing follows it on that connection: a second
+// request pipelined behind it never reaches the server, and a request whose body could end at
+// two places is not sent at all.
+TEST_F(CredentialGatewayTest, NothingAfterTheCredentialedRequestIsSent) {
+  startWithRules(Json::array(
+      {{{"host", "allowed.test"}, {"headers", {{"Authorization", "Bearer {{secret:gh}}"}}}, {"plain_http", true}}}));
+  ASSERT_EQ(query("allowed.test").ips, std::vector<std::string>{FakeInternet::kAllowedIp});
+  const std::string second = "GET /auth HTTP/1.1\r\nHost: allowed.test\r\n\r\n";
+  Probe p = probe(FakeInternet::kAllowedIp, 80, "GET /auth HTTP/1.1\r\nHost: allowed.test\r\n\r\n" + second,
+                  std::chrono::seconds(3));
+  EXPECT_NE(p.received.find(authorized(kValue)), std::string::npos) << p.received;
+  EXPECT_EQ(p.received.find("HTTP/1.1", 10), p.received.npos) << "one answer only: " << p.received;
+  Json e = waitForAudit({{"kind", "credential"}, {"path", "/auth"}});
+  EXPECT_EQ(e.value("dropped_bytes", 0), static_cast<int>(second.size())) << e.dump();
+  // chunked and a length, or a coding that is not chunked: refused (when the head is read, a
+  // reset; or by the rewrite's own check, a 400: HttpRewrite.RefusesAmbiguousFraming).
+  Probe both = probe(FakeInternet::kAllowedIp, 80,
+                     "POST /auth HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 4\r\n"
+                     "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n" +
+                         second);
+  EXPECT_EQ(both.received.find("authorization"), std::string::npos) << both.received;
+  EXPECT_TRUE(both.reset || both.received.find(" 400 ") != std::string::npos) << both.received;
+  Probe coded = probe(FakeInternet::kAllowedIp, 80,
+                      "POST /auth HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 4\r\n"
+                      "Transfer-Encoding: gzip\r\n\r\nabcd" +
+                          second);
+  EXPECT_EQ(coded.received.find("authorization"), std::string::npos) << coded.received;
+  EXPECT_TRUE(coded.reset || coded.received.find(" 400 ") != std::string::npos) << coded.received;
+}
+
 // A server that cannot prove it is the rule's host (its certificate names others): the guest
 // gets a clear 502 and the server never sees the request.
 TEST_F(CredentialGatewayTest, AnUpstreamWithTheWrongCertificateGetsNothing) {

@@ -62,5 +62,27 @@ TEST(HttpRewrite, RefusesWhatIsNotACompleteHead) {
   }
 }
 
+// A request whose end two servers could find at two places is never sent with a credential:
+// what follows it on the connection could be read as another request (request smuggling).
+TEST(HttpRewrite, RefusesAmbiguousFraming) {
+  const std::string head = "POST /x HTTP/1.1\r\nHost: api.test\r\n";
+  for (const std::string fields : {
+           "Transfer-Encoding: gzip\r\nContent-Length: 5\r\n",
+           "Transfer-Encoding: chunked, x\r\n",
+           "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+           "Content-Length: 5\r\nContent-Length: 5\r\n",
+           "Content-Length: 5, 5\r\n",
+           "Content-Length: +5\r\n",
+       }) {
+    auto r = rewrite(head + fields + "\r\n", {{"Authorization", "Bearer x"}});
+    EXPECT_FALSE(r.ok()) << fields;
+  }
+  EXPECT_FALSE(rewrite("POST /x HTTP/1.0\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n", {}).ok());
+  // The usual framings pass.
+  EXPECT_TRUE(rewrite(head + "Transfer-Encoding: Chunked\r\n\r\n", {}).ok());
+  EXPECT_TRUE(rewrite(head + "Content-Length: 12\r\n\r\n", {}).ok());
+  EXPECT_TRUE(rewrite("GET / HTTP/1.1\r\nHost: api.test\r\n\r\n", {}).ok());
+}
+
 }  // namespace
 }  // namespace space::net
