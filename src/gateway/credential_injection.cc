@@ -72,6 +72,10 @@ std::variant<Injection, Refusal> injectCredential(GatewayCore& core, const net::
     headers.emplace_back(header, std::move(*value));
   }
   auto rewritten = net::rewriteRequestHead(request, headers);
+  std::vector<std::string> redact;
+  if (rewritten.ok()) {
+    for (auto& [name, value] : headers) redact.push_back(value);
+  }
   wipe(headers);
   if (!rewritten.ok()) return Refusal{400, "malformed", rewritten.error().message};
   Injection out;
@@ -82,6 +86,10 @@ std::variant<Injection, Refusal> injectCredential(GatewayCore& core, const net::
   out.method = rewritten->method;
   out.path = rewritten->target.substr(0, 256);
   out.secrets = net::credentialSecretNames(net::Policy{.credentials = {rule}});
+  for (const std::string& name : out.secrets) {
+    if (const std::string* value = core.secret(name)) redact.push_back(*value);
+  }
+  out.redact = std::move(redact);
   return out;
 }
 

@@ -18,6 +18,8 @@ struct Injection {
   std::string method;
   std::string path;                  // the request target, at most 256 characters (for the audit)
   std::vector<std::string> secrets;  // the names of the secrets it carries, never their values
+  // The values to mask in the answer: each header as sent, and each secret's value.
+  std::vector<std::string> redact;
 };
 
 // Nothing was sent: the guest gets `status` with `message`, audited under `reason`.

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "gateway/credential_injection.h"
+#include "net/redactor.h"
 #include "net/request_end.h"
 #include "net/sniff.h"
 
@@ -130,6 +131,7 @@ class CredentialTlsSession : public std::enable_shared_from_this<CredentialTlsSe
   struct Pipe {
     explicit Pipe(asio::io_context& io) : throttle(io) {}
     std::array<uint8_t, kRelayBuffer> buf{};
+    std::vector<uint8_t> out;  // what is written instead of buf when it was changed (redacted)
     uint64_t bytes = 0;
     bool done = false;
     asio::steady_timer throttle;
@@ -188,6 +190,7 @@ class CredentialTlsSession : public std::enable_shared_from_this<CredentialTlsSe
     method_ = std::move(injection.method);
     path_ = std::move(injection.path);
     secrets_ = std::move(injection.secrets);
+    redactor_ = std::make_unique<net::Redactor>(std::move(injection.redact));
     connect();
   }
 
@@ -266,10 +269,25 @@ class CredentialTlsSession : public std::enable_shared_from_this<CredentialTlsSe
       if (self->over()) return;
       // The guest's read, cancelled so that close_notify can be sent (shutdownGuest).
       if (dir == kOut && self->shutting_down_) return self->startGuestShutdown();
+      if (endOfStream(ec) && dir == kIn && self->redactor_ && self->redactor_->holding()) {
+        // What the redactor held back goes before the end is passed on.
+        Pipe& in = self->pipes_[kIn];
+        in.out.clear();
+        self->redactor_->finish(in.out);
+        return self->write(kIn, in.out.size(), in.out.data(), /*then_end=*/true);
+      }
       if (endOfStream(ec)) return self->sideEnded(dir);
       if (ec) return self->finish(true, (dir == kOut ? "guest: " : "upstream: ") + ec.message());
       self->last_activity_ = std::chrono::steady_clock::now();
       if (dir == kIn && self->pipes_[kIn].bytes == 0) self->noteStatus(n);
+      if (dir == kIn && self->redactor_) {
+        // The server's answer, with the values the gateway added masked (an echo of the headers).
+        Pipe& in = self->pipes_[kIn];
+        in.out.clear();
+        self->redactor_->feed(std::span(in.buf.data(), n), in.out);
+        if (in.out.empty()) return self->read(kIn);
+        return self->write(kIn, in.out.size(), in.out.data());
+      }
       if (dir == kOut) {
         const size_t keep = self->request_end_.take(std::span(self->pipes_[kOut].buf.data(), n));
         self->dropped_ += n - keep;
@@ -282,14 +300,17 @@ class CredentialTlsSession : public std::enable_shared_from_this<CredentialTlsSe
     withStream(dir, [&](auto& stream) { stream.async_read_some(asio::buffer(pipe.buf), std::move(on_read)); });
   }
 
-  void write(int dir, size_t n) {
+  // Writes `n` bytes of `data` (the pipe's read buffer unless given) to the other side, then
+  // reads again (or, `then_end`, passes the side's end on).
+  void write(int dir, size_t n, const uint8_t* data = nullptr, bool then_end = false) {
     Pipe& pipe = pipes_[dir];
     pipe.bytes += n;
     auto wait = core_->bandwidth ? core_->bandwidth->take(static_cast<double>(n)) : std::chrono::nanoseconds(0);
-    auto on_written = [self = shared_from_this(), dir, wait](error_code ec, size_t) {
+    auto on_written = [self = shared_from_this(), dir, wait, then_end](error_code ec, size_t) {
       if (self->over()) return;
       if (ec) return self->finish(true, (dir == kOut ? "upstream: " : "guest: ") + ec.message());
       self->last_activity_ = std::chrono::steady_clock::now();
+      if (then_end) return self->sideEnded(dir);
       if (wait <= std::chrono::nanoseconds(0)) return self->read(dir);
       Pipe& throttled = self->pipes_[dir];
       throttled.throttle.expires_after(wait);
@@ -299,7 +320,7 @@ class CredentialTlsSession : public std::enable_shared_from_this<CredentialTlsSe
     };
     // The other side of `dir` is where its bytes go.
     withStream(1 - dir, [&](auto& stream) {
-      asio::async_write(stream, asio::buffer(pipe.buf.data(), n), std::move(on_written));
+      asio::async_write(stream, asio::buffer(data != nullptr ? data : pipe.buf.data(), n), std::move(on_written));
     });
   }
 
@@ -431,6 +452,7 @@ class CredentialTlsSession : public std::enable_shared_from_this<CredentialTlsSe
       e["path"] = path_;
       e["secrets"] = secrets_;
       if (dropped_ > 0) e["dropped_bytes"] = dropped_;
+      if (redactor_ && redactor_->masked() > 0) e["masked_in_answer"] = redactor_->masked();
       if (status_ != 0) e["status"] = status_;
     }
     e["end"] = end;
@@ -453,10 +475,11 @@ class CredentialTlsSession : public std::enable_shared_from_this<CredentialTlsSe
   std::string method_, path_;
   std::vector<std::string> secrets_;
   int status_ = 0;
-  net::RequestEnd request_end_;  // where the credentialed request ends
-  uint64_t dropped_ = 0;         // guest bytes after it, never sent
-  bool injected_ = false;        // the request went upstream with its credential
-  bool answered_ = false;        // the gateway answered instead (audited then)
+  net::RequestEnd request_end_;              // where the credentialed request ends
+  std::unique_ptr<net::Redactor> redactor_;  // masks the added values in the answer
+  uint64_t dropped_ = 0;                     // guest bytes after it, never sent
+  bool injected_ = false;                    // the request went upstream with its credential
+  bool answered_ = false;                    // the gateway answered instead (audited then)
   bool guest_tls_up_ = false;
   bool shutting_down_ = false;
   std::string end_;  // why the connection ends, once it is ending

@@ -14,6 +14,7 @@
 
 #include "gateway/credential_injection.h"
 #include "gateway/credential_tls.h"
+#include "net/redactor.h"
 #include "net/request_end.h"
 #include "net/sniff.h"
 
@@ -109,6 +110,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   struct Pipe {
     explicit Pipe(asio::io_context& io) : throttle(io) {}
     std::vector<uint8_t> buf;
+    std::vector<uint8_t> out;  // what is written instead of buf when it was changed (redacted)
     uint64_t bytes = 0;
     bool done = false;
     asio::steady_timer throttle;
@@ -210,6 +212,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     injected_method_ = std::move(injection.method);
     injected_path_ = std::move(injection.path);
     injected_secrets_ = std::move(injection.secrets);
+    redactor_ = std::make_unique<net::Redactor>(std::move(injection.redact));
     return true;
   }
 
@@ -385,6 +388,13 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
       if (ec == asio::error::eof && dir == kOut && self->late_claim_check_ && !self->hello_.empty()) {
         return self->close(true, "guest ended inside its first message");
       }
+      if (ec == asio::error::eof && dir == kIn && self->redactor_ && self->redactor_->holding()) {
+        // What the redactor held back goes before the end is passed on.
+        Pipe& in = self->pipes_[kIn];
+        in.out.clear();
+        self->redactor_->finish(in.out);
+        return self->write(kIn, in.out.size(), in.out.data(), /*then_half_close=*/true);
+      }
       if (ec == asio::error::eof) return self->halfClose(dir);
       if (ec) return self->close(true, (dir == kOut ? "guest: " : "upstream: ") + ec.message());
       self->last_activity_ = std::chrono::steady_clock::now();
@@ -397,19 +407,30 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
         n = keep;
       }
       if (dir == kIn && self->injected_ && self->pipes_[kIn].bytes == 0) self->noteStatus(n);
+      if (dir == kIn && self->redactor_) {
+        // The server's answer, with the values the gateway added masked (an echo of the headers).
+        Pipe& in = self->pipes_[kIn];
+        in.out.clear();
+        self->redactor_->feed(std::span(in.buf.data(), n), in.out);
+        if (in.out.empty()) return self->read(kIn);
+        return self->write(kIn, in.out.size(), in.out.data());
+      }
       self->write(dir, n);
     });
   }
 
-  void write(int dir, size_t n) {
+  // Writes `n` bytes of `data` (the pipe's read buffer unless given) to the other side, then
+  // reads again (or passes the end on).
+  void write(int dir, size_t n, const uint8_t* data = nullptr, bool then_half_close = false) {
     Pipe& pipe = pipes_[dir];
     pipe.bytes += n;
     auto wait = core_->bandwidth ? core_->bandwidth->take(static_cast<double>(n)) : std::chrono::nanoseconds(0);
-    asio::async_write(sink(dir), asio::buffer(pipe.buf.data(), n),
-                      [self = shared_from_this(), dir, wait](error_code ec, size_t) {
+    asio::async_write(sink(dir), asio::buffer(data != nullptr ? data : pipe.buf.data(), n),
+                      [self = shared_from_this(), dir, wait, then_half_close](error_code ec, size_t) {
                         if (self->state_ != State::kRelaying) return;
                         if (ec) return self->close(true, (dir == kOut ? "upstream: " : "guest: ") + ec.message());
                         self->last_activity_ = std::chrono::steady_clock::now();
+                        if (then_half_close) return self->halfClose(dir);
                         if (wait <= std::chrono::nanoseconds(0)) return self->read(dir);
                         Pipe& pipe = self->pipes_[dir];
                         pipe.throttle.expires_after(wait);
@@ -480,6 +501,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
       e["path"] = injected_path_;
       e["secrets"] = injected_secrets_;
       if (dropped_ > 0) e["dropped_bytes"] = dropped_;
+      if (redactor_ && redactor_->masked() > 0) e["masked_in_answer"] = redactor_->masked();
       if (injected_status_ != 0) e["status"] = injected_status_;
     }
     e["end"] = end;
@@ -510,6 +532,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   std::vector<std::string> injected_secrets_;   // their names, never values
   int injected_status_ = 0;                     // the server's answer, once seen
   std::optional<net::RequestEnd> request_end_;  // where the credentialed request ends
+  std::unique_ptr<net::Redactor> redactor_;     // masks the added values in the answer
   uint64_t dropped_ = 0;                        // guest bytes after it, never sent
   std::array<Pipe, 2> pipes_;
 };

@@ -1123,7 +1123,8 @@ TEST_F(CredentialGatewayTest, ATlsRequestWhoseHostIsNotItsServerNameIsRefused) {
 // there says, the secret does not go; over plain HTTP a spoofed Host, in mode allow, the same.
 TEST_F(CredentialGatewayTest, TheRulesNameAtAnUnpinnedAddressGetsNoSecret) {
   startWithRules(Json::array(
-      {{{"host", "allowed.test"}, {"headers", {{"Authorization", "Bearer {{secret:gh}}"}}}, {"plain_http", true}}}));
+      {{{"host", "allowed.test"}, {"headers", {{"Authorization", "Bearer {{secret:gh}}"}}}, {"plain_http", true}},
+       {{"host", "rebind.test"}, {"headers", {{"Authorization", "Bearer {{secret:gh}}"}}}, {"plain_http", true}}}));
   CommandResult tls = curl({"--cacert", guest_ca_, "--resolve", "allowed.test:443:198.51.100.20", "-w", "%{http_code}",
                             "https://allowed.test/auth"});
   EXPECT_NE(tls.output.find("502"), std::string::npos) << tls.output;
@@ -1165,6 +1166,23 @@ TEST_F(CredentialGatewayTest, NothingAfterTheCredentialedRequestIsSent) {
                           second);
   EXPECT_EQ(coded.received.find("authorization"), std::string::npos) << coded.received;
   EXPECT_TRUE(coded.reset || coded.received.find(" 400 ") != std::string::npos) << coded.received;
+}
+
+// A server that echoes the request's headers hands back what the gateway added: the value is
+// masked on its way to the guest (same length, so the answer's framing holds), over TLS and
+// plain HTTP alike.
+TEST_F(CredentialGatewayTest, AnEchoOfTheAddedHeaderReachesTheGuestMasked) {
+  startWithRules(Json::array(
+      {{{"host", "allowed.test"}, {"headers", {{"Authorization", "Bearer {{secret:gh}}"}}}, {"plain_http", true}}}));
+  const std::string masked = "Authorization: " + std::string(std::string("Bearer ").size() + strlen(kValue), '*');
+  for (const std::string url : {"https://allowed.test/headers", "http://allowed.test/headers"}) {
+    CommandResult r = curl({"--cacert", guest_ca_, url});
+    ASSERT_EQ(r.exit_code, 0) << url << ": " << r.output;
+    EXPECT_EQ(r.output.find(kValue), std::string::npos) << url << ": " << r.output;
+    EXPECT_NE(r.output.find(masked), std::string::npos) << url << ": " << r.output;
+  }
+  Json e = waitForAudit({{"kind", "credential"}, {"path", "/headers"}});
+  EXPECT_GE(e.value("masked_in_answer", 0), 1) << e.dump();
 }
 
 // A server that cannot prove it is the rule's host (its certificate names others): the guest

@@ -162,6 +162,9 @@ class Http(http.server.BaseHTTPRequestHandler):
             return
         if self.path.startswith("/bytes/"):
             body = b"x" * min(int(self.path[7:]), 100 << 20)
+        elif self.path.startswith("/headers"):
+            # The request's header fields as received: a server that echoes them (httpbin does).
+            body = str(self.headers).encode()
         elif self.path.startswith("/auth"):
             # What a credential rule added, as a digest: the guest never sees the value itself.
             got = self.headers.get_all("Authorization") or []
