@@ -143,6 +143,19 @@ int main(int argc, char** argv) {
       }
       entropy = std::move(*bytes);
     }
+    std::map<std::string, std::string> credential_env;
+    if (req.contains("credentialEnv")) {
+      const Json& vars = req["credentialEnv"];
+      if (!vars.is_object() || vars.size() > 64)
+        return rpcError(RpcCode::kInvalidArgument, "credentialEnv must be an object");
+      for (const auto& [k, v] : vars.items()) {
+        if (!v.is_string() || k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
+            v.get_ref<const std::string&>().find('\0') != std::string::npos) {
+          return rpcError(RpcCode::kInvalidArgument, "credentialEnv: bad entry \"" + k + "\"");
+        }
+        credential_env[k] = v.get<std::string>();
+      }
+    }
     std::string credential_ca;
     if (req.contains("credentialCa")) {
       if (!req["credentialCa"].is_string()) return rpcError(RpcCode::kInvalidArgument, "credentialCa must be a string");
@@ -158,7 +171,10 @@ int main(int argc, char** argv) {
       return rpcError(RpcCode::kInternal, "identity: " + failed);
     }
     if (!credential_ca.empty()) {
-      processes.setBaseEnv(space::agent::credentialCaEnv());
+      // The trust variables, then the placeholders; the sandbox's own envVars override both.
+      auto base = space::agent::credentialCaEnv();
+      for (auto& [k, v] : credential_env) base[k] = std::move(v);
+      processes.setBaseEnv(std::move(base));
       if (auto failed = space::agent::installCredentialCa(credential_ca); !failed.empty()) {
         return rpcError(RpcCode::kInternal, "credentialCa: " + failed);
       }

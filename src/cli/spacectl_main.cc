@@ -87,6 +87,11 @@ void addNetworkOptions(CLI::App* sub, NetworkPolicyOptions& o) {
       ->allow_extra_args(false);
   sub->add_flag("--credential-plain-http", o.credentials_plain_http,
                 "network: --credential headers go over plain HTTP too (readable on the path; default TLS only)");
+  sub->add_option("--placeholder", o.placeholders,
+                  "network: ENV=SECRET: the guest's env var ENV holds a stand-in for secret SECRET, which the "
+                  "gateway replaces with the value in headers to --credential hosts only (repeatable)")
+      ->check(kKeyValue)
+      ->allow_extra_args(false);
 }
 
 void addSettingsOptions(CLI::App* sub, SandboxSettings& o) {

@@ -71,12 +71,31 @@ std::variant<Injection, Refusal> injectCredential(GatewayCore& core, const net::
     }
     headers.emplace_back(header, std::move(*value));
   }
-  auto rewritten = net::rewriteRequestHead(request, headers);
+  // Placeholders the guest put in its own headers become their secrets' values, here only.
+  std::vector<std::pair<std::string, std::string>> replace;
+  std::vector<std::string> replace_names;
+  const std::string_view head_text(reinterpret_cast<const char*>(request.data()), request.size());
+  for (const auto& [seen, secret_name] : core.placeholders()) {
+    if (head_text.find(seen) == std::string_view::npos) continue;
+    const std::string* value = core.secret(secret_name);
+    if (value == nullptr) {
+      wipe(headers);
+      wipe(replace);
+      return Refusal{
+          502, "credential-missing",
+          "the secret " + secret_name + " of a placeholder sent to " + host + " is not set; nothing was sent"};
+    }
+    replace.emplace_back(seen, *value);
+    replace_names.push_back(secret_name);
+  }
+  std::vector<size_t> replaced;
+  auto rewritten = net::rewriteRequestHead(request, headers, replace, &replaced);
   std::vector<std::string> redact;
   if (rewritten.ok()) {
     for (auto& [name, value] : headers) redact.push_back(value);
   }
   wipe(headers);
+  wipe(replace);
   if (!rewritten.ok()) return Refusal{400, "malformed", rewritten.error().message};
   Injection out;
   out.bytes.reserve(rewritten->head.size() + (request.size() - rewritten->consumed));  // no regrowth, no stray copy
@@ -86,6 +105,11 @@ std::variant<Injection, Refusal> injectCredential(GatewayCore& core, const net::
   out.method = rewritten->method;
   out.path = rewritten->target.substr(0, 256);
   out.secrets = net::credentialSecretNames(net::Policy{.credentials = {rule}});
+  for (size_t i : replaced) {
+    if (std::find(out.secrets.begin(), out.secrets.end(), replace_names[i]) == out.secrets.end()) {
+      out.secrets.push_back(replace_names[i]);
+    }
+  }
   for (const std::string& name : out.secrets) {
     if (const std::string* value = core.secret(name)) redact.push_back(*value);
   }

@@ -20,6 +20,7 @@ void CredentialsFile::clear() {
   explicit_bzero(ca_key_pem_.data(), ca_key_pem_.size());
   ca_key_pem_.clear();
   ca_cert_pem_.clear();
+  placeholders_.clear();
   ++generation_;
 }
 
@@ -82,6 +83,15 @@ std::optional<std::string> CredentialsFile::refresh() {
       ca_cert_pem_ = cert->get<std::string>();
       ca_key_pem_ = key->get<std::string>();
       explicit_bzero(key->get_ref<std::string&>().data(), key->get_ref<std::string&>().size());
+    }
+  }
+  if (auto placeholders = parsed.find("placeholders"); placeholders != parsed.end() && placeholders->is_object()) {
+    for (const auto& [seen, name] : placeholders->items()) {
+      // Only spaced's own form: a placeholder is never an empty or short string that would
+      // match ordinary header text.
+      if (name.is_string() && seen.rfind("space-secret-", 0) == 0 && seen.size() <= 128) {
+        placeholders_.emplace(seen, name.get<std::string>());
+      }
     }
   }
   for (auto& [name, value] : parsed["secrets"].items()) {

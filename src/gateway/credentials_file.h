@@ -33,12 +33,15 @@ class CredentialsFile {
   const std::string& caCertPem() const { return ca_cert_pem_; }
   const std::string& caKeyPem() const { return ca_key_pem_; }
   uint64_t generation() const { return generation_; }
+  // What the guest sees in place of a secret -> the secret's name ({"placeholders": {...}}).
+  const std::map<std::string, std::string, std::less<>>& placeholders() const { return placeholders_; }
 
  private:
   void clear();
   std::string path_;
   std::map<std::string, std::string, std::less<>> secrets_;
   std::string ca_cert_pem_, ca_key_pem_;
+  std::map<std::string, std::string, std::less<>> placeholders_;
   uint64_t generation_ = 0;
   struct Version {
     dev_t dev = 0;

@@ -65,6 +65,9 @@ class GatewayCore {
   // The signer of leaf certificates under the sandbox's credential CA (from the credentials
   // file, re-read if it changed), or null when the file has no CA or a bad one (audited once).
   net::LeafMinter* leafMinter();
+  // The sandbox's placeholders (what the guest sees -> the secret's name), as of the last read
+  // of the credentials file (secret() or leafMinter() re-read it).
+  const std::map<std::string, std::string, std::less<>>& placeholders() const { return credentials_.placeholders(); }
   // TLS toward the guest (a leaf is set per connection) and toward credential rules' hosts
   // (peer verified against options.upstream_ca_pem or the host's store; the name per connection).
   boost::asio::ssl::context& guestTls() { return guest_tls_; }

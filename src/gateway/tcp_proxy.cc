@@ -160,6 +160,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     reason_ = decision.reason;
     if (!decision.allowed) return deny(decision.reason, detail);
     if (!applyCredentials()) return;
+    if (!injected_ && claim_ == "host") notePlaceholders();
     connect();
   }
 
@@ -214,6 +215,25 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     injected_secrets_ = std::move(injection.secrets);
     redactor_ = std::make_unique<net::Redactor>(std::move(injection.redact));
     return true;
+  }
+
+  // A plain request to a host that is not a credential rule's that carries a placeholder goes
+  // out unchanged (the placeholder is worth nothing there), and is audited: a guest sending its
+  // stand-in for a secret to the wrong host is worth knowing about.
+  void notePlaceholders() {
+    (void)core_->secret("");  // the file re-read if it changed
+    if (core_->placeholders().empty()) return;
+    const std::string_view head(reinterpret_cast<const char*>(hello_.data()), hello_.size());
+    nlohmann::json names = nlohmann::json::array();
+    for (const auto& [seen, secret_name] : core_->placeholders()) {
+      if (head.find(seen) != std::string_view::npos) names.push_back(secret_name);
+    }
+    if (names.empty()) return;
+    auto e = entry(true, "placeholder-elsewhere");
+    e["kind"] = "placeholder";
+    e["secrets"] = std::move(names);
+    e["detail"] = "sent unchanged: a placeholder becomes its secret only for credential rules' hosts";
+    core_->audit.write(std::move(e));
   }
 
   // Ends the connection with a reset both ways, audited as a denial.

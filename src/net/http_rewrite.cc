@@ -5,6 +5,7 @@
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/write.hpp>
 #include <cctype>
+#include <cstring>
 #include <sstream>
 #include <string_view>
 
@@ -50,7 +51,9 @@ std::string checkUnambiguousFraming(const http::request<http::empty_body>& reque
 }  // namespace
 
 Result<RewrittenHead> rewriteRequestHead(std::span<const uint8_t> bytes,
-                                         const std::vector<std::pair<std::string, std::string>>& set_headers) {
+                                         const std::vector<std::pair<std::string, std::string>>& set_headers,
+                                         const std::vector<std::pair<std::string, std::string>>& replace,
+                                         std::vector<size_t>* replaced) {
   http::request_parser<http::empty_body> parser;
   parser.header_limit(static_cast<std::uint32_t>(kMaxSniffBytes));
   parser.eager(false);             // the head only: the body is relayed as it is, never parsed here
@@ -71,6 +74,29 @@ Result<RewrittenHead> rewriteRequestHead(std::span<const uint8_t> bytes,
   RewrittenHead rewritten;
   try {
     for (const char* hop : {"Connection", "Keep-Alive", "Proxy-Connection"}) request.erase(hop);
+    if (!replace.empty()) {
+      // Beast's fields cannot be changed in place: all of them are taken out and put back in
+      // their order, each with its replacements made.
+      std::vector<std::pair<std::string, std::string>> fields;
+      bool changed = false;
+      for (const auto& field : request) {
+        std::string value(field.value());
+        for (size_t i = 0; i < replace.size(); ++i) {
+          const auto& [text, replacement] = replace[i];
+          for (size_t at = value.find(text); at != std::string::npos; at = value.find(text, at + replacement.size())) {
+            value.replace(at, text.size(), replacement);
+            changed = true;
+            if (replaced && std::find(replaced->begin(), replaced->end(), i) == replaced->end()) replaced->push_back(i);
+          }
+        }
+        fields.emplace_back(std::string(field.name_string()), std::move(value));
+      }
+      if (changed) {
+        for (const auto& [name, value] : fields) request.erase(name);
+        for (const auto& [name, value] : fields) request.insert(name, value);
+      }
+      for (auto& [name, value] : fields) explicit_bzero(value.data(), value.size());
+    }
     // Beast refuses (throws on) a field value over 64 KiB; callers keep values far smaller.
     for (const auto& [name, value] : set_headers) request.set(name, value);
     request.set(http::field::connection, "close");

@@ -25,7 +25,11 @@ struct RewrittenHead {
 
 // `bytes` starts with a complete request head (as net::sniff accepted it). kInvalidArgument for
 // anything Beast does not parse as one.
+// `replace`: (text, replacement) pairs applied to every field value the guest sent (a
+// placeholder in place of a secret); `replaced` (if given) gets the indexes of those that occurred.
 Result<RewrittenHead> rewriteRequestHead(std::span<const uint8_t> bytes,
-                                         const std::vector<std::pair<std::string, std::string>>& set_headers);
+                                         const std::vector<std::pair<std::string, std::string>>& set_headers,
+                                         const std::vector<std::pair<std::string, std::string>>& replace = {},
+                                         std::vector<size_t>* replaced = nullptr);
 
 }  // namespace space::net

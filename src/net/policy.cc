@@ -269,6 +269,9 @@ std::vector<std::string> credentialSecretNames(const Policy& policy) {
       }
     }
   }
+  for (const auto& [env, secret] : policy.placeholders) {
+    names.emplace(secret);
+  }
   return {names.begin(), names.end()};
 }
 
@@ -471,6 +474,23 @@ Result<Policy> parsePolicy(const nlohmann::json& value) {
     } else if (key == "public_ports") {
       if (!member.is_boolean()) return invalid("network.public_ports must be true or false");
       policy.public_ports = member.get<bool>();
+    } else if (key == "placeholders") {
+      if (!member.is_object()) return invalid("network.placeholders must be an object of ENV_NAME: secret name");
+      if (member.size() > kMaxPlaceholders) {
+        return invalid("network.placeholders has more than " + std::to_string(kMaxPlaceholders) + " entries");
+      }
+      for (const auto& [env, secret] : member.items()) {
+        const std::string at = "network.placeholders." + quoteForMessage(env);
+        bool name_ok = !env.empty() && env.size() <= 64 && !(env[0] >= '0' && env[0] <= '9');
+        for (char c : env) {
+          name_ok = name_ok && ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_');
+        }
+        if (!name_ok) return invalid(at + ": an env var name is 1-64 of A-Z a-z 0-9 _, not starting with a digit");
+        if (!secret.is_string() || !isSecretName(secret.get_ref<const std::string&>())) {
+          return invalid(at + " must be a secret name (1-64 of A-Z a-z 0-9 _ . -)");
+        }
+        policy.placeholders.emplace(env, secret.get<std::string>());
+      }
     } else {
       return invalid("network has an unknown key " + quoteForMessage(key));
     }
@@ -497,6 +517,9 @@ Result<Policy> parsePolicy(const nlohmann::json& value) {
       policy.credentials.push_back(std::move(rule).value());
     }
   }
+  if (!policy.placeholders.empty() && policy.credentials.empty()) {
+    return invalid("network.placeholders are replaced only for credential rules' hosts, and there are none");
+  }
   if (policy.mode == EgressMode::kDeny && !policy.credentials.empty()) {
     return invalid("network.egress \"deny\" reaches no host, so credential rules would be ignored");
   }
@@ -518,11 +541,8 @@ nlohmann::json toJson(const Policy& policy) {
     for (const auto& [name, value_template] : rule.headers) headers[name] = value_template;
     credentials.push_back({{"host", displayText(rule.host)}, {"headers", headers}, {"plain_http", rule.plain_http}});
   }
-  return {{"egress", modeName(policy.mode)},
-          {"allow", texts(policy.allow)},
-          {"deny", texts(policy.deny)},
-          {"public_ports", policy.public_ports},
-          {"credentials", credentials}};
+  return {{"egress", modeName(policy.mode)},     {"allow", texts(policy.allow)}, {"deny", texts(policy.deny)},
+          {"public_ports", policy.public_ports}, {"credentials", credentials},   {"placeholders", policy.placeholders}};
 }
 
 Decision decideName(const Policy& policy, std::string_view name) {

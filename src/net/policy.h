@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -67,6 +68,10 @@ struct Policy {
   // part of the same network object so snapshots and branches carry it the same way.
   bool public_ports = false;
   std::vector<CredentialRule> credentials;
+  // Stand-ins the guest sees for secrets ("placeholders": {"GH_TOKEN": "gh"}): the env var
+  // GH_TOKEN holds space-secret-gh-<random>, which the gateway replaces with the secret's value
+  // in request headers to credential rules' hosts only. Env var name -> secret name.
+  std::map<std::string, std::string> placeholders;
 };
 
 // Limits on what a tenant may send (bounded input).
@@ -76,6 +81,7 @@ inline constexpr size_t kMaxRuleLength = 300;
 inline constexpr size_t kMaxCredentialRules = 32;
 inline constexpr size_t kMaxCredentialHeaders = 16;  // per rule
 inline constexpr size_t kMaxHeaderTemplateBytes = 1024;
+inline constexpr size_t kMaxPlaceholders = 32;
 
 // The first credential rule for a connection claiming `name` (normalized) on `port` (the rule's
 // port, or 80 and 443 for a rule without one); null if none.

@@ -194,8 +194,10 @@ std::string SandboxNetwork::credentialsPath() const {
 
 void SandboxNetwork::dropCredentials() { ::unlink(credentialsPath().c_str()); }
 
-Status SandboxNetwork::setCredentials(const std::map<std::string, std::string>& values, const CaMaterial* ca) {
+Status SandboxNetwork::setCredentials(const std::map<std::string, std::string>& values, const CaMaterial* ca,
+                                      const std::map<std::string, std::string>& placeholders) {
   nlohmann::json file{{"secrets", nlohmann::json::object()}};
+  if (!placeholders.empty()) file["placeholders"] = placeholders;
   for (const auto& [name, value] : values) file["secrets"][name] = value;
   if (ca != nullptr) file["tls"] = {{"ca_cert", ca->cert_pem}, {"ca_key", ca->key_pem}};
   std::string text = file.dump();

@@ -138,7 +138,9 @@ class SandboxNetwork {
   // Gives the gateway the values of the secrets its credential rules name ({name: value}); it
   // uses them from its next request on. Replaces what it had: a secret left out is gone.
   // `ca`: the sandbox's credential CA, for a gateway that terminates TLS to the rules' hosts.
-  Status setCredentials(const std::map<std::string, std::string>& values, const CaMaterial* ca = nullptr);
+  // `placeholders`: what the guest sees for a secret -> the secret's name.
+  Status setCredentials(const std::map<std::string, std::string>& values, const CaMaterial* ca = nullptr,
+                        const std::map<std::string, std::string>& placeholders = {});
   std::string credentialsPath() const;
   // Takes every value away (fail closed: its rules' requests get a 502 from the gateway).
   void dropCredentials();

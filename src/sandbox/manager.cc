@@ -109,19 +109,30 @@ Status SandboxManager::syncCredentials(Live& live) {
     }
     ca = std::move(made.value());
   }
+  std::map<std::string, std::string> placeholders;  // what the guest sees -> the secret
+  std::map<std::string, std::string> env;           // the guest's env var -> what it sees
+  if (policy.value() && config_.secrets != nullptr) {
+    for (const auto& [var, secret] : policy.value()->placeholders) {
+      std::string seen = config_.secrets->placeholderFor(live.id, secret);
+      placeholders[seen] = secret;
+      env[var] = std::move(seen);
+    }
+  }
   Status written = total > kMaxCredentialBytes ? makeError(ErrorCode::kInvalidArgument,
                                                            "the secrets its credential rules name hold more than " +
                                                                std::to_string(kMaxCredentialBytes) + " bytes together")
-                                               : network->setCredentials(values, ca ? &*ca : nullptr);
+                                               : network->setCredentials(values, ca ? &*ca : nullptr, placeholders);
   for (auto& [name, value] : values) explicit_bzero(value.data(), value.size());
   live.credential_ca_cert = ca ? ca->cert_pem : std::string();
+  live.credential_env = std::move(env);
   if (ca) explicit_bzero(ca->key_pem.data(), ca->key_pem.size());
   return written;
 }
 
 Status SandboxManager::installCredentialCa(Live& live) {
   if (live.credential_ca_cert.empty() || !live.runtime) return okStatus();
-  auto installed = live.vm().agent().call("/agent.Agent/Configure", {{"credentialCa", live.credential_ca_cert}});
+  auto installed = live.vm().agent().call(
+      "/agent.Agent/Configure", {{"credentialCa", live.credential_ca_cert}, {"credentialEnv", live.credential_env}});
   if (!installed.ok()) {
     return makeError(installed.error().code,
                      "sandbox " + live.id + ": its guest did not take its credential CA: " + installed.error().message);
@@ -536,7 +547,10 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   auto identity = [&] {
     nlohmann::json configure{{"hostname", hostnameFor(rec.id)}, {"timeMs", nowMs()}, {"entropy", freshEntropy()}};
     // Trusted before the tenant's first command, in the same call (no second round trip).
-    if (!live->credential_ca_cert.empty()) configure["credentialCa"] = live->credential_ca_cert;
+    if (!live->credential_ca_cert.empty()) {
+      configure["credentialCa"] = live->credential_ca_cert;
+      configure["credentialEnv"] = live->credential_env;
+    }
     if (!request.env.empty()) {
       nlohmann::json vars = nlohmann::json::object();
       for (const auto& [k, v] : request.env) vars[k] = v;

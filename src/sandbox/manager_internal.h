@@ -37,6 +37,8 @@ struct SandboxManager::Live {
   // The certificate of its credential CA while its policy has credential rules (what its guest
   // must trust), else empty. Set by syncCredentials.
   std::string credential_ca_cert;
+  // The env vars its guest gets for its policy's placeholders (NAME -> space-secret-...).
+  std::map<std::string, std::string> credential_env;
 
   vmm::Vm& vm() { return runtime->vm(); }
 };

@@ -86,6 +86,17 @@ Status SecretVault::remove(const std::string& tenant, const std::string& name) {
   return store_.deleteSecret(tenant, name);
 }
 
+std::string SecretVault::placeholderFor(const std::string& sandbox_id, const std::string& name) const {
+  auto key = box_.derive("space secret placeholder v1\n" + sandbox_id + "\n" + name);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "space-secret-" + name + "-";
+  for (size_t i = 0; i < 16; ++i) {
+    out += kHex[key[i] >> 4];
+    out += kHex[key[i] & 15];
+  }
+  return out;
+}
+
 Result<std::string> SecretVault::reveal(const std::string& tenant, const std::string& name) {
   SPACE_TRY(checkSecretName(name));
   auto record = store_.getSecret(tenant, name);

@@ -53,6 +53,10 @@ class SecretVault {
   SecretBox::Key credentialCaSeed(const std::string& sandbox_id) const {
     return box_.derive("space credential CA v1\n" + sandbox_id);
   }
+  // What sandbox `sandbox_id`'s guest sees in place of secret `name` (network.placeholders):
+  // "space-secret-NAME-" and 32 hex digits, the same for the sandbox whenever it is made (a
+  // resume, a restart), another in every other sandbox, and saying nothing of the value.
+  std::string placeholderFor(const std::string& sandbox_id, const std::string& name) const;
 
  private:
   store::StateStore& store_;

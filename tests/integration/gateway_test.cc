@@ -1051,6 +1051,7 @@ TEST_F(GatewayTest, ConnectionSetupCost) {
 class CredentialGatewayTest : public GatewayTest {
  protected:
   static constexpr const char* kValue = "ghp_GatewayTlsValue0123456789";
+  static constexpr const char* kPlaceholder = "space-secret-gh-0123456789abcdef0123456789abcdef";
 
   // A sandbox CA (as spaced derives one), the guest's copy of its certificate, and the
   // credentials file spaced would write for the gateway.
@@ -1064,8 +1065,11 @@ class CredentialGatewayTest : public GatewayTest {
     guest_ca_ = dir_ + "/guest-ca.pem";
     std::ofstream(guest_ca_) << ca->cert_pem;
     credentials_ = dir_ + "/credentials.json";
-    std::ofstream(credentials_)
-        << Json{{"secrets", {{"gh", kValue}}}, {"tls", {{"ca_cert", ca->cert_pem}, {"ca_key", ca->key_pem}}}}.dump();
+    std::ofstream(credentials_) << Json{
+        {"secrets", {{"gh", kValue}}},
+        {"tls", {{"ca_cert", ca->cert_pem}, {"ca_key", ca->key_pem}}},
+        {"placeholders",
+         {{kPlaceholder, "gh"}}}}.dump();
     ASSERT_EQ(chmod(credentials_.c_str(), 0644), 0);  // the test gateway runs as nobody
   }
 
@@ -1183,6 +1187,27 @@ TEST_F(CredentialGatewayTest, AnEchoOfTheAddedHeaderReachesTheGuestMasked) {
   }
   Json e = waitForAudit({{"kind", "credential"}, {"path", "/headers"}});
   EXPECT_GE(e.value("masked_in_answer", 0), 1) << e.dump();
+}
+
+// The guest's stand-in for a secret becomes the value in its own headers to a rule's host,
+// and goes out unchanged, audited, anywhere else.
+TEST_F(CredentialGatewayTest, APlaceholderBecomesItsSecretOnlyForTheRulesHost) {
+  startWithRules(Json::array({{{"host", "allowed.test"}, {"headers", {{"X-Rule", "set"}}}}}));
+  CommandResult r = curl(
+      {"--cacert", guest_ca_, "-H", std::string("Authorization: Bearer ") + kPlaceholder, "https://allowed.test/auth"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(authorized(kValue)), std::string::npos) << r.output;
+  Json e = waitForAudit({{"kind", "credential"}, {"path", "/auth"}});
+  EXPECT_EQ(e["secrets"], Json::array({"gh"})) << e.dump();
+  CommandResult elsewhere =
+      curl({"-H", std::string("Authorization: Bearer ") + kPlaceholder, "http://denied.test/auth"});
+  ASSERT_EQ(elsewhere.exit_code, 0) << elsewhere.output;
+  EXPECT_NE(elsewhere.output.find("authorization 1 " + sha256Hex(std::string("Bearer ") + kPlaceholder)),
+            std::string::npos)
+      << elsewhere.output;
+  Json seen = waitForAudit({{"kind", "placeholder"}, {"reason", "placeholder-elsewhere"}});
+  EXPECT_EQ(seen["host"], "denied.test") << seen.dump();
+  EXPECT_EQ(seen["secrets"], Json::array({"gh"})) << seen.dump();
 }
 
 // A server that cannot prove it is the rule's host (its certificate names others): the guest

@@ -2878,7 +2878,8 @@ TEST_F(SpacedNetworkTest, TheGuestsToolsTrustTheGatewayOnCredentialHosts) {
   };
   const json network = {{"egress", "policy"},
                         {"allow", json::array()},
-                        {"credentials", {rule("allowed.test"), rule("git.test"), rule("pypi.test"), rule("npm.test")}}};
+                        {"credentials", {rule("allowed.test"), rule("git.test"), rule("pypi.test"), rule("npm.test")}},
+                        {"placeholders", {{"GH_TOKEN", "gh"}}}};
   const std::string id = d.create(json{{"cpus", 1}, {"memory_mb", 512}, {"network", network}});
   ASSERT_FALSE(id.empty()) << d.log();
   const std::string authorized = "authorization 1 " + sha256Hex("Bearer " + value);
@@ -2886,6 +2887,15 @@ TEST_F(SpacedNetworkTest, TheGuestsToolsTrustTheGatewayOnCredentialHosts) {
   auto [curl_rc, curl_out] = sh(d, id, "curl -sS -m 20 https://allowed.test/auth");
   EXPECT_EQ(curl_rc, 0) << curl_out;
   EXPECT_NE(curl_out.find(authorized), std::string::npos) << curl_out;
+  // The guest's stand-in for the secret: in its env, becoming the value only on the way to a
+  // rule's host (whose echo of it comes back masked).
+  auto [ph_rc, ph_out] = sh(d, id,
+                            "echo \"token=$GH_TOKEN\"; curl -sS -m 20 -H \"X-Token: $GH_TOKEN\" "
+                            "https://allowed.test/headers");
+  EXPECT_EQ(ph_rc, 0) << ph_out;
+  EXPECT_NE(ph_out.find("token=space-secret-gh-"), std::string::npos) << ph_out;
+  EXPECT_NE(ph_out.find("X-Token: " + std::string(value.size(), '*')), std::string::npos) << ph_out;
+  EXPECT_EQ(ph_out.find(value), std::string::npos) << ph_out;
   auto [py_rc, py_out] = sh(d, id,
                             "python3 -c \"import urllib.request as u; print(u.urlopen('https://allowed.test/auth')"
                             ".read().decode())\" && python3 -c \"from pip._vendor import requests; "

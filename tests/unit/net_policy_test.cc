@@ -437,8 +437,10 @@ TEST(PolicyParse, RoundTripsThroughJson) {
     expectSamePolicy(policyOf(dumped), policy);
     EXPECT_EQ(toJson(policyOf(dumped)), dumped);
   }
-  EXPECT_EQ(toJson(defaultPolicy()),
-            json::parse(R"({"egress": "allow", "allow": [], "deny": [], "public_ports": false, "credentials": []})"));
+  EXPECT_EQ(
+      toJson(defaultPolicy()),
+      json::parse(
+          R"({"egress": "allow", "allow": [], "deny": [], "public_ports": false, "credentials": [], "placeholders": {}})"));
   EXPECT_TRUE(policyOf(R"({"public_ports": true})").public_ports);
   EXPECT_FALSE(policyOf(R"({"egress": "allow"})").public_ports);
 }
@@ -550,7 +552,7 @@ TEST(PolicyParse, RulesBuiltInCodeGetTheirCanonicalText) {
   EXPECT_EQ(
       toJson(policy),
       json::parse(
-          R"({"egress": "policy", "allow": ["*.pypi.org:443", "10.0.0.0/8"], "deny": ["203.0.113.7:25"], "public_ports": false, "credentials": []})"));
+          R"({"egress": "policy", "allow": ["*.pypi.org:443", "10.0.0.0/8"], "deny": ["203.0.113.7:25"], "public_ports": false, "credentials": [], "placeholders": {}})"));
   EXPECT_EQ(decideConnection(policy, connection("10.1.1.1", 80)).reason, "forbidden-range");
   EXPECT_EQ(decideConnection(openableTo(policy, "10.0.0.0/8"), connection("10.1.1.1", 80)).reason, "allow:10.0.0.0/8");
   EXPECT_EQ(decideConnection(policy, connection("203.0.113.7", 25)).reason, "deny:203.0.113.7:25");
@@ -958,5 +960,33 @@ TEST(PolicyNeverReachable, PrivateRangesOpenOnlyWhereTheNodeSays) {
   EXPECT_EQ(decideConnection(opened, connection("10.8.9.9", 5432)).reason, "forbidden-range");
   EXPECT_TRUE(toJson(opened) == toJson(wide)) << "the node's list is never part of the tenant's policy";
 }
+
+namespace {
+// Placeholders: env var names for secrets the guest sees stand-ins of; they need a rule.
+TEST(PolicyCredentials, PlaceholdersNameSecretsAndNeedARule) {
+  const nlohmann::json rule = {{"host", "api.github.com"}, {"headers", {{"Authorization", "Bearer {{secret:gh}}"}}}};
+  auto ok = parsePolicy({{"credentials", {rule}}, {"placeholders", {{"GH_TOKEN", "org_key"}}}});
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(ok->placeholders.at("GH_TOKEN"), "org_key");
+  EXPECT_EQ(credentialSecretNames(ok.value()), (std::vector<std::string>{"gh", "org_key"}));
+  EXPECT_EQ(toJson(ok.value())["placeholders"], nlohmann::json({{"GH_TOKEN", "org_key"}}));
+  auto again = parsePolicy(toJson(ok.value()));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->placeholders, ok->placeholders);
+  for (const nlohmann::json& bad : {
+           nlohmann::json{{"placeholders", {{"GH_TOKEN", "gh"}}}},
+           nlohmann::json{{"credentials", {rule}}, {"placeholders", {{"1X", "gh"}}}},
+           nlohmann::json{{"credentials", {rule}}, {"placeholders", {{"A=B", "gh"}}}},
+           nlohmann::json{{"credentials", {rule}}, {"placeholders", {{"GH", "no spaces"}}}},
+           nlohmann::json{{"credentials", {rule}}, {"placeholders", {{"GH", 1}}}},
+           nlohmann::json{{"credentials", {rule}}, {"placeholders", nlohmann::json::array()}},
+       }) {
+    EXPECT_FALSE(parsePolicy(bad).ok()) << bad.dump();
+  }
+  nlohmann::json many = nlohmann::json::object();
+  for (size_t i = 0; i <= kMaxPlaceholders; ++i) many["V" + std::to_string(i)] = "gh";
+  EXPECT_FALSE(parsePolicy({{"credentials", {rule}}, {"placeholders", many}}).ok());
+}
+}  // namespace
 
 }  // namespace space::net

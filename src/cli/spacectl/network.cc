@@ -40,6 +40,9 @@ int printPolicy(const json& policy, bool as_json) {
                   << (field(rule, "plain_http") == true ? "  (also plain HTTP)" : "") << "\n";
       }
     }
+    for (const auto& [env, secret] : field(policy, "placeholders").items()) {
+      std::cout << "placeholder: $" << env << " stands for secret " << text(secret) << "\n";
+    }
   }
   return 0;
 }

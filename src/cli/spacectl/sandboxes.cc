@@ -99,6 +99,7 @@ Result<json> networkRequest(const NetworkPolicyOptions& o) {
     (*rule)["headers"][header] = value;
   }
   if (!rules.empty()) policy["credentials"] = rules;
+  if (!o.placeholders.empty()) policy["placeholders"] = pairs(o.placeholders);
   return policy;
 }
 

@@ -27,9 +27,11 @@ struct NetworkPolicyOptions {
   bool public_ports = false;
   // "HOST=Header: value template" (repeatable; several for one host make one rule).
   std::vector<std::string> credentials;
-  bool credentials_plain_http = false;  // every rule above also over plain HTTP
+  bool credentials_plain_http = false;    // every rule above also over plain HTTP
+  std::vector<std::string> placeholders;  // "ENV_NAME=secret name" (repeatable)
   bool given() const {
-    return !egress.empty() || !allow.empty() || !deny.empty() || public_ports || !credentials.empty();
+    return !egress.empty() || !allow.empty() || !deny.empty() || public_ports || !credentials.empty() ||
+           !placeholders.empty();
   }
 };
 // {"egress", "allow", "deny", "public_ports", "credentials"}; with allow or credential rules
