@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "net/http_rewrite.h"
+#include "net/redactor.h"
+#include "net/request_end.h"
 
 namespace space::gateway {
 
@@ -71,12 +73,16 @@ std::variant<Injection, Refusal> injectCredential(GatewayCore& core, const net::
     }
     headers.emplace_back(header, std::move(*value));
   }
-  // Placeholders the guest put in its own headers become their secrets' values, here only.
+  // Placeholders the guest put in its own headers become their secrets' values, here only, and
+  // only those of secrets this rule itself sends: another rule's host may be one the guest can
+  // read what it receives at (a wildcard's subdomain), which would hand it any secret.
+  const std::vector<std::string> rule_secrets = net::credentialSecretNames(net::Policy{.credentials = {rule}});
   std::vector<std::pair<std::string, std::string>> replace;
   std::vector<std::string> replace_names;
   const std::string_view head_text(reinterpret_cast<const char*>(request.data()), request.size());
   for (const auto& [seen, secret_name] : core.placeholders()) {
     if (head_text.find(seen) == std::string_view::npos) continue;
+    if (std::find(rule_secrets.begin(), rule_secrets.end(), secret_name) == rule_secrets.end()) continue;
     const std::string* value = core.secret(secret_name);
     if (value == nullptr) {
       wipe(headers);
@@ -88,6 +94,18 @@ std::variant<Injection, Refusal> injectCredential(GatewayCore& core, const net::
     replace.emplace_back(seen, *value);
     replace_names.push_back(secret_name);
   }
+  // Every secret that goes must be maskable in the answer (net::Redactor): a short one in an
+  // echoed header would come back as it is.
+  for (const std::string& name : rule_secrets) {
+    const std::string* value = core.secret(name);
+    if (value != nullptr && value->size() < net::Redactor::kMinValueBytes) {
+      wipe(headers);
+      wipe(replace);
+      return Refusal{502, "credential-too-short",
+                     "the secret " + name + " is shorter than " + std::to_string(net::Redactor::kMinValueBytes) +
+                         " bytes: too short to be masked in answers, so it is not sent; nothing was sent"};
+    }
+  }
   std::vector<size_t> replaced;
   auto rewritten = net::rewriteRequestHead(request, headers, replace, &replaced);
   std::vector<std::string> redact;
@@ -97,6 +115,12 @@ std::variant<Injection, Refusal> injectCredential(GatewayCore& core, const net::
   wipe(headers);
   wipe(replace);
   if (!rewritten.ok()) return Refusal{400, "malformed", rewritten.error().message};
+  if (rewritten->head.size() > net::RequestEnd::kMaxHeadBytes) {
+    explicit_bzero(rewritten->head.data(), rewritten->head.size());
+    return Refusal{502, "credential-too-large",
+                   "the request head with its credentials would exceed " +
+                       std::to_string(net::RequestEnd::kMaxHeadBytes) + " bytes; nothing was sent"};
+  }
   Injection out;
   out.bytes.reserve(rewritten->head.size() + (request.size() - rewritten->consumed));  // no regrowth, no stray copy
   out.bytes.assign(rewritten->head.begin(), rewritten->head.end());
@@ -104,7 +128,7 @@ std::variant<Injection, Refusal> injectCredential(GatewayCore& core, const net::
   explicit_bzero(rewritten->head.data(), rewritten->head.size());
   out.method = rewritten->method;
   out.path = rewritten->target.substr(0, 256);
-  out.secrets = net::credentialSecretNames(net::Policy{.credentials = {rule}});
+  out.secrets = rule_secrets;
   for (size_t i : replaced) {
     if (std::find(out.secrets.begin(), out.secrets.end(), replace_names[i]) == out.secrets.end()) {
       out.secrets.push_back(replace_names[i]);

@@ -190,7 +190,7 @@ class CredentialTlsSession : public std::enable_shared_from_this<CredentialTlsSe
     method_ = std::move(injection.method);
     path_ = std::move(injection.path);
     secrets_ = std::move(injection.secrets);
-    redactor_ = std::make_unique<net::Redactor>(std::move(injection.redact));
+    redactor_ = std::make_unique<net::Redactor>(std::move(injection.redact), method_ == "HEAD");
     connect();
   }
 
@@ -239,6 +239,10 @@ class CredentialTlsSession : public std::enable_shared_from_this<CredentialTlsSe
     injected_ = true;
     // One request goes with the credential, and nothing after it on this connection.
     const size_t keep = request_end_.take(injection_);
+    if (request_end_.failed()) {
+      explicit_bzero(injection_.data(), injection_.size());
+      return answer(400, "malformed", "the request cannot be framed; nothing was sent");
+    }
     dropped_ += injection_.size() - keep;
     injection_.resize(keep);
     pipes_[kOut].bytes = injection_.size();
@@ -279,12 +283,21 @@ class CredentialTlsSession : public std::enable_shared_from_this<CredentialTlsSe
       if (endOfStream(ec)) return self->sideEnded(dir);
       if (ec) return self->finish(true, (dir == kOut ? "guest: " : "upstream: ") + ec.message());
       self->last_activity_ = std::chrono::steady_clock::now();
-      if (dir == kIn && self->pipes_[kIn].bytes == 0) self->noteStatus(n);
+      if (dir == kIn && !self->status_seen_) {
+        self->status_seen_ = true;
+        self->noteStatus(n);
+      }
       if (dir == kIn && self->redactor_) {
         // The server's answer, with the values the gateway added masked (an echo of the headers).
         Pipe& in = self->pipes_[kIn];
         in.out.clear();
         self->redactor_->feed(std::span(in.buf.data(), n), in.out);
+        if (!self->redactor_->refused().empty()) {
+          // Nothing of the answer reached the guest yet: it gets the gateway's 502; else a reset.
+          if (self->pipes_[kIn].bytes > 0) return self->finish(true, "answer refused: " + self->redactor_->refused());
+          self->status_ = 502;
+          return self->answerInstead(self->redactor_->refused() + "; the answer was not passed on");
+        }
         if (in.out.empty()) return self->read(kIn);
         return self->write(kIn, in.out.size(), in.out.data());
       }
@@ -422,6 +435,18 @@ class CredentialTlsSession : public std::enable_shared_from_this<CredentialTlsSe
     });
   }
 
+  // After the request went upstream: the gateway's 502 instead of the server's answer, then the
+  // end (audited as the credentialed request it was).
+  void answerInstead(const std::string& message) {
+    answer_ = gatewayAnswer(502, message);
+    end_ = "answer refused: " + message;
+    error_code ignored;
+    upstream_.next_layer().close(ignored);
+    pipes_[kIn].bytes += answer_.size();
+    asio::async_write(guest_, asio::buffer(answer_),
+                      [self = shared_from_this()](error_code, size_t) { self->finish(true, self->end_); });
+  }
+
   void closeQuietly() {
     done_ = true;
     cancelTimers();
@@ -475,6 +500,7 @@ class CredentialTlsSession : public std::enable_shared_from_this<CredentialTlsSe
   std::string method_, path_;
   std::vector<std::string> secrets_;
   int status_ = 0;
+  bool status_seen_ = false;                 // the answer's first bytes were looked at
   net::RequestEnd request_end_;              // where the credentialed request ends
   std::unique_ptr<net::Redactor> redactor_;  // masks the added values in the answer
   uint64_t dropped_ = 0;                     // guest bytes after it, never sent

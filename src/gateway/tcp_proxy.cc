@@ -206,6 +206,11 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     // One request goes with the credential, and nothing after it on this connection.
     request_end_.emplace();
     const size_t keep = request_end_->take(hello_);
+    if (request_end_->failed()) {
+      explicit_bzero(hello_.data(), hello_.size());
+      answerGuest(400, "malformed", "the request cannot be framed; nothing was sent");
+      return false;
+    }
     dropped_ += hello_.size() - keep;
     hello_.resize(keep);
     injected_ = true;
@@ -213,7 +218,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
     injected_method_ = std::move(injection.method);
     injected_path_ = std::move(injection.path);
     injected_secrets_ = std::move(injection.secrets);
-    redactor_ = std::make_unique<net::Redactor>(std::move(injection.redact));
+    redactor_ = std::make_unique<net::Redactor>(std::move(injection.redact), injected_method_ == "HEAD");
     return true;
   }
 
@@ -426,12 +431,16 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
         if (keep == 0) return self->read(kOut);  // after the request: read (to see the end), never sent
         n = keep;
       }
-      if (dir == kIn && self->injected_ && self->pipes_[kIn].bytes == 0) self->noteStatus(n);
+      if (dir == kIn && self->injected_ && !self->status_seen_) {
+        self->status_seen_ = true;
+        self->noteStatus(n);
+      }
       if (dir == kIn && self->redactor_) {
         // The server's answer, with the values the gateway added masked (an echo of the headers).
         Pipe& in = self->pipes_[kIn];
         in.out.clear();
         self->redactor_->feed(std::span(in.buf.data(), n), in.out);
+        if (!self->redactor_->refused().empty()) return self->refuseAnswer();
         if (in.out.empty()) return self->read(kIn);
         return self->write(kIn, in.out.size(), in.out.data());
       }
@@ -458,6 +467,19 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
                           if (!wait_ec && self->state_ == State::kRelaying) self->read(dir);
                         });
                       });
+  }
+
+  // The server's answer to a credentialed request cannot be masked (net::Redactor said why): the
+  // guest gets the gateway's 502 if nothing of the answer reached it yet, else a reset.
+  void refuseAnswer() {
+    const std::string why = redactor_->refused();
+    if (pipes_[kIn].bytes > 0) return close(true, "answer refused: " + why);
+    auto text = std::make_shared<std::string>(gatewayAnswer(502, why + "; the answer was not passed on"));
+    pipes_[kIn].bytes = text->size();
+    injected_status_ = 502;
+    asio::async_write(guest_, asio::buffer(*text), [self = shared_from_this(), text, why](error_code, size_t) {
+      self->close(false, "answer refused: " + why);
+    });
   }
 
   // The status of the server's answer to an injected request, from its first bytes ("HTTP/1.1 200").
@@ -551,6 +573,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   std::string injected_method_, injected_path_;
   std::vector<std::string> injected_secrets_;   // their names, never values
   int injected_status_ = 0;                     // the server's answer, once seen
+  bool status_seen_ = false;  // its first bytes were looked at
   std::optional<net::RequestEnd> request_end_;  // where the credentialed request ends
   std::unique_ptr<net::Redactor> redactor_;     // masks the added values in the answer
   uint64_t dropped_ = 0;                        // guest bytes after it, never sent

@@ -100,6 +100,11 @@ Result<RewrittenHead> rewriteRequestHead(std::span<const uint8_t> bytes,
     // Beast refuses (throws on) a field value over 64 KiB; callers keep values far smaller.
     for (const auto& [name, value] : set_headers) request.set(name, value);
     request.set(http::field::connection, "close");
+    // The answer must be readable for masking (net::Redactor): not compressed, and whole (a
+    // range would cut an echoed value where the guest chose, leaving a prefix unmasked).
+    request.set(http::field::accept_encoding, "identity");
+    request.erase(http::field::range);
+    request.erase(http::field::if_range);
     std::ostringstream out;
     out << request.base();
     rewritten.head = out.str();

@@ -9,7 +9,9 @@ namespace space::net {
 namespace http = boost::beast::http;
 
 RequestEnd::RequestEnd() {
-  parser_.header_limit(static_cast<std::uint32_t>(kMaxSniffBytes));
+  // The rewritten head: the guest's (kMaxSniffBytes at most) with the rule's headers and the
+  // placeholders' values added (each field at most 64 KiB, Beast's own limit).
+  parser_.header_limit(kMaxHeadBytes);
   parser_.body_limit(boost::none);  // an upload of any size is one request
   parser_.eager(true);
 }

@@ -19,6 +19,7 @@ namespace space::net {
 class RequestEnd {
  public:
   static constexpr size_t kMaxPendingBytes = 16 * 1024;
+  static constexpr std::uint32_t kMaxHeadBytes = 1 << 20;
   RequestEnd();
 
   // Of `bytes`, the next ones of the stream (which starts with the request head), how many

@@ -1066,7 +1066,7 @@ class CredentialGatewayTest : public GatewayTest {
     std::ofstream(guest_ca_) << ca->cert_pem;
     credentials_ = dir_ + "/credentials.json";
     std::ofstream(credentials_) << Json{
-        {"secrets", {{"gh", kValue}}},
+        {"secrets", {{"gh", kValue}, {"tiny", "abc1"}}},
         {"tls", {{"ca_cert", ca->cert_pem}, {"ca_key", ca->key_pem}}},
         {"placeholders",
          {{kPlaceholder, "gh"}}}}.dump();
@@ -1187,27 +1187,51 @@ TEST_F(CredentialGatewayTest, AnEchoOfTheAddedHeaderReachesTheGuestMasked) {
   }
   Json e = waitForAudit({{"kind", "credential"}, {"path", "/headers"}});
   EXPECT_GE(e.value("masked_in_answer", 0), 1) << e.dump();
+  // Chunk boundaries inside the echoed value (every 5 bytes) do not hide it; a compressed echo
+  // (the server ignoring Accept-Encoding: identity) is refused whole, with a clear 502.
+  CommandResult chunked = curl({"--cacert", guest_ca_, "https://allowed.test/chunked-headers/5"});
+  ASSERT_EQ(chunked.exit_code, 0) << chunked.output;
+  EXPECT_EQ(chunked.output.find(kValue), std::string::npos) << chunked.output;
+  EXPECT_NE(chunked.output.find(masked), std::string::npos) << chunked.output;
+  CommandResult zipped =
+      curl({"--cacert", guest_ca_, "-w", "%{http_code}", "--compressed", "https://allowed.test/chunked-headers/gzip"});
+  EXPECT_NE(zipped.output.find("502"), std::string::npos) << zipped.output;
+  EXPECT_NE(zipped.output.find("encoded"), std::string::npos) << zipped.output;
+  EXPECT_EQ(zipped.output.find(kValue), std::string::npos) << zipped.output;
 }
 
 // The guest's stand-in for a secret becomes the value in its own headers to a rule's host,
 // and goes out unchanged, audited, anywhere else.
 TEST_F(CredentialGatewayTest, APlaceholderBecomesItsSecretOnlyForTheRulesHost) {
-  startWithRules(Json::array({{{"host", "allowed.test"}, {"headers", {{"X-Rule", "set"}}}}}));
-  CommandResult r = curl(
-      {"--cacert", guest_ca_, "-H", std::string("Authorization: Bearer ") + kPlaceholder, "https://allowed.test/auth"});
+  // allowed.test's rule sends gh; denied.test's rule sends no secret (its host could be one
+  // the guest reads what it receives at); other.test has no rule.
+  startWithRules(Json::array({{{"host", "allowed.test"}, {"headers", {{"X-Rule", "{{secret:gh}}"}}}},
+                              {{"host", "denied.test"}, {"headers", {{"X-Other", "fixed"}}}, {"plain_http", true}}}));
+  const std::string with_placeholder = std::string("Authorization: Bearer ") + kPlaceholder;
+  const std::string unchanged = "authorization 1 " + sha256Hex(std::string("Bearer ") + kPlaceholder);
+  CommandResult r = curl({"--cacert", guest_ca_, "-H", with_placeholder, "https://allowed.test/auth"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find(authorized(kValue)), std::string::npos) << r.output;
-  Json e = waitForAudit({{"kind", "credential"}, {"path", "/auth"}});
+  Json e = waitForAudit({{"kind", "credential"}, {"path", "/auth"}, {"sni", "allowed.test"}});
   EXPECT_EQ(e["secrets"], Json::array({"gh"})) << e.dump();
-  CommandResult elsewhere =
-      curl({"-H", std::string("Authorization: Bearer ") + kPlaceholder, "http://denied.test/auth"});
+  CommandResult other_rule = curl({"-H", with_placeholder, "http://denied.test/auth"});
+  ASSERT_EQ(other_rule.exit_code, 0) << other_rule.output;
+  EXPECT_NE(other_rule.output.find(unchanged), std::string::npos) << other_rule.output;
+  CommandResult elsewhere = curl({"-H", with_placeholder, "http://other.test/auth"});
   ASSERT_EQ(elsewhere.exit_code, 0) << elsewhere.output;
-  EXPECT_NE(elsewhere.output.find("authorization 1 " + sha256Hex(std::string("Bearer ") + kPlaceholder)),
-            std::string::npos)
-      << elsewhere.output;
+  EXPECT_NE(elsewhere.output.find(unchanged), std::string::npos) << elsewhere.output;
   Json seen = waitForAudit({{"kind", "placeholder"}, {"reason", "placeholder-elsewhere"}});
-  EXPECT_EQ(seen["host"], "denied.test") << seen.dump();
+  EXPECT_EQ(seen["host"], "other.test") << seen.dump();
   EXPECT_EQ(seen["secrets"], Json::array({"gh"})) << seen.dump();
+}
+
+// A secret too short to be recognised in an echo is never sent: a clear 502 instead.
+TEST_F(CredentialGatewayTest, ASecretTooShortToMaskIsNotSent) {
+  startWithRules(Json::array({{{"host", "allowed.test"}, {"headers", {{"X-Key", "{{secret:tiny}}"}}}}}));
+  CommandResult r = curl({"--cacert", guest_ca_, "-w", "%{http_code}", "https://allowed.test/headers"});
+  EXPECT_NE(r.output.find("502"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("too short"), std::string::npos) << r.output;
+  waitForAudit({{"reason", "credential-too-short"}});
 }
 
 // A server that cannot prove it is the rule's host (its certificate names others): the guest

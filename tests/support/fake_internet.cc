@@ -26,7 +26,7 @@ namespace {
 
 // One python3 process serves every TCP/UDP server of the fake internet, one thread each.
 constexpr const char* kServersPy = R"PY(
-import base64, hashlib, io, json, os, socket, socketserver, ssl, sys, tarfile, threading, http.server
+import base64, gzip, hashlib, io, json, os, socket, socketserver, ssl, sys, tarfile, threading, http.server
 import urllib.parse, zipfile, zlib
 
 cert, key, www = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -159,6 +159,28 @@ class Http(http.server.BaseHTTPRequestHandler):
             self.send_header("Location", "http://" + self.path[len("/redirect/"):])
             self.send_header("Content-Length", "0")
             self.end_headers()
+            return
+        if self.path.startswith("/chunked-headers/"):
+            # The header fields echoed in chunks of N bytes (a server whose chunk boundaries can
+            # fall inside an echoed value), or gzip-encoded when N is "gzip".
+            body = str(self.headers).encode()
+            size = self.path[len("/chunked-headers/"):]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            if size == "gzip":
+                body = gzip.compress(body)
+                self.send_header("Content-Encoding", "gzip")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            n = max(1, int(size))
+            for at in range(0, len(body), n):
+                piece = body[at:at + n]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.write(b"0\r\n\r\n")
             return
         if self.path.startswith("/bytes/"):
             body = b"x" * min(int(self.path[7:]), 100 << 20)

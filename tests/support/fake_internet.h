@@ -14,7 +14,8 @@
 // HTTP answers "server IP:PORT host HOST\n" (GET /bytes/N answers N bytes instead; GET /auth
 // answers "authorization COUNT SHA256-HEX... connection VALUE\n" for the request's Authorization
 // headers, so a test sees what a gateway added without the guest seeing it; GET /headers echoes
-// the request's header fields; GET /redirect/HOST/PATH answers 302 to http://HOST/PATH). The HTTPS
+// the request's header fields, GET /chunked-headers/N the same in chunks of N bytes (or gzipped
+// for N = gzip); GET /redirect/HOST/PATH answers 302 to http://HOST/PATH). The HTTPS
 // certificate covers allowed.test, denied.test, other.test, git.test, pypi.test and npm.test.
 //
 // The package sources serve static files by Host, made when the fake internet starts (by its
