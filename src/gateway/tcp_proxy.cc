@@ -573,7 +573,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   std::string injected_method_, injected_path_;
   std::vector<std::string> injected_secrets_;   // their names, never values
   int injected_status_ = 0;                     // the server's answer, once seen
-  bool status_seen_ = false;  // its first bytes were looked at
+  bool status_seen_ = false;                    // its first bytes were looked at
   std::optional<net::RequestEnd> request_end_;  // where the credentialed request ends
   std::unique_ptr<net::Redactor> redactor_;     // masks the added values in the answer
   uint64_t dropped_ = 0;                        // guest bytes after it, never sent
