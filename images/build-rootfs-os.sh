@@ -41,7 +41,7 @@ printf '127.0.0.1\tlocalhost\n127.0.1.1\tspace\n::1\tlocalhost ip6-localhost ip6
 : >"$tree/etc/resolv.conf"
 
 # Every promised tool must be there; a missing one fails the build, not a user's first command.
-for tool in bash python3 python pip3 git curl sudo ps ip tput node npm; do
+for tool in bash python3 python pip3 git curl wget sudo ps ip tput node npm; do
   in_tree sh -c "command -v $tool" >/dev/null || { echo "missing tool in image: $tool" >&2; exit 1; }
 done
 

@@ -2884,9 +2884,14 @@ TEST_F(SpacedNetworkTest, TheGuestsToolsTrustTheGatewayOnCredentialHosts) {
   ASSERT_FALSE(id.empty()) << d.log();
   const std::string authorized = "authorization 1 " + sha256Hex("Bearer " + value);
 
-  auto [curl_rc, curl_out] = sh(d, id, "curl -sS -m 20 https://allowed.test/auth");
+  auto [curl_rc, curl_out] =
+      sh(d, id,
+         "curl -sS -m 20 https://allowed.test/auth && wget -q -T 20 -O - https://allowed.test/auth "
+         "&& openssl s_client -connect allowed.test:443 -servername allowed.test "
+         "-verify_return_error -brief </dev/null 2>&1 | grep -c 'Verification: OK'");
   EXPECT_EQ(curl_rc, 0) << curl_out;
-  EXPECT_NE(curl_out.find(authorized), std::string::npos) << curl_out;
+  EXPECT_NE(curl_out.find(authorized), curl_out.rfind(authorized)) << "curl and wget: " << curl_out;
+  EXPECT_NE(curl_out.find("\n1\n"), std::string::npos) << "openssl verified: " << curl_out;
   // The guest's stand-in for the secret: in its env, becoming the value only on the way to a
   // rule's host (whose echo of it comes back masked).
   auto [ph_rc, ph_out] = sh(d, id,

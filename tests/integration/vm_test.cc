@@ -101,7 +101,7 @@ TEST_F(VmTest, RootfsHasPromisedTools) {
   auto vm = boot();
   ASSERT_TRUE(vm);
   std::string out = run(*vm,
-                        "for t in bash python3 python pip git curl sudo ps ip tput node npm; do "
+                        "for t in bash python3 python pip git curl wget sudo ps ip tput node npm; do "
                         "command -v $t >/dev/null || echo missing $t; done; "
                         "python --version; python3 -c 'print(6*7)'; node -e 'console.log(6*7)'; "
                         "test -f /etc/ssl/certs/ca-certificates.crt && echo certs; "
