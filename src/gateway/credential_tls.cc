@@ -236,13 +236,13 @@ class CredentialTlsSession : public std::enable_shared_from_this<CredentialTlsSe
 
   void sendRequest() {
     phase_timer_.cancel();
-    injected_ = true;
     // One request goes with the credential, and nothing after it on this connection.
     const size_t keep = request_end_.take(injection_);
     if (request_end_.failed()) {
       explicit_bzero(injection_.data(), injection_.size());
       return answer(400, "malformed", "the request cannot be framed; nothing was sent");
     }
+    injected_ = true;
     dropped_ += injection_.size() - keep;
     injection_.resize(keep);
     pipes_[kOut].bytes = injection_.size();
