@@ -3,6 +3,7 @@
 #include <strings.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 
 #include "net/http_rewrite.h"
@@ -22,6 +23,14 @@ void wipe(std::vector<std::pair<std::string, std::string>>& headers) {
 }
 
 }  // namespace
+
+int answerStatus(std::span<const uint8_t> b) {
+  if (b.size() < 12 || std::memcmp(b.data(), "HTTP/1.", 7) != 0 || b[8] != ' ' || !std::isdigit(b[9]) ||
+      !std::isdigit(b[10]) || !std::isdigit(b[11])) {
+    return 0;
+  }
+  return (b[9] - '0') * 100 + (b[10] - '0') * 10 + (b[11] - '0');
+}
 
 std::string gatewayAnswer(int status, const std::string& message) {
   const char* phrase = status == 400   ? "Bad Request"

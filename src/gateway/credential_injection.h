@@ -29,6 +29,10 @@ struct Refusal {
   std::string message;
 };
 
+// The status code of an answer from its first bytes ("HTTP/1.1 200 ..."), or 0 when they are
+// not an HTTP/1.x status line (for the audit only).
+int answerStatus(std::span<const uint8_t> first_bytes);
+
 // The gateway's own HTTP answer (a complete response with Connection: close), for refusals.
 std::string gatewayAnswer(int status, const std::string& message);
 

@@ -367,13 +367,7 @@ class CredentialTlsSession : public std::enable_shared_from_this<CredentialTlsSe
     });
   }
 
-  void noteStatus(size_t n) {
-    const auto* b = pipes_[kIn].buf.data();
-    if (n >= 12 && std::memcmp(b, "HTTP/1.", 7) == 0 && b[8] == ' ' && std::isdigit(b[9]) && std::isdigit(b[10]) &&
-        std::isdigit(b[11])) {
-      status_ = (b[9] - '0') * 100 + (b[10] - '0') * 10 + (b[11] - '0');
-    }
-  }
+  void noteStatus(size_t n) { status_ = answerStatus(std::span(pipes_[kIn].buf.data(), n)); }
 
   void armIdle(std::chrono::steady_clock::duration after) {
     idle_timer_.expires_after(after);

@@ -483,13 +483,7 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   }
 
   // The status of the server's answer to an injected request, from its first bytes ("HTTP/1.1 200").
-  void noteStatus(size_t n) {
-    const auto* b = pipes_[kIn].buf.data();
-    if (n >= 12 && std::memcmp(b, "HTTP/1.", 7) == 0 && b[8] == ' ' && std::isdigit(b[9]) && std::isdigit(b[10]) &&
-        std::isdigit(b[11])) {
-      injected_status_ = (b[9] - '0') * 100 + (b[10] - '0') * 10 + (b[11] - '0');
-    }
-  }
+  void noteStatus(size_t n) { injected_status_ = answerStatus(std::span(pipes_[kIn].buf.data(), n)); }
 
   // One side finished sending: pass the FIN on and keep relaying the other way.
   void halfClose(int dir) {
