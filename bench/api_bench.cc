@@ -147,8 +147,9 @@ int main(int argc, char** argv) {
   // The daemon.
   const std::string data_dir = dir->path() + "/data";
   std::vector<std::string> daemon_argv = {
-      SPACED_BIN, "--listen", "127.0.0.1:0", "--data-dir", data_dir, "--kernel", spec.kernel_path, "--rootfs",
-      spec.rootfs_path, "--log-level", "warn", "--on-shutdown", "stop", "--warm-pool", std::to_string(warm_pool),
+      SPACED_BIN, "--listen", "127.0.0.1:0", "--e2b-api-listen", "off", "--e2b-envd-listen", "off", "--data-dir",
+      data_dir, "--kernel", spec.kernel_path, "--rootfs", spec.rootfs_path, "--log-level", "warn", "--on-shutdown",
+      "stop", "--warm-pool", std::to_string(warm_pool),
       // The pool holds sandboxes of the default size: the size measured here.
       "--default-cpus", "1", "--default-memory-mb", "256",
       // No NIC: comparable with the runs recorded before networking, and no gateway whose

@@ -187,10 +187,10 @@ Daemon& startDaemon(const std::string& name, const std::vector<std::string>& ext
   std::filesystem::create_directories(d.dir, ec);
   if (ec) die("create " + d.dir + ": " + ec.message());
   const std::string data_dir = d.dir + "/data";
-  std::vector<std::string> argv{SPACED_BIN, "--listen", "127.0.0.1:0", "--data-dir", data_dir, "--kernel",
-                                imagePath("SPACE_KERNEL", "vmlinux"), "--rootfs",
-                                imagePath("SPACE_ROOTFS", "rootfs.ext4"), "--log-level", log_level, "--on-shutdown",
-                                "stop", "--default-cpus", "1", "--default-memory-mb", "256",
+  std::vector<std::string> argv{SPACED_BIN, "--listen", "127.0.0.1:0", "--e2b-api-listen", "off", "--e2b-envd-listen",
+                                "off", "--data-dir", data_dir, "--kernel", imagePath("SPACE_KERNEL", "vmlinux"),
+                                "--rootfs", imagePath("SPACE_ROOTFS", "rootfs.ext4"), "--log-level", log_level,
+                                "--on-shutdown", "stop", "--default-cpus", "1", "--default-memory-mb", "256",
                                 // No NIC: the numbers recorded so far are without one, and a
                                 // benchmark must not reach the host's network (see net_bench).
                                 "--network", "off",

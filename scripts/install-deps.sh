@@ -26,6 +26,9 @@ packages=(
   iproute2 nftables openssl
   # storage tests: a data dir on a loop-mounted btrfs
   btrfs-progs util-linux mount
+  # E2B SDK tests: the official e2b npm package runs on Node.js (>= 20.18.1; tests/e2b/run.sh
+  # says so when an older one is installed) and comes from the npm registry with its npm
+  nodejs diffutils
 )
 
 case ${1:-} in

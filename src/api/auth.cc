@@ -24,13 +24,15 @@ bool unhex(const std::string& text, unsigned char out[32]) {
 }  // namespace
 
 std::string generateApiKey() {
-  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-  std::string key = "sk_";
-  while (key.size() < 43) {
-    unsigned char b = 0;
-    if (RAND_bytes(&b, 1) != 1) abort();  // no entropy: nothing safe to do
-    if (b >= 248) continue;               // 248 = 4 * 62: rejection keeps the characters uniform
-    key += kAlphabet[b % 62];
+  // E2B's own key format, so E2B SDKs that check it (2.45 and older) accept SPACE's keys: one
+  // key serves both APIs. 160 random bits.
+  unsigned char bytes[20];
+  if (RAND_bytes(bytes, sizeof bytes) != 1) abort();  // no entropy: nothing safe to do
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string key = "e2b_";
+  for (unsigned char b : bytes) {
+    key += kHex[b >> 4];
+    key += kHex[b & 15];
   }
   return key;
 }

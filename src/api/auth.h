@@ -16,7 +16,8 @@
 
 namespace space::api {
 
-// "sk_" + 40 random base62 characters (about 238 bits).
+// "e2b_" + 40 random lowercase hex digits (160 bits): E2B's key format, so the same key works
+// with SPACE's API (Bearer) and E2B's SDKs (X-API-KEY).
 std::string generateApiKey();
 // Lower-case hex SHA-256 of the key.
 std::string apiKeyDigest(std::string_view key);

@@ -32,6 +32,8 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/unix_socket.h"
+#include "e2b/control_plane.h"
+#include "e2b/envd_front.h"
 #include "http/server.h"
 #include "net/policy.h"
 #include "net/sandbox_network.h"
@@ -222,6 +224,15 @@ int main(int argc, char** argv) {
   uint64_t tenant_max_snapshot_mb = 0;
 
   app.add_option("--listen", listen, "address to serve the API on (ip:port; port 0 picks one)")->capture_default_str();
+  std::string e2b_api_listen = "127.0.0.1:3000";
+  std::string e2b_envd_listen = "127.0.0.1:3002";
+  app.add_option("--e2b-api-listen", e2b_api_listen,
+                 "address of the E2B-compatible control plane (the SDK's E2B_API_URL); \"off\": none (docs/e2b.md)")
+      ->capture_default_str();
+  app.add_option("--e2b-envd-listen", e2b_envd_listen,
+                 "address of the E2B-compatible envd front end for every sandbox (the SDK's E2B_SANDBOX_URL); "
+                 "\"off\": none")
+      ->capture_default_str();
   app.add_flag("--allow-plaintext-remote", plaintext_remote,
                "allow --listen on an address beyond loopback although the API has no TLS yet (keys and data "
                "cross the network in clear: only behind a TLS-terminating proxy or on a private network)");
@@ -417,6 +428,14 @@ int main(int argc, char** argv) {
                  "Put the key in a file (mode 0600) and pass --api-key-file FILE, or set SPACE_API_KEY\n";
     return 2;
   }
+  for (const std::string* e2b : {&e2b_api_listen, &e2b_envd_listen}) {
+    if (*e2b != "off" && !isLoopbackListen(*e2b) && !plaintext_remote) {
+      std::cerr << "spaced: refusing to serve the E2B front end on " << *e2b
+                << " beyond loopback without TLS; pass --allow-plaintext-remote behind a TLS-terminating proxy, or "
+                   "listen on 127.0.0.1\n";
+      return 2;
+    }
+  }
   if (!isLoopbackListen(listen) && !plaintext_remote) {
     std::cerr << "spaced: refusing to serve " << listen
               << " beyond loopback: the API has no TLS yet, so keys and data would cross the network in clear. "
@@ -526,17 +545,66 @@ int main(int argc, char** argv) {
     return fatal(server.error().message);
   }
   const std::string url = "http://" + server.value()->address();
+  // The E2B front ends: the same sandboxes, E2B's wire shapes (docs/e2b.md).
+  e2b::ControlPlaneOptions e2b_options;
+  e2b_options.max_json_body = api_limits.max_json_body;
+  e2b_options.tenant_gate = api::TenantGate::Limits{api_limits.max_requests_per_tenant,
+                                                    api_limits.tenant_requests_per_s, api_limits.tenant_request_burst};
+  if (auto size = std::filesystem::file_size(base.rootfs_path, ec); !ec) e2b_options.disk_size_mb = size >> 20;
+  e2b::ControlPlane e2b_api(*manager.value(), keys, vault, e2b_options);
+  e2b::EnvdOptions envd_options;
+  envd_options.tenant_calls.rate_per_s = api_limits.tenant_requests_per_s;
+  envd_options.tenant_calls.burst = api_limits.tenant_request_burst;
+  e2b::EnvdFront e2b_envd(*manager.value(), vault, envd_options);
+  std::unique_ptr<http::Server> e2b_api_server, e2b_envd_server;
+  for (auto [listen_at, slot, what] : {std::tuple{&e2b_api_listen, &e2b_api_server, "E2B API"},
+                                       std::tuple{&e2b_envd_listen, &e2b_envd_server, "envd"}}) {
+    if (*listen_at == "off") continue;
+    http::Handler handler =
+        slot == &e2b_api_server
+            ? http::Handler([&](http::Request& rq, http::Response& rs) { e2b_api.handle(rq, rs); })
+            : http::Handler([&](http::Request& rq, http::Response& rs) { e2b_envd.handle(rq, rs); });
+    // Every E2B stream (a command, a PTY, a watch) holds its own connection, and with it a
+    // server thread, for its life: one client may run many at once.
+    // All of loopback counts as one client address, so per-address limits would let one tenant
+    // lock out the others here: the listeners' shares are per tenant (the gates) instead.
+    http::ServerLimits limits;
+    if (slot == &e2b_envd_server) limits.max_running_requests = 2048;
+    limits.max_running_requests_per_client = limits.max_running_requests;
+    limits.max_connections_per_client = limits.max_connections;
+    auto started = http::Server::start(*listen_at, std::move(handler), limits);
+    if (!started.ok()) {
+      server.value()->stop(std::chrono::seconds(0));
+      manager.value()->shutdown(sandbox::ShutdownMode::kKeepRunning);
+      return fatal(std::string(what) + " front end: " + started.error().message + " (--e2b-" +
+                   (slot == &e2b_api_server ? "api" : "envd") + "-listen ADDR, or off)");
+    }
+    *slot = std::move(started.value());
+  }
+  const std::string e2b_api_url = e2b_api_server ? "http://" + e2b_api_server->address() : "";
+  const std::string e2b_sandbox_url = e2b_envd_server ? "http://" + e2b_envd_server->address() : "";
   // Where clients on this host (spacectl, tests) find the daemon.
   nlohmann::json endpoint{{"url", url}, {"pid", getpid()}};
+  if (!e2b_api_url.empty()) endpoint["e2b_api_url"] = e2b_api_url;
+  if (!e2b_sandbox_url.empty()) endpoint["e2b_sandbox_url"] = e2b_sandbox_url;
   if (auto written = writeFileAtomic(data_dir + "/spaced.json", endpoint.dump() + "\n", 0600); !written.ok()) {
     spdlog::warn("spaced: cannot write {}/spaced.json: {}", data_dir, written.error().message);
   }
   spdlog::info("spaced: serving {} (data dir {}, accelerator {}, network {}, on SIGTERM: {})", url, data_dir, accel,
                network_mode, on_shutdown);
+  if (!e2b_api_url.empty() || !e2b_sandbox_url.empty()) {
+    spdlog::info("spaced: E2B front ends: API {}, envd {}", e2b_api_url.empty() ? "off" : e2b_api_url,
+                 e2b_sandbox_url.empty() ? "off" : e2b_sandbox_url);
+  }
   if (isatty(STDOUT_FILENO) || getenv("SPACE_PRINT_KEY")) {
     std::printf("spaced is up.\n  API:     %s\n  API key: %s  (also in %s/api-key)\n  Try:     ", url.c_str(),
                 key->c_str(), data_dir.c_str());
     std::printf("SPACE_API=%s SPACE_API_KEY=%s spacectl run --rm -- uname -a\n", url.c_str(), key->c_str());
+    if (!e2b_api_url.empty() && !e2b_sandbox_url.empty()) {
+      std::printf("  E2B SDK: paste these three lines into the shell that runs your agent:\n");
+      std::printf("    export E2B_API_URL=%s\n    export E2B_SANDBOX_URL=%s\n    export E2B_API_KEY=%s\n",
+                  e2b_api_url.c_str(), e2b_sandbox_url.c_str(), key->c_str());
+    }
     std::fflush(stdout);
   }
 
@@ -544,6 +612,8 @@ int main(int argc, char** argv) {
   sigwait(&stop_signals, &sig);
   spdlog::info("spaced: {} received; shutting down", strsignal(sig));
   server.value()->stop(std::chrono::seconds(10));
+  if (e2b_api_server) e2b_api_server->stop(std::chrono::seconds(2));
+  if (e2b_envd_server) e2b_envd_server->stop(std::chrono::seconds(2));
   manager.value()->shutdown(on_shutdown == "stop" ? sandbox::ShutdownMode::kStop : sandbox::ShutdownMode::kKeepRunning);
   std::filesystem::remove(data_dir + "/spaced.json", ec);
   spdlog::info("spaced: stopped");

@@ -1181,6 +1181,14 @@ Result<std::string> SandboxManager::ownerOf(const std::string& id) {
   return rec->tenant;
 }
 
+std::vector<std::pair<std::string, std::string>> SandboxManager::liveSandboxes() {
+  std::lock_guard lock(mu_);
+  std::vector<std::pair<std::string, std::string>> out;
+  out.reserve(live_.size());
+  for (const auto& [id, live] : live_) out.emplace_back(id, live->tenant);
+  return out;
+}
+
 Error SandboxManager::agentFailed(const AgentLease& lease, const Error& error) {
   if (error.code != ErrorCode::kUnavailable) return error;
   std::shared_ptr<Live> live;

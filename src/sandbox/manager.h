@@ -243,6 +243,10 @@ class SandboxManager {
   // The tenant of sandbox `id` (kNotFound if there is none, or it is deleted): for requests
   // that prove access to one sandbox rather than carry a tenant's key (ingress).
   Result<std::string> ownerOf(const std::string& id);
+  // (id, tenant) of every sandbox that holds a VM now (running or paused), all tenants: for a
+  // request that proves access to one sandbox by a token it must be matched against (E2B's
+  // signed file URLs).
+  std::vector<std::pair<std::string, std::string>> liveSandboxes();
   // A call through a lease failed with `unavailable`: checks whether the VM died, and if so
   // records the sandbox as failed. Returns the error to give the client.
   Error agentFailed(const AgentLease& lease, const Error& error);

@@ -97,6 +97,17 @@ std::string SecretVault::placeholderFor(const std::string& sandbox_id, const std
   return out;
 }
 
+std::string SecretVault::envdAccessToken(const std::string& sandbox_id) const {
+  auto key = box_.derive("space e2b envd token v1\n" + sandbox_id);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char byte : key) {
+    out += kHex[byte >> 4];
+    out += kHex[byte & 15];
+  }
+  return out;
+}
+
 Result<std::string> SecretVault::reveal(const std::string& tenant, const std::string& name) {
   SPACE_TRY(checkSecretName(name));
   auto record = store_.getSecret(tenant, name);

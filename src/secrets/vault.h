@@ -57,6 +57,9 @@ class SecretVault {
   // "space-secret-NAME-" and 32 hex digits, the same for the sandbox whenever it is made (a
   // resume, a restart), another in every other sandbox, and saying nothing of the value.
   std::string placeholderFor(const std::string& sandbox_id, const std::string& name) const;
+  // Sandbox `sandbox_id`'s envd access token for the E2B front end ("e2b envd token v1"): 64 hex
+  // digits, the same after a restart or resume without being stored anywhere.
+  std::string envdAccessToken(const std::string& sandbox_id) const;
 
  private:
   store::StateStore& store_;

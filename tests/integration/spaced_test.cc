@@ -163,6 +163,10 @@ class Daemon {
     if (std::find(extra.begin(), extra.end(), "--warm-pool-budget-mb") == extra.end()) {
       extra.insert(extra.end(), {"--warm-pool-budget-mb", "0"});
     }
+    // The E2B front ends on ports of their own, never the fixed defaults another run may hold.
+    if (std::find(extra.begin(), extra.end(), "--e2b-api-listen") == extra.end()) {
+      extra.insert(extra.end(), {"--e2b-api-listen", "127.0.0.1:0", "--e2b-envd-listen", "127.0.0.1:0"});
+    }
     if (std::find(extra.begin(), extra.end(), "--gateway-upstream-netns") == extra.end()) {
       auto isolated = isolatedNetworkArgs();
       extra.insert(extra.end(), isolated.begin(), isolated.end());
@@ -3554,6 +3558,130 @@ TEST_F(SpacedIngressTest, AGuestsWebServerAndWebSocketAreReachableWithTheRightCr
   char byte;
   EXPECT_LE(recv(open_socket.get(), &byte, 1, 0), 0) << "the connection outlived its sandbox";
   EXPECT_LT(Clock::now() - deleted_at, seconds(10));
+}
+
+// The E2B front ends, at the edges the SDK suite (tests/e2b) does not reach: who is refused,
+// what a malformed call gets, and the raw Connect and multipart shapes on the wire.
+TEST_F(SpacedTest, TheE2bFrontEndsRefuseStrangersAndSpeakConnect) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  auto endpoint = json::parse(readSmallFile(data_dir_ + "/spaced.json", 4096).value());
+  auto api = http::Client::create(endpoint["e2b_api_url"].get<std::string>());
+  auto envd = http::Client::create(endpoint["e2b_sandbox_url"].get<std::string>());
+  ASSERT_TRUE(api.ok() && envd.ok());
+  const std::map<std::string, std::string> key{{"X-API-KEY", daemon_->key()}, {"Content-Type", "application/json"}};
+
+  // The control plane: E2B's key header, E2B's error bodies.
+  auto anonymous = api->request("GET", "/v2/sandboxes");
+  ASSERT_TRUE(anonymous.ok());
+  EXPECT_EQ(anonymous->status, 401);
+  EXPECT_EQ(json::parse(anonymous->body)["code"], 401);
+  auto unknown = api->request("GET", "/sandboxes/sb_nosuchsandbox0000000", key);
+  EXPECT_EQ(json::parse(unknown->body)["code"], 404);
+  auto refused = api->request("POST", "/v2/sandboxes", key, R"({"templateID":"base","volumeMounts":[{}]})");
+  EXPECT_EQ(refused->status, 400);
+  EXPECT_NE(refused->body.find("volumeMounts"), std::string::npos) << refused->body;
+  auto created = api->request("POST", "/v2/sandboxes", key, R"({"templateID":"base","timeout":300})");
+  ASSERT_EQ(created->status, 201) << created->body;
+  json sandbox = json::parse(created->body);
+  const std::string id = sandbox["sandboxID"], token = sandbox["envdAccessToken"];
+  EXPECT_EQ(sandbox["envdVersion"], "0.6.13");
+  EXPECT_EQ(token.size(), 64u);
+
+  auto envdCall = [&](const std::string& target, std::map<std::string, std::string> headers, const std::string& body,
+                      const std::string& method = "POST") {
+    headers.emplace("E2b-Sandbox-Id", id);
+    headers.emplace("E2b-Sandbox-Port", "49983");
+    auto r = envd->request(method, target, headers, body, seconds(60));
+    EXPECT_TRUE(r.ok());
+    return r.ok() ? r.value() : http::ClientResponse{};
+  };
+  const std::map<std::string, std::string> unary{{"X-Access-Token", token}, {"Content-Type", "application/json"}};
+  EXPECT_EQ(envdCall("/health", {}, "", "GET").status, 204);
+  // No token, a wrong one, another sandbox's id: refused before anything reaches the guest.
+  EXPECT_EQ(envdCall("/process.Process/List", {{"Content-Type", "application/json"}}, "{}").status, 401);
+  EXPECT_EQ(envdCall("/process.Process/List", {{"X-Access-Token", std::string(64, 'a')}}, "{}").status, 401);
+  auto stranger = envd->request("GET", "/health", {{"E2b-Sandbox-Id", "sb_nosuchsandbox0000000"}});
+  EXPECT_EQ(stranger->status, 502);
+  EXPECT_EQ(json::parse(stranger->body)["message"], "The sandbox was not found");
+  // Only envd's own calls are forwarded.
+  auto shutdown = envdCall("/agent.Agent/Shutdown", unary, "{}");
+  EXPECT_EQ(shutdown.status, 404);
+  EXPECT_EQ(json::parse(shutdown.body)["code"], "unimplemented");
+  auto deep = envdCall("/filesystem.Filesystem/Stat", unary, std::string(5000, '[') + std::string(5000, ']'));
+  EXPECT_EQ(deep.status, 400) << deep.body;
+  auto missing = envdCall("/filesystem.Filesystem/Stat", unary, R"({"path":"/no/such/file"})");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(json::parse(missing.body)["code"], "not_found");
+
+  // A stream: one request envelope in, envelopes out, EndStream last.
+  auto frame = [](const std::string& payload) {
+    std::string out(5, '\0');
+    for (int i = 0; i < 4; ++i) out[1 + i] = static_cast<char>((payload.size() >> (24 - 8 * i)) & 0xff);
+    return out + payload;
+  };
+  auto frames = [](const std::string& body) {
+    std::vector<std::pair<int, json>> out;
+    size_t pos = 0;
+    while (pos + 5 <= body.size()) {
+      size_t n = 0;
+      for (int i = 1; i <= 4; ++i) n = (n << 8) | static_cast<unsigned char>(body[pos + i]);
+      out.emplace_back(static_cast<unsigned char>(body[pos]), json::parse(body.substr(pos + 5, n), nullptr, false));
+      pos += 5 + n;
+    }
+    return out;
+  };
+  const std::map<std::string, std::string> streaming{
+      {"X-Access-Token", token}, {"Content-Type", "application/connect+json"}, {"Connect-Timeout-Ms", "30000"}};
+  auto started =
+      envdCall("/process.Process/Start", streaming,
+               frame(R"({"process":{"cmd":"/bin/bash","args":["-l","-c","echo hi; whoami"]},"stdin":false})"));
+  ASSERT_EQ(started.status, 200);
+  auto events = frames(started.body);
+  ASSERT_GE(events.size(), 3u) << started.body;
+  EXPECT_TRUE(events.front().second["event"].contains("start"));
+  EXPECT_EQ(events.back().first, 2);
+  EXPECT_EQ(events.back().second, json::object());
+  std::string out;
+  for (const auto& [flags, m] : events) {
+    if (flags == 0 && m["event"].contains("data")) {
+      out += *agentproto::base64Decode(m["event"]["data"].value("stdout", std::string()));
+    }
+  }
+  EXPECT_EQ(out, "hi\nuser\n");
+  // A malformed envelope is an EndStream error with HTTP 200, as Connect wants.
+  auto truncated = envdCall("/process.Process/Start", streaming, std::string("\0\0\0\0\x50{}", 7));
+  EXPECT_EQ(truncated.status, 200);
+  auto bad = frames(truncated.body);
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_EQ(bad[0].first, 2);
+  EXPECT_EQ(bad[0].second["error"]["code"], "invalid_argument");
+
+  // Files: two parts in one multipart body, each named by its filename; then read back.
+  const std::string multipart =
+      "--b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/tmp/one.txt\"\r\n\r\nfirst\r\n"
+      "--b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"two.txt\"\r\n\r\nsecond\r\n"
+      "--b0undary--\r\n";
+  auto uploaded = envdCall(
+      "/files", {{"X-Access-Token", token}, {"Content-Type", "multipart/form-data; boundary=b0undary"}}, multipart);
+  ASSERT_EQ(uploaded.status, 200) << uploaded.body;
+  EXPECT_EQ(json::parse(uploaded.body), json::parse(R"([{"path":"/tmp/one.txt","name":"one.txt","type":"file"},
+                            {"path":"/home/user/two.txt","name":"two.txt","type":"file"}])"));
+  auto read = envdCall("/files?path=two.txt", {{"X-Access-Token", token}}, "", "GET");
+  EXPECT_EQ(read.status, 200);
+  EXPECT_EQ(read.body, "second");
+  auto nofile = envdCall("/files?path=nope.txt", {{"X-Access-Token", token}}, "", "GET");
+  EXPECT_EQ(nofile.status, 404);
+  EXPECT_EQ(json::parse(nofile.body)["code"], 404);
+  // A signature made with the wrong token reads nothing.
+  auto forged = envd->request("GET", "/files?path=two.txt&signature=v1_AAAA&signature_expiration=9999999999");
+  EXPECT_EQ(forged->status, 400);  // it signs for no sandbox at all
+
+  // Killed: envd answers 502 on every path, the control plane 404.
+  EXPECT_EQ(api->request("DELETE", "/sandboxes/" + id, key)->status, 204);
+  EXPECT_EQ(envdCall("/health", {}, "", "GET").status, 502);
+  EXPECT_EQ(envdCall("/process.Process/List", unary, "{}").status, 502);
+  EXPECT_EQ(json::parse(api->request("DELETE", "/sandboxes/" + id, key)->body)["code"], 404);
 }
 
 }  // namespace space

@@ -146,8 +146,10 @@ TEST(JsonInput, NulBytesAndPaths) {
 
 TEST(ApiKeys, GeneratedKeysAndBearerParsing) {
   std::string a = generateApiKey(), b = generateApiKey();
-  EXPECT_EQ(a.size(), 43u);
-  EXPECT_EQ(a.substr(0, 3), "sk_");
+  // E2B's format, which E2B SDK 2.45 checks: ^e2b_[0-9a-f]+$.
+  EXPECT_EQ(a.size(), 44u);
+  EXPECT_EQ(a.substr(0, 4), "e2b_");
+  EXPECT_EQ(a.find_first_not_of("0123456789abcdef", 4), std::string::npos);
   EXPECT_NE(a, b);
   EXPECT_EQ(apiKeyDigest("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   EXPECT_EQ(bearerToken("Bearer sk_123").value(), "sk_123");

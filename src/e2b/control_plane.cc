@@ -1,0 +1,684 @@
+#include "e2b/control_plane.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+
+#include "api/json_input.h"
+#include "http/url.h"
+#include "net/policy.h"
+#include "sandbox/lifecycle.h"
+
+namespace space::e2b {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr uint32_t kMaxForkCount = 100;
+constexpr size_t kMaxListScan = 10000;  // a tenant's live sandboxes, read for one list request
+
+std::string dumpJson(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string rfc3339(int64_t ms) {
+  if (ms <= 0) return "1970-01-01T00:00:00Z";
+  time_t secs = static_cast<time_t>(ms / 1000);
+  struct tm utc {};
+  gmtime_r(&secs, &utc);
+  char buf[40];
+  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &utc);
+  char out[48];
+  snprintf(out, sizeof out, "%s.%03dZ", buf, static_cast<int>(ms % 1000));
+  return out;
+}
+
+}  // namespace
+
+std::optional<int64_t> parseRfc3339Ms(const std::string& text) {
+  struct tm t {};
+  const char* rest = strptime(text.c_str(), "%Y-%m-%dT%H:%M:%S", &t);
+  if (!rest) return std::nullopt;
+  int64_t ms = 0;
+  if (*rest == '.') {
+    ++rest;
+    int digits = 0;
+    while (*rest >= '0' && *rest <= '9') {
+      if (digits < 3) ms = ms * 10 + (*rest - '0');
+      ++digits;
+      ++rest;
+    }
+    if (digits == 0) return std::nullopt;
+    for (; digits < 3; ++digits) ms *= 10;
+  }
+  int64_t offset_s = 0;
+  if (*rest == 'Z' || *rest == 'z') {
+    ++rest;
+  } else if (*rest == '+' || *rest == '-') {
+    // Exactly [+-]HH:MM, checked byte by byte before stepping over it.
+    auto digit = [](char ch) { return ch >= '0' && ch <= '9'; };
+    if (!digit(rest[1]) || !digit(rest[2]) || rest[3] != ':' || !digit(rest[4]) || !digit(rest[5])) {
+      return std::nullopt;
+    }
+    const int hh = (rest[1] - '0') * 10 + (rest[2] - '0');
+    const int mm = (rest[4] - '0') * 10 + (rest[5] - '0');
+    if (hh > 23 || mm > 59) return std::nullopt;
+    offset_s = (hh * 3600 + mm * 60) * (*rest == '+' ? 1 : -1);
+    rest += 6;
+  } else {
+    return std::nullopt;
+  }
+  if (*rest != '\0') return std::nullopt;
+  return (static_cast<int64_t>(timegm(&t)) - offset_s) * 1000 + ms;
+}
+
+namespace {
+
+int e2bStatus(const Error& e) {
+  if (e.reason == "too_many_sandboxes" || e.reason == "tenant_quota" || e.reason == "too_many_connections") {
+    return 429;
+  }
+  if (e.reason == "insufficient_capacity" || e.reason == "shutting_down") return 503;
+  if (e.reason == "payload_too_large") return 413;
+  switch (e.code) {
+    case ErrorCode::kInvalidArgument: return 400;
+    case ErrorCode::kNotFound: return 404;
+    case ErrorCode::kAlreadyExists: return 409;
+    case ErrorCode::kPermissionDenied: return 403;
+    case ErrorCode::kFailedPrecondition: return 409;
+    case ErrorCode::kResourceExhausted: return 507;
+    case ErrorCode::kDeadlineExceeded: return 504;
+    case ErrorCode::kUnavailable: return 502;
+    case ErrorCode::kUnimplemented: return 501;
+    case ErrorCode::kCanceled: return 400;
+    case ErrorCode::kInternal: return 500;
+  }
+  return 500;
+}
+
+Status sendE2bError(http::Response& res, int status, const std::string& message) {
+  return res.send(status, "application/json", dumpJson(json{{"code", status}, {"message", message}}));
+}
+
+// E2B names one state "paused" for what SPACE keeps in two: vCPUs stopped, or saved to disk.
+bool isE2bPaused(const std::string& state) {
+  return state == sandbox::stateName(sandbox::SandboxState::kPaused) ||
+         state == sandbox::stateName(sandbox::SandboxState::kSuspended);
+}
+bool isGone(const std::string& state) {
+  return state == sandbox::stateName(sandbox::SandboxState::kDeleted) ||
+         state == sandbox::stateName(sandbox::SandboxState::kFailed);
+}
+
+Error notFound(const std::string& id) {
+  return makeError(ErrorCode::kNotFound, "sandbox \"" + id + "\" not found", "not_found");
+}
+
+Result<std::optional<std::vector<std::string>>> stringList(const json& object, const char* name) {
+  auto it = object.find(name);
+  if (it == object.end() || it->is_null()) return std::optional<std::vector<std::string>>();
+  if (!it->is_array() || it->size() > net::kMaxRules) {
+    return makeError(ErrorCode::kInvalidArgument, std::string("network.") + name + ": must be an array of at most " +
+                                                      std::to_string(net::kMaxRules) + " strings");
+  }
+  std::vector<std::string> out;
+  for (const auto& v : *it) {
+    if (!v.is_string()) {
+      return makeError(ErrorCode::kInvalidArgument, std::string("network.") + name + ": must hold strings");
+    }
+    out.push_back(v.get<std::string>());
+  }
+  return std::optional<std::vector<std::string>>(std::move(out));
+}
+
+}  // namespace
+
+Result<json> e2bNetworkPolicy(json base, std::optional<bool> allow_internet_access, const json* network) {
+  if (!base.is_object()) base = json::object();
+  std::optional<std::vector<std::string>> allow_out, deny_out;
+  if (network) {
+    if (!network->is_object()) return makeError(ErrorCode::kInvalidArgument, "network: must be an object");
+    for (const auto& [key, value] : network->items()) {
+      if (value.is_null()) continue;
+      if (key == "allowOut" || key == "denyOut" || key == "allowPublicTraffic") continue;
+      if (key == "rules") {
+        return makeError(ErrorCode::kInvalidArgument,
+                         "network.rules: header transforms are not supported by this SPACE front end yet; store the "
+                         "value as a SPACE secret and use a credential rule (docs/network.md)");
+      }
+      if (key == "egressProxy" || key == "maskRequestHost" || key == "httpsPorts") {
+        return makeError(ErrorCode::kInvalidArgument, "network." + key + ": not supported by SPACE");
+      }
+      return makeError(ErrorCode::kInvalidArgument, "network." + key + ": unknown field");
+    }
+    auto a = stringList(*network, "allowOut");
+    if (!a.ok()) return a.error();
+    auto d = stringList(*network, "denyOut");
+    if (!d.ok()) return d.error();
+    allow_out = std::move(a.value());
+    deny_out = std::move(d.value());
+    if (auto it = network->find("allowPublicTraffic"); it != network->end() && !it->is_null()) {
+      if (!it->is_boolean())
+        return makeError(ErrorCode::kInvalidArgument, "network.allowPublicTraffic: must be a boolean");
+      base["public_ports"] = it->get<bool>();
+    }
+  }
+  if (!allow_internet_access && !allow_out && !deny_out) return base;
+  std::vector<std::string> allow = allow_out.value_or(std::vector<std::string>{});
+  std::vector<std::string> deny;
+  bool deny_all = allow_internet_access.has_value() && !*allow_internet_access;
+  for (const auto& rule : deny_out.value_or(std::vector<std::string>{})) {
+    if (rule == "0.0.0.0/0") {
+      deny_all = true;
+    } else {
+      deny.push_back(rule);
+    }
+  }
+  if (deny_all) {
+    // E2B: allowOut wins over a deny of everything; SPACE says that as mode "policy".
+    base["egress"] = allow.empty() ? "deny" : "policy";
+    base["allow"] = allow;
+    base["deny"] = allow.empty() ? std::vector<std::string>{} : deny;
+  } else {
+    base["egress"] = "allow";
+    base["allow"] = allow;
+    base["deny"] = deny;
+  }
+  return base;
+}
+
+struct ControlPlane::Call {
+  http::Request& req;
+  http::Response& res;
+  std::string tenant;
+  const std::string& id() const { return req.pathParam("id"); }
+};
+
+ControlPlane::ControlPlane(sandbox::SandboxManager& manager, api::KeyRing& keys, secrets::SecretVault& vault,
+                           ControlPlaneOptions options)
+    : manager_(manager), keys_(keys), vault_(vault), options_(options), gate_(options.tenant_gate) {
+  auto connect = [](ControlPlane& self, Call& c) { self.connectSandbox(c, false); };
+  routes_ = {
+      {"POST", "/sandboxes", [](ControlPlane& s, Call& c) { s.createSandbox(c); }},
+      {"POST", "/v2/sandboxes", [](ControlPlane& s, Call& c) { s.createSandbox(c); }},
+      {"GET", "/sandboxes", [](ControlPlane& s, Call& c) { s.listSandboxes(c); }},
+      {"GET", "/v2/sandboxes", [](ControlPlane& s, Call& c) { s.listSandboxes(c); }},
+      {"GET", "/sandboxes/{id}", [](ControlPlane& s, Call& c) { s.getSandbox(c); }},
+      {"DELETE", "/sandboxes/{id}", [](ControlPlane& s, Call& c) { s.killSandbox(c); }},
+      {"POST", "/sandboxes/{id}/timeout", [](ControlPlane& s, Call& c) { s.setTimeout(c); }},
+      {"POST", "/sandboxes/{id}/pause", [](ControlPlane& s, Call& c) { s.pauseSandbox(c); }},
+      {"POST", "/sandboxes/{id}/connect", connect},
+      {"POST", "/v2/sandboxes/{id}/connect", connect},
+      {"POST", "/sandboxes/{id}/resume", [](ControlPlane& s, Call& c) { s.connectSandbox(c, true); }},
+      {"GET", "/sandboxes/{id}/metrics", [](ControlPlane& s, Call& c) { s.metrics(c); }},
+      {"PUT", "/sandboxes/{id}/network", [](ControlPlane& s, Call& c) { s.updateNetwork(c); }},
+      {"POST", "/sandboxes/{id}/snapshots", [](ControlPlane& s, Call& c) { s.createSnapshot(c); }},
+      {"GET", "/snapshots", [](ControlPlane& s, Call& c) { s.listSnapshots(c); }},
+      {"DELETE", "/templates/{id}", [](ControlPlane& s, Call& c) { s.deleteSnapshot(c); }},
+      {"POST", "/sandboxes/{id}/fork", [](ControlPlane& s, Call& c) { s.forkSandbox(c); }},
+  };
+  // The router only matches; routes_ holds what runs.
+  for (const auto& r : routes_) router_.add(r.method, r.pattern, [](http::Request&, http::Response&) {});
+}
+
+void ControlPlane::handle(http::Request& req, http::Response& res) {
+  // E2B's SDK sends X-API-KEY; a SPACE client's Bearer key works too.
+  std::optional<std::string> key = req.header("x-api-key");
+  if (!key) {
+    if (auto header = req.header("authorization")) key = api::bearerToken(*header);
+  }
+  auto tenant = key ? keys_.authenticate(*key) : std::nullopt;
+  if (!tenant) {
+    res.closeConnection();
+    (void)sendE2bError(res, 401, key ? "the API key is not valid" : "missing X-API-KEY header");
+    return;
+  }
+  auto ticket = gate_.enter(*tenant);
+  if (!ticket.admitted()) {
+    res.closeConnection();
+    res.setHeader("Retry-After", std::to_string(std::max(1, ticket.retryAfterS())));
+    (void)sendE2bError(
+        res, 429,
+        ticket.refusal() == api::TenantGate::Refusal::kRateLimited
+            ? "rate limit reached; retry after " + std::to_string(std::max(1, ticket.retryAfterS())) + " s"
+            : "too many requests running for this API key; retry when one has finished");
+    return;
+  }
+  auto found = router_.match(req.method(), req.rawPath());
+  if (found.kind != http::Router::Match::Kind::kFound) {
+    if (found.kind == http::Router::Match::Kind::kMethodNotAllowed) {
+      (void)sendE2bError(res, 405, "method " + req.method() + " is not allowed on " + req.path());
+    } else {
+      (void)sendE2bError(res, 404, "no route for " + req.method() + " " + req.path());
+    }
+    return;
+  }
+  req.setPathParams(std::move(found.params));
+  Call call{req, res, *tenant};
+  for (const auto& r : routes_) {
+    if (r.pattern == found.pattern && r.method == req.method()) return r.run(*this, call);
+  }
+}
+
+void ControlPlane::fail(Call& c, const Error& error) {
+  if (c.res.started()) return;
+  if (error.code != ErrorCode::kNotFound && error.code != ErrorCode::kInvalidArgument) {
+    spdlog::info("e2b: {} {}: {}", c.req.method(), c.req.path(), error.message);
+  }
+  const int status = e2bStatus(error);
+  std::string message = error.message;
+  if (error.reason == "insufficient_capacity") message = "this node has not enough free capacity now; retry later";
+  if (status == 429) c.res.setHeader("Retry-After", "1");
+  (void)sendE2bError(c.res, status, message);
+}
+
+json ControlPlane::sandboxJson(const store::SandboxRecord& r) const {
+  return json{
+      {"sandboxID", r.id},           {"templateID", r.source_snapshot.empty() ? r.template_name : r.source_snapshot},
+      {"alias", r.template_name},    {"clientID", kClientId},
+      {"envdVersion", kEnvdVersion}, {"envdAccessToken", vault_.envdAccessToken(r.id)},
+      {"domain", nullptr},           {"trafficAccessToken", nullptr}};
+}
+
+json ControlPlane::detailJson(const store::SandboxRecord& r, bool with_token) const {
+  json out = sandboxJson(r);
+  if (!with_token) {
+    out.erase("envdAccessToken");
+    out.erase("domain");
+    out.erase("trafficAccessToken");
+  }
+  out["startedAt"] = rfc3339(r.created_at_ms);
+  out["endAt"] = rfc3339(r.expires_at_ms);
+  out["state"] = isE2bPaused(r.state) ? "paused" : "running";
+  out["cpuCount"] = r.cpus;
+  out["memoryMB"] = r.memory_mb;
+  out["diskSizeMB"] = options_.disk_size_mb;
+  out["metadata"] = r.metadata.is_object() ? r.metadata : json::object();
+  out["lifecycle"] = json{{"onTimeout", r.on_timeout == "suspend" ? "pause" : "kill"}, {"autoResume", false}};
+  return out;
+}
+
+void ControlPlane::createSandbox(Call& c) {
+  auto body = api::readJsonBody(c.req, options_.max_json_body);
+  if (!body.ok()) return fail(c, body.error());
+  api::ObjectReader in(body.value());
+  sandbox::CreateRequest request;
+  request.tenant = c.tenant;
+  auto tpl = in.string("templateID", 128);
+  auto metadata = in.stringMap("metadata", 64, 16 * 1024);
+  auto env = in.envMap("envVars", 256);
+  auto timeout = in.integer("timeout", 1, INT32_MAX);
+  auto internet = in.boolean("allow_internet_access");
+  auto network = in.object("network");
+  auto secure = in.boolean("secure");  // envd access tokens are always on
+  auto auto_pause = in.boolean("autoPause");
+  auto auto_pause_memory = in.boolean("autoPauseMemory");
+  auto auto_resume = in.object("autoResume");
+  for (const char* unsupported : {"volumeMounts", "mcp", "iam"}) {
+    if (body->contains(unsupported) && !(*body)[unsupported].is_null()) {
+      return fail(c, makeError(ErrorCode::kInvalidArgument, std::string(unsupported) + ": not supported by SPACE"));
+    }
+  }
+  for (const Status& s :
+       {tpl.ok() ? okStatus() : Status(tpl.error()), metadata.ok() ? okStatus() : Status(metadata.error()),
+        env.ok() ? okStatus() : Status(env.error()), timeout.ok() ? okStatus() : Status(timeout.error()),
+        internet.ok() ? okStatus() : Status(internet.error()), network.ok() ? okStatus() : Status(network.error()),
+        secure.ok() ? okStatus() : Status(secure.error()), auto_pause.ok() ? okStatus() : Status(auto_pause.error()),
+        auto_pause_memory.ok() ? okStatus() : Status(auto_pause_memory.error()),
+        auto_resume.ok() ? okStatus() : Status(auto_resume.error()), in.finish()}) {
+    if (!s.ok()) return fail(c, s.error());
+  }
+  if (auto_resume.value()) {
+    const json& ar = **auto_resume.value();
+    if (!ar.is_object() || (ar.contains("enabled") && ar["enabled"] == true)) {
+      return fail(c, makeError(ErrorCode::kInvalidArgument,
+                               "autoResume: not supported by SPACE yet (a paused sandbox is resumed by connect)"));
+    }
+  }
+  const std::string template_id = tpl.value().value_or("base");
+  // A snapshot id of this tenant's names a saved point, anything else a template.
+  if (auto snap = manager_.getSnapshot(c.tenant, template_id); snap.ok()) {
+    request.snapshot_id = template_id;
+  } else {
+    request.template_name = template_id;
+  }
+  if (metadata.value()) request.metadata = *metadata.value();
+  if (env.value()) request.env = *env.value();
+  if (timeout.value()) request.timeout_s = *timeout.value();
+  if (auto_pause.value().value_or(false)) request.on_timeout = "suspend";
+  if (internet.value() || network.value()) {
+    auto policy_json = e2bNetworkPolicy(json::object(), internet.value(), network.value() ? *network.value() : nullptr);
+    if (!policy_json.ok()) return fail(c, policy_json.error());
+    auto policy = net::parsePolicy(policy_json.value());
+    if (!policy.ok()) return fail(c, makeError(ErrorCode::kInvalidArgument, "network: " + policy.error().message));
+    request.network = std::move(policy.value());
+  }
+  auto rec = manager_.create(request);
+  if (!rec.ok()) return fail(c, rec.error());
+  (void)c.res.send(201, "application/json", dumpJson(sandboxJson(rec.value())));
+}
+
+void ControlPlane::listSandboxes(Call& c) {
+  std::vector<std::string> states;
+  std::map<std::string, std::string> metadata;
+  std::string template_filter;
+  std::optional<int64_t> started_after;
+  bool ascending = false;
+  size_t limit = 100;
+  std::string next_token;
+  for (const auto& [key, value] : c.req.queryParams()) {
+    if (key == "state") {
+      size_t start = 0;
+      while (start <= value.size()) {
+        size_t comma = value.find(',', start);
+        std::string name = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        if (name == "running") {
+          states.push_back("running");
+        } else if (name == "paused") {
+          states.push_back("paused");
+          states.push_back("suspended");
+        } else {
+          return fail(c, makeError(ErrorCode::kInvalidArgument, "state: \"" + name + "\" is not running or paused"));
+        }
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+    } else if (key == "metadata") {
+      // k=v pairs joined by '&', each part URL-encoded once more (the SDK's URLSearchParams).
+      auto pairs = http::parseQuery(value);
+      if (!pairs.ok()) return fail(c, makeError(ErrorCode::kInvalidArgument, "metadata: " + pairs.error().message));
+      for (const auto& [k, v] : pairs.value()) {
+        if (k.empty()) return fail(c, makeError(ErrorCode::kInvalidArgument, "metadata: must be key=value pairs"));
+        metadata[k] = v;
+      }
+    } else if (key == "template") {
+      template_filter = value;
+    } else if (key == "startedAfter") {
+      started_after = parseRfc3339Ms(value);
+      if (!started_after) return fail(c, makeError(ErrorCode::kInvalidArgument, "startedAfter: not an RFC 3339 time"));
+    } else if (key == "order") {
+      if (value != "asc" && value != "desc") {
+        return fail(c, makeError(ErrorCode::kInvalidArgument, "order: must be asc or desc"));
+      }
+      ascending = value == "asc";
+    } else if (key == "limit") {
+      char* end = nullptr;
+      long n = std::strtol(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || n < 1 || n > 1000) {
+        return fail(c, makeError(ErrorCode::kInvalidArgument, "limit: must be an integer in 1..1000"));
+      }
+      limit = static_cast<size_t>(n);
+    } else if (key == "nextToken") {
+      next_token = value;
+    } else {
+      return fail(c, makeError(ErrorCode::kInvalidArgument, "unknown query parameter \"" + key + "\""));
+    }
+  }
+  if (states.empty()) states = {"running", "paused", "suspended"};
+  // Every matching sandbox of the tenant (its live ones are few: quotas bound them), sorted by
+  // start time as E2B orders them; the page token is the last item's (time, id).
+  store::ListFilter filter;
+  filter.tenant = c.tenant;
+  filter.states = states;
+  filter.metadata = metadata;
+  filter.limit = 1000;
+  std::vector<store::SandboxRecord> all;
+  while (true) {
+    auto page = manager_.list(filter);
+    if (!page.ok()) return fail(c, page.error());
+    for (auto& rec : page->items) {
+      if (!template_filter.empty() && rec.template_name != template_filter && rec.source_snapshot != template_filter) {
+        continue;
+      }
+      if (started_after && rec.created_at_ms <= *started_after) continue;
+      all.push_back(std::move(rec));
+    }
+    if (page->next_cursor.empty() || all.size() > kMaxListScan) break;
+    filter.after_id = page->next_cursor;
+  }
+  auto before = [ascending](const store::SandboxRecord& a, const store::SandboxRecord& b) {
+    if (a.created_at_ms != b.created_at_ms)
+      return ascending ? a.created_at_ms < b.created_at_ms : a.created_at_ms > b.created_at_ms;
+    return ascending ? a.id < b.id : a.id > b.id;
+  };
+  std::sort(all.begin(), all.end(), before);
+  size_t first = 0;
+  if (!next_token.empty()) {
+    auto sep = next_token.find('_');
+    char* end = nullptr;
+    long long ms = std::strtoll(next_token.substr(0, sep).c_str(), &end, 10);
+    if (sep == std::string::npos || *end != '\0') {
+      return fail(c, makeError(ErrorCode::kInvalidArgument, "nextToken: not a token this API gave"));
+    }
+    store::SandboxRecord mark;
+    mark.created_at_ms = ms;
+    mark.id = next_token.substr(sep + 1);
+    first = static_cast<size_t>(std::upper_bound(all.begin(), all.end(), mark, before) - all.begin());
+  }
+  json items = json::array();
+  size_t i = first;
+  for (; i < all.size() && items.size() < limit; ++i) items.push_back(detailJson(all[i], false));
+  if (i < all.size()) {
+    c.res.setHeader("X-Next-Token", std::to_string(all[i - 1].created_at_ms) + "_" + all[i - 1].id);
+  }
+  (void)c.res.send(200, "application/json", dumpJson(items));
+}
+
+void ControlPlane::getSandbox(Call& c) {
+  auto rec = manager_.get(c.tenant, c.id());
+  if (!rec.ok()) return fail(c, rec.error());
+  if (isGone(rec->state)) return fail(c, notFound(c.id()));
+  (void)c.res.send(200, "application/json", dumpJson(detailJson(rec.value(), true)));
+}
+
+void ControlPlane::killSandbox(Call& c) {
+  auto rec = manager_.get(c.tenant, c.id());
+  if (!rec.ok()) return fail(c, rec.error());
+  if (isGone(rec->state)) return fail(c, notFound(c.id()));
+  if (auto removed = manager_.remove(c.tenant, c.id()); !removed.ok()) return fail(c, removed.error());
+  (void)c.res.send(204, "", "");
+}
+
+void ControlPlane::setTimeout(Call& c) {
+  auto body = api::readJsonBody(c.req, options_.max_json_body);
+  if (!body.ok()) return fail(c, body.error());
+  api::ObjectReader in(body.value());
+  auto timeout = in.integer("timeout", 0, INT32_MAX);
+  if (!timeout.ok()) return fail(c, timeout.error());
+  if (auto done = in.finish(); !done.ok()) return fail(c, done.error());
+  if (!timeout.value()) return fail(c, makeError(ErrorCode::kInvalidArgument, "timeout: required"));
+  auto rec = manager_.get(c.tenant, c.id());
+  if (!rec.ok()) return fail(c, rec.error());
+  if (isGone(rec->state)) return fail(c, notFound(c.id()));
+  // E2B's timeout may be 0 ("end now"); SPACE's smallest is a second.
+  auto set = manager_.setTimeout(c.tenant, c.id(), std::max<int64_t>(1, *timeout.value()));
+  if (!set.ok()) return fail(c, set.error());
+  (void)c.res.send(204, "", "");
+}
+
+void ControlPlane::pauseSandbox(Call& c) {
+  auto body = api::readJsonBody(c.req, options_.max_json_body);
+  if (!body.ok()) return fail(c, body.error());
+  api::ObjectReader in(body.value());
+  // memory:false would drop the running state; SPACE always keeps it (a superset of E2B's).
+  auto memory = in.boolean("memory");
+  if (!memory.ok()) return fail(c, memory.error());
+  if (auto done = in.finish(); !done.ok()) return fail(c, done.error());
+  auto rec = manager_.get(c.tenant, c.id());
+  if (!rec.ok()) return fail(c, rec.error());
+  if (isGone(rec->state)) return fail(c, notFound(c.id()));
+  if (isE2bPaused(rec->state)) {
+    (void)sendE2bError(c.res, 409, "sandbox \"" + c.id() + "\" is already paused");
+    return;
+  }
+  auto suspended = manager_.suspend(c.tenant, c.id());
+  if (!suspended.ok()) return fail(c, suspended.error());
+  (void)c.res.send(204, "", "");
+}
+
+void ControlPlane::connectSandbox(Call& c, bool legacy_resume) {
+  auto body = api::readJsonBody(c.req, options_.max_json_body);
+  if (!body.ok()) return fail(c, body.error());
+  api::ObjectReader in(body.value());
+  auto timeout = in.integer("timeout", 0, INT32_MAX);
+  auto memory = in.boolean("memory");
+  auto auto_pause = in.boolean("autoPause");  // the legacy /resume's field
+  for (const Status& s :
+       {timeout.ok() ? okStatus() : Status(timeout.error()), memory.ok() ? okStatus() : Status(memory.error()),
+        auto_pause.ok() ? okStatus() : Status(auto_pause.error()), in.finish()}) {
+    if (!s.ok()) return fail(c, s.error());
+  }
+  auto rec = manager_.get(c.tenant, c.id());
+  if (!rec.ok()) return fail(c, rec.error());
+  if (isGone(rec->state)) return fail(c, notFound(c.id()));
+  int status = 200;
+  if (isE2bPaused(rec->state)) {
+    auto resumed = manager_.resume(c.tenant, c.id());
+    if (!resumed.ok()) return fail(c, resumed.error());
+    rec = std::move(resumed);
+    status = 201;
+  } else if (legacy_resume) {
+    (void)sendE2bError(c.res, 409, "sandbox \"" + c.id() + "\" is already running");
+    return;
+  }
+  if (timeout.value() && *timeout.value() > 0) {
+    // Connecting extends a sandbox's life, never shortens it.
+    const int64_t now_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    if (status == 201 || now_ms + *timeout.value() * 1000 > rec->expires_at_ms) {
+      auto set = manager_.setTimeout(c.tenant, c.id(), *timeout.value());
+      if (!set.ok()) return fail(c, set.error());
+      rec = std::move(set);
+    }
+  }
+  (void)c.res.send(status, "application/json", dumpJson(sandboxJson(rec.value())));
+}
+
+void ControlPlane::metrics(Call& c) {
+  auto rec = manager_.get(c.tenant, c.id());
+  if (!rec.ok()) return fail(c, rec.error());
+  if (isGone(rec->state)) return fail(c, notFound(c.id()));
+  // No per-sandbox samples are kept yet (docs/e2b.md): an empty series, as E2B gives for a
+  // sandbox too young to have one.
+  (void)c.res.send(200, "application/json", "[]");
+}
+
+void ControlPlane::updateNetwork(Call& c) {
+  auto body = api::readJsonBody(c.req, options_.max_json_body);
+  if (!body.ok()) return fail(c, body.error());
+  if (!body->is_object()) return fail(c, makeError(ErrorCode::kInvalidArgument, "the body must be a JSON object"));
+  json network = *body;
+  std::optional<bool> internet;
+  if (auto it = network.find("allow_internet_access"); it != network.end()) {
+    if (!it->is_null() && !it->is_boolean()) {
+      return fail(c, makeError(ErrorCode::kInvalidArgument, "allow_internet_access: must be a boolean"));
+    }
+    if (it->is_boolean()) internet = it->get<bool>();
+    network.erase(it);
+  }
+  auto current = manager_.networkPolicy(c.tenant, c.id());
+  if (!current.ok()) return fail(c, current.error());
+  auto policy_json = e2bNetworkPolicy(net::toJson(current.value()), internet, &network);
+  if (!policy_json.ok()) return fail(c, policy_json.error());
+  auto policy = net::parsePolicy(policy_json.value());
+  if (!policy.ok()) return fail(c, makeError(ErrorCode::kInvalidArgument, "network: " + policy.error().message));
+  if (auto set = manager_.setNetworkPolicy(c.tenant, c.id(), policy.value()); !set.ok()) return fail(c, set.error());
+  (void)c.res.send(204, "", "");
+}
+
+void ControlPlane::createSnapshot(Call& c) {
+  auto body = api::readJsonBody(c.req, options_.max_json_body);
+  if (!body.ok()) return fail(c, body.error());
+  api::ObjectReader in(body.value());
+  auto name = in.string("name", 128);
+  if (!name.ok()) return fail(c, name.error());
+  if (auto done = in.finish(); !done.ok()) return fail(c, done.error());
+  sandbox::SnapshotRequest request;
+  request.tenant = c.tenant;
+  request.sandbox_id = c.id();
+  request.name = name.value().value_or("");
+  auto snap = manager_.snapshot(request);
+  if (!snap.ok()) return fail(c, snap.error());
+  json names = json::array();
+  if (!snap->name.empty()) names.push_back(snap->name);
+  (void)c.res.send(201, "application/json", dumpJson(json{{"snapshotID", snap->id}, {"names", names}}));
+}
+
+void ControlPlane::listSnapshots(Call& c) {
+  store::SnapshotFilter filter;
+  filter.tenant = c.tenant;
+  std::string name_filter;
+  for (const auto& [key, value] : c.req.queryParams()) {
+    if (key == "sandboxID") {
+      filter.sandbox_id = value;
+    } else if (key == "name") {
+      name_filter = value;
+    } else if (key == "limit") {
+      char* end = nullptr;
+      long n = std::strtol(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || n < 1 || n > 1000) {
+        return fail(c, makeError(ErrorCode::kInvalidArgument, "limit: must be an integer in 1..1000"));
+      }
+      filter.limit = static_cast<size_t>(n);
+    } else if (key == "nextToken") {
+      filter.after_id = value;
+    } else {
+      return fail(c, makeError(ErrorCode::kInvalidArgument, "unknown query parameter \"" + key + "\""));
+    }
+  }
+  auto page = manager_.listSnapshots(filter);
+  if (!page.ok()) return fail(c, page.error());
+  json items = json::array();
+  for (const auto& s : page->items) {
+    if (!name_filter.empty() && s.name != name_filter) continue;
+    json names = json::array();
+    if (!s.name.empty()) names.push_back(s.name);
+    items.push_back(json{{"snapshotID", s.id}, {"names", names}});
+  }
+  if (!page->next_cursor.empty()) c.res.setHeader("X-Next-Token", page->next_cursor);
+  (void)c.res.send(200, "application/json", dumpJson(items));
+}
+
+void ControlPlane::deleteSnapshot(Call& c) {
+  if (auto removed = manager_.deleteSnapshot(c.tenant, c.id()); !removed.ok()) return fail(c, removed.error());
+  (void)c.res.send(204, "", "");
+}
+
+void ControlPlane::forkSandbox(Call& c) {
+  auto body = api::readJsonBody(c.req, options_.max_json_body);
+  if (!body.ok()) return fail(c, body.error());
+  api::ObjectReader in(body.value());
+  auto timeout = in.integer("timeout", 1, INT32_MAX);
+  auto count = in.integer("count", 1, kMaxForkCount);
+  for (const Status& s : {timeout.ok() ? okStatus() : Status(timeout.error()),
+                          count.ok() ? okStatus() : Status(count.error()), in.finish()}) {
+    if (!s.ok()) return fail(c, s.error());
+  }
+  auto rec = manager_.get(c.tenant, c.id());
+  if (!rec.ok()) return fail(c, rec.error());
+  if (isGone(rec->state)) return fail(c, notFound(c.id()));
+  // A fork is a branch of a snapshot taken for it; the children keep its disk layer after the
+  // snapshot itself is deleted again.
+  sandbox::SnapshotRequest snap_request;
+  snap_request.tenant = c.tenant;
+  snap_request.sandbox_id = c.id();
+  snap_request.name = "fork of " + c.id();
+  auto snap = manager_.snapshot(snap_request);
+  if (!snap.ok()) return fail(c, snap.error());
+  sandbox::CreateRequest request;
+  request.tenant = c.tenant;
+  request.snapshot_id = snap->id;
+  if (timeout.value()) request.timeout_s = *timeout.value();
+  auto children = manager_.branch(request, static_cast<uint32_t>(count.value().value_or(1)));
+  if (auto removed = manager_.deleteSnapshot(c.tenant, snap->id); !removed.ok()) {
+    spdlog::warn("e2b: fork of {}: cannot delete its snapshot {}: {}", c.id(), snap->id, removed.error().message);
+  }
+  if (!children.ok()) return fail(c, children.error());
+  json out = json::array();
+  for (const auto& child : children.value()) out.push_back(json{{"sandbox", sandboxJson(child)}});
+  (void)c.res.send(201, "application/json", dumpJson(out));
+}
+
+}  // namespace space::e2b

@@ -1,0 +1,569 @@
+#include "e2b/envd_front.h"
+
+#include <spdlog/spdlog.h>
+#include <strings.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+
+#include "api/json_input.h"
+#include "common/bounded_json.h"
+#include "e2b/connect.h"
+#include "e2b/envd_auth.h"
+#include "guest/guest_ops.h"
+#include "http/multipart.h"
+#include "sandbox/lifecycle.h"
+
+namespace space::e2b {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kUnauthorized =
+    "unauthorized access, please provide a valid access token or method signing if supported";
+
+// The RPCs the SDK calls; anything else is Connect's unimplemented, never forwarded.
+bool isUnaryMethod(const std::string& m) {
+  return m == "/process.Process/List" || m == "/process.Process/SendInput" || m == "/process.Process/CloseStdin" ||
+         m == "/process.Process/SendSignal" || m == "/process.Process/Update" || m == "/filesystem.Filesystem/Stat" ||
+         m == "/filesystem.Filesystem/ListDir" || m == "/filesystem.Filesystem/MakeDir" ||
+         m == "/filesystem.Filesystem/Move" || m == "/filesystem.Filesystem/Remove";
+}
+bool isStreamMethod(const std::string& m) {
+  return m == "/process.Process/Start" || m == "/process.Process/Connect" || m == "/filesystem.Filesystem/WatchDir";
+}
+
+std::string dumpJson(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+Status sendJsonError(http::Response& res, int status, const std::string& message) {
+  return res.send(status, "application/json", dumpJson(json{{"code", status}, {"message", message}}));
+}
+
+// E2B's answer for a sandbox that is not running: the SDK reads 502 as "not running any more".
+Status sendNotRunning(http::Response& res, const std::string& id) {
+  return res.send(502, "application/json",
+                  dumpJson(json{{"sandboxId", id}, {"message", "The sandbox was not found"}, {"code", 502}}));
+}
+
+bool contentTypeIs(const std::optional<std::string>& header, std::string_view want) {
+  if (!header) return false;
+  std::string_view v = *header;
+  v = v.substr(0, v.find(';'));
+  while (!v.empty() && v.back() == ' ') v.remove_suffix(1);
+  if (v.size() != want.size()) return false;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(v[i])) != want[i]) return false;
+  }
+  return true;
+}
+
+std::optional<int64_t> parseInt(const std::string& s, int64_t min, int64_t max) {
+  if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  int64_t v = std::stoll(s);
+  if (v < min || v > max) return std::nullopt;
+  return v;
+}
+
+int fileErrorStatus(const Error& e) {
+  switch (e.code) {
+    case ErrorCode::kNotFound: return 404;
+    case ErrorCode::kInvalidArgument: return 400;
+    case ErrorCode::kPermissionDenied: return 403;
+    case ErrorCode::kResourceExhausted: return 507;
+    case ErrorCode::kAlreadyExists: return 409;
+    case ErrorCode::kDeadlineExceeded: return 504;
+    default: return 500;
+  }
+}
+
+// What a stream's agent callbacks hand to the thread writing the HTTP response.
+struct StreamQueue {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::string> frames;
+  size_t bytes = 0;
+  size_t max_bytes = 0;
+  bool overflow = false;
+  bool ended = false;
+  Status end_status = okStatus();
+};
+
+}  // namespace
+
+struct EnvdFront::Call {
+  http::Request& req;
+  http::Response& res;
+  std::string id;
+  std::string tenant;
+  std::string user;  // "" = the sandbox's default user
+};
+
+EnvdFront::EnvdFront(sandbox::SandboxManager& manager, secrets::SecretVault& vault, EnvdOptions options)
+    : manager_(manager),
+      vault_(vault),
+      options_(options),
+      streams_(options.tenant_streams),
+      calls_(options.tenant_calls) {}
+
+std::string EnvdFront::sandboxForSignature(http::Request& req, const std::string& operation) {
+  auto signature = req.query("signature");
+  if (!signature) return "";
+  std::optional<int64_t> expiration;
+  if (auto exp = req.query("signature_expiration")) expiration = parseInt(*exp, 0, INT64_MAX / 2);
+  const std::string path = req.query("path").value_or("");
+  const std::string user = req.query("username").value_or("");
+  std::map<std::string, std::string> live;
+  {
+    std::lock_guard lock(tokens_mu_);
+    for (const auto& [id, tenant] : manager_.liveSandboxes()) {
+      auto it = tokens_.find(id);
+      live.emplace(id, it != tokens_.end() ? it->second : vault_.envdAccessToken(id));
+    }
+    tokens_ = live;  // ended sandboxes' tokens go
+  }
+  std::string found;
+  for (const auto& [id, token] : live) {
+    // Every candidate is hashed, so the time says nothing about which one matched.
+    if (sameSecret(fileSignature(path, operation, user, token, expiration), *signature)) found = id;
+  }
+  return found;
+}
+
+void EnvdFront::handle(http::Request& req, http::Response& res) {
+  const bool files = req.path() == "/files";
+  const std::string file_op = req.method() == "GET" ? "read" : "write";
+  // Which sandbox, which port: E2B's headers, else a "<port>-<id>.<domain>" host.
+  std::string id = req.header("e2b-sandbox-id").value_or("");
+  uint16_t port = kEnvdPort;
+  if (auto p = req.header("e2b-sandbox-port")) {
+    auto parsed = parseInt(*p, 1, 65535);
+    if (!parsed) {
+      res.closeConnection();
+      (void)sendJsonError(res, 400, "E2b-Sandbox-Port: not a port number");
+      return;
+    }
+    port = static_cast<uint16_t>(*parsed);
+  }
+  if (id.empty()) {
+    std::string host = req.header("host").value_or("");
+    auto dash = host.find('-');
+    auto dot = host.find('.');
+    if (dash != std::string::npos && dot != std::string::npos && dash < dot) {
+      if (auto parsed = parseInt(host.substr(0, dash), 1, 65535)) {
+        port = static_cast<uint16_t>(*parsed);
+        id = host.substr(dash + 1, dot - dash - 1);
+      }
+    }
+  }
+  if (id.empty() && files) id = sandboxForSignature(req, file_op);
+  if (id.empty()) {
+    res.closeConnection();
+    (void)sendJsonError(res, 400, "which sandbox? send the E2b-Sandbox-Id header");
+    return;
+  }
+  auto tenant = manager_.ownerOf(id);
+  if (!tenant.ok()) {
+    res.closeConnection();
+    (void)sendNotRunning(res, id);
+    return;
+  }
+  // The token, before anything that says more about the sandbox than "not running".
+  const std::string token = vault_.envdAccessToken(id);
+  auto presented = req.header("x-access-token");
+  const bool health = req.path() == "/health";
+  bool authorized = presented && sameSecret(*presented, token);
+  if (presented && !authorized) {
+    res.closeConnection();
+    (void)sendJsonError(res, 401, kUnauthorized);
+    return;
+  }
+  if (!authorized && files) {
+    auto signature = req.query("signature");
+    std::optional<int64_t> expiration;
+    if (auto exp = req.query("signature_expiration")) {
+      expiration = parseInt(*exp, 0, INT64_MAX / 2);
+      if (!expiration) {
+        res.closeConnection();
+        (void)sendJsonError(res, 400, "signature_expiration: not a unix time");
+        return;
+      }
+    }
+    if (signature && sameSecret(fileSignature(req.query("path").value_or(""), file_op,
+                                              req.query("username").value_or(""), token, expiration),
+                                *signature)) {
+      const int64_t now_s =
+          std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+      if (expiration && *expiration < now_s) {
+        res.closeConnection();
+        (void)sendJsonError(res, 401, "signature is already expired");
+        return;
+      }
+      authorized = true;
+    }
+  }
+  if (!authorized && !health) {
+    res.closeConnection();
+    (void)sendJsonError(res, 401, kUnauthorized);
+    return;
+  }
+  if (!authorized) res.closeConnection();  // an unauthenticated /health keeps no connection
+  auto rec = manager_.get(tenant.value(), id);
+  if (!rec.ok() || rec->state != sandbox::stateName(sandbox::SandboxState::kRunning)) {
+    (void)sendNotRunning(res, id);
+    return;
+  }
+  if (port != kEnvdPort) {
+    (void)sendJsonError(
+        res, 501,
+        "port " + std::to_string(port) +
+            " is not routed by the envd front end yet; use the sandbox's ingress URL (docs/network.md)");
+    return;
+  }
+  if (health) {
+    (void)res.send(204, "", "");
+    return;
+  }
+  const bool is_stream = !files && isStreamMethod(req.path());
+  auto ticket = (is_stream ? streams_ : calls_).enter(tenant.value());
+  if (!ticket.admitted()) {
+    res.setHeader("Retry-After", std::to_string(std::max(1, ticket.retryAfterS())));
+    (void)sendJsonError(res, 429,
+                        std::string("this tenant already has ") +
+                            std::to_string((is_stream ? streams_ : calls_).maxInFlight()) +
+                            (is_stream ? " envd streams" : " envd calls") + " running; retry when one has finished");
+    return;
+  }
+  Call call{req, res, id, tenant.value(), ""};
+  if (files) {
+    auto user = req.query("username");
+    // ':' separates the signed fields: a name holding one could make one signature mean another.
+    if (user && (user->size() > 64 || std::any_of(user->begin(), user->end(), [](char ch) {
+                   return ch == ':' || static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f;
+                 }))) {
+      (void)sendJsonError(res, 400, "username: must be a user name of at most 64 bytes, without ':'");
+      return;
+    }
+    call.user = user.value_or("");
+    if (req.method() == "GET") return download(call);
+    if (req.method() == "POST") return upload(call);
+    (void)sendJsonError(res, 405, "/files takes GET or POST");
+    return;
+  }
+  if (req.method() != "POST" || (!isUnaryMethod(req.path()) && !isStreamMethod(req.path()))) {
+    (void)res.send(
+        404, "application/json",
+        dumpJson(connectError(makeError(ErrorCode::kUnimplemented,
+                                        req.method() + " " + req.path() + " is not an envd call SPACE serves"))));
+    return;
+  }
+  if (auto auth = req.header("authorization")) {
+    auto user = basicAuthUser(*auth);
+    if (!user.ok()) {
+      (void)res.send(400, "application/json", dumpJson(connectError(user.error())));
+      return;
+    }
+    call.user = user.value().value_or("");
+  }
+  if (isStreamMethod(req.path())) return stream(call, req.path());
+  return unary(call, req.path());
+}
+
+void EnvdFront::agentError(Call& c, const sandbox::AgentLease& lease, const Error& error, bool connect_shape) {
+  Error e = manager_.agentFailed(lease, error);
+  if (e.code == ErrorCode::kUnavailable) {
+    auto rec = manager_.get(c.tenant, c.id);
+    if (!rec.ok() || rec->state != sandbox::stateName(sandbox::SandboxState::kRunning)) {
+      (void)sendNotRunning(c.res, c.id);
+      return;
+    }
+  }
+  if (connect_shape) {
+    (void)c.res.send(connectHttpStatus(e.code), "application/json", dumpJson(connectError(e)));
+  } else {
+    (void)sendJsonError(c.res, fileErrorStatus(e), e.message);
+  }
+}
+
+void EnvdFront::unary(Call& c, const std::string& method) {
+  auto connect_error = [&](const Error& e) {
+    (void)c.res.send(connectHttpStatus(e.code), "application/json", dumpJson(connectError(e)));
+  };
+  if (!contentTypeIs(c.req.header("content-type"), "application/json")) {
+    return connect_error(makeError(ErrorCode::kInvalidArgument, "unary calls take Content-Type: application/json"));
+  }
+  // Bounded while it arrives (depth, values), as the REST API's bodies are.
+  auto message = api::readJsonBody(c.req, options_.max_unary_body);
+  if (!message.ok()) {
+    return connect_error(makeError(ErrorCode::kInvalidArgument, "request body: " + message.error().message));
+  }
+  if (!message->is_object()) {
+    return connect_error(makeError(ErrorCode::kInvalidArgument, "the request is not a JSON object"));
+  }
+  auto lease = manager_.agent(c.tenant, c.id, "run envd calls");
+  if (!lease.ok()) return connect_error(lease.error());
+  agentproto::CallOptions options;
+  options.timeout = options_.unary_timeout;
+  options.user = c.user;
+  auto answer = lease->agent->call(method, message.value(), options);
+  if (!answer.ok()) return agentError(c, lease.value(), answer.error(), true);
+  (void)c.res.send(200, "application/json", dumpJson(answer.value()));
+}
+
+void EnvdFront::stream(Call& c, const std::string& method) {
+  // Errors of a stream go out as HTTP 200 with an EndStream envelope: the SDK keeps their code.
+  auto end_with = [&](const std::optional<Error>& e) {
+    if (!c.res.started() && !c.res.begin(200, "application/connect+json").ok()) return;
+    if (c.res.write(endStream(e)).ok()) (void)c.res.end();
+  };
+  if (!contentTypeIs(c.req.header("content-type"), "application/connect+json")) {
+    (void)c.res.send(415, "application/json",
+                     dumpJson(connectError(makeError(ErrorCode::kInvalidArgument,
+                                                     "streaming calls take Content-Type: application/connect+json"))));
+    return;
+  }
+  agentproto::CallOptions options;
+  options.user = c.user;
+  // The client's deadline: for Start, envd makes it the process's lifetime; absent, none.
+  options.timeout = std::chrono::milliseconds(0);
+  if (auto deadline = c.req.header("connect-timeout-ms")) {
+    auto ms = parseInt(*deadline, 0, int64_t{1} << 40);
+    if (!ms) return end_with(makeError(ErrorCode::kInvalidArgument, "Connect-Timeout-Ms: not a number of ms"));
+    options.timeout = std::chrono::milliseconds(*ms);
+    options.local_grace = std::chrono::seconds(5);
+  }
+  std::chrono::seconds keepalive(90);  // envd's default when the client names none
+  if (auto interval = c.req.header("keepalive-ping-interval")) {
+    auto s = parseInt(*interval, 1, 3600);
+    if (s) keepalive = std::chrono::seconds(*s);
+  }
+  const std::string keepalive_frame =
+      envelope(kEnvelopeData,
+               method == "/filesystem.Filesystem/WatchDir" ? R"({"keepalive":{}})" : R"({"event":{"keepalive":{}}})");
+
+  auto lease = manager_.agent(c.tenant, c.id, "run envd calls");
+  if (!lease.ok()) return end_with(lease.error());
+  auto queue = std::make_shared<StreamQueue>();
+  queue->max_bytes = options_.max_stream_backlog;
+  std::shared_ptr<agentproto::AgentStream> handle;
+  {
+    // The request is needed only to start the call: it is not kept for the stream's life.
+    auto body = c.req.readBody(options_.max_stream_request + 5);
+    if (!body.ok()) return end_with(makeError(ErrorCode::kInvalidArgument, "request body: " + body.error().message));
+    auto payload = unwrapRequestEnvelope(body.value(), options_.max_stream_request);
+    if (!payload.ok()) return end_with(payload.error());
+    auto message = parseJsonBounded(payload.value(), JsonLimits{.max_depth = 32, .max_values = 10000});
+    if (!message.ok() || !message->is_object()) {
+      return end_with(makeError(ErrorCode::kInvalidArgument, "the request is not a JSON object"));
+    }
+    // Callbacks run on the agent client's I/O thread and own what they touch (the queue).
+    handle = lease->agent->stream(
+        method, message.value(), options,
+        [queue](const json& m) {
+          std::string frame = envelope(kEnvelopeData, m.dump(-1, ' ', false, json::error_handler_t::replace));
+          std::lock_guard lock(queue->mu);
+          if (queue->overflow) return;
+          if (queue->bytes + frame.size() > queue->max_bytes) {
+            queue->overflow = true;
+          } else {
+            queue->bytes += frame.size();
+            queue->frames.push_back(std::move(frame));
+          }
+          queue->cv.notify_one();
+        },
+        [queue](const Status& end) {
+          std::lock_guard lock(queue->mu);
+          queue->ended = true;
+          queue->end_status = end;
+          queue->cv.notify_one();
+        });
+  }
+  // However this handler leaves (a client gone, an exception), the guest stops streaming to it.
+  struct CancelOnExit {
+    std::shared_ptr<agentproto::AgentStream> stream;
+    ~CancelOnExit() {
+      if (stream && !stream->done()) stream->cancel();
+    }
+  } cancel_on_exit{handle};
+  if (!c.res.begin(200, "application/connect+json").ok()) return;
+  auto last_write = Clock::now();
+  while (true) {
+    std::string out;
+    size_t taken = 0;
+    bool ended = false, overflow = false;
+    Status end_status = okStatus();
+    {
+      std::unique_lock lock(queue->mu);
+      queue->cv.wait_until(lock, std::min(last_write + keepalive, Clock::now() + std::chrono::seconds(1)),
+                           [&] { return !queue->frames.empty() || queue->ended || queue->overflow; });
+      while (!queue->frames.empty()) {
+        out += queue->frames.front();
+        queue->frames.pop_front();
+      }
+      // What is being written still counts against the backlog until it went out.
+      taken = out.size();
+      ended = queue->ended;
+      overflow = queue->overflow;
+      end_status = queue->end_status;
+    }
+    if (out.empty() && Clock::now() >= last_write + keepalive) out = keepalive_frame;
+    if (!out.empty()) {
+      if (!c.res.write(out).ok()) return;
+      last_write = Clock::now();
+      std::lock_guard lock(queue->mu);
+      queue->bytes -= taken;
+    }
+    if (overflow) {
+      handle->cancel();
+      end_with(makeError(ErrorCode::kResourceExhausted,
+                         "more than " + std::to_string(options_.max_stream_backlog) +
+                             " bytes of output waited for this client (or one message was larger); the stream "
+                             "ended, the process goes on (connect to it again)"));
+      return;
+    }
+    if (ended) {
+      if (end_status.ok()) return end_with(std::nullopt);
+      Error e = manager_.agentFailed(lease.value(), end_status.error());
+      if (e.code == ErrorCode::kUnavailable) {
+        auto rec = manager_.get(c.tenant, c.id);
+        // The sandbox is gone: the connection is cut, so the SDK asks /health and says so.
+        if (!rec.ok() || rec->state != sandbox::stateName(sandbox::SandboxState::kRunning)) return;
+      }
+      return end_with(e);
+    }
+    if (c.res.clientGone()) return;
+  }
+}
+
+void EnvdFront::download(Call& c) {
+  auto path = c.req.query("path");
+  if (!path || path->empty()) {
+    (void)sendJsonError(c.res, 400, "path: required");
+    return;
+  }
+  auto lease = manager_.agent(c.tenant, c.id, "read files");
+  if (!lease.ok()) {
+    (void)sendJsonError(c.res, fileErrorStatus(lease.error()), lease.error().message);
+    return;
+  }
+  bool client_gone = false;
+  auto done = guest::GuestOps(lease->agent)
+                  .download(
+                      *path,
+                      [&](std::string_view chunk) -> Status {
+                        if (!c.res.started() && !c.res.begin(200, "application/octet-stream").ok()) client_gone = true;
+                        if (client_gone || !c.res.write(chunk).ok()) {
+                          client_gone = true;
+                          return makeError(ErrorCode::kCanceled, "the client went away");
+                        }
+                        return okStatus();
+                      },
+                      c.user);
+  if (!done.ok()) {
+    if (client_gone || c.res.started()) return;
+    return agentError(c, lease.value(), done.error(), false);
+  }
+  if (!c.res.started()) {
+    (void)c.res.send(200, "application/octet-stream", "");
+    return;
+  }
+  (void)c.res.end();
+}
+
+void EnvdFront::upload(Call& c) {
+  for (const auto& [name, value] : c.req.headers()) {
+    if (name.size() > 11 && strncasecmp(name.c_str(), "x-metadata-", 11) == 0) {
+      (void)sendJsonError(c.res, 400, "file metadata (X-Metadata-*) is not supported by SPACE yet");
+      return;
+    }
+  }
+  if (auto encoding = c.req.header("content-encoding"); encoding && *encoding != "identity") {
+    (void)sendJsonError(c.res, 400, "Content-Encoding " + *encoding + " is not supported for uploads yet");
+    return;
+  }
+  const auto query_path = c.req.query("path");
+  auto lease = manager_.agent(c.tenant, c.id, "write files");
+  if (!lease.ok()) {
+    (void)sendJsonError(c.res, fileErrorStatus(lease.error()), lease.error().message);
+    return;
+  }
+  guest::GuestOps ops(lease->agent);
+  json written = json::array();
+  std::optional<Error> body_error;
+  // The guest names the absolute path it wrote; taken only within PATH_MAX, so a hostile guest
+  // cannot make a tiny upload's answer huge (else the path as the client gave it).
+  auto entryOf = [](const guest::FileEntry& e, const std::string& requested) {
+    std::string path = e.path && !e.path->empty() && e.path->size() <= 4096 ? *e.path : requested;
+    return json{{"path", path}, {"name", path.substr(path.find_last_of('/') + 1)}, {"type", "file"}};
+  };
+  const std::string content_type = c.req.header("content-type").value_or("");
+  auto boundary = http::multipartBoundary(content_type);
+  if (!boundary && strncasecmp(content_type.c_str(), "multipart/", 10) == 0) {
+    (void)sendJsonError(c.res, 400, "Content-Type: a multipart/form-data upload needs a valid boundary");
+    return;
+  }
+  if (boundary) {
+    http::MultipartReader reader(*boundary, [&](char* out, size_t max) -> Result<size_t> {
+      auto n = c.req.readSome(out, max);
+      if (!n.ok()) body_error = n.error();
+      return n;
+    });
+    while (true) {
+      auto part = reader.next();
+      if (!part.ok()) {
+        (void)sendJsonError(c.res, 400, part.error().message);
+        return;
+      }
+      if (!part.value()) break;
+      if (part.value()->name != "file") continue;
+      std::string path = query_path.value_or(part.value()->filename.value_or(""));
+      if (path.empty()) {
+        (void)sendJsonError(c.res, 400, "path: give ?path= or a filename in the part");
+        return;
+      }
+      std::optional<Error> part_error;
+      auto entry = ops.upload(
+          path,
+          [&](char* out, size_t max) -> Result<size_t> {
+            auto n = reader.readSome(out, max);
+            if (!n.ok()) part_error = n.error();
+            return n;
+          },
+          c.user);
+      if (part_error) {
+        (void)sendJsonError(c.res, 400, part_error->message);
+        return;
+      }
+      if (!entry.ok()) return agentError(c, lease.value(), entry.error(), false);
+      written.push_back(entryOf(entry.value(), path));
+    }
+  } else {
+    if (!query_path || query_path->empty()) {
+      (void)sendJsonError(c.res, 400, "path: required");
+      return;
+    }
+    auto entry = ops.upload(
+        *query_path,
+        [&](char* out, size_t max) -> Result<size_t> {
+          auto n = c.req.readSome(out, max);
+          if (!n.ok()) body_error = n.error();
+          return n;
+        },
+        c.user);
+    if (body_error) {
+      (void)sendJsonError(c.res, 400, "request body: " + body_error->message);
+      return;
+    }
+    if (!entry.ok()) return agentError(c, lease.value(), entry.error(), false);
+    written.push_back(entryOf(entry.value(), *query_path));
+  }
+  if (written.empty()) {
+    (void)sendJsonError(c.res, 400, "no part named \"file\" in the upload");
+    return;
+  }
+  (void)c.res.send(200, "application/json", dumpJson(written));
+}
+
+}  // namespace space::e2b

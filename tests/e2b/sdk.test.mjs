@@ -1,0 +1,155 @@
+// The official e2b SDK (pinned in package.json), unmodified, against a real spaced under TCG:
+// run.sh starts spaced and sets E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY. Each test has a
+// timeout close to what it needs under TCG on 2 cores.
+import { test, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { Sandbox, CommandExitError, FileNotFoundError, SandboxNotFoundError } from 'e2b'
+
+const made = []
+async function create(opts = {}) {
+  const sbx = await Sandbox.create('base', { timeoutMs: 600_000, ...opts })
+  made.push(sbx.sandboxId)
+  return sbx
+}
+after(async () => {
+  for (const id of made) await Sandbox.kill(id).catch(() => {})
+})
+
+let sbx
+test('create: a running sandbox with its info', { timeout: 120_000 }, async () => {
+  sbx = await create({ metadata: { suite: 'e2b-sdk', n: '1' }, envs: { SANDBOX_WIDE: 'yes' } })
+  assert.match(sbx.sandboxId, /^sb_/)
+  assert.equal(await sbx.isRunning(), true)
+  const info = await sbx.getInfo()
+  assert.equal(info.sandboxId, sbx.sandboxId)
+  assert.equal(info.state, 'running')
+  assert.equal(info.metadata.suite, 'e2b-sdk')
+  assert.ok(info.endAt > info.startedAt)
+})
+
+test('commands: output, exit codes, env, cwd, user', { timeout: 60_000 }, async () => {
+  const r = await sbx.commands.run('echo hello; echo oops >&2')
+  assert.equal(r.exitCode, 0)
+  assert.equal(r.stdout, 'hello\n')
+  assert.equal(r.stderr, 'oops\n')
+  await assert.rejects(sbx.commands.run('exit 3'), (e) => e instanceof CommandExitError && e.exitCode === 3)
+  const env = await sbx.commands.run('echo $SANDBOX_WIDE $MINE; pwd; whoami', { envs: { MINE: 'mine' } })
+  assert.equal(env.stdout, 'yes mine\n/home/user\nuser\n')
+  const root = await sbx.commands.run('whoami; pwd', { user: 'root', cwd: '/tmp' })
+  assert.equal(root.stdout, 'root\n/tmp\n')
+  const streamed = []
+  await sbx.commands.run('for i in 1 2 3; do echo line$i; sleep 0.2; done', { onStdout: (d) => streamed.push(d) })
+  assert.equal(streamed.join(''), 'line1\nline2\nline3\n')
+})
+
+test('commands: background, stdin, list, connect, kill', { timeout: 60_000 }, async () => {
+  const cat = await sbx.commands.run('cat', { background: true, stdin: true })
+  await sbx.commands.sendStdin(cat.pid, 'from stdin\n')
+  await sbx.commands.closeStdin(cat.pid)
+  const done = await cat.wait()
+  assert.equal(done.stdout, 'from stdin\n')
+
+  const sleeper = await sbx.commands.run('sleep 120', { background: true, timeoutMs: 0 })
+  const listed = await sbx.commands.list()
+  assert.ok(listed.some((p) => p.pid === sleeper.pid), JSON.stringify(listed))
+  const again = await sbx.commands.connect(sleeper.pid, { timeoutMs: 0 })
+  assert.equal(await sbx.commands.kill(sleeper.pid), true)
+  await assert.rejects(again.wait(), (e) => e instanceof CommandExitError)
+  assert.equal(await sbx.commands.kill(999999), false)
+})
+
+test('files: write, read, list, rename, remove, missing files', { timeout: 60_000 }, async () => {
+  const info = await sbx.files.write('notes/a.txt', 'content of a')
+  assert.equal(info.path, '/home/user/notes/a.txt')
+  assert.equal(await sbx.files.read('notes/a.txt'), 'content of a')
+  assert.equal(await sbx.files.read('/home/user/notes/a.txt'), 'content of a')
+  const many = await sbx.files.write([
+    { path: '/tmp/one.txt', data: '1' },
+    { path: 'two.txt', data: '2' },
+  ])
+  assert.deepEqual(many.map((e) => e.path).sort(), ['/home/user/two.txt', '/tmp/one.txt'])
+  const bytes = new Uint8Array([0, 1, 2, 255])
+  await sbx.files.write('bin.dat', bytes.buffer)
+  assert.deepEqual(new Uint8Array(await sbx.files.read('bin.dat', { format: 'bytes' })), bytes)
+  const entries = await sbx.files.list('notes')
+  assert.deepEqual(entries.map((e) => e.name), ['a.txt'])
+  assert.equal(await sbx.files.exists('notes/a.txt'), true)
+  assert.equal(await sbx.files.makeDir('notes/sub'), true)
+  assert.equal(await sbx.files.makeDir('notes/sub'), false)
+  await sbx.files.rename('notes/a.txt', 'notes/b.txt')
+  assert.equal(await sbx.files.exists('notes/a.txt'), false)
+  await sbx.files.remove('notes/b.txt')
+  await assert.rejects(sbx.files.read('notes/b.txt'), (e) => e instanceof FileNotFoundError)
+})
+
+test('files: signed URLs, and an expired signature is refused', { timeout: 60_000 }, async () => {
+  await sbx.files.write('signed.txt', 'signed content')
+  const url = await sbx.downloadUrl('signed.txt', { useSignatureExpiration: 60 })
+  const res = await fetch(url)
+  assert.equal(res.status, 200)
+  assert.equal(await res.text(), 'signed content')
+  const up = await sbx.uploadUrl('uploaded.txt')
+  const form = new FormData()
+  form.append('file', 'file content')
+  const posted = await fetch(up, { method: 'POST', body: form })
+  assert.equal(posted.status, 200, await posted.clone().text())
+  assert.equal(await sbx.files.read('uploaded.txt'), 'file content')
+  const expired = await sbx.downloadUrl('signed.txt', { useSignatureExpiration: -120 })
+  const refused = await fetch(expired)
+  assert.equal(refused.status, 401)
+  assert.deepEqual(await refused.json(), { code: 401, message: 'signature is already expired' })
+})
+
+test('list: metadata filter and paging', { timeout: 120_000 }, async () => {
+  const second = await create({ metadata: { suite: 'e2b-sdk', n: '2' } })
+  const seen = []
+  const pages = Sandbox.list({ query: { metadata: { suite: 'e2b-sdk' } }, limit: 1 })
+  while (pages.hasNext) seen.push(...(await pages.nextItems()))
+  assert.deepEqual(seen.map((s) => s.sandboxId).sort(), [sbx.sandboxId, second.sandboxId].sort())
+  const one = await Sandbox.list({ query: { metadata: { n: '2' } } }).nextItems()
+  assert.deepEqual(one.map((s) => s.sandboxId), [second.sandboxId])
+  assert.equal(await second.kill(), true)
+  assert.equal(await Sandbox.kill(second.sandboxId), false)
+  await assert.rejects(Sandbox.getInfo(second.sandboxId), (e) => e instanceof SandboxNotFoundError)
+})
+
+test('pause and connect keep files and running processes', { timeout: 180_000 }, async () => {
+  await sbx.files.write('kept.txt', 'still here')
+  const counter = await sbx.commands.run('i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done', {
+    background: true,
+    timeoutMs: 0,
+  })
+  assert.equal(await sbx.pause(), true)
+  assert.equal(await sbx.isRunning(), false)
+  assert.equal(await Sandbox.pause(sbx.sandboxId), false) // already paused
+  assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'paused')
+  const back = await Sandbox.connect(sbx.sandboxId)
+  assert.equal(await back.isRunning(), true)
+  assert.equal(await back.files.read('kept.txt'), 'still here')
+  const listed = await back.commands.list()
+  assert.ok(listed.some((p) => p.pid === counter.pid), 'the background process survived the pause')
+  sbx = back
+})
+
+test('setTimeout, and a timeout that really expires', { timeout: 120_000 }, async () => {
+  await sbx.setTimeout(300_000)
+  const info = await sbx.getInfo()
+  assert.ok(Math.abs(info.endAt.getTime() - Date.now() - 300_000) < 10_000)
+  const short = await create({ timeoutMs: 3_000 })
+  await new Promise((r) => setTimeout(r, 6_000))
+  assert.equal(await short.isRunning(), false)
+  await assert.rejects(short.getInfo(), (e) => e instanceof SandboxNotFoundError)
+})
+
+test('a sandbox killed during a command ends the command with an error', { timeout: 120_000 }, async () => {
+  const victim = await create()
+  const running = await victim.commands.run('sleep 60', { background: true, timeoutMs: 0 })
+  assert.equal(await Sandbox.kill(victim.sandboxId), true)
+  await assert.rejects(running.wait())
+  assert.equal(await victim.isRunning(), false)
+})
+
+test('errors: unknown ids', { timeout: 30_000 }, async () => {
+  await assert.rejects(Sandbox.connect('sb_doesnotexist0000000'), (e) => e instanceof SandboxNotFoundError)
+  assert.equal(await Sandbox.kill('sb_doesnotexist0000000'), false)
+})
