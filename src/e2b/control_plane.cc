@@ -188,6 +188,16 @@ Result<json> e2bNetworkPolicy(json base, std::optional<bool> allow_internet_acce
   return base;
 }
 
+json e2bNetworkInfo(const net::Policy& policy) {
+  json allow = json::array(), deny = json::array();
+  for (const auto& r : policy.allow) allow.push_back(r.text);
+  for (const auto& r : policy.deny) deny.push_back(r.text);
+  const bool open = policy.mode == net::EgressMode::kAllow;
+  if (!open) deny.insert(deny.begin(), "0.0.0.0/0");
+  json network{{"allowOut", allow}, {"denyOut", deny}, {"allowPublicTraffic", policy.public_ports}};
+  return json{{"allowInternetAccess", open}, {"network", network}};
+}
+
 struct ControlPlane::Call {
   http::Request& req;
   http::Response& res;
@@ -469,7 +479,11 @@ void ControlPlane::getSandbox(Call& c) {
   auto rec = manager_.get(c.tenant, c.id());
   if (!rec.ok()) return fail(c, rec.error());
   if (isGone(rec->state)) return fail(c, notFound(c.id()));
-  (void)c.res.send(200, "application/json", dumpJson(detailJson(rec.value(), true)));
+  json detail = detailJson(rec.value(), true);
+  // A node without networking has no policy to show.
+  if (auto policy = manager_.networkPolicy(c.tenant, c.id()); policy.ok())
+    detail.update(e2bNetworkInfo(policy.value()));
+  (void)c.res.send(200, "application/json", dumpJson(detail));
 }
 
 void ControlPlane::killSandbox(Call& c) {
@@ -580,7 +594,8 @@ void ControlPlane::updateNetwork(Call& c) {
   }
   auto current = manager_.networkPolicy(c.tenant, c.id());
   if (!current.ok()) return fail(c, current.error());
-  auto policy_json = e2bNetworkPolicy(net::toJson(current.value()), internet, &network);
+  // E2B's update replaces the egress rules whole: what it leaves out is cleared (open internet).
+  auto policy_json = e2bNetworkPolicy(net::toJson(current.value()), internet.value_or(true), &network);
   if (!policy_json.ok()) return fail(c, policy_json.error());
   auto policy = net::parsePolicy(policy_json.value());
   if (!policy.ok()) return fail(c, makeError(ErrorCode::kInvalidArgument, "network: " + policy.error().message));

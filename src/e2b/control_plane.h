@@ -17,6 +17,7 @@
 #include "api/tenant_gate.h"
 #include "http/message.h"
 #include "http/router.h"
+#include "net/policy.h"
 #include "sandbox/manager.h"
 #include "secrets/vault.h"
 
@@ -89,5 +90,9 @@ std::optional<int64_t> parseRfc3339Ms(const std::string& text);
 // name the field (including the E2B features SPACE does not have yet).
 Result<nlohmann::json> e2bNetworkPolicy(nlohmann::json base, std::optional<bool> allow_internet_access,
                                         const nlohmann::json* network);
+
+// The other way, for getInfo: the E2B `network` object ({allowOut, denyOut, allowPublicTraffic})
+// and `allowInternetAccess` that describe a SPACE policy.
+nlohmann::json e2bNetworkInfo(const net::Policy& policy);
 
 }  // namespace space::e2b

@@ -55,7 +55,8 @@ fi
 E2B_API_URL=$(jq -r .e2b_api_url "$work/data/spaced.json")
 E2B_SANDBOX_URL=$(jq -r .e2b_sandbox_url "$work/data/spaced.json")
 E2B_API_KEY=$(head -1 "$work/data/api-key")
-export E2B_API_URL E2B_SANDBOX_URL E2B_API_KEY
+SPACE_API=$(jq -r .url "$work/data/spaced.json")  # to check what the E2B calls did in SPACE's terms
+export E2B_API_URL E2B_SANDBOX_URL E2B_API_KEY SPACE_API
 unset E2B_DEBUG E2B_DOMAIN
 status=0
 (cd "$here" && node --test --test-concurrency=1 sdk.test.mjs) || status=$?

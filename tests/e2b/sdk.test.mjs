@@ -100,6 +100,84 @@ test('files: signed URLs, and an expired signature is refused', { timeout: 60_00
   assert.deepEqual(await refused.json(), { code: 401, message: 'signature is already expired' })
 })
 
+test('pty: a shell with a size, input and a resize', { timeout: 60_000 }, async () => {
+  let out = ''
+  const decoder = new TextDecoder()
+  const pty = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => (out += decoder.decode(d)), timeoutMs: 0 })
+  const waitFor = async (text) => {
+    for (let i = 0; i < 100 && !out.includes(text); i++) await new Promise((r) => setTimeout(r, 100))
+    assert.ok(out.includes(text), `no ${JSON.stringify(text)} in ${JSON.stringify(out)}`)
+  }
+  await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('stty size\n'))
+  await waitFor('24 80')
+  await sbx.pty.resize(pty.pid, { cols: 100, rows: 30 })
+  await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('stty size; exit\n'))
+  await waitFor('30 100')
+  await pty.wait()
+})
+
+test('watchDir: events for files written in the directory', { timeout: 60_000 }, async () => {
+  await sbx.files.makeDir('watched')
+  const events = []
+  const handle = await sbx.files.watchDir('watched', (e) => events.push(e))
+  await sbx.files.write('watched/x.txt', 'x')
+  for (let i = 0; i < 50 && !events.some((e) => e.name === 'x.txt'); i++) await new Promise((r) => setTimeout(r, 100))
+  await handle.stop()
+  assert.ok(events.some((e) => e.name === 'x.txt'), JSON.stringify(events))
+  await assert.rejects(sbx.files.watchDir('no-such-dir', () => {}), (e) => e instanceof FileNotFoundError)
+})
+
+test('snapshots: create, list, start from one, fork, delete', { timeout: 180_000 }, async () => {
+  await sbx.files.write('before-snapshot.txt', 'saved')
+  const snap = await sbx.createSnapshot({ name: 'sdk-snap' })
+  assert.ok(snap.snapshotId)
+  assert.deepEqual(snap.names, ['sdk-snap'])
+  const listed = await Sandbox.listSnapshots({ sandboxId: sbx.sandboxId }).nextItems()
+  assert.ok(listed.some((s) => s.snapshotId === snap.snapshotId), JSON.stringify(listed))
+  const restored = await Sandbox.create(snap.snapshotId, { timeoutMs: 600_000 })
+  made.push(restored.sandboxId)
+  assert.equal(await restored.files.read('before-snapshot.txt'), 'saved')
+  const forks = await sbx.fork({ count: 2 })
+  assert.equal(forks.length, 2)
+  for (const f of forks) {
+    assert.ok(!(f instanceof Error), String(f))
+    made.push(f.sandboxId)
+    assert.notEqual(f.sandboxId, sbx.sandboxId)
+    assert.equal(await f.files.read('before-snapshot.txt'), 'saved')
+    await f.kill()
+  }
+  await restored.kill()
+  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false)
+})
+
+test('network: allow_internet_access and allow/deny lists become the gateway policy', { timeout: 120_000 }, async () => {
+  const closed = await create({ allowInternetAccess: false })
+  let info = await closed.getInfo()
+  assert.equal(info.allowInternetAccess, false)
+  // What SPACE's own API says the gateway enforces (its tests prove the enforcement).
+  const spacePolicy = async (id) => {
+    const res = await fetch(`${process.env.SPACE_API}/v1/sandboxes/${id}/network`, {
+      headers: { Authorization: `Bearer ${process.env.E2B_API_KEY}` },
+    })
+    assert.equal(res.status, 200)
+    return res.json()
+  }
+  assert.equal((await spacePolicy(closed.sandboxId)).egress, 'deny')
+  await closed.updateNetwork({ denyOut: ['0.0.0.0/0'], allowOut: ['example.com'] })
+  const only = await spacePolicy(closed.sandboxId)
+  assert.equal(only.egress, 'policy')
+  assert.deepEqual(only.allow, ['example.com'])
+  info = await closed.getInfo()
+  assert.deepEqual(info.network.allowOut, ['example.com'])
+  await closed.updateNetwork({ denyOut: ['evil.example'] })
+  const open = await spacePolicy(closed.sandboxId)
+  assert.equal(open.egress, 'allow')
+  assert.deepEqual(open.deny, ['evil.example'])
+  await assert.rejects(closed.updateNetwork({ egressProxy: { address: '127.0.0.1:1080' } }), /egressProxy/)
+  await closed.kill()
+})
+
 test('list: metadata filter and paging', { timeout: 120_000 }, async () => {
   const second = await create({ metadata: { suite: 'e2b-sdk', n: '2' } })
   const seen = []

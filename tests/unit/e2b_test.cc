@@ -79,6 +79,22 @@ TEST(E2bNetwork, InternetAccessAndAllowDenyListsBecomeAnEgressPolicy) {
   EXPECT_EQ(e2bNetworkPolicy(json::object(), std::nullopt, nullptr).value(), json::object());
 }
 
+TEST(E2bNetwork, APolicyIsDescribedInE2bsTerms) {
+  net::Policy policy;
+  policy.mode = net::EgressMode::kPolicy;
+  policy.allow.push_back(net::parseRule("example.com").value());
+  policy.deny.push_back(net::parseRule("evil.example").value());
+  auto info = e2bNetworkInfo(policy);
+  EXPECT_EQ(info["allowInternetAccess"], false);
+  EXPECT_EQ(info["network"]["allowOut"], json({"example.com"}));
+  EXPECT_EQ(info["network"]["denyOut"], json({"0.0.0.0/0", "evil.example"}));
+  // And back: the same policy.
+  auto again = net::parsePolicy(e2bNetworkPolicy(json::object(), std::nullopt, &info["network"]).value()).value();
+  EXPECT_EQ(again.mode, net::EgressMode::kPolicy);
+  EXPECT_EQ(net::toJson(again), net::toJson(policy));
+  EXPECT_EQ(e2bNetworkInfo(net::Policy{})["allowInternetAccess"], true);
+}
+
 TEST(E2bNetwork, FieldsSpaceCannotHonourAreRefusedByName) {
   for (const char* field : {"rules", "egressProxy", "maskRequestHost", "httpsPorts", "somethingNew"}) {
     json network{{field, json::object()}};
