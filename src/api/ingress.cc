@@ -324,7 +324,8 @@ std::string guestRequestHead(const http::Request& request, const IngressTarget& 
     if (lowered == "host") host = value;
     if (isHopByHop(lowered) || equalsIgnoreCase(lowered, kAccessTokenHeader) ||
         (strip_authorization && lowered == "authorization") ||
-        std::find(named.begin(), named.end(), lowered) != named.end()) {
+        std::find(named.begin(), named.end(), lowered) != named.end() ||
+        std::find(target.strip_headers.begin(), target.strip_headers.end(), lowered) != target.strip_headers.end()) {
       continue;
     }
     head += name + ": " + value + "\r\n";

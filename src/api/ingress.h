@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/result.h"
 #include "common/unix_socket.h"
@@ -53,6 +54,8 @@ struct IngressTarget {
   // The path form without a slash after the port: the client is redirected to it with one,
   // so the guest's relative links resolve under the prefix.
   bool needs_slash = false;
+  // More request fields the guest must not see (lower-case names): a front end's own credentials.
+  std::vector<std::string> strip_headers;
 };
 
 // The path form: nullopt when `raw_target` (as sent, path and query) is not under

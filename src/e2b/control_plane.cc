@@ -284,11 +284,14 @@ void ControlPlane::fail(Call& c, const Error& error) {
 }
 
 json ControlPlane::sandboxJson(const store::SandboxRecord& r) const {
+  const std::string token = vault_.envdAccessToken(r.id);
+  // The ports of a SPACE sandbox are private unless it was made with public traffic: the
+  // traffic token (E2B's header e2b-traffic-access-token) is the envd token.
   return json{
       {"sandboxID", r.id},           {"templateID", r.source_snapshot.empty() ? r.template_name : r.source_snapshot},
       {"alias", r.template_name},    {"clientID", kClientId},
-      {"envdVersion", kEnvdVersion}, {"envdAccessToken", vault_.envdAccessToken(r.id)},
-      {"domain", nullptr},           {"trafficAccessToken", nullptr}};
+      {"envdVersion", kEnvdVersion}, {"envdAccessToken", token},
+      {"domain", nullptr},           {"trafficAccessToken", token}};
 }
 
 json ControlPlane::detailJson(const store::SandboxRecord& r, bool with_token) const {

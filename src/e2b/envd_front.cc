@@ -173,14 +173,21 @@ void EnvdFront::handle(http::Request& req, http::Response& res) {
   // The token, before anything that says more about the sandbox than "not running".
   const std::string token = vault_.envdAccessToken(id);
   auto presented = req.header("x-access-token");
-  const bool health = req.path() == "/health";
+  const bool health = req.path() == "/health" && port == kEnvdPort;
+  // Another port may also be reached with E2B's traffic token header (the same token here).
+  if (!presented && port != kEnvdPort) presented = req.header("e2b-traffic-access-token");
   bool authorized = presented && sameSecret(*presented, token);
   if (presented && !authorized) {
     res.closeConnection();
     (void)sendJsonError(res, 401, kUnauthorized);
     return;
   }
-  if (!authorized && files) {
+  if (!authorized && port != kEnvdPort) {
+    // A sandbox made with public traffic serves its ports to anyone, as E2B's do.
+    auto policy = manager_.networkPolicy(tenant.value(), id);
+    authorized = policy.ok() && policy->public_ports;
+  }
+  if (!authorized && files && port == kEnvdPort) {
     auto signature = req.query("signature");
     std::optional<int64_t> expiration;
     if (auto exp = req.query("signature_expiration")) {
@@ -215,18 +222,12 @@ void EnvdFront::handle(http::Request& req, http::Response& res) {
     (void)sendNotRunning(res, id);
     return;
   }
-  if (port != kEnvdPort) {
-    (void)sendJsonError(
-        res, 501,
-        "port " + std::to_string(port) +
-            " is not routed by the envd front end yet; use the sandbox's ingress URL (docs/network.md)");
-    return;
-  }
   if (health) {
     (void)res.send(204, "", "");
     return;
   }
-  const bool is_stream = !files && isStreamMethod(req.path());
+  // A proxied connection may last as long as a stream (a WebSocket, a long poll): counted so.
+  const bool is_stream = port != kEnvdPort || (!files && isStreamMethod(req.path()));
   auto ticket = (is_stream ? streams_ : calls_).enter(tenant.value());
   if (!ticket.admitted()) {
     res.setHeader("Retry-After", std::to_string(std::max(1, ticket.retryAfterS())));
@@ -237,6 +238,7 @@ void EnvdFront::handle(http::Request& req, http::Response& res) {
     return;
   }
   Call call{req, res, id, tenant.value(), ""};
+  if (port != kEnvdPort) return proxyPort(call, port);
   if (files) {
     auto user = req.query("username");
     // ':' separates the signed fields: a name holding one could make one signature mean another.
@@ -435,6 +437,24 @@ void EnvdFront::stream(Call& c, const std::string& method) {
     }
     if (c.res.clientGone()) return;
   }
+}
+
+void EnvdFront::proxyPort(Call& c, uint16_t port) {
+  // The guest's own server gets the request as the client sent it (its Authorization too, which
+  // may be the app's own), less the access token, which opens the sandbox's envd.
+  api::IngressTarget target;
+  target.sandbox_id = c.id;
+  target.port = port;
+  target.target = c.req.target();
+  target.strip_headers = {"x-access-token", "e2b-traffic-access-token"};
+  auto connection = manager_.connectPort(c.tenant, c.id, port, Clock::now() + std::chrono::seconds(5), false);
+  if (!connection.ok()) {
+    const Error& e = connection.error();
+    (void)sendJsonError(c.res, e.code == ErrorCode::kUnavailable ? 502 : fileErrorStatus(e),
+                        "port " + std::to_string(port) + ": " + e.message);
+    return;
+  }
+  api::proxyToGuest(c.req, c.res, connection->connection.fd(), target, false, options_.ports);
 }
 
 void EnvdFront::download(Call& c) {

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 
+#include "api/ingress.h"
 #include "api/tenant_gate.h"
 #include "http/message.h"
 #include "sandbox/manager.h"
@@ -36,6 +37,8 @@ struct EnvdOptions {
   api::TenantGate::Limits tenant_streams{256, 0, 0};
   api::TenantGate::Limits tenant_calls{64, 0, 0};
   std::chrono::milliseconds unary_timeout{30000};
+  // Requests for other guest ports (E2b-Sandbox-Port: N): proxied as SPACE's ingress does.
+  api::IngressOptions ports;
 };
 
 class EnvdFront {
@@ -52,6 +55,8 @@ class EnvdFront {
   void stream(Call& c, const std::string& method);
   void download(Call& c);
   void upload(Call& c);
+  // A request for another port of the guest (a preview, Jupyter on 49999): relayed as it came.
+  void proxyPort(Call& c, uint16_t port);
   // A call that could not reach the guest: E2B's 502 when the sandbox is gone, else `error`.
   void agentError(Call& c, const sandbox::AgentLease& lease, const Error& error, bool connect_shape);
   // Which sandbox a signed /files URL is for, when the request does not say: the one whose

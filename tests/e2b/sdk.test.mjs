@@ -116,6 +116,24 @@ test('pty: a shell with a size, input and a resize', { timeout: 60_000 }, async 
   await pty.wait()
 })
 
+test('ports: a server in the guest is reached through E2b-Sandbox-Port with the traffic token', { timeout: 60_000 }, async () => {
+  await sbx.files.write('site/index.html', 'hello from port 8000')
+  await sbx.commands.run('cd ~/site && python3 -m http.server 8000 --bind 0.0.0.0', { background: true, timeoutMs: 0 })
+  const get = (headers) =>
+    fetch(`${process.env.E2B_SANDBOX_URL}/index.html`, {
+      headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '8000', ...headers },
+    })
+  let res
+  for (let i = 0; i < 50; i++) {
+    res = await get({ 'e2b-traffic-access-token': sbx.trafficAccessToken })
+    if (res.status === 200) break
+    await new Promise((r) => setTimeout(r, 200))
+  }
+  assert.equal(res.status, 200)
+  assert.equal(await res.text(), 'hello from port 8000')
+  assert.equal((await get({})).status, 401) // private unless made with allowPublicTraffic
+})
+
 test('watchDir: events for files written in the directory', { timeout: 60_000 }, async () => {
   await sbx.files.makeDir('watched')
   const events = []
