@@ -81,6 +81,7 @@ bench: build images
 	$(BUILD)/bin/space-lifecycle-bench --creates 200 --warm-pool 2 --baseline-creates 30 --cold-creates 10 \
 	  --floor 30 --concurrent 20 --ops 20 --snapshots 10 --branch 10,50 --branch-baseline 5 \
 	  --memory-sandboxes 10 --cold-memory-sandboxes 3 --idle-s 5
+	bench/e2b_streams.sh 10 50
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')

@@ -569,7 +569,10 @@ int main(int argc, char** argv) {
     // All of loopback counts as one client address, so per-address limits would let one tenant
     // lock out the others here: the listeners' shares are per tenant (the gates) instead.
     http::ServerLimits limits;
-    if (slot == &e2b_envd_server) limits.max_running_requests = 2048;
+    if (slot == &e2b_envd_server) {
+      limits.max_running_requests = 4096;
+      limits.max_connections = 8192;
+    }
     limits.max_running_requests_per_client = limits.max_running_requests;
     limits.max_connections_per_client = limits.max_connections;
     auto started = http::Server::start(*listen_at, std::move(handler), limits);

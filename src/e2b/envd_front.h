@@ -33,8 +33,8 @@ struct EnvdOptions {
   size_t max_stream_backlog = 8 << 20;
   // Per tenant. Each E2B stream (a command, a PTY, a watch) holds a connection, and today a
   // server thread, for its life, so streams get a larger share than calls and transfers,
-  // which hold memory instead; neither lets one tenant fill the listener's 2048.
-  api::TenantGate::Limits tenant_streams{256, 0, 0};
+  // which hold memory instead; neither lets one tenant fill the listener's 4096.
+  api::TenantGate::Limits tenant_streams{1024, 0, 0};
   api::TenantGate::Limits tenant_calls{64, 0, 0};
   std::chrono::milliseconds unary_timeout{30000};
   // Requests for other guest ports (E2b-Sandbox-Port: N): proxied as SPACE's ingress does.

@@ -3,6 +3,8 @@
 # keeps it outside the clone), starts a real spaced on its own data dir and ports, and runs
 # sdk.test.mjs against it with node's test runner.
 #   tests/e2b/run.sh BUILD_DIR [IMAGES_DIR]   (images default: BUILD_DIR/images)
+# E2B_SUITE=FILE runs that node script instead of the test suite (the benchmarks in bench/ do),
+# with SPACED_ARGS added to spaced's arguments.
 # The gateways' upstream side is a network namespace with nothing but loopback, so no guest
 # packet can leave this machine whatever a test does.
 set -euo pipefail
@@ -40,7 +42,7 @@ ip -n "$netns" link set lo up
   --data-dir "$work/data" --kernel "$images/vmlinux" --rootfs "$images/rootfs.ext4" \
   --warm-pool 0 --warm-pool-budget-mb 0 --on-shutdown stop \
   --gateway-upstream-netns "/run/netns/$netns" --gateway-upstream-dns 192.0.2.53 \
-  --log-level debug >"$work/spaced.log" 2>&1 &
+  --log-level debug ${SPACED_ARGS:-} >"$work/spaced.log" 2>&1 &
 spaced_pid=$!
 for _ in $(seq 300); do
   [[ -s $work/data/spaced.json ]] && break
@@ -59,7 +61,13 @@ SPACE_API=$(jq -r .url "$work/data/spaced.json")  # to check what the E2B calls 
 export E2B_API_URL E2B_SANDBOX_URL E2B_API_KEY SPACE_API
 unset E2B_DEBUG E2B_DOMAIN
 status=0
-(cd "$here" && node --test --test-concurrency=1 sdk.test.mjs) || status=$?
+export SPACED_PID=$spaced_pid E2B_SDK=$here/node_modules/e2b/dist/index.mjs
+if [[ -n ${E2B_SUITE:-} ]]; then
+  suite=$(realpath "$E2B_SUITE")
+  (cd "$here" && node "$suite") || status=$?
+else
+  (cd "$here" && node --test --test-concurrency=1 sdk.test.mjs) || status=$?
+fi
 if ((status != 0)); then
   echo "--- spaced log (tail) ---" >&2
   tail -80 "$work/spaced.log" >&2
