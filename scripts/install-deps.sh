@@ -11,7 +11,7 @@ packages=(
   # build
   cmake ninja-build g++ pkg-config make
   libgtest-dev libgmock-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libssl-dev
-  libboost1.81-dev libsqlite3-dev libnghttp2-dev
+  libboost1.81-dev libsqlite3-dev libnghttp2-dev zlib1g-dev
   # sandbox network: slots (netlink, nftables), the gateway's DNS parsing
   libnftables-dev libmnl-dev libldns-dev
   # fuzzing: clang with libFuzzer and the sanitizer runtimes

@@ -13,6 +13,7 @@
 #include "e2b/connect.h"
 #include "e2b/envd_auth.h"
 #include "guest/guest_ops.h"
+#include "http/gunzip.h"
 #include "http/multipart.h"
 #include "sandbox/lifecycle.h"
 
@@ -499,9 +500,14 @@ void EnvdFront::upload(Call& c) {
       return;
     }
   }
+  // The SDK's gzip uploads: the body is decompressed as it is read (GunzipReader).
+  bool gzipped = false;
   if (auto encoding = c.req.header("content-encoding"); encoding && *encoding != "identity") {
-    (void)sendJsonError(c.res, 400, "Content-Encoding " + *encoding + " is not supported for uploads yet");
-    return;
+    if (strcasecmp(encoding->c_str(), "gzip") != 0) {
+      (void)sendJsonError(c.res, 400, "Content-Encoding " + *encoding + ": only gzip is taken for uploads");
+      return;
+    }
+    gzipped = true;
   }
   const auto query_path = c.req.query("path");
   auto lease = manager_.agent(c.tenant, c.id, "write files");
@@ -525,6 +531,10 @@ void EnvdFront::upload(Call& c) {
     return;
   }
   if (boundary) {
+    if (gzipped) {
+      (void)sendJsonError(c.res, 400, "Content-Encoding gzip is taken for raw (octet-stream) uploads only");
+      return;
+    }
     http::MultipartReader reader(*boundary, [&](char* out, size_t max) -> Result<size_t> {
       auto n = c.req.readSome(out, max);
       if (!n.ok()) body_error = n.error();
@@ -564,10 +574,11 @@ void EnvdFront::upload(Call& c) {
       (void)sendJsonError(c.res, 400, "path: required");
       return;
     }
+    http::GunzipReader gunzip([&](char* out, size_t max) { return c.req.readSome(out, max); });
     auto entry = ops.upload(
         *query_path,
         [&](char* out, size_t max) -> Result<size_t> {
-          auto n = c.req.readSome(out, max);
+          auto n = gzipped ? gunzip.readSome(out, max) : c.req.readSome(out, max);
           if (!n.ok()) body_error = n.error();
           return n;
         },

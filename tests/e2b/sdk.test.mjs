@@ -71,6 +71,10 @@ test('files: write, read, list, rename, remove, missing files', { timeout: 60_00
   const bytes = new Uint8Array([0, 1, 2, 255])
   await sbx.files.write('bin.dat', bytes.buffer)
   assert.deepEqual(new Uint8Array(await sbx.files.read('bin.dat', { format: 'bytes' })), bytes)
+  // gzip: true uploads a compressed octet-stream body; the front end inflates it as it arrives.
+  const big = 'compressible line\n'.repeat(20000)
+  await sbx.files.write('gz.txt', big, { gzip: true })
+  assert.equal(await sbx.files.read('gz.txt', { gzip: true }), big)
   const entries = await sbx.files.list('notes')
   assert.deepEqual(entries.map((e) => e.name), ['a.txt'])
   assert.equal(await sbx.files.exists('notes/a.txt'), true)

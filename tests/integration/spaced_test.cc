@@ -3587,6 +3587,14 @@ TEST_F(SpacedTest, TheE2bFrontEndsRefuseStrangersAndSpeakConnect) {
   const std::string id = sandbox["sandboxID"], token = sandbox["envdAccessToken"];
   EXPECT_EQ(sandbox["envdVersion"], "0.6.13");
   EXPECT_EQ(token.size(), 64u);
+  // SDKs up to 2.50 create on /sandboxes with secure and allow_internet_access always set, and
+  // connect on /sandboxes/{id}/connect with a timeout: 200 for a running sandbox.
+  auto legacy = api->request("POST", "/sandboxes", key,
+                             R"({"templateID":"base","timeout":300,"secure":true,"allow_internet_access":true})");
+  ASSERT_EQ(legacy->status, 201) << legacy->body;
+  const std::string legacy_id = json::parse(legacy->body)["sandboxID"];
+  EXPECT_EQ(api->request("POST", "/sandboxes/" + legacy_id + "/connect", key, R"({"timeout":300})")->status, 200);
+  EXPECT_EQ(api->request("DELETE", "/sandboxes/" + legacy_id, key)->status, 204);
 
   auto envdCall = [&](const std::string& target, std::map<std::string, std::string> headers, const std::string& body,
                       const std::string& method = "POST") {
