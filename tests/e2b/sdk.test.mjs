@@ -249,6 +249,20 @@ test('a sandbox killed during a command ends the command with an error', { timeo
   assert.equal(await victim.isRunning(), false)
 })
 
+test('concurrency: commands in several sandboxes at once, each on its own stream', { timeout: 120_000 }, async () => {
+  const others = await Promise.all([create(), create()])
+  const all = [sbx, ...others]
+  const runs = all.flatMap((s, n) =>
+    Array.from({ length: 8 }, (_, i) => s.commands.run(`sleep 0.$((RANDOM % 5)); echo ${n}-${i}`)),
+  )
+  const results = await Promise.all(runs)
+  assert.deepEqual(
+    results.map((r) => r.stdout.trim()).sort(),
+    all.flatMap((_, n) => Array.from({ length: 8 }, (_, i) => `${n}-${i}`)).sort(),
+  )
+  await Promise.all(others.map((s) => s.kill()))
+})
+
 test('errors: unknown ids', { timeout: 30_000 }, async () => {
   await assert.rejects(Sandbox.connect('sb_doesnotexist0000000'), (e) => e instanceof SandboxNotFoundError)
   assert.equal(await Sandbox.kill('sb_doesnotexist0000000'), false)
