@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/types.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <map>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -292,6 +294,50 @@ std::string absoluteLinkTarget(const std::string& link) {
   return target;
 }
 
+// User metadata is kept as user.e2b.<key> extended attributes, as envd keeps it.
+constexpr const char* kMetadataPrefix = "user.e2b.";
+constexpr size_t kMetadataPrefixLen = 9;
+constexpr size_t kMaxMetadataKey = 246;  // XATTR_NAME_MAX (255) less the prefix
+constexpr size_t kMaxMetadataBytes = 4096;
+
+// The metadata on `path` (following a symlink); {} when it has none or the filesystem keeps none.
+Json readMetadata(const std::string& path) {
+  Json out = Json::object();
+  char names[8192];
+  const ssize_t n = ::listxattr(path.c_str(), names, sizeof names);
+  if (n <= 0) return out;  // none, unsupported, or more names than envd's own budget allows
+  for (size_t i = 0; i < static_cast<size_t>(n);) {
+    const std::string name(names + i);
+    i += name.size() + 1;
+    if (name.compare(0, kMetadataPrefixLen, kMetadataPrefix) != 0) continue;
+    char value[kMaxMetadataBytes];
+    const ssize_t len = ::getxattr(path.c_str(), name.c_str(), value, sizeof value);
+    if (len >= 0) out[validUtf8(name.substr(kMetadataPrefixLen))] = validUtf8(std::string(value, len));
+  }
+  return out;
+}
+
+// envd's rules: printable ASCII keys of at most 246 bytes and values, and at most 4096 bytes in
+// all, counting the prefix once per key.
+std::optional<RpcError> checkMetadata(const std::map<std::string, std::string>& metadata) {
+  size_t total = 0;
+  auto printable = [](const std::string& s) {
+    return std::all_of(s.begin(), s.end(), [](char ch) { return ch >= 0x20 && ch <= 0x7e; });
+  };
+  for (const auto& [key, value] : metadata) {
+    if (key.empty() || key.size() > kMaxMetadataKey || !printable(key) || !printable(value)) {
+      return rpcError(RpcCode::kInvalidArgument, "metadata: keys of 1.." + std::to_string(kMaxMetadataKey) +
+                                                     " bytes and values of printable ASCII only");
+    }
+    total += kMetadataPrefixLen + key.size() + value.size();
+  }
+  if (total > kMaxMetadataBytes) {
+    return rpcError(RpcCode::kInvalidArgument,
+                    "metadata: at most " + std::to_string(kMaxMetadataBytes) + " bytes on a file");
+  }
+  return std::nullopt;
+}
+
 // lstat-based EntryInfo (see entryInfo in the header); lmode receives the lstat type bits.
 std::variant<Json, int> describe(const std::string& path, NameCache& names, mode_t* lmode = nullptr) {
   struct stat lst {};
@@ -325,6 +371,10 @@ std::variant<Json, int> describe(const std::string& path, NameCache& names, mode
   e["group"] = names.group(st->st_gid);
   e["modifiedTime"] = rfc3339(st->st_mtim);
   if (S_ISLNK(lst.st_mode)) e["symlinkTarget"] = validUtf8(link_target);
+  if (!dangling) {
+    Json metadata = readMetadata(path);
+    if (!metadata.empty()) e["metadata"] = std::move(metadata);
+  }
   return e;
 }
 
@@ -488,8 +538,9 @@ std::string randomSuffix(size_t attempt) {
 class FileUploadSink : public UploadSink {
  public:
   FileUploadSink(const UserDb& users, UserInfo user, int dirfd, int fd, std::string tmp_name, std::string name,
-                 std::string entry_path, std::string dest_path)
-      : users_(users),
+                 std::string entry_path, std::string dest_path, std::map<std::string, std::string> metadata)
+      : metadata_(std::move(metadata)),
+        users_(users),
         user_(std::move(user)),
         dirfd_(dirfd),
         fd_(fd),
@@ -516,6 +567,12 @@ class FileUploadSink : public UploadSink {
 
   UnaryResult finish() override {
     if (fd_ < 0) return failed_ ? *failed_ : invalidArgument("upload of " + entry_path_ + " already finished");
+    // On the new file, so an upload replaces the old file's metadata whole, as envd's does.
+    for (const auto& [key, value] : metadata_) {
+      if (::fsetxattr(fd_, (kMetadataPrefix + key).c_str(), value.data(), value.size(), 0) != 0) {
+        return fail(errno, "set metadata on");
+      }
+    }
     if (::fsync(fd_) != 0) return fail(errno, "sync");
     const int fd = fd_;
     fd_ = -1;
@@ -569,6 +626,7 @@ class FileUploadSink : public UploadSink {
     tmp_name_.clear();
   }
 
+  std::map<std::string, std::string> metadata_;  // set on the file before it is renamed into place
   const UserDb& users_;
   UserInfo user_;
   int dirfd_;
@@ -1206,6 +1264,7 @@ std::variant<std::unique_ptr<UploadSink>, RpcError> FsService::upload(const std:
   auto user_or = callerUser(users_, ctx);
   if (auto* err = std::get_if<RpcError>(&user_or)) return *err;
   const UserInfo& user = std::get<UserInfo>(user_or);
+  if (auto err = checkMetadata(ctx.metadata)) return *err;
   auto path_or = resolveFor(requested, user);
   if (auto* err = std::get_if<RpcError>(&path_or)) return *err;
   const std::string& path = std::get<std::string>(path_or);
@@ -1254,7 +1313,7 @@ std::variant<std::unique_ptr<UploadSink>, RpcError> FsService::upload(const std:
       return (err == ENOSPC || err == EDQUOT) ? diskError(path, err) : errnoError("upload", path, err);
     }
     if (keep_mode) fchmod(fd, *keep_mode);  // best effort: the kernel may drop a set-group-ID bit
-    return std::make_unique<FileUploadSink>(users_, user, dirfd, fd, std::move(tmp), name, path, dest);
+    return std::make_unique<FileUploadSink>(users_, user, dirfd, fd, std::move(tmp), name, path, dest, ctx.metadata);
   }
   ::close(dirfd);
   return fsError(RpcCode::kInternal, "upload " + path + ": cannot create a unique temporary file");

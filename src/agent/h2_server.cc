@@ -217,6 +217,9 @@ struct H2Callbacks {
       }
     } else if (n == "x-space-user") {
       req.ctx.user = v;
+    } else if (n.size() > 11 && n.substr(0, 11) == "x-metadata-") {
+      // HTTP/2 names are lower case already; the header block's own bound (64 KiB) bounds these.
+      req.ctx.metadata.emplace(std::string(n.substr(11)), std::string(v));
     }
     return 0;
   }

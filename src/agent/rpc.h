@@ -27,6 +27,8 @@ inline RpcError rpcError(RpcCode code, std::string message) { return RpcError{co
 struct CallContext {
   std::string user;                                  // "" = the sandbox default user ("user")
   std::optional<std::chrono::milliseconds> timeout;  // Connect-Timeout-Ms, if sent
+  // Uploads: envd's X-Metadata-<key> headers, key lower-cased, the first value of a repeated key.
+  std::map<std::string, std::string> metadata;
 };
 
 // A unary handler's answer: the response message or an error.

@@ -88,6 +88,7 @@ struct Call : std::enable_shared_from_this<Call>, AgentStream {
   std::string path;
   std::string content_type;
   std::string user;
+  std::vector<std::pair<std::string, std::string>> metadata_headers;  // ("x-metadata-<key>", value)
   std::optional<std::chrono::milliseconds> timeout_header;
   std::string req_body;
   size_t req_off = 0;
@@ -210,6 +211,7 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
     add(kPath, call->path);
     if (!call->content_type.empty()) add(kCt, call->content_type);
     if (!call->user.empty()) add(kUser, call->user);
+    for (const auto& [name, value] : call->metadata_headers) add(name, value);
     add(kProto, kOne);
     if (call->timeout_header) add(kTimeout, timeout);
     nghttp2_data_provider provider{};
@@ -738,6 +740,7 @@ std::shared_ptr<Call> newCall(const std::shared_ptr<AgentClient::Impl>& impl, Ca
   call->impl = impl;
   call->path = std::move(path);
   call->user = options.user;
+  for (const auto& [key, value] : options.metadata) call->metadata_headers.emplace_back("x-metadata-" + key, value);
   if (options.timeout.count() > 0) {
     call->deadline = Clock::now() + std::min(options.timeout, kMaxTimeout) + options.local_grace;
   }

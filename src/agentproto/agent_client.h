@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -52,6 +53,8 @@ struct CallOptions {
   // Process/Start it is the process's lifetime): the grace lets its answer, e.g. the end event
   // of a process it killed at the deadline, arrive before the host gives up.
   std::chrono::milliseconds local_grace{0};
+  // Uploads: user metadata for the file (envd's X-Metadata-<key> headers; lower-case keys).
+  std::map<std::string, std::string> metadata;
 };
 
 class AgentStream;

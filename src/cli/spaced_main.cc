@@ -551,10 +551,13 @@ int main(int argc, char** argv) {
   e2b_options.tenant_gate = api::TenantGate::Limits{api_limits.max_requests_per_tenant,
                                                     api_limits.tenant_requests_per_s, api_limits.tenant_request_burst};
   if (auto size = std::filesystem::file_size(base.rootfs_path, ec); !ec) e2b_options.disk_size_mb = size >> 20;
+  // E2B's traffic token is SPACE's ingress token: it opens a sandbox's ports, never its envd.
+  if (config.network) e2b_options.traffic_token_key = ingress.token_key;
   e2b::ControlPlane e2b_api(*manager.value(), keys, vault, e2b_options);
   e2b::EnvdOptions envd_options;
   envd_options.tenant_calls.rate_per_s = api_limits.tenant_requests_per_s;
   envd_options.tenant_calls.burst = api_limits.tenant_request_burst;
+  envd_options.ports = ingress;  // the operator's ingress timeouts, caps and token key
   e2b::EnvdFront e2b_envd(*manager.value(), vault, envd_options);
   std::unique_ptr<http::Server> e2b_api_server, e2b_envd_server;
   for (auto [listen_at, slot, what] : {std::tuple{&e2b_api_listen, &e2b_api_server, "E2B API"},

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <ctime>
 
+#include "api/ingress.h"
 #include "api/json_input.h"
 #include "http/url.h"
 #include "net/policy.h"
@@ -284,14 +285,15 @@ void ControlPlane::fail(Call& c, const Error& error) {
 }
 
 json ControlPlane::sandboxJson(const store::SandboxRecord& r) const {
-  const std::string token = vault_.envdAccessToken(r.id);
   // The ports of a SPACE sandbox are private unless it was made with public traffic: the
-  // traffic token (E2B's header e2b-traffic-access-token) is the envd token.
+  // traffic token (E2B's header e2b-traffic-access-token) opens them, and only them.
+  json traffic =
+      options_.traffic_token_key.empty() ? json(nullptr) : json(api::accessToken(options_.traffic_token_key, r.id));
   return json{
       {"sandboxID", r.id},           {"templateID", r.source_snapshot.empty() ? r.template_name : r.source_snapshot},
       {"alias", r.template_name},    {"clientID", kClientId},
-      {"envdVersion", kEnvdVersion}, {"envdAccessToken", token},
-      {"domain", nullptr},           {"trafficAccessToken", token}};
+      {"envdVersion", kEnvdVersion}, {"envdAccessToken", vault_.envdAccessToken(r.id)},
+      {"domain", nullptr},           {"trafficAccessToken", traffic}};
 }
 
 json ControlPlane::detailJson(const store::SandboxRecord& r, bool with_token) const {

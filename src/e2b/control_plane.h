@@ -33,6 +33,9 @@ struct ControlPlaneOptions {
   size_t max_json_body = 1 << 20;
   api::TenantGate::Limits tenant_gate;
   uint64_t disk_size_mb = 0;  // what a sandbox's disk holds, as reported (diskSizeMB)
+  // The ingress token key (api::accessToken): a sandbox's trafficAccessToken opens its ports
+  // only. Empty (no network): trafficAccessToken is null.
+  std::string traffic_token_key;
 };
 
 class ControlPlane {

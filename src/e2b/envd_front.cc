@@ -107,7 +107,8 @@ EnvdFront::EnvdFront(sandbox::SandboxManager& manager, secrets::SecretVault& vau
       vault_(vault),
       options_(options),
       streams_(options.tenant_streams),
-      calls_(options.tenant_calls) {}
+      calls_(options.tenant_calls),
+      ports_(api::TenantGate::Limits{std::max<size_t>(1, options.ports.max_connections / 4), 0, 0}) {}
 
 std::string EnvdFront::sandboxForSignature(http::Request& req, const std::string& operation) {
   auto signature = req.query("signature");
@@ -175,13 +176,23 @@ void EnvdFront::handle(http::Request& req, http::Response& res) {
   const std::string token = vault_.envdAccessToken(id);
   auto presented = req.header("x-access-token");
   const bool health = req.path() == "/health" && port == kEnvdPort;
-  // Another port may also be reached with E2B's traffic token header (the same token here).
-  if (!presented && port != kEnvdPort) presented = req.header("e2b-traffic-access-token");
   bool authorized = presented && sameSecret(*presented, token);
   if (presented && !authorized) {
     res.closeConnection();
     (void)sendJsonError(res, 401, kUnauthorized);
     return;
+  }
+  // Another port may also be reached with E2B's traffic token, which opens ports and nothing
+  // else (SPACE's ingress token for the sandbox).
+  if (!authorized && port != kEnvdPort) {
+    if (auto traffic = req.header("e2b-traffic-access-token")) {
+      if (options_.ports.token_key.empty() || !api::accessTokenMatches(options_.ports.token_key, id, *traffic)) {
+        res.closeConnection();
+        (void)sendJsonError(res, 401, kUnauthorized);
+        return;
+      }
+      authorized = true;
+    }
   }
   if (!authorized && port != kEnvdPort) {
     // A sandbox made with public traffic serves its ports to anyone, as E2B's do.
@@ -227,15 +238,20 @@ void EnvdFront::handle(http::Request& req, http::Response& res) {
     (void)res.send(204, "", "");
     return;
   }
-  // A proxied connection may last as long as a stream (a WebSocket, a long poll): counted so.
-  const bool is_stream = port != kEnvdPort || (!files && isStreamMethod(req.path()));
-  auto ticket = (is_stream ? streams_ : calls_).enter(tenant.value());
+  // Each kind of request has its own share per tenant: a sandbox's visitors (ports, perhaps
+  // anonymous) cannot use up its owner's streams, nor streams the calls.
+  const bool is_port = port != kEnvdPort;
+  const bool is_stream = !is_port && !files && isStreamMethod(req.path());
+  api::TenantGate& gate = is_port ? ports_ : is_stream ? streams_ : calls_;
+  auto ticket = gate.enter(tenant.value());
   if (!ticket.admitted()) {
     res.setHeader("Retry-After", std::to_string(std::max(1, ticket.retryAfterS())));
     (void)sendJsonError(res, 429,
-                        std::string("this tenant already has ") +
-                            std::to_string((is_stream ? streams_ : calls_).maxInFlight()) +
-                            (is_stream ? " envd streams" : " envd calls") + " running; retry when one has finished");
+                        "this tenant already has " + std::to_string(gate.maxInFlight()) +
+                            (is_port     ? " connections to its sandboxes' ports"
+                             : is_stream ? " envd streams"
+                                         : " envd calls") +
+                            " open; retry when one has finished");
     return;
   }
   Call call{req, res, id, tenant.value(), ""};
@@ -441,18 +457,36 @@ void EnvdFront::stream(Call& c, const std::string& method) {
 }
 
 void EnvdFront::proxyPort(Call& c, uint16_t port) {
+  // The node's share of proxied connections, apart from every tenant's.
+  struct Place {
+    std::atomic<size_t>& open;
+    ~Place() { --open; }
+  } place{ports_open_};
+  if (++ports_open_ > options_.ports.max_connections) {
+    c.res.setHeader("Retry-After", "1");
+    (void)sendJsonError(c.res, 503,
+                        "this node proxies " + std::to_string(options_.ports.max_connections) +
+                            " connections to sandbox ports already; retry later");
+    return;
+  }
   // The guest's own server gets the request as the client sent it (its Authorization too, which
   // may be the app's own), less the access token, which opens the sandbox's envd.
   api::IngressTarget target;
   target.sandbox_id = c.id;
   target.port = port;
   target.target = c.req.target();
-  target.strip_headers = {"x-access-token", "e2b-traffic-access-token"};
+  target.strip_headers = {"x-access-token", "e2b-traffic-access-token", "x-api-key"};
   auto connection = manager_.connectPort(c.tenant, c.id, port, Clock::now() + std::chrono::seconds(5), false);
   if (!connection.ok()) {
     const Error& e = connection.error();
-    (void)sendJsonError(c.res, e.code == ErrorCode::kUnavailable ? 502 : fileErrorStatus(e),
-                        "port " + std::to_string(port) + ": " + e.message);
+    int status = 502;  // nothing listens there, the guest went away
+    if (e.code == ErrorCode::kResourceExhausted) {
+      status = 503;  // the sandbox's own cap of guest connections
+      c.res.setHeader("Retry-After", "1");
+    } else if (e.code == ErrorCode::kFailedPrecondition) {
+      status = 409;  // no network, no NIC, not running
+    }
+    (void)sendJsonError(c.res, status, "port " + std::to_string(port) + ": " + e.message);
     return;
   }
   api::proxyToGuest(c.req, c.res, connection->connection.fd(), target, false, options_.ports);
@@ -494,10 +528,14 @@ void EnvdFront::download(Call& c) {
 }
 
 void EnvdFront::upload(Call& c) {
+  // X-Metadata-<key>: the key lower-cased, the first of repeated ones (envd's rules; the guest
+  // checks sizes and characters and refuses with a 400).
+  std::map<std::string, std::string> metadata;
   for (const auto& [name, value] : c.req.headers()) {
     if (name.size() > 11 && strncasecmp(name.c_str(), "x-metadata-", 11) == 0) {
-      (void)sendJsonError(c.res, 400, "file metadata (X-Metadata-*) is not supported by SPACE yet");
-      return;
+      std::string key = name.substr(11);
+      for (char& ch : key) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      metadata.emplace(std::move(key), value);
     }
   }
   // The SDK's gzip uploads: the body is decompressed as it is read (GunzipReader).
@@ -520,9 +558,12 @@ void EnvdFront::upload(Call& c) {
   std::optional<Error> body_error;
   // The guest names the absolute path it wrote; taken only within PATH_MAX, so a hostile guest
   // cannot make a tiny upload's answer huge (else the path as the client gave it).
-  auto entryOf = [](const guest::FileEntry& e, const std::string& requested) {
+  auto entryOf = [&metadata](const guest::FileEntry& e, const std::string& requested) {
     std::string path = e.path && !e.path->empty() && e.path->size() <= 4096 ? *e.path : requested;
-    return json{{"path", path}, {"name", path.substr(path.find_last_of('/') + 1)}, {"type", "file"}};
+    json entry{{"path", path}, {"name", path.substr(path.find_last_of('/') + 1)}, {"type", "file"}};
+    // As envd answers: the metadata the upload set, and no field at all when it set none.
+    if (!metadata.empty()) entry["metadata"] = metadata;
+    return entry;
   };
   const std::string content_type = c.req.header("content-type").value_or("");
   auto boundary = http::multipartBoundary(content_type);
@@ -561,7 +602,7 @@ void EnvdFront::upload(Call& c) {
             if (!n.ok()) part_error = n.error();
             return n;
           },
-          c.user);
+          c.user, metadata);
       if (part_error) {
         (void)sendJsonError(c.res, 400, part_error->message);
         return;
@@ -574,15 +615,16 @@ void EnvdFront::upload(Call& c) {
       (void)sendJsonError(c.res, 400, "path: required");
       return;
     }
-    http::GunzipReader gunzip([&](char* out, size_t max) { return c.req.readSome(out, max); });
+    std::optional<http::GunzipReader> gunzip;
+    if (gzipped) gunzip.emplace([&](char* out, size_t max) { return c.req.readSome(out, max); });
     auto entry = ops.upload(
         *query_path,
         [&](char* out, size_t max) -> Result<size_t> {
-          auto n = gzipped ? gunzip.readSome(out, max) : c.req.readSome(out, max);
+          auto n = gunzip ? gunzip->readSome(out, max) : c.req.readSome(out, max);
           if (!n.ok()) body_error = n.error();
           return n;
         },
-        c.user);
+        c.user, metadata);
     if (body_error) {
       (void)sendJsonError(c.res, 400, "request body: " + body_error->message);
       return;

@@ -8,6 +8,7 @@
 // 502 for a sandbox that is not running) is done here. docs/e2b.md.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <map>
@@ -30,14 +31,16 @@ struct EnvdOptions {
   size_t max_unary_body = 2 << 20;
   size_t max_stream_request = 64 << 10;  // the one message of a server-streaming call
   // Frames waiting for a slow client, those being written included; over it the stream ends.
-  size_t max_stream_backlog = 8 << 20;
+  size_t max_stream_backlog = 2 << 20;
   // Per tenant. Each E2B stream (a command, a PTY, a watch) holds a connection, and today a
   // server thread, for its life, so streams get a larger share than calls and transfers,
   // which hold memory instead; neither lets one tenant fill the listener's 4096.
   api::TenantGate::Limits tenant_streams{1024, 0, 0};
   api::TenantGate::Limits tenant_calls{64, 0, 0};
   std::chrono::milliseconds unary_timeout{30000};
-  // Requests for other guest ports (E2b-Sandbox-Port: N): proxied as SPACE's ingress does.
+  // Requests for other guest ports (E2b-Sandbox-Port: N): proxied as SPACE's ingress does, with
+  // its timeouts, its token (e2b-traffic-access-token) and its cap: `max_connections` for the
+  // node, a quarter of it per tenant, apart from the streams' share.
   api::IngressOptions ports;
 };
 
@@ -68,6 +71,8 @@ class EnvdFront {
   EnvdOptions options_;
   api::TenantGate streams_;
   api::TenantGate calls_;
+  api::TenantGate ports_;
+  std::atomic<size_t> ports_open_{0};  // proxied connections of the whole node
   std::mutex tokens_mu_;
   std::map<std::string, std::string> tokens_;  // guarded by tokens_mu_: live sandbox id -> token
 };

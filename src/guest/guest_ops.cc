@@ -503,8 +503,9 @@ Result<FileEntry> GuestOps::move(const std::string& source, const std::string& d
 }
 
 Result<FileEntry> GuestOps::upload(const std::string& path, agentproto::AgentClient::UploadSource source,
-                                   const std::string& user) {
+                                   const std::string& user, const std::map<std::string, std::string>& metadata) {
   CallOptions options = asUser(user);
+  options.metadata = metadata;
   options.timeout = kTransferTimeout;
   auto result = agent_->upload(path, std::move(source), options);
   if (!result.ok()) return result.error();

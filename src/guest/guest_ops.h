@@ -174,9 +174,10 @@ class GuestOps {
   Result<std::vector<FileEntry>> listDir(const std::string& path, int depth, const std::string& user);
   Result<FileEntry> makeDir(const std::string& path, const std::string& user);
   Result<FileEntry> move(const std::string& source, const std::string& destination, const std::string& user);
-  // Source and sink run on the calling thread (see AgentClient::upload/download).
+  // Source and sink run on the calling thread (see AgentClient::upload/download). `metadata`
+  // becomes the file's user metadata (replacing what it had), as envd's X-Metadata-* headers do.
   Result<FileEntry> upload(const std::string& path, agentproto::AgentClient::UploadSource source,
-                           const std::string& user);
+                           const std::string& user, const std::map<std::string, std::string>& metadata = {});
   Status download(const std::string& path, agentproto::AgentClient::DownloadSink sink, const std::string& user);
 
  private:

@@ -33,15 +33,21 @@ Result<size_t> GunzipReader::readSome(char* out, size_t max) {
   if (max == 0) return size_t{0};
   while (true) {
     if (s.stream_done) {
-      // Anything after the stream is refused rather than silently dropped.
-      if (s.zs.avail_in > 0) return corrupt("bytes after the end of the stream");
-      if (!s.input_done) {
+      // More after a member is another member (RFC 1952 allows several); anything else fails
+      // its header check below.
+      if (s.zs.avail_in == 0 && !s.input_done) {
         auto n = s.read(s.in, sizeof s.in);
         if (!n.ok()) return n.error();
-        if (n.value() > 0) return corrupt("bytes after the end of the stream");
-        s.input_done = true;
+        if (n.value() == 0) {
+          s.input_done = true;
+        } else {
+          s.zs.next_in = reinterpret_cast<Bytef*>(s.in);
+          s.zs.avail_in = static_cast<uInt>(n.value());
+        }
       }
-      return size_t{0};
+      if (s.zs.avail_in == 0) return size_t{0};
+      if (inflateReset(&s.zs) != Z_OK) return corrupt("cannot read the next member");
+      s.stream_done = false;
     }
     if (s.zs.avail_in == 0 && !s.input_done) {
       auto n = s.read(s.in, sizeof s.in);

@@ -20,8 +20,9 @@ class GunzipReader {
   GunzipReader(const GunzipReader&) = delete;
   GunzipReader& operator=(const GunzipReader&) = delete;
 
-  // Up to `max` (> 0) decompressed bytes; 0 at the end of the gzip stream. Errors
-  // (invalid_argument): data that is not gzip, a corrupt or truncated stream, bytes after it.
+  // Up to `max` (> 0) decompressed bytes; 0 at the end of the body. Several gzip members one
+  // after another are read as one. Errors (invalid_argument): data that is not gzip, a corrupt
+  // or truncated member, bytes after the last one that are not a member.
   Result<size_t> readSome(char* out, size_t max);
 
  private:

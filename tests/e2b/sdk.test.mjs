@@ -75,6 +75,9 @@ test('files: write, read, list, rename, remove, missing files', { timeout: 60_00
   const big = 'compressible line\n'.repeat(20000)
   await sbx.files.write('gz.txt', big, { gzip: true })
   assert.equal(await sbx.files.read('gz.txt', { gzip: true }), big)
+  const tagged = await sbx.files.write('tagged.txt', 'x', { metadata: { Owner: 'me', stage: 'raw' } })
+  assert.deepEqual(tagged.metadata, { owner: 'me', stage: 'raw' })
+  assert.deepEqual((await sbx.files.getInfo('tagged.txt')).metadata, { owner: 'me', stage: 'raw' })
   const entries = await sbx.files.list('notes')
   assert.deepEqual(entries.map((e) => e.name), ['a.txt'])
   assert.equal(await sbx.files.exists('notes/a.txt'), true)
@@ -136,6 +139,17 @@ test('ports: a server in the guest is reached through E2b-Sandbox-Port with the 
   assert.equal(res.status, 200)
   assert.equal(await res.text(), 'hello from port 8000')
   assert.equal((await get({})).status, 401) // private unless made with allowPublicTraffic
+  // The traffic token opens ports only, never envd (where it would run commands as root).
+  const envd = await fetch(`${process.env.E2B_SANDBOX_URL}/process.Process/List`, {
+    method: 'POST',
+    headers: {
+      'E2b-Sandbox-Id': sbx.sandboxId,
+      'X-Access-Token': sbx.trafficAccessToken,
+      'Content-Type': 'application/json',
+    },
+    body: '{}',
+  })
+  assert.equal(envd.status, 401)
 })
 
 test('watchDir: events for files written in the directory', { timeout: 60_000 }, async () => {

@@ -554,6 +554,42 @@ TEST_F(FsServiceTest, UploadWritesAtomicallyAndReturnsEntryInfo) {
   EXPECT_TRUE(sink->write("late").has_value());  // finished
 }
 
+TEST_F(FsServiceTest, UploadMetadataIsKeptAsXattrsAndReplacedByTheNextUpload) {
+  auto upload = [&](std::map<std::string, std::string> metadata) {
+    CallContext ctx{"", std::nullopt};
+    ctx.metadata = std::move(metadata);
+    return router_.uploadHandler()("tagged.txt", ctx);
+  };
+  auto first = upload({{"owner", "me"}, {"stage", "raw data"}});
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<UploadSink>>(first));
+  auto& sink = std::get<std::unique_ptr<UploadSink>>(first);
+  EXPECT_FALSE(sink->write("x").has_value());
+  auto r = sink->finish();
+  ASSERT_EQ(codeOf(r), RpcCode::kOk) << describe(r);
+  EXPECT_EQ(std::get<Json>(r)["metadata"], Json({{"owner", "me"}, {"stage", "raw data"}}));
+  EXPECT_EQ(ok("Stat", Json{{"path", "tagged.txt"}})["entry"]["metadata"],
+            Json({{"owner", "me"}, {"stage", "raw data"}}));
+  auto listed = ok("ListDir", Json{{"path", home_}, {"depth", 1}});
+  bool seen = false;
+  for (const auto& e : listed["entries"]) seen = seen || (e["name"] == "tagged.txt" && e["metadata"]["owner"] == "me");
+  EXPECT_TRUE(seen) << listed.dump();
+  // An upload with none clears it: the file is replaced whole.
+  auto second = upload({});
+  auto& sink2 = std::get<std::unique_ptr<UploadSink>>(second);
+  EXPECT_FALSE(sink2->write("y").has_value());
+  ASSERT_EQ(codeOf(sink2->finish()), RpcCode::kOk);
+  EXPECT_FALSE(ok("Stat", Json{{"path", "tagged.txt"}})["entry"].contains("metadata"));
+  // envd's bounds: printable ASCII, keys of at most 246 bytes, 4096 bytes in all.
+  for (const auto& bad : std::vector<std::map<std::string, std::string>>{
+           {{"k", "tab\there"}},
+           {{std::string(247, 'k'), "v"}},
+           {{"a", std::string(2100, 'v')}, {"b", std::string(2100, 'v')}}}) {
+    auto refused = upload(bad);
+    ASSERT_TRUE(std::holds_alternative<RpcError>(refused));
+    EXPECT_EQ(std::get<RpcError>(refused).code, RpcCode::kInvalidArgument);
+  }
+}
+
 TEST_F(FsServiceTest, UploadKeepsModeOfExistingFile) {
   writeFile(home_ + "/secret", "old", 0600);
   ASSERT_EQ(chown((home_ + "/secret").c_str(), kUserUid, kUserGid), 0);

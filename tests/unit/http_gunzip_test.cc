@@ -58,6 +58,8 @@ TEST(Gunzip, DecompressesWhateverTheReadSizes) {
     EXPECT_EQ(got.value(), data);
   }
   EXPECT_EQ(gunzipAll(gzip(""), 5, 5).value(), "");
+  // Members one after another (what `cat a.gz b.gz` makes) read as one body.
+  EXPECT_EQ(gunzipAll(gzip("first ") + gzip("second"), 3, 5).value(), "first second");
 }
 
 TEST(Gunzip, BadStreamsAreRefused) {
