@@ -7,6 +7,7 @@
 
 #include "agentproto/base64.h"
 #include "api/json_input.h"
+#include "api/json_output.h"
 #include "guest/guest_ops.h"
 
 namespace space::api {
@@ -38,22 +39,6 @@ size_t jsonEncodedBound(std::string_view text) {
 constexpr uint32_t kMaxCpus = 256;
 constexpr int64_t kMaxMemoryMb = 1 << 20;
 constexpr const char* kNdjson = "application/x-ndjson";
-
-// JSON text that tolerates invalid UTF-8 in strings (command output, guest file names): such
-// bytes become U+FFFD instead of failing the whole response.
-std::string dumpJson(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-std::string rfc3339(int64_t ms) {
-  if (ms <= 0) return "";
-  time_t secs = static_cast<time_t>(ms / 1000);
-  struct tm utc {};
-  gmtime_r(&secs, &utc);
-  char buf[40];
-  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &utc);
-  char out[48];
-  snprintf(out, sizeof out, "%s.%03dZ", buf, static_cast<int>(ms % 1000));
-  return out;
-}
 
 json sandboxJson(const store::SandboxRecord& r) {
   json out{{"id", r.id},
@@ -112,29 +97,6 @@ Status readSandboxSettings(ObjectReader& in, sandbox::CreateRequest& request) {
   if (idle.value()) request.idle_suspend_s = *idle.value();
   if (on_timeout.value()) request.on_timeout = *on_timeout.value();
   return okStatus();
-}
-
-int httpStatus(const Error& e) {
-  if (e.reason == "too_many_sandboxes" || e.reason == "tenant_quota" || e.reason == "too_many_connections") {
-    return 429;
-  }
-  if (e.reason == "insufficient_capacity" || e.reason == "shutting_down") return 503;
-  if (e.reason == "payload_too_large") return 413;
-  if (e.reason == "output_too_large") return 422;
-  switch (e.code) {
-    case ErrorCode::kInvalidArgument: return 400;
-    case ErrorCode::kNotFound: return 404;
-    case ErrorCode::kAlreadyExists: return 409;
-    case ErrorCode::kPermissionDenied: return 403;
-    case ErrorCode::kFailedPrecondition: return 409;
-    case ErrorCode::kResourceExhausted: return 507;  // the guest's disk or memory is full
-    case ErrorCode::kDeadlineExceeded: return 504;
-    case ErrorCode::kUnavailable: return 502;  // the sandbox (its VM or agent) failed us
-    case ErrorCode::kUnimplemented: return 501;
-    case ErrorCode::kCanceled: return 400;
-    case ErrorCode::kInternal: return 500;
-  }
-  return 500;
 }
 
 json entryJson(const guest::FileEntry& e) {

@@ -6,19 +6,6 @@
 
 namespace space::e2b {
 
-std::string envelope(uint8_t flags, std::string_view payload) {
-  std::string out;
-  out.reserve(5 + payload.size());
-  const auto n = static_cast<uint32_t>(payload.size());
-  out.push_back(static_cast<char>(flags));
-  out.push_back(static_cast<char>((n >> 24) & 0xff));
-  out.push_back(static_cast<char>((n >> 16) & 0xff));
-  out.push_back(static_cast<char>((n >> 8) & 0xff));
-  out.push_back(static_cast<char>(n & 0xff));
-  out.append(payload);
-  return out;
-}
-
 Result<std::string> unwrapRequestEnvelope(std::string_view body, size_t max_payload) {
   if (body.size() < 5) return makeError(ErrorCode::kInvalidArgument, "the request is not a Connect envelope");
   const auto flags = static_cast<uint8_t>(body[0]);

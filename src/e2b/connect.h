@@ -10,16 +10,19 @@
 #include <string>
 #include <string_view>
 
+#include "agentproto/wire.h"
 #include "common/result.h"
 
 namespace space::e2b {
 
+// The envelope itself (flags, big-endian length, payload) is the agent's own wire format:
+// agentproto::encodeEnvelope and its flag constants.
 inline constexpr uint8_t kEnvelopeData = 0x00;
-inline constexpr uint8_t kEnvelopeCompressed = 0x01;
-inline constexpr uint8_t kEnvelopeEndStream = 0x02;
-
-// flags (1 byte) | length (uint32, big-endian) | payload.
-std::string envelope(uint8_t flags, std::string_view payload);
+using agentproto::kEnvelopeCompressed;
+using agentproto::kEnvelopeEndStream;
+inline std::string envelope(uint8_t flags, std::string_view payload) {
+  return agentproto::encodeEnvelope(flags, payload);
+}
 
 // The payload of the single envelope a server-streaming request body holds. Errors
 // (invalid_argument): a short or truncated envelope, bytes after it, a compressed or end-stream

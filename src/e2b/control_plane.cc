@@ -8,12 +8,15 @@
 
 #include "api/ingress.h"
 #include "api/json_input.h"
+#include "api/json_output.h"
 #include "http/url.h"
 #include "net/policy.h"
 #include "sandbox/lifecycle.h"
 
 namespace space::e2b {
 
+using api::dumpJson;
+using api::rfc3339;
 using nlohmann::json;
 
 namespace {
@@ -21,18 +24,14 @@ namespace {
 constexpr uint32_t kMaxForkCount = 100;
 constexpr size_t kMaxListScan = 10000;  // a tenant's live sandboxes, read for one list request
 
-std::string dumpJson(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-std::string rfc3339(int64_t ms) {
-  if (ms <= 0) return "1970-01-01T00:00:00Z";
-  time_t secs = static_cast<time_t>(ms / 1000);
-  struct tm utc {};
-  gmtime_r(&secs, &utc);
-  char buf[40];
-  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &utc);
-  char out[48];
-  snprintf(out, sizeof out, "%s.%03dZ", buf, static_cast<int>(ms % 1000));
-  return out;
+// A list's `limit` query parameter: 1..1000.
+Result<size_t> pageLimit(const std::string& value) {
+  char* end = nullptr;
+  long n = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || n < 1 || n > 1000) {
+    return makeError(ErrorCode::kInvalidArgument, "limit: must be an integer in 1..1000");
+  }
+  return static_cast<size_t>(n);
 }
 
 }  // namespace
@@ -75,28 +74,6 @@ std::optional<int64_t> parseRfc3339Ms(const std::string& text) {
 }
 
 namespace {
-
-int e2bStatus(const Error& e) {
-  if (e.reason == "too_many_sandboxes" || e.reason == "tenant_quota" || e.reason == "too_many_connections") {
-    return 429;
-  }
-  if (e.reason == "insufficient_capacity" || e.reason == "shutting_down") return 503;
-  if (e.reason == "payload_too_large") return 413;
-  switch (e.code) {
-    case ErrorCode::kInvalidArgument: return 400;
-    case ErrorCode::kNotFound: return 404;
-    case ErrorCode::kAlreadyExists: return 409;
-    case ErrorCode::kPermissionDenied: return 403;
-    case ErrorCode::kFailedPrecondition: return 409;
-    case ErrorCode::kResourceExhausted: return 507;
-    case ErrorCode::kDeadlineExceeded: return 504;
-    case ErrorCode::kUnavailable: return 502;
-    case ErrorCode::kUnimplemented: return 501;
-    case ErrorCode::kCanceled: return 400;
-    case ErrorCode::kInternal: return 500;
-  }
-  return 500;
-}
 
 Status sendE2bError(http::Response& res, int status, const std::string& message) {
   return res.send(status, "application/json", dumpJson(json{{"code", status}, {"message", message}}));
@@ -277,7 +254,7 @@ void ControlPlane::fail(Call& c, const Error& error) {
   if (error.code != ErrorCode::kNotFound && error.code != ErrorCode::kInvalidArgument) {
     spdlog::info("e2b: {} {}: {}", c.req.method(), c.req.path(), error.message);
   }
-  const int status = e2bStatus(error);
+  const int status = api::httpStatus(error);
   std::string message = error.message;
   if (error.reason == "insufficient_capacity") message = "this node has not enough free capacity now; retry later";
   if (status == 429) c.res.setHeader("Retry-After", "1");
@@ -418,12 +395,9 @@ void ControlPlane::listSandboxes(Call& c) {
       }
       ascending = value == "asc";
     } else if (key == "limit") {
-      char* end = nullptr;
-      long n = std::strtol(value.c_str(), &end, 10);
-      if (value.empty() || *end != '\0' || n < 1 || n > 1000) {
-        return fail(c, makeError(ErrorCode::kInvalidArgument, "limit: must be an integer in 1..1000"));
-      }
-      limit = static_cast<size_t>(n);
+      auto n = pageLimit(value);
+      if (!n.ok()) return fail(c, n.error());
+      limit = n.value();
     } else if (key == "nextToken") {
       next_token = value;
     } else {
@@ -636,12 +610,9 @@ void ControlPlane::listSnapshots(Call& c) {
     } else if (key == "name") {
       name_filter = value;
     } else if (key == "limit") {
-      char* end = nullptr;
-      long n = std::strtol(value.c_str(), &end, 10);
-      if (value.empty() || *end != '\0' || n < 1 || n > 1000) {
-        return fail(c, makeError(ErrorCode::kInvalidArgument, "limit: must be an integer in 1..1000"));
-      }
-      filter.limit = static_cast<size_t>(n);
+      auto n = pageLimit(value);
+      if (!n.ok()) return fail(c, n.error());
+      filter.limit = n.value();
     } else if (key == "nextToken") {
       filter.after_id = value;
     } else {

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "api/json_input.h"
+#include "api/json_output.h"
 #include "common/bounded_json.h"
 #include "e2b/connect.h"
 #include "e2b/envd_auth.h"
@@ -19,6 +20,7 @@
 
 namespace space::e2b {
 
+using api::dumpJson;
 using nlohmann::json;
 
 namespace {
@@ -36,8 +38,6 @@ bool isUnaryMethod(const std::string& m) {
 bool isStreamMethod(const std::string& m) {
   return m == "/process.Process/Start" || m == "/process.Process/Connect" || m == "/filesystem.Filesystem/WatchDir";
 }
-
-std::string dumpJson(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 Status sendJsonError(http::Response& res, int status, const std::string& message) {
   return res.send(status, "application/json", dumpJson(json{{"code", status}, {"message", message}}));

@@ -11,6 +11,20 @@ struct GunzipReader::State {
   bool input_done = false;   // the compressed body ended
   bool stream_done = false;  // the gzip stream ended
   char in[16 * 1024];
+
+  // When zlib has taken all input: reads more, or notes the body's end.
+  Status refill() {
+    if (zs.avail_in > 0 || input_done) return okStatus();
+    auto n = read(in, sizeof in);
+    if (!n.ok()) return n.error();
+    if (n.value() == 0) {
+      input_done = true;
+    } else {
+      zs.next_in = reinterpret_cast<Bytef*>(in);
+      zs.avail_in = static_cast<uInt>(n.value());
+    }
+    return okStatus();
+  }
 };
 
 namespace {
@@ -35,30 +49,12 @@ Result<size_t> GunzipReader::readSome(char* out, size_t max) {
     if (s.stream_done) {
       // More after a member is another member (RFC 1952 allows several); anything else fails
       // its header check below.
-      if (s.zs.avail_in == 0 && !s.input_done) {
-        auto n = s.read(s.in, sizeof s.in);
-        if (!n.ok()) return n.error();
-        if (n.value() == 0) {
-          s.input_done = true;
-        } else {
-          s.zs.next_in = reinterpret_cast<Bytef*>(s.in);
-          s.zs.avail_in = static_cast<uInt>(n.value());
-        }
-      }
+      if (auto st = s.refill(); !st.ok()) return st.error();
       if (s.zs.avail_in == 0) return size_t{0};
       if (inflateReset(&s.zs) != Z_OK) return corrupt("cannot read the next member");
       s.stream_done = false;
     }
-    if (s.zs.avail_in == 0 && !s.input_done) {
-      auto n = s.read(s.in, sizeof s.in);
-      if (!n.ok()) return n.error();
-      if (n.value() == 0) {
-        s.input_done = true;
-      } else {
-        s.zs.next_in = reinterpret_cast<Bytef*>(s.in);
-        s.zs.avail_in = static_cast<uInt>(n.value());
-      }
-    }
+    if (auto st = s.refill(); !st.ok()) return st.error();
     s.zs.next_out = reinterpret_cast<Bytef*>(out);
     s.zs.avail_out = static_cast<uInt>(std::min<size_t>(max, 1 << 30));
     const int rc = inflate(&s.zs, Z_NO_FLUSH);
