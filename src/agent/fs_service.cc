@@ -1341,7 +1341,20 @@ std::variant<std::unique_ptr<DownloadSource>, RpcError> FsService::download(cons
     ::close(fd);
     return invalidArgument("download " + path + ": not a regular file");
   }
-  return std::make_unique<FileDownloadSource>(fd, static_cast<uint64_t>(st.st_size), path);
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (ctx.offset > size) {  // the file shrank since the caller looked at its size
+    ::close(fd);
+    return fsError(RpcCode::kFailedPrecondition, "download " + path + ": offset " + std::to_string(ctx.offset) +
+                                                     " is past the end of the file (" + std::to_string(size) +
+                                                     " bytes)");
+  }
+  if (ctx.offset > 0 && ::lseek(fd, static_cast<off_t>(ctx.offset), SEEK_SET) < 0) {
+    const int err = errno;
+    ::close(fd);
+    return errnoError("seek", path, err);
+  }
+  const uint64_t length = std::min(size - ctx.offset, ctx.length.value_or(size - ctx.offset));
+  return std::make_unique<FileDownloadSource>(fd, length, path);
 }
 
 }  // namespace space::agent

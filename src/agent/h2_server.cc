@@ -453,6 +453,27 @@ void H2ServerSession::dispatchChecked(int32_t stream_id, Request& req) {
       if (!path)
         return respondError(stream_id, rpcError(RpcCode::kInvalidArgument, "download needs a path query parameter"));
       if (auto user = queryParam(req.query, "username")) req.ctx.user = *user;
+      // Decimal, at most 2^53 (no file is larger): anything else is refused, never guessed at.
+      auto number = [](const std::optional<std::string>& v) -> std::optional<uint64_t> {
+        if (!v || v->empty() || v->size() > 16 || v->find_first_not_of("0123456789") != std::string::npos) {
+          return std::nullopt;
+        }
+        return std::stoull(*v);
+      };
+      for (const char* name : {"offset", "length"}) {
+        auto raw = queryParam(req.query, name);
+        if (!raw) continue;
+        auto value = number(raw);
+        if (!value) {
+          return respondError(stream_id,
+                              rpcError(RpcCode::kInvalidArgument, std::string(name) + ": must be a byte count"));
+        }
+        if (name[0] == 'o') {
+          req.ctx.offset = *value;
+        } else {
+          req.ctx.length = *value;
+        }
+      }
       if (!router_.downloadHandler())
         return respondError(stream_id, rpcError(RpcCode::kUnimplemented, "downloads are not served"));
       auto src = router_.downloadHandler()(*path, req.ctx);

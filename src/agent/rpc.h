@@ -29,6 +29,9 @@ struct CallContext {
   std::optional<std::chrono::milliseconds> timeout;  // Connect-Timeout-Ms, if sent
   // Uploads: envd's X-Metadata-<key> headers, key lower-cased, the first value of a repeated key.
   std::map<std::string, std::string> metadata;
+  // Downloads: the byte range wanted (query parameters offset and length; all of it if absent).
+  uint64_t offset = 0;
+  std::optional<uint64_t> length;
 };
 
 // A unary handler's answer: the response message or an error.

@@ -835,7 +835,10 @@ Result<Json> AgentClient::upload(const std::string& path, std::string data, cons
 }
 
 Status AgentClient::download(const std::string& path, DownloadSink sink, const CallOptions& options) {
-  auto call = newCall(impl_, Call::Kind::kDownload, "/files?path=" + percentEncode(path), options);
+  std::string target = "/files?path=" + percentEncode(path);
+  if (options.offset > 0) target += "&offset=" + std::to_string(options.offset);
+  if (options.length) target += "&length=" + std::to_string(*options.length);
+  auto call = newCall(impl_, Call::Kind::kDownload, target, options);
   start(impl_, call);
   // The sink runs here, on the caller's thread. Until it has taken the bytes, the guest may not
   // send more on this stream (consumeLater): a slow reader slows its own download only.

@@ -55,6 +55,9 @@ struct CallOptions {
   std::chrono::milliseconds local_grace{0};
   // Uploads: user metadata for the file (envd's X-Metadata-<key> headers; lower-case keys).
   std::map<std::string, std::string> metadata;
+  // Downloads: the bytes from `offset`, at most `length` of them (all to the end if unset).
+  uint64_t offset = 0;
+  std::optional<uint64_t> length;
 };
 
 class AgentStream;

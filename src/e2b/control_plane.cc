@@ -287,7 +287,7 @@ json ControlPlane::detailJson(const store::SandboxRecord& r, bool with_token) co
   out["memoryMB"] = r.memory_mb;
   out["diskSizeMB"] = options_.disk_size_mb;
   out["metadata"] = r.metadata.is_object() ? r.metadata : json::object();
-  out["lifecycle"] = json{{"onTimeout", r.on_timeout == "suspend" ? "pause" : "kill"}, {"autoResume", false}};
+  out["lifecycle"] = json{{"onTimeout", r.on_timeout == "suspend" ? "pause" : "kill"}, {"autoResume", r.auto_resume}};
   return out;
 }
 
@@ -323,10 +323,13 @@ void ControlPlane::createSandbox(Call& c) {
   }
   if (auto_resume.value()) {
     const json& ar = **auto_resume.value();
-    if (!ar.is_object() || (ar.contains("enabled") && ar["enabled"] == true)) {
-      return fail(c, makeError(ErrorCode::kInvalidArgument,
-                               "autoResume: not supported by SPACE yet (a paused sandbox is resumed by connect)"));
+    auto enabled = ar.find("enabled");
+    if (ar.size() > 1 || (enabled != ar.end() && !enabled->is_boolean() && !enabled->is_null()) ||
+        (ar.size() == 1 && enabled == ar.end())) {
+      return fail(c, makeError(ErrorCode::kInvalidArgument, "autoResume: must be {\"enabled\": true|false}"));
     }
+    // Traffic to the sandbox (envd calls, its ports) resumes it when it is paused.
+    request.auto_resume = enabled != ar.end() && enabled->is_boolean() && enabled->get<bool>();
   }
   const std::string template_id = tpl.value().value_or("base");
   // A snapshot id of this tenant's names a saved point, anything else a template.
@@ -662,6 +665,9 @@ void ControlPlane::forkSandbox(Call& c) {
   request.tenant = c.tenant;
   request.snapshot_id = snap->id;
   if (timeout.value()) request.timeout_s = *timeout.value();
+  // Children live as their parent was made to: what its timeout does, whether traffic resumes it.
+  request.on_timeout = rec->on_timeout;
+  request.auto_resume = rec->auto_resume;
   auto children = manager_.branch(request, static_cast<uint32_t>(count.value().value_or(1)));
   if (auto removed = manager_.deleteSnapshot(c.tenant, snap->id); !removed.ok()) {
     spdlog::warn("e2b: fork of {}: cannot delete its snapshot {}: {}", c.id(), snap->id, removed.error().message);

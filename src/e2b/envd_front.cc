@@ -14,6 +14,7 @@
 #include "e2b/connect.h"
 #include "e2b/envd_auth.h"
 #include "guest/guest_ops.h"
+#include "http/byte_range.h"
 #include "http/gunzip.h"
 #include "http/multipart.h"
 #include "sandbox/lifecycle.h"
@@ -47,6 +48,14 @@ Status sendJsonError(http::Response& res, int status, const std::string& message
 Status sendNotRunning(http::Response& res, const std::string& id) {
   return res.send(502, "application/json",
                   dumpJson(json{{"sandboxId", id}, {"message", "The sandbox was not found"}, {"code", 502}}));
+}
+
+// A suspended sandbox that a request may wake (the manager resumes it when the call takes its
+// agent or a port): one made with autoResume, or one SPACE suspended for idleness, which an E2B
+// user never asked for. One the user paused stays paused, as E2B's do.
+bool resumesOnDemand(const store::SandboxRecord& rec) {
+  return rec.state == sandbox::stateName(sandbox::SandboxState::kSuspended) &&
+         (rec.auto_resume || sandbox::suspendedForIdleness(rec));
 }
 
 bool contentTypeIs(const std::optional<std::string>& header, std::string_view want) {
@@ -99,7 +108,8 @@ struct EnvdFront::Call {
   http::Response& res;
   std::string id;
   std::string tenant;
-  std::string user;  // "" = the sandbox's default user
+  std::string user;         // "" = the sandbox's default user
+  bool may_resume = false;  // a suspended sandbox is woken for this request (resumesOnDemand)
 };
 
 EnvdFront::EnvdFront(sandbox::SandboxManager& manager, secrets::SecretVault& vault, EnvdOptions options)
@@ -230,7 +240,7 @@ void EnvdFront::handle(http::Request& req, http::Response& res) {
   }
   if (!authorized) res.closeConnection();  // an unauthenticated /health keeps no connection
   auto rec = manager_.get(tenant.value(), id);
-  if (!rec.ok() || rec->state != sandbox::stateName(sandbox::SandboxState::kRunning)) {
+  if (!rec.ok() || (rec->state != sandbox::stateName(sandbox::SandboxState::kRunning) && !resumesOnDemand(*rec))) {
     (void)sendNotRunning(res, id);
     return;
   }
@@ -254,7 +264,7 @@ void EnvdFront::handle(http::Request& req, http::Response& res) {
                             " open; retry when one has finished");
     return;
   }
-  Call call{req, res, id, tenant.value(), ""};
+  Call call{req, res, id, tenant.value(), "", resumesOnDemand(*rec)};
   if (port != kEnvdPort) return proxyPort(call, port);
   if (files) {
     auto user = req.query("username");
@@ -476,7 +486,7 @@ void EnvdFront::proxyPort(Call& c, uint16_t port) {
   target.port = port;
   target.target = c.req.target();
   target.strip_headers = {"x-access-token", "e2b-traffic-access-token", "x-api-key"};
-  auto connection = manager_.connectPort(c.tenant, c.id, port, Clock::now() + std::chrono::seconds(5), false);
+  auto connection = manager_.connectPort(c.tenant, c.id, port, Clock::now() + std::chrono::seconds(5), c.may_resume);
   if (!connection.ok()) {
     const Error& e = connection.error();
     int status = 502;  // nothing listens there, the guest went away
@@ -503,25 +513,52 @@ void EnvdFront::download(Call& c) {
     (void)sendJsonError(c.res, fileErrorStatus(lease.error()), lease.error().message);
     return;
   }
+  guest::GuestOps ops(lease->agent);
+  // Range, as envd's http.ServeContent serves it: one range, against the size the file has now.
+  // (If it changes before the bytes are read, the guest refuses an offset past the end, and a
+  // body that comes up short is cut off rather than ended as if complete.)
+  int status = 200;
+  std::optional<std::pair<uint64_t, uint64_t>> range;
+  if (auto header = c.req.header("range")) {
+    auto entry = ops.stat(*path, c.user);
+    if (!entry.ok()) return agentError(c, lease.value(), entry.error(), false);
+    // Not a file (a directory): the download below gives the error envd gives.
+    auto wanted =
+        entry->type == guest::FileType::kDirectory ? http::ByteRange{} : http::parseByteRange(*header, entry->size);
+    if (wanted.kind == http::ByteRange::Kind::kUnsatisfiable) {
+      c.res.setHeader("Content-Range", "bytes */" + std::to_string(entry->size));
+      (void)sendJsonError(c.res, 416, "Range: not satisfiable for a file of " + std::to_string(entry->size) + " bytes");
+      return;
+    }
+    if (wanted.kind == http::ByteRange::Kind::kPartial) {
+      status = 206;
+      range.emplace(wanted.first, wanted.length());
+      c.res.setHeader("Content-Range", "bytes " + std::to_string(wanted.first) + "-" + std::to_string(wanted.last) +
+                                           "/" + std::to_string(entry->size));
+    }
+  }
+  c.res.setHeader("Accept-Ranges", "bytes");
   bool client_gone = false;
-  auto done = guest::GuestOps(lease->agent)
-                  .download(
-                      *path,
-                      [&](std::string_view chunk) -> Status {
-                        if (!c.res.started() && !c.res.begin(200, "application/octet-stream").ok()) client_gone = true;
-                        if (client_gone || !c.res.write(chunk).ok()) {
-                          client_gone = true;
-                          return makeError(ErrorCode::kCanceled, "the client went away");
-                        }
-                        return okStatus();
-                      },
-                      c.user);
+  uint64_t sent = 0;
+  auto done = ops.download(
+      *path,
+      [&](std::string_view chunk) -> Status {
+        if (!c.res.started() && !c.res.begin(status, "application/octet-stream").ok()) client_gone = true;
+        if (client_gone || !c.res.write(chunk).ok()) {
+          client_gone = true;
+          return makeError(ErrorCode::kCanceled, "the client went away");
+        }
+        sent += chunk.size();
+        return okStatus();
+      },
+      c.user, range);
   if (!done.ok()) {
     if (client_gone || c.res.started()) return;
     return agentError(c, lease.value(), done.error(), false);
   }
+  if (range && sent != range->second) return;  // short: the file shrank; never end it as whole
   if (!c.res.started()) {
-    (void)c.res.send(200, "application/octet-stream", "");
+    (void)c.res.send(status, "application/octet-stream", "");
     return;
   }
   (void)c.res.end();

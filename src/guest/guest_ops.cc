@@ -489,6 +489,12 @@ Result<std::vector<FileEntry>> GuestOps::listDir(const std::string& path, int de
   return out;
 }
 
+Result<FileEntry> GuestOps::stat(const std::string& path, const std::string& user) {
+  auto result = agent_->call("/filesystem.Filesystem/Stat", Json{{"path", path}}, asUser(user));
+  if (!result.ok()) return result.error();
+  return entryOf(result.value());
+}
+
 Result<FileEntry> GuestOps::makeDir(const std::string& path, const std::string& user) {
   auto result = agent_->call("/filesystem.Filesystem/MakeDir", Json{{"path", path}}, asUser(user));
   if (!result.ok()) return result.error();
@@ -517,10 +523,14 @@ Result<FileEntry> GuestOps::upload(const std::string& path, agentproto::AgentCli
   return decodeEntry(result.value());
 }
 
-Status GuestOps::download(const std::string& path, agentproto::AgentClient::DownloadSink sink,
-                          const std::string& user) {
+Status GuestOps::download(const std::string& path, agentproto::AgentClient::DownloadSink sink, const std::string& user,
+                          std::optional<std::pair<uint64_t, uint64_t>> range) {
   CallOptions options = asUser(user);
   options.timeout = kTransferTimeout;
+  if (range) {
+    options.offset = range->first;
+    options.length = range->second;
+  }
   return agent_->download(path, std::move(sink), options);
 }
 

@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "agentproto/agent_client.h"
@@ -172,13 +173,16 @@ class GuestOps {
   // `user`: "" = the sandbox's default user; the guest applies that user's permissions.
   Status remove(const std::string& path, const std::string& user);
   Result<std::vector<FileEntry>> listDir(const std::string& path, int depth, const std::string& user);
+  Result<FileEntry> stat(const std::string& path, const std::string& user);
   Result<FileEntry> makeDir(const std::string& path, const std::string& user);
   Result<FileEntry> move(const std::string& source, const std::string& destination, const std::string& user);
   // Source and sink run on the calling thread (see AgentClient::upload/download). `metadata`
   // becomes the file's user metadata (replacing what it had), as envd's X-Metadata-* headers do.
   Result<FileEntry> upload(const std::string& path, agentproto::AgentClient::UploadSource source,
                            const std::string& user, const std::map<std::string, std::string>& metadata = {});
-  Status download(const std::string& path, agentproto::AgentClient::DownloadSink sink, const std::string& user);
+  // `range`: (offset, length) of the bytes wanted; the whole file when absent.
+  Status download(const std::string& path, agentproto::AgentClient::DownloadSink sink, const std::string& user,
+                  std::optional<std::pair<uint64_t, uint64_t>> range = std::nullopt);
 
  private:
   std::unique_ptr<ProcessStream> openStream(const std::string& method, const agentproto::Json& request,

@@ -527,6 +527,7 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   rec.timeout_s = timeout_s;
   rec.idle_suspend_s = idle_suspend_s;
   rec.on_timeout = on_timeout;
+  rec.auto_resume = request.auto_resume;
   rec.source_snapshot = request.snapshot_id;
   rec.metadata = request.metadata;
   rec.env = request.env;
@@ -878,7 +879,8 @@ Result<store::SandboxRecord> SandboxManager::suspendLocked(const std::shared_ptr
   switch (cause) {
     case SuspendCause::kRequest: rec->state_reason.clear(); break;
     case SuspendCause::kIdle:
-      rec->state_reason = "idle: no activity for " + std::to_string(sandbox.idle_suspend_s) + " s";
+      rec->state_reason =
+          std::string(kIdleSuspendReasonPrefix) + "no activity for " + std::to_string(sandbox.idle_suspend_s) + " s";
       break;
     case SuspendCause::kTimeout:
       // Kept for the retention period; resuming re-arms its timeout.
@@ -1278,6 +1280,10 @@ void SandboxManager::shutdown(ShutdownMode mode) {
     }
   }
   spdlog::info("sandboxes: shut down ({} left running for the next start, {} stopped)", kept, stopped);
+}
+
+bool suspendedForIdleness(const store::SandboxRecord& rec) {
+  return rec.state == stateName(SandboxState::kSuspended) && rec.state_reason.rfind(kIdleSuspendReasonPrefix, 0) == 0;
 }
 
 }  // namespace space::sandbox

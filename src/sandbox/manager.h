@@ -119,9 +119,13 @@ struct CreateRequest {
   std::string snapshot_id;
   int64_t idle_suspend_s = -1;  // -1: the node's default; 0: never
   std::string on_timeout;       // "delete" (default) or "suspend"
+  bool auto_resume = false;     // see store::SandboxRecord::auto_resume
   // Its egress policy; nullopt: the snapshot's (when restoring one), else the node's default.
   std::optional<net::Policy> network;
 };
+
+// Whether the sandbox is suspended because it was idle (rather than by request or its timeout).
+bool suspendedForIdleness(const store::SandboxRecord& rec);
 
 struct SnapshotRequest {
   std::string tenant;

@@ -73,6 +73,7 @@ inline Error snapshotNotFound(const std::string& id) {
   return makeError(ErrorCode::kNotFound, "snapshot " + id + " not found", "snapshot_not_found");
 }
 
+inline constexpr const char* kIdleSuspendReasonPrefix = "idle: ";
 inline constexpr const char* kTimeoutSuspendReason = "timeout: suspended (on_timeout is suspend)";
 
 // What a sandbox whose guest QEMU stopped on a disk error says, as its state_reason and to calls.

@@ -232,6 +232,11 @@ Status migrateToV3(sqlite3* db, const std::string& op) {
               op);
 }
 
+// Whether traffic resumes a suspended sandbox (E2B's autoResume); existing rows: no.
+Status migrateToV4(sqlite3* db, const std::string& op) {
+  return exec(db, "ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0;", op);
+}
+
 struct Migration {
   const char* summary;
   Status (*apply)(sqlite3* db, const std::string& op);
@@ -241,6 +246,7 @@ constexpr Migration kMigrations[] = {
     {"sandboxes and api_keys tables", migrateToV1},
     {"sandbox timeout/idle settings and snapshots", migrateToV2},
     {"sealed secrets", migrateToV3},
+    {"sandbox auto_resume", migrateToV4},
 };
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
 
@@ -275,7 +281,7 @@ Status runMigration(sqlite3* db, const std::string& path, int to_version) {
 constexpr const char* kSandboxColumns =
     "id, tenant, state, state_reason, template_name, cpus, memory_mb, created_at_ms, updated_at_ms, "
     "expires_at_ms, metadata, env, run_dir, vm_pid, vm_identity, accelerator, timeout_s, idle_suspend_s, on_timeout, "
-    "source_snapshot";
+    "source_snapshot, auto_resume";
 
 // A JSON object of strings, as text for the row. The dump can throw on invalid UTF-8, which
 // is the caller's input, so it becomes kInvalidArgument here rather than an exception.
@@ -331,6 +337,7 @@ void bindSandbox(Stmt& stmt, const SandboxRecord& r, const SandboxText& text, in
   stmt.bind(":idle_suspend_s", r.idle_suspend_s);
   stmt.bind(":on_timeout", r.on_timeout);
   stmt.bind(":source_snapshot", r.source_snapshot);
+  stmt.bind(":auto_resume", static_cast<int64_t>(r.auto_resume ? 1 : 0));
 }
 
 // `owner` names the row ("sandbox sb_...") for the message.
@@ -370,6 +377,7 @@ Result<SandboxRecord> readSandbox(const Stmt& stmt) {
   r.idle_suspend_s = stmt.integer(17);
   r.on_timeout = stmt.text(18);
   r.source_snapshot = stmt.text(19);
+  r.auto_resume = stmt.integer(20) != 0;
   return r;
 }
 
@@ -562,7 +570,7 @@ Status StateStore::insertSandboxAt(const SandboxRecord& record, int64_t now) {
                                 ") VALUES (:id, :tenant, :state, :state_reason, :template_name, :cpus, :memory_mb, "
                                 ":created_at_ms, :updated_at_ms, :expires_at_ms, :metadata, :env, :run_dir, :vm_pid, "
                                 ":vm_identity, :accelerator, :timeout_s, :idle_suspend_s, :on_timeout, "
-                                ":source_snapshot)",
+                                ":source_snapshot, :auto_resume)",
                             op);
   if (!stmt.ok()) return stmt.error();
   bindSandbox(stmt.value(), record, text.value(), now);
@@ -586,7 +594,7 @@ Status StateStore::updateSandboxAt(const SandboxRecord& record, int64_t now) {
                             "expires_at_ms = :expires_at_ms, metadata = :metadata, env = :env, run_dir = :run_dir, "
                             "vm_pid = :vm_pid, vm_identity = :vm_identity, accelerator = :accelerator, "
                             "timeout_s = :timeout_s, idle_suspend_s = :idle_suspend_s, on_timeout = :on_timeout, "
-                            "source_snapshot = :source_snapshot WHERE id = :id",
+                            "source_snapshot = :source_snapshot, auto_resume = :auto_resume WHERE id = :id",
                             op);
   if (!stmt.ok()) return stmt.error();
   bindSandbox(stmt.value(), record, text.value(), now);

@@ -42,6 +42,9 @@ struct SandboxRecord {
   int64_t idle_suspend_s = 0;         // suspend after this long without activity; 0 = never
   std::string on_timeout = "delete";  // what expiry does: "delete" or "suspend" (opaque here)
   std::string source_snapshot;        // id of the snapshot it was branched from, "" if none
+  // Whether any request that reaches it resumes it when suspended (E2B's autoResume). SPACE's
+  // own API always does; the E2B front end only for sandboxes made with this set.
+  bool auto_resume = false;
 
   bool operator==(const SandboxRecord&) const = default;
 };

@@ -107,6 +107,29 @@ test('files: signed URLs, and an expired signature is refused', { timeout: 60_00
   assert.deepEqual(await refused.json(), { code: 401, message: 'signature is already expired' })
 })
 
+test('files: Range on download, as envd serves it', { timeout: 60_000 }, async () => {
+  await sbx.files.write('ranged.txt', '0123456789')
+  const url = await sbx.downloadUrl('ranged.txt')
+  const get = (range) => fetch(url, { headers: range ? { Range: range } : {} })
+  const part = await get('bytes=2-5')
+  assert.equal(part.status, 206)
+  assert.equal(part.headers.get('content-range'), 'bytes 2-5/10')
+  assert.equal(await part.text(), '2345')
+  const tail = await get('bytes=-3')
+  assert.equal(tail.status, 206)
+  assert.equal(await tail.text(), '789')
+  const open = await get('bytes=7-')
+  assert.equal(await open.text(), '789')
+  const past = await get('bytes=10-')
+  assert.equal(past.status, 416)
+  assert.equal(past.headers.get('content-range'), 'bytes */10')
+  await past.arrayBuffer()
+  const whole = await get('bytes=1-2,4-5') // several ranges: the whole file, as the RFC allows
+  assert.equal(whole.status, 200)
+  assert.equal(whole.headers.get('accept-ranges'), 'bytes')
+  assert.equal(await whole.text(), '0123456789')
+})
+
 test('pty: a shell with a size, input and a resize', { timeout: 60_000 }, async () => {
   let out = ''
   const decoder = new TextDecoder()
@@ -243,6 +266,25 @@ test('pause and connect keep files and running processes', { timeout: 180_000 },
   const listed = await back.commands.list()
   assert.ok(listed.some((p) => p.pid === counter.pid), 'the background process survived the pause')
   sbx = back
+})
+
+test('autoResume: traffic wakes a sandbox its timeout paused; without it, it stays paused', { timeout: 120_000 }, async () => {
+  const lifecycle = (autoResume) => ({ timeoutMs: 4_000, lifecycle: { onTimeout: 'pause', autoResume } })
+  const [woken, asleep] = await Promise.all([create(lifecycle(true)), create(lifecycle(false))])
+  await Promise.all([woken.files.write('note.txt', 'kept'), asleep.files.write('note.txt', 'kept')])
+  assert.equal((await woken.getInfo()).lifecycle.autoResume, true)
+  for (let i = 0; i < 60 && (await Sandbox.getInfo(woken.sandboxId)).state !== 'paused'; i++) {
+    await new Promise((r) => setTimeout(r, 500))
+  }
+  assert.equal((await Sandbox.getInfo(woken.sandboxId)).state, 'paused')
+  // (Resumed, it has its 4 s again before the next pause: ample for one read.)
+  assert.equal(await woken.files.read('note.txt'), 'kept')
+  for (let i = 0; i < 60 && (await Sandbox.getInfo(asleep.sandboxId)).state !== 'paused'; i++) {
+    await new Promise((r) => setTimeout(r, 500))
+  }
+  await assert.rejects(asleep.files.read('note.txt'))
+  assert.equal((await Sandbox.getInfo(asleep.sandboxId)).state, 'paused')
+  await Promise.all([woken.kill(), asleep.kill()])
 })
 
 test('setTimeout, and a timeout that really expires', { timeout: 120_000 }, async () => {

@@ -94,6 +94,10 @@ class AgentTest : public testing::Test {
     vm_ = vm.value().release();
   }
   static void TearDownTestSuite() {
+    // A failure inside the guest (the agent's own messages) is only visible on its console.
+    if (vm_ != nullptr && testing::UnitTest::GetInstance()->current_test_suite()->failed_test_count() > 0) {
+      fprintf(stderr, "--- guest console (tail) ---\n%s\n", vm_->consoleTail(16384).c_str());
+    }
     delete vm_;
     vm_ = nullptr;
     EXPECT_TRUE(std::filesystem::is_empty(run_root_->path()));

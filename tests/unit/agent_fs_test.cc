@@ -713,6 +713,32 @@ TEST_F(FsServiceTest, DownloadFile) {
   EXPECT_EQ(std::get<size_t>(n), 0u);
 }
 
+TEST_F(FsServiceTest, DownloadARange) {
+  writeFile(home_ + "/digits", "0123456789");
+  auto slice = [this](uint64_t offset, std::optional<uint64_t> length) -> std::variant<std::string, RpcCode> {
+    CallContext ctx{"", std::nullopt};
+    ctx.offset = offset;
+    ctx.length = length;
+    auto r = router_.downloadHandler()("digits", ctx);
+    if (auto* err = std::get_if<RpcError>(&r)) return err->code;
+    auto& src = std::get<std::unique_ptr<DownloadSource>>(r);
+    std::string got;
+    char buf[4];  // several reads
+    for (;;) {
+      auto n = src->read(buf, sizeof buf);
+      if (!std::holds_alternative<size_t>(n) || std::get<size_t>(n) == 0) break;
+      got.append(buf, std::get<size_t>(n));
+    }
+    EXPECT_EQ(got.size(), src->size());
+    return got;
+  };
+  EXPECT_EQ(std::get<std::string>(slice(2, 4)), "2345");
+  EXPECT_EQ(std::get<std::string>(slice(7, std::nullopt)), "789");
+  EXPECT_EQ(std::get<std::string>(slice(8, 100)), "89");  // clamped at the end
+  EXPECT_EQ(std::get<std::string>(slice(10, std::nullopt)), "");
+  EXPECT_EQ(std::get<RpcCode>(slice(11, 1)), RpcCode::kFailedPrecondition);  // past the end
+}
+
 TEST_F(FsServiceTest, DownloadErrors) {
   auto code = [this](const std::string& path, const std::string& user = "") {
     auto r = router_.downloadHandler()(path, CallContext{user, std::nullopt});

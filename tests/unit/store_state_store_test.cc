@@ -235,6 +235,7 @@ TEST_F(StateStoreTest, MigratesAVersion1DatabaseKeepingItsRows) {
   EXPECT_EQ(got->idle_suspend_s, 0);
   EXPECT_EQ(got->on_timeout, "delete");
   EXPECT_EQ(got->source_snapshot, "");
+  EXPECT_FALSE(got->auto_resume);
   EXPECT_EQ(store.value()->listApiKeys().value(), (std::vector<ApiKeyRecord>{{"acme", digest, "ci", 5}}));
 
   // The migrated row takes the new fields, and the new table works.
@@ -316,6 +317,7 @@ TEST_F(StateStoreTest, RoundTripsEveryField) {
   r.idle_suspend_s = 300;
   r.on_timeout = "suspend";
   r.source_snapshot = "snap_0123456789";
+  r.auto_resume = true;
 
   int64_t before = nowMs();
   insert(r);
