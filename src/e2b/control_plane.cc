@@ -110,6 +110,49 @@ Result<std::optional<std::vector<std::string>>> stringList(const json& object, c
   return std::optional<std::vector<std::string>>(std::move(out));
 }
 
+// network.rules: {"<host>": [{"transform": {"headers": {"Name": "value"}}}, ...]} becomes one
+// SPACE credential rule per host, its headers those of every entry (later ones win). The
+// gateway adds them to the sandbox's TLS requests to that host, outside the VM. A value may
+// name one of the tenant's SPACE secrets as {{secret:NAME}}; E2B's IAM token placeholders have
+// nothing behind them here and are refused.
+Result<json> e2bCredentialRules(const json& rules) {
+  auto invalid = [](const std::string& m) { return makeError(ErrorCode::kInvalidArgument, "network.rules" + m); };
+  if (!rules.is_object()) return invalid(": must be an object of host: [rule]");
+  if (rules.size() > net::kMaxCredentialRules) {
+    return invalid(": at most " + std::to_string(net::kMaxCredentialRules) + " hosts");
+  }
+  json out = json::array();
+  for (const auto& [host, entries] : rules.items()) {
+    const std::string at = "[" + host.substr(0, 64) + "]";
+    if (!entries.is_array() || entries.size() > net::kMaxCredentialHeaders) {
+      return invalid(at + ": must be an array of at most " + std::to_string(net::kMaxCredentialHeaders) + " rules");
+    }
+    json headers = json::object();
+    for (const auto& entry : entries) {
+      if (!entry.is_object()) return invalid(at + ": each rule must be an object");
+      for (const auto& [field, transform] : entry.items()) {
+        if (field != "transform") return invalid(at + "." + field + ": unknown field");
+        if (transform.is_null()) continue;
+        if (!transform.is_object()) return invalid(at + ".transform: must be an object");
+        for (const auto& [what, value] : transform.items()) {
+          if (what != "headers") return invalid(at + ".transform." + what + ": not supported by SPACE (headers only)");
+          if (!value.is_object()) return invalid(at + ".transform.headers: must be an object of name: value");
+          for (const auto& [name, header] : value.items()) {
+            if (!header.is_string()) return invalid(at + ".transform.headers." + name + ": must be a string");
+            if (header.get_ref<const std::string&>().find("${e2b.identity.") != std::string::npos) {
+              return invalid(at + ".transform.headers." + name + ": IAM tokens are not supported by SPACE");
+            }
+            headers[name] = header;
+          }
+        }
+      }
+    }
+    if (headers.empty()) continue;  // a rule without a transform changes nothing here
+    out.push_back(json{{"host", host}, {"headers", std::move(headers)}});
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<json> e2bNetworkPolicy(json base, std::optional<bool> allow_internet_access, const json* network) {
@@ -121,9 +164,10 @@ Result<json> e2bNetworkPolicy(json base, std::optional<bool> allow_internet_acce
       if (value.is_null()) continue;
       if (key == "allowOut" || key == "denyOut" || key == "allowPublicTraffic") continue;
       if (key == "rules") {
-        return makeError(ErrorCode::kInvalidArgument,
-                         "network.rules: header transforms are not supported by this SPACE front end yet; store the "
-                         "value as a SPACE secret and use a credential rule (docs/network.md)");
+        auto credentials = e2bCredentialRules(value);
+        if (!credentials.ok()) return credentials.error();
+        base["credentials"] = std::move(credentials.value());  // replaces what the sandbox had
+        continue;
       }
       if (key == "egressProxy" || key == "maskRequestHost" || key == "httpsPorts") {
         return makeError(ErrorCode::kInvalidArgument, "network." + key + ": not supported by SPACE");

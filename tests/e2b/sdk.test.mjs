@@ -237,6 +237,36 @@ test('network: allow_internet_access and allow/deny lists become the gateway pol
   await closed.kill()
 })
 
+test('network.rules: header transforms become credential rules the gateway injects', { timeout: 120_000 }, async () => {
+  const rules = { 'api.example.com': [{ transform: { headers: { 'X-Api-Key': 'k1', Authorization: 'Bearer t' } } }] }
+  const sandbox = await create({ network: { rules } })
+  const credentials = async () => {
+    const res = await fetch(`${process.env.SPACE_API}/v1/sandboxes/${sandbox.sandboxId}/network`, {
+      headers: { Authorization: `Bearer ${process.env.E2B_API_KEY}` },
+    })
+    assert.equal(res.status, 200)
+    return (await res.json()).credentials
+  }
+  let got = await credentials()
+  assert.equal(got.length, 1)
+  assert.equal(got[0].host, 'api.example.com')
+  assert.deepEqual(got[0].headers, { 'X-Api-Key': 'k1', Authorization: 'Bearer t' })
+  // An update without rules keeps them; one with rules replaces them.
+  await sandbox.updateNetwork({ denyOut: ['evil.example'] })
+  assert.equal((await credentials()).length, 1)
+  await sandbox.updateNetwork({ rules: { '*.example.org': [{ transform: { headers: { 'X-B': 'b' } } }] } })
+  got = await credentials()
+  assert.deepEqual(got.map((r) => [r.host, r.headers]), [['*.example.org', { 'X-B': 'b' }]])
+  // E2B's IAM tokens have nothing behind them in SPACE: refused, naming the field.
+  await assert.rejects(
+    sandbox.updateNetwork({
+      rules: { 'api.example.com': [{ transform: ({ iam }) => ({ headers: { Authorization: iam.tokens.gh } }) }] },
+    }),
+    /IAM tokens/,
+  )
+  await sandbox.kill()
+})
+
 test('list: metadata filter and paging', { timeout: 120_000 }, async () => {
   const second = await create({ metadata: { suite: 'e2b-sdk', n: '2' } })
   const seen = []

@@ -96,7 +96,7 @@ TEST(E2bNetwork, APolicyIsDescribedInE2bsTerms) {
 }
 
 TEST(E2bNetwork, FieldsSpaceCannotHonourAreRefusedByName) {
-  for (const char* field : {"rules", "egressProxy", "maskRequestHost", "httpsPorts", "somethingNew"}) {
+  for (const char* field : {"egressProxy", "maskRequestHost", "httpsPorts", "somethingNew"}) {
     json network{{field, json::object()}};
     auto j = e2bNetworkPolicy(json::object(), std::nullopt, &network);
     ASSERT_FALSE(j.ok()) << field;
@@ -104,6 +104,34 @@ TEST(E2bNetwork, FieldsSpaceCannotHonourAreRefusedByName) {
   }
   json bad{{"allowOut", "example.com"}};
   EXPECT_FALSE(e2bNetworkPolicy(json::object(), std::nullopt, &bad).ok());
+}
+
+TEST(E2bNetwork, HeaderTransformsBecomeCredentialRules) {
+  json network = json::parse(R"({"rules": {
+      "api.example.com": [{"transform": {"headers": {"A": "1", "B": "{{secret:gh}}"}}}, {"transform": {"headers": {"A": "2"}}}],
+      "*.example.org": [{}],
+      "other.example": [{"transform": null}]}})");
+  auto j = e2bNetworkPolicy(json::object(), std::nullopt, &network);
+  ASSERT_TRUE(j.ok()) << j.error().message;
+  auto policy = net::parsePolicy(j.value());
+  ASSERT_TRUE(policy.ok()) << policy.error().message;
+  ASSERT_EQ(policy->credentials.size(), 1u);  // rules without a transform add nothing
+  EXPECT_EQ(policy->credentials[0].host.text, "api.example.com");
+  EXPECT_EQ(policy->credentials[0].headers,
+            (std::vector<std::pair<std::string, std::string>>{{"A", "2"}, {"B", "{{secret:gh}}"}}));
+  EXPECT_FALSE(policy->credentials[0].plain_http);  // TLS only, as SPACE's rules default to
+  // What the gateway cannot do is refused, naming the place.
+  for (const char* bad : {R"({"h": {"transform": {}}})", R"({"h": [{"transform": {"body": "x"}}]})",
+                          R"({"h": [{"match": {}}]})", R"({"h": [{"transform": {"headers": {"A": 1}}}]})",
+                          R"({"h": [{"transform": {"headers": {"A": "${e2b.identity.tokens.x}"}}}]})", R"([])"}) {
+    json n{{"rules", json::parse(bad)}};
+    auto r = e2bNetworkPolicy(json::object(), std::nullopt, &n);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message.find("network.rules"), std::string::npos) << r.error().message;
+  }
+  // An address is no credential host: parsePolicy says so.
+  json by_address{{"rules", {{"10.0.0.1", {{{"transform", {{"headers", {{"A", "1"}}}}}}}}}}};
+  EXPECT_FALSE(net::parsePolicy(e2bNetworkPolicy(json::object(), std::nullopt, &by_address).value()).ok());
 }
 
 TEST(E2bControlPlane, StartedAfterTimesAreParsedStrictly) {
