@@ -36,6 +36,10 @@ bool isUnaryMethod(const std::string& m) {
          m == "/filesystem.Filesystem/ListDir" || m == "/filesystem.Filesystem/MakeDir" ||
          m == "/filesystem.Filesystem/Move" || m == "/filesystem.Filesystem/Remove";
 }
+bool isWatcherMethod(const std::string& m) {
+  return m == "/filesystem.Filesystem/CreateWatcher" || m == "/filesystem.Filesystem/GetWatcherEvents" ||
+         m == "/filesystem.Filesystem/RemoveWatcher";
+}
 bool isStreamMethod(const std::string& m) {
   return m == "/process.Process/Start" || m == "/process.Process/Connect" || m == "/filesystem.Filesystem/WatchDir";
 }
@@ -118,7 +122,8 @@ EnvdFront::EnvdFront(sandbox::SandboxManager& manager, secrets::SecretVault& vau
       options_(options),
       streams_(options.tenant_streams),
       calls_(options.tenant_calls),
-      ports_(api::TenantGate::Limits{std::max<size_t>(1, options.ports.max_connections / 4), 0, 0}) {}
+      ports_(api::TenantGate::Limits{std::max<size_t>(1, options.ports.max_connections / 4), 0, 0}),
+      watchers_(options.watchers) {}
 
 std::string EnvdFront::sandboxForSignature(http::Request& req, const std::string& operation) {
   auto signature = req.query("signature");
@@ -281,7 +286,8 @@ void EnvdFront::handle(http::Request& req, http::Response& res) {
     (void)sendJsonError(res, 405, "/files takes GET or POST");
     return;
   }
-  if (req.method() != "POST" || (!isUnaryMethod(req.path()) && !isStreamMethod(req.path()))) {
+  if (req.method() != "POST" ||
+      (!isUnaryMethod(req.path()) && !isStreamMethod(req.path()) && !isWatcherMethod(req.path()))) {
     (void)res.send(
         404, "application/json",
         dumpJson(connectError(makeError(ErrorCode::kUnimplemented,
@@ -297,6 +303,7 @@ void EnvdFront::handle(http::Request& req, http::Response& res) {
     call.user = user.value().value_or("");
   }
   if (isStreamMethod(req.path())) return stream(call, req.path());
+  if (isWatcherMethod(req.path())) return watcher(call, req.path());
   return unary(call, req.path());
 }
 
@@ -339,6 +346,47 @@ void EnvdFront::unary(Call& c, const std::string& method) {
   auto answer = lease->agent->call(method, message.value(), options);
   if (!answer.ok()) return agentError(c, lease.value(), answer.error(), true);
   (void)c.res.send(200, "application/json", dumpJson(answer.value()));
+}
+
+void EnvdFront::watcher(Call& c, const std::string& method) {
+  auto connect_error = [&](const Error& e) {
+    (void)c.res.send(connectHttpStatus(e.code), "application/json", dumpJson(connectError(e)));
+  };
+  if (!contentTypeIs(c.req.header("content-type"), "application/json")) {
+    return connect_error(makeError(ErrorCode::kInvalidArgument, "unary calls take Content-Type: application/json"));
+  }
+  auto message = api::readJsonBody(c.req, options_.max_stream_request);
+  if (!message.ok()) {
+    return connect_error(makeError(ErrorCode::kInvalidArgument, "request body: " + message.error().message));
+  }
+  if (!message->is_object()) {
+    return connect_error(makeError(ErrorCode::kInvalidArgument, "the request is not a JSON object"));
+  }
+  if (method == "/filesystem.Filesystem/CreateWatcher") {
+    auto lease = manager_.agent(c.tenant, c.id, "watch files");
+    if (!lease.ok()) return connect_error(lease.error());
+    agentproto::CallOptions options;
+    options.timeout = std::chrono::milliseconds(0);  // until removed
+    options.user = c.user;
+    auto id = watchers_.create(c.tenant, c.id, *lease->agent, message.value(), options, options_.unary_timeout);
+    if (!id.ok()) return agentError(c, lease.value(), id.error(), true);
+    (void)c.res.send(200, "application/json", dumpJson(json{{"watcherId", id.value()}}));
+    return;
+  }
+  // envd's JSON names it watcherId; its parser takes the proto name too.
+  std::string id;
+  for (const char* key : {"watcherId", "watcher_id"}) {
+    if (auto it = message->find(key); it != message->end() && it->is_string()) id = it->get<std::string>();
+  }
+  if (id.empty()) return connect_error(makeError(ErrorCode::kInvalidArgument, "watcherId: required"));
+  if (method == "/filesystem.Filesystem/GetWatcherEvents") {
+    auto events = watchers_.events(c.tenant, c.id, id);
+    if (!events.ok()) return connect_error(events.error());
+    (void)c.res.send(200, "application/json", dumpJson(json{{"events", std::move(events.value())}}));
+    return;
+  }
+  if (auto removed = watchers_.remove(c.tenant, c.id, id); !removed.ok()) return connect_error(removed.error());
+  (void)c.res.send(200, "application/json", "{}");
 }
 
 void EnvdFront::stream(Call& c, const std::string& method) {

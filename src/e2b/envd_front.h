@@ -17,6 +17,7 @@
 
 #include "api/ingress.h"
 #include "api/tenant_gate.h"
+#include "e2b/watchers.h"
 #include "http/message.h"
 #include "sandbox/manager.h"
 #include "secrets/vault.h"
@@ -42,6 +43,7 @@ struct EnvdOptions {
   // its timeouts, its token (e2b-traffic-access-token) and its cap: `max_connections` for the
   // node, a quarter of it per tenant, apart from the streams' share.
   api::IngressOptions ports;
+  WatcherLimits watchers;
 };
 
 class EnvdFront {
@@ -56,6 +58,8 @@ class EnvdFront {
   struct Call;
   void unary(Call& c, const std::string& method);
   void stream(Call& c, const std::string& method);
+  // CreateWatcher, GetWatcherEvents, RemoveWatcher: served here from a held WatchDir stream.
+  void watcher(Call& c, const std::string& method);
   void download(Call& c);
   void upload(Call& c);
   // A request for another port of the guest (a preview, Jupyter on 49999): relayed as it came.
@@ -73,6 +77,7 @@ class EnvdFront {
   api::TenantGate calls_;
   api::TenantGate ports_;
   std::atomic<size_t> ports_open_{0};  // proxied connections of the whole node
+  WatcherTable watchers_;
   std::mutex tokens_mu_;
   std::map<std::string, std::string> tokens_;  // guarded by tokens_mu_: live sandbox id -> token
 };

@@ -186,6 +186,36 @@ test('watchDir: events for files written in the directory', { timeout: 60_000 },
   await assert.rejects(sbx.files.watchDir('no-such-dir', () => {}), (e) => e instanceof FileNotFoundError)
 })
 
+test("watchers: the Python SDK's CreateWatcher, GetWatcherEvents, RemoveWatcher", { timeout: 60_000 }, async () => {
+  // The JS SDK streams WatchDir; the Python sync SDK polls these, so they are called raw here.
+  const rpc = async (method, body, id = sbx.sandboxId) => {
+    const res = await fetch(`${process.env.E2B_SANDBOX_URL}/filesystem.Filesystem/${method}`, {
+      method: 'POST',
+      headers: { 'E2b-Sandbox-Id': id, 'X-Access-Token': sbx.envdAccessToken, 'Content-Type': 'application/json' },
+      body: JSON.stringify(body),
+    })
+    return { status: res.status, body: await res.json() }
+  }
+  await sbx.files.makeDir('polled')
+  const created = await rpc('CreateWatcher', { path: 'polled', recursive: false })
+  assert.equal(created.status, 200, JSON.stringify(created.body))
+  const watcherId = created.body.watcherId
+  assert.ok(watcherId)
+  await sbx.files.write('polled/y.txt', 'y')
+  let names = []
+  for (let i = 0; i < 50 && !names.includes('y.txt'); i++) {
+    const got = await rpc('GetWatcherEvents', { watcherId })
+    assert.equal(got.status, 200, JSON.stringify(got.body))
+    names.push(...got.body.events.map((e) => e.name))
+    if (!names.includes('y.txt')) await new Promise((r) => setTimeout(r, 100))
+  }
+  assert.ok(names.includes('y.txt'), JSON.stringify(names))
+  assert.deepEqual((await rpc('GetWatcherEvents', { watcherId })).body.events, [])
+  assert.equal((await rpc('RemoveWatcher', { watcherId })).status, 200)
+  assert.equal((await rpc('GetWatcherEvents', { watcherId })).body.code, 'not_found')
+  assert.equal((await rpc('CreateWatcher', { path: 'no-such-dir' })).body.code, 'not_found')
+})
+
 test('snapshots: create, list, start from one, fork, delete', { timeout: 180_000 }, async () => {
   await sbx.files.write('before-snapshot.txt', 'saved')
   const snap = await sbx.createSnapshot({ name: 'sdk-snap' })
