@@ -118,6 +118,7 @@ void Channel::readAvailable() {
   // Bounded per wake-up so a flood from the host cannot starve process output.
   for (int round = 0; round < 16 && state_ != State::kDisconnected; ++round) {
     ssize_t n = read(fd_, buf, sizeof buf);
+    if (traceEnabled()) fprintf(stderr, "space-agent: channel: read %zd (state %d)\n", n, static_cast<int>(state_));
     if (n > 0) {
       handleBytes(std::string_view(buf, static_cast<size_t>(n)));
       continue;
@@ -214,6 +215,10 @@ void Channel::flush() {
     if (session_ && out_.size() - out_off_ < kOutputBudget) out_ += session_->takeOutput(kOutputBudget);
     if (out_off_ == out_.size()) break;
     ssize_t n = write(fd_, out_.data() + out_off_, out_.size() - out_off_);
+    if (traceEnabled()) {
+      fprintf(stderr, "space-agent: channel: wrote %zd of %zu (errno %d)\n", n, out_.size() - out_off_,
+              n < 0 ? errno : 0);
+    }
     if (n > 0) {
       out_off_ += static_cast<size_t>(n);
       continue;

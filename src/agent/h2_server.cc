@@ -1,5 +1,7 @@
 #include "agent/h2_server.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "agentproto/base64.h"
@@ -7,6 +9,14 @@
 #include "common/bounded_json.h"
 
 namespace space::agent {
+
+bool traceEnabled() {
+  static const bool on = [] {
+    const char* v = getenv("space_agent_trace");
+    return v != nullptr && strcmp(v, "1") == 0;
+  }();
+  return on;
+}
 
 namespace {
 
@@ -262,7 +272,8 @@ struct H2Callbacks {
     return 0;
   }
 
-  static int onStreamClose(nghttp2_session*, int32_t stream_id, uint32_t, void* ud) {
+  static int onStreamClose(nghttp2_session*, int32_t stream_id, uint32_t error_code, void* ud) {
+    if (traceEnabled()) fprintf(stderr, "space-agent: h2: stream %d closed (error %u)\n", stream_id, error_code);
     self(ud)->closeStream(stream_id);
     return 0;
   }
@@ -425,6 +436,10 @@ void H2ServerSession::onHeadersDone(int32_t stream_id, Request& req) {
 }
 
 void H2ServerSession::dispatch(int32_t stream_id, Request& req) {
+  if (traceEnabled()) {
+    fprintf(stderr, "space-agent: h2: stream %d %s %.100s (%zu body bytes)\n", stream_id, req.method.c_str(),
+            req.path.c_str(), req.body.size());
+  }
   // Last line of defence: the agent is PID 1, and an exception escaping a handler would panic
   // the guest kernel. Handlers are written not to throw; if one does, only its call fails.
   try {

@@ -34,6 +34,11 @@ struct CallContext {
   std::optional<uint64_t> length;
 };
 
+// Whether the agent traces its channel and calls to the console: the kernel argument
+// space_agent_trace=1 (which the kernel hands to init as an environment variable). For
+// diagnosing a lost call; off in production, since the console is a slow serial port.
+bool traceEnabled();
+
 // A unary handler's answer: the response message or an error.
 using UnaryResult = std::variant<Json, RpcError>;
 

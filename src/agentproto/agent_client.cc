@@ -108,6 +108,7 @@ struct Call : std::enable_shared_from_this<Call>, AgentStream {
   EnvelopeDecoder decoder{AgentClient::kMaxEnvelope};
   bool got_end = false;
   AgentClient::MessageFn on_message;
+  AgentClient::RawMessageFn on_payload;  // instead of on_message: data envelopes unparsed
   AgentClient::EndFn on_end;
   // completion
   std::mutex m;
@@ -125,6 +126,7 @@ struct Call : std::enable_shared_from_this<Call>, AgentStream {
     auto end_cb = std::move(on_end);
     on_end = nullptr;
     on_message = nullptr;
+    on_payload = nullptr;
     if (end_cb) end_cb(st);
     {
       std::lock_guard<std::mutex> lock(m);
@@ -350,6 +352,11 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
         auto env = call->decoder.next();
         if (!env.ok()) return abort(makeError(ErrorCode::kUnavailable, "agent stream: " + env.error().message));
         if (!env.value()) break;
+        if (call->on_payload && !(env.value()->flags & kEnvelopeEndStream)) {
+          if (call->got_end) return abort(makeError(ErrorCode::kUnavailable, "agent stream: data after EndStream"));
+          call->on_payload(env.value()->payload);
+          continue;
+        }
         auto parsed = parseJsonBounded(env.value()->payload);
         if (!parsed.ok()) return abort(makeError(ErrorCode::kUnavailable, "agent stream: " + parsed.error().message));
         Json msg = std::move(parsed.value());
@@ -775,6 +782,18 @@ std::shared_ptr<AgentStream> AgentClient::stream(const std::string& method, cons
   call->req_body = encodeEnvelope(0, request.dump(-1, ' ', false, Json::error_handler_t::replace));
   if (options.timeout.count() > 0) call->timeout_header = std::min(options.timeout, kMaxTimeout);
   call->on_message = std::move(on_message);
+  call->on_end = std::move(on_end);
+  start(impl_, call);
+  return call;
+}
+
+std::shared_ptr<AgentStream> AgentClient::streamRaw(const std::string& method, const Json& request,
+                                                    const CallOptions& options, RawMessageFn on_payload, EndFn on_end) {
+  auto call = newCall(impl_, Call::Kind::kStream, method, options);
+  call->content_type = "application/connect+json";
+  call->req_body = encodeEnvelope(0, request.dump(-1, ' ', false, Json::error_handler_t::replace));
+  if (options.timeout.count() > 0) call->timeout_header = std::min(options.timeout, kMaxTimeout);
+  call->on_payload = std::move(on_payload);
   call->on_end = std::move(on_end);
   start(impl_, call);
   return call;

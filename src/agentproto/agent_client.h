@@ -94,6 +94,12 @@ class AgentClient {
   // run: capture state they own (a shared_ptr), never the caller's stack.
   std::shared_ptr<AgentStream> stream(const std::string& method, const Json& request, const CallOptions& options,
                                       MessageFn on_message, EndFn on_end);
+  // The same stream, its data envelopes handed over as the guest framed them (their payload
+  // bytes, never parsed here), for a caller that only relays them (the E2B front end). Only the
+  // EndStream envelope is parsed, for on_end's status. Same callback rules as stream().
+  using RawMessageFn = std::function<void(std::string_view payload)>;
+  std::shared_ptr<AgentStream> streamRaw(const std::string& method, const Json& request, const CallOptions& options,
+                                         RawMessageFn on_payload, EndFn on_end);
 
   // Produces upload bytes: fills `out` with up to `max` bytes, returns how many; 0 = done; an
   // error fails the upload with that error.

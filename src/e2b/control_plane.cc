@@ -142,6 +142,13 @@ Result<json> e2bCredentialRules(const json& rules) {
             if (header.get_ref<const std::string&>().find("${e2b.identity.") != std::string::npos) {
               return invalid(at + ".transform.headers." + name + ": IAM tokens are not supported by SPACE");
             }
+            // A literal value would be kept in clear in the sandbox's policy (its file, its
+            // snapshots, the policy's log lines), where SPACE keeps secrets sealed in the vault.
+            if (header.get_ref<const std::string&>().find("{{secret:") == std::string::npos) {
+              return invalid(at + ".transform.headers." + name +
+                             ": name a SPACE secret as {{secret:NAME}} (create it with PUT /v1/secrets/NAME on "
+                             "SPACE's API); literal values are not kept");
+            }
             headers[name] = header;
           }
         }
@@ -391,6 +398,7 @@ void ControlPlane::createSandbox(Call& c) {
     if (!policy_json.ok()) return fail(c, policy_json.error());
     auto policy = net::parsePolicy(policy_json.value());
     if (!policy.ok()) return fail(c, makeError(ErrorCode::kInvalidArgument, "network: " + policy.error().message));
+    if (auto known = checkSecretsExist(c.tenant, policy.value()); !known.ok()) return fail(c, known.error());
     request.network = std::move(policy.value());
   }
   auto rec = manager_.create(request);
@@ -537,6 +545,20 @@ void ControlPlane::setTimeout(Call& c) {
   (void)c.res.send(204, "", "");
 }
 
+Status ControlPlane::checkSecretsExist(const std::string& tenant, const net::Policy& policy) {
+  for (const std::string& name : net::credentialSecretNames(policy)) {
+    auto found = vault_.info(tenant, name);
+    if (found.ok()) continue;
+    if (found.error().code == ErrorCode::kNotFound) {
+      return makeError(
+          ErrorCode::kInvalidArgument,
+          "network.rules: no secret named " + name + " (create it first: PUT /v1/secrets/" + name + " on SPACE's API)");
+    }
+    return found.error();
+  }
+  return okStatus();
+}
+
 void ControlPlane::pauseSandbox(Call& c) {
   auto body = api::readJsonBody(c.req, options_.max_json_body);
   if (!body.ok()) return fail(c, body.error());
@@ -625,6 +647,7 @@ void ControlPlane::updateNetwork(Call& c) {
   if (!policy_json.ok()) return fail(c, policy_json.error());
   auto policy = net::parsePolicy(policy_json.value());
   if (!policy.ok()) return fail(c, makeError(ErrorCode::kInvalidArgument, "network: " + policy.error().message));
+  if (auto known = checkSecretsExist(c.tenant, policy.value()); !known.ok()) return fail(c, known.error());
   if (auto set = manager_.setNetworkPolicy(c.tenant, c.id(), policy.value()); !set.ok()) return fail(c, set.error());
   (void)c.res.send(204, "", "");
 }

@@ -54,6 +54,8 @@ class ControlPlane {
   void getSandbox(Call& c);
   void killSandbox(Call& c);
   void setTimeout(Call& c);
+  // Every secret the policy's credential rules name exists for the tenant (400 otherwise).
+  Status checkSecretsExist(const std::string& tenant, const net::Policy& policy);
   void pauseSandbox(Call& c);
   void connectSandbox(Call& c, bool legacy_resume);
   void metrics(Call& c);

@@ -192,6 +192,10 @@ void EnvdFront::handle(http::Request& req, http::Response& res) {
   auto presented = req.header("x-access-token");
   const bool health = req.path() == "/health" && port == kEnvdPort;
   bool authorized = presented && sameSecret(*presented, token);
+  // Whether the sandbox's own credentials (its envd token, or a URL signed with it) came: only
+  // they wake a sandbox SPACE suspended for idleness; a traffic token or public ports wake one
+  // whose owner asked for that (autoResume), as E2B's traffic does.
+  bool owner_credentials = authorized;
   if (presented && !authorized) {
     res.closeConnection();
     (void)sendJsonError(res, 401, kUnauthorized);
@@ -236,6 +240,7 @@ void EnvdFront::handle(http::Request& req, http::Response& res) {
         return;
       }
       authorized = true;
+      owner_credentials = true;
     }
   }
   if (!authorized && !health) {
@@ -245,7 +250,9 @@ void EnvdFront::handle(http::Request& req, http::Response& res) {
   }
   if (!authorized) res.closeConnection();  // an unauthenticated /health keeps no connection
   auto rec = manager_.get(tenant.value(), id);
-  if (!rec.ok() || (rec->state != sandbox::stateName(sandbox::SandboxState::kRunning) && !resumesOnDemand(*rec))) {
+  const bool may_resume =
+      rec.ok() && (owner_credentials ? resumesOnDemand(*rec) : rec->auto_resume && resumesOnDemand(*rec));
+  if (!rec.ok() || (rec->state != sandbox::stateName(sandbox::SandboxState::kRunning) && !may_resume)) {
     (void)sendNotRunning(res, id);
     return;
   }
@@ -269,7 +276,7 @@ void EnvdFront::handle(http::Request& req, http::Response& res) {
                             " open; retry when one has finished");
     return;
   }
-  Call call{req, res, id, tenant.value(), "", resumesOnDemand(*rec)};
+  Call call{req, res, id, tenant.value(), "", may_resume};
   if (port != kEnvdPort) return proxyPort(call, port);
   if (files) {
     auto user = req.query("username");
@@ -382,7 +389,7 @@ void EnvdFront::watcher(Call& c, const std::string& method) {
   if (method == "/filesystem.Filesystem/GetWatcherEvents") {
     auto events = watchers_.events(c.tenant, c.id, id);
     if (!events.ok()) return connect_error(events.error());
-    (void)c.res.send(200, "application/json", dumpJson(json{{"events", std::move(events.value())}}));
+    (void)c.res.send(200, "application/json", "{\"events\":" + events.value() + "}");
     return;
   }
   if (auto removed = watchers_.remove(c.tenant, c.id, id); !removed.ok()) return connect_error(removed.error());
@@ -436,10 +443,12 @@ void EnvdFront::stream(Call& c, const std::string& method) {
       return end_with(makeError(ErrorCode::kInvalidArgument, "the request is not a JSON object"));
     }
     // Callbacks run on the agent client's I/O thread and own what they touch (the queue).
-    handle = lease->agent->stream(
+    // The guest's messages are relayed as it framed them: never parsed or re-encoded here (the
+    // client is the sandbox's own tenant, and the framing and sizes are checked by the decoder).
+    handle = lease->agent->streamRaw(
         method, message.value(), options,
-        [queue](const json& m) {
-          std::string frame = envelope(kEnvelopeData, m.dump(-1, ' ', false, json::error_handler_t::replace));
+        [queue](std::string_view payload) {
+          std::string frame = envelope(kEnvelopeData, payload);
           std::lock_guard lock(queue->mu);
           if (queue->overflow) return;
           if (queue->bytes + frame.size() > queue->max_bytes) {
@@ -567,6 +576,7 @@ void EnvdFront::download(Call& c) {
   // body that comes up short is cut off rather than ended as if complete.)
   int status = 200;
   std::optional<std::pair<uint64_t, uint64_t>> range;
+  std::string content_range;  // set on the answer only once the bytes come (an error has none)
   if (auto header = c.req.header("range")) {
     auto entry = ops.stat(*path, c.user);
     if (!entry.ok()) return agentError(c, lease.value(), entry.error(), false);
@@ -581,17 +591,27 @@ void EnvdFront::download(Call& c) {
     if (wanted.kind == http::ByteRange::Kind::kPartial) {
       status = 206;
       range.emplace(wanted.first, wanted.length());
-      c.res.setHeader("Content-Range", "bytes " + std::to_string(wanted.first) + "-" + std::to_string(wanted.last) +
-                                           "/" + std::to_string(entry->size));
+      content_range = "bytes " + std::to_string(wanted.first) + "-" + std::to_string(wanted.last) + "/" +
+                      std::to_string(entry->size);
     }
   }
-  c.res.setHeader("Accept-Ranges", "bytes");
+  auto setSuccessHeaders = [&] {
+    c.res.setHeader("Accept-Ranges", "bytes");
+    if (!content_range.empty()) c.res.setHeader("Content-Range", content_range);
+  };
   bool client_gone = false;
   uint64_t sent = 0;
   auto done = ops.download(
       *path,
       [&](std::string_view chunk) -> Status {
-        if (!c.res.started() && !c.res.begin(status, "application/octet-stream").ok()) client_gone = true;
+        // Never more than was asked for, whatever the guest sends.
+        if (range && sent + chunk.size() > range->second) {
+          return makeError(ErrorCode::kUnavailable, "the guest sent more than the range asked for");
+        }
+        if (!c.res.started()) {
+          setSuccessHeaders();
+          if (!c.res.begin(status, "application/octet-stream").ok()) client_gone = true;
+        }
         if (client_gone || !c.res.write(chunk).ok()) {
           client_gone = true;
           return makeError(ErrorCode::kCanceled, "the client went away");
@@ -606,6 +626,7 @@ void EnvdFront::download(Call& c) {
   }
   if (range && sent != range->second) return;  // short: the file shrank; never end it as whole
   if (!c.res.started()) {
+    setSuccessHeaders();
     (void)c.res.send(status, "application/octet-stream", "");
     return;
   }

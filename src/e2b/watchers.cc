@@ -17,8 +17,10 @@ struct WatcherTable::Watcher {
   std::mutex mu;
   std::condition_variable cv;
   bool started = false;
-  std::deque<json> events;
-  size_t bytes = 0;  // of `events`, as JSON text
+  // Each event as JSON text: what is counted is what is held (a parsed tree of the guest's
+  // making could be many times larger than its text).
+  std::deque<std::string> events;
+  size_t bytes = 0;  // of `events`
   bool overflow = false;
   std::optional<Status> ended;
 };
@@ -100,19 +102,19 @@ Result<std::string> WatcherTable::create(const std::string& tenant, const std::s
         auto self = weak.lock();
         if (!self) return;
         auto ev = m.find("filesystem");
-        const size_t size =
-            ev != m.end() && ev->is_object() ? ev->dump(-1, ' ', false, json::error_handler_t::replace).size() : 0;
+        std::string text;
+        if (ev != m.end() && ev->is_object()) text = ev->dump(-1, ' ', false, json::error_handler_t::replace);
         std::lock_guard lock(self->mu);
         if (m.contains("start")) {
           self->started = true;
-        } else if (size > 0 && !self->overflow) {
-          if (self->events.size() >= max_events || self->bytes + size > max_bytes) {
+        } else if (!text.empty() && !self->overflow) {
+          if (self->events.size() >= max_events || self->bytes + text.size() > max_bytes) {
             self->overflow = true;
             self->events.clear();  // the client gets the error; the memory goes now
             self->bytes = 0;
           } else {
-            self->events.push_back(*ev);
-            self->bytes += size;
+            self->bytes += text.size();
+            self->events.push_back(std::move(text));
           }
         }
         self->cv.notify_all();
@@ -122,6 +124,12 @@ Result<std::string> WatcherTable::create(const std::string& tenant, const std::s
         if (!self) return;
         std::lock_guard lock(self->mu);
         self->ended = end;
+        // A watch that failed (its sandbox went away, most often) may never be polled again:
+        // what it holds goes now, and the table drops it at the next count.
+        if (!end.ok()) {
+          self->events.clear();
+          self->bytes = 0;
+        }
         self->cv.notify_all();
       });
   std::optional<Error> failed;
@@ -154,21 +162,28 @@ Result<std::shared_ptr<WatcherTable::Watcher>> WatcherTable::find(const std::str
   return it->second;
 }
 
-Result<json> WatcherTable::events(const std::string& tenant, const std::string& sandbox_id, const std::string& id) {
+Result<std::string> WatcherTable::events(const std::string& tenant, const std::string& sandbox_id,
+                                         const std::string& id) {
   auto w = find(tenant, sandbox_id, id);
   if (!w.ok()) return w.error();
-  json out = json::array();
+  std::string out = "[";
+  bool empty = true;
   std::optional<Error> gone;
   {
     std::lock_guard lock(w.value()->mu);
-    for (auto& ev : w.value()->events) out.push_back(std::move(ev));
+    for (const auto& ev : w.value()->events) {
+      if (!empty) out += ',';
+      out += ev;
+      empty = false;
+    }
     w.value()->events.clear();
     w.value()->bytes = 0;
     if (w.value()->overflow) {
       gone = makeError(ErrorCode::kResourceExhausted,
-                       "more than " + std::to_string(limits_.events_per_watcher) +
-                           " events waited between two polls; the watcher is gone (create it again)");
-    } else if (w.value()->ended && out.empty()) {
+                       "more than " + std::to_string(limits_.events_per_watcher) + " events or " +
+                           std::to_string(limits_.bytes_per_watcher) +
+                           " bytes waited between two polls; the watcher is gone (create it again)");
+    } else if (w.value()->ended && empty) {
       gone = w.value()->ended->ok() ? makeError(ErrorCode::kUnavailable, "the watch ended") : w.value()->ended->error();
     }
   }
@@ -176,7 +191,7 @@ Result<json> WatcherTable::events(const std::string& tenant, const std::string& 
     (void)remove(tenant, sandbox_id, id);
     return *gone;
   }
-  return out;
+  return out + "]";
 }
 
 Status WatcherTable::remove(const std::string& tenant, const std::string& sandbox_id, const std::string& id) {

@@ -38,9 +38,9 @@ class WatcherTable {
   Result<std::string> create(const std::string& tenant, const std::string& sandbox_id, agentproto::AgentClient& agent,
                              const nlohmann::json& request, const agentproto::CallOptions& options,
                              std::chrono::milliseconds wait);
-  // The events since the last poll (FilesystemEvent objects, oldest first). A watcher whose
-  // stream ended or overflowed answers its error once and is gone.
-  Result<nlohmann::json> events(const std::string& tenant, const std::string& sandbox_id, const std::string& id);
+  // The events since the last poll: a JSON array of FilesystemEvent objects, oldest first, as
+  // text. A watcher whose stream ended or overflowed answers its error once and is gone.
+  Result<std::string> events(const std::string& tenant, const std::string& sandbox_id, const std::string& id);
   Status remove(const std::string& tenant, const std::string& sandbox_id, const std::string& id);
 
   size_t size();

@@ -268,33 +268,51 @@ test('network: allow_internet_access and allow/deny lists become the gateway pol
 })
 
 test('network.rules: header transforms become credential rules the gateway injects', { timeout: 120_000 }, async () => {
-  const rules = { 'api.example.com': [{ transform: { headers: { 'X-Api-Key': 'k1', Authorization: 'Bearer t' } } }] }
+  const space = (method, path, body) =>
+    fetch(`${process.env.SPACE_API}${path}`, {
+      method,
+      headers: { Authorization: `Bearer ${process.env.E2B_API_KEY}`, 'Content-Type': 'application/json' },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    })
+  // Values are SPACE secrets, named in the transform: a literal would be kept in clear.
+  assert.ok((await space('PUT', '/v1/secrets/e2b-test-key', { value: 'k1-secret-value' })).ok)
+  const rules = {
+    'api.example.com': [{ transform: { headers: { 'X-Api-Key': '{{secret:e2b-test-key}}', Authorization: 'Bearer {{secret:e2b-test-key}}' } } }],
+  }
   const sandbox = await create({ network: { rules } })
   const credentials = async () => {
-    const res = await fetch(`${process.env.SPACE_API}/v1/sandboxes/${sandbox.sandboxId}/network`, {
-      headers: { Authorization: `Bearer ${process.env.E2B_API_KEY}` },
-    })
+    const res = await space('GET', `/v1/sandboxes/${sandbox.sandboxId}/network`)
     assert.equal(res.status, 200)
     return (await res.json()).credentials
   }
   let got = await credentials()
   assert.equal(got.length, 1)
   assert.equal(got[0].host, 'api.example.com')
-  assert.deepEqual(got[0].headers, { 'X-Api-Key': 'k1', Authorization: 'Bearer t' })
+  assert.deepEqual(got[0].headers, { 'X-Api-Key': '{{secret:e2b-test-key}}', Authorization: 'Bearer {{secret:e2b-test-key}}' })
   // An update without rules keeps them; one with rules replaces them.
   await sandbox.updateNetwork({ denyOut: ['evil.example'] })
   assert.equal((await credentials()).length, 1)
-  await sandbox.updateNetwork({ rules: { '*.example.org': [{ transform: { headers: { 'X-B': 'b' } } }] } })
+  await sandbox.updateNetwork({ rules: { '*.example.org': [{ transform: { headers: { 'X-B': '{{secret:e2b-test-key}}' } } }] } })
   got = await credentials()
-  assert.deepEqual(got.map((r) => [r.host, r.headers]), [['*.example.org', { 'X-B': 'b' }]])
-  // E2B's IAM tokens have nothing behind them in SPACE: refused, naming the field.
+  assert.deepEqual(got.map((r) => [r.host, r.headers]), [['*.example.org', { 'X-B': '{{secret:e2b-test-key}}' }]])
+  // Refused, naming the field: a literal value, a secret the tenant does not have, an IAM token.
+  await assert.rejects(
+    sandbox.updateNetwork({ rules: { 'api.example.com': [{ transform: { headers: { A: 'literal-value' } } }] } }),
+    /literal values are not kept/,
+  )
+  await assert.rejects(
+    sandbox.updateNetwork({ rules: { 'api.example.com': [{ transform: { headers: { A: '{{secret:nope}}' } } }] } }),
+    /no secret named nope/,
+  )
   await assert.rejects(
     sandbox.updateNetwork({
       rules: { 'api.example.com': [{ transform: ({ iam }) => ({ headers: { Authorization: iam.tokens.gh } }) }] },
     }),
     /IAM tokens/,
   )
+  assert.equal((await credentials())[0].host, '*.example.org') // nothing changed
   await sandbox.kill()
+  assert.equal((await space('DELETE', '/v1/secrets/e2b-test-key')).status, 204)
 })
 
 test('list: metadata filter and paging', { timeout: 120_000 }, async () => {

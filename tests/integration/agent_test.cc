@@ -96,6 +96,9 @@ class AgentTest : public testing::Test {
   static void TearDownTestSuite() {
     // A failure inside the guest (the agent's own messages) is only visible on its console.
     if (vm_ != nullptr && testing::UnitTest::GetInstance()->current_test_suite()->failed_test_count() > 0) {
+      // Whether the agent still answers, and what it runs: a lost call or a stuck process.
+      auto list = vm_->agent().call("/process.Process/List", Json::object());
+      fprintf(stderr, "--- process list: %s\n", list.ok() ? list->dump().c_str() : list.error().message.c_str());
       fprintf(stderr, "--- guest console (tail) ---\n%s\n", vm_->consoleTail(16384).c_str());
     }
     delete vm_;

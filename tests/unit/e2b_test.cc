@@ -108,7 +108,7 @@ TEST(E2bNetwork, FieldsSpaceCannotHonourAreRefusedByName) {
 
 TEST(E2bNetwork, HeaderTransformsBecomeCredentialRules) {
   json network = json::parse(R"({"rules": {
-      "api.example.com": [{"transform": {"headers": {"A": "1", "B": "{{secret:gh}}"}}}, {"transform": {"headers": {"A": "2"}}}],
+      "api.example.com": [{"transform": {"headers": {"A": "x {{secret:a}}", "B": "{{secret:gh}}"}}}, {"transform": {"headers": {"A": "{{secret:b}}"}}}],
       "*.example.org": [{}],
       "other.example": [{"transform": null}]}})");
   auto j = e2bNetworkPolicy(json::object(), std::nullopt, &network);
@@ -118,19 +118,20 @@ TEST(E2bNetwork, HeaderTransformsBecomeCredentialRules) {
   ASSERT_EQ(policy->credentials.size(), 1u);  // rules without a transform add nothing
   EXPECT_EQ(policy->credentials[0].host.text, "api.example.com");
   EXPECT_EQ(policy->credentials[0].headers,
-            (std::vector<std::pair<std::string, std::string>>{{"A", "2"}, {"B", "{{secret:gh}}"}}));
+            (std::vector<std::pair<std::string, std::string>>{{"A", "{{secret:b}}"}, {"B", "{{secret:gh}}"}}));
   EXPECT_FALSE(policy->credentials[0].plain_http);  // TLS only, as SPACE's rules default to
   // What the gateway cannot do is refused, naming the place.
   for (const char* bad : {R"({"h": {"transform": {}}})", R"({"h": [{"transform": {"body": "x"}}]})",
                           R"({"h": [{"match": {}}]})", R"({"h": [{"transform": {"headers": {"A": 1}}}]})",
-                          R"({"h": [{"transform": {"headers": {"A": "${e2b.identity.tokens.x}"}}}]})", R"([])"}) {
+                          R"({"h": [{"transform": {"headers": {"A": "${e2b.identity.tokens.x}"}}}]})", R"([])",
+                          R"({"h": [{"transform": {"headers": {"A": "a literal value"}}}]})"}) {
     json n{{"rules", json::parse(bad)}};
     auto r = e2bNetworkPolicy(json::object(), std::nullopt, &n);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_NE(r.error().message.find("network.rules"), std::string::npos) << r.error().message;
   }
   // An address is no credential host: parsePolicy says so.
-  json by_address{{"rules", {{"10.0.0.1", {{{"transform", {{"headers", {{"A", "1"}}}}}}}}}}};
+  json by_address{{"rules", {{"10.0.0.1", {{{"transform", {{"headers", {{"A", "{{secret:a}}"}}}}}}}}}}};
   EXPECT_FALSE(net::parsePolicy(e2bNetworkPolicy(json::object(), std::nullopt, &by_address).value()).ok());
 }
 

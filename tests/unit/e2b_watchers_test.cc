@@ -28,10 +28,13 @@ class WatcherTableTest : public testing::Test {
                              return s->finish(agent::rpcError(agent::RpcCode::kNotFound, "no such directory"));
                            if (path == "silent") return;  // the transport keeps the stream open
                            s->send(Json{{"start", Json::object()}});
-                           const int n = path == "two" ? 2 : path == "flood" ? 50 : 1;
+                           const int n = path == "two" || path == "dies" ? 2 : path == "flood" ? 50 : 1;
                            for (int i = 0; i < n; ++i) {
                              std::string name = path == "big" ? std::string(64 << 10, 'x') : "f" + std::to_string(i);
                              s->send(Json{{"filesystem", {{"name", name}, {"type", "EVENT_TYPE_CREATE"}}}});
+                           }
+                           if (path == "dies") {
+                             s->finish(agent::rpcError(agent::RpcCode::kUnavailable, "the sandbox went away"));
                            }
                          });
     agent_thread_ = std::make_unique<testsupport::AgentThread>(fds_[0], router_);
@@ -57,7 +60,7 @@ class WatcherTableTest : public testing::Test {
     for (int i = 0; i < 100 && names.size() < want; ++i) {
       auto got = table.events("t1", "sb1", id);
       if (!got.ok()) break;
-      for (const auto& e : got.value()) names.push_back(e["name"]);
+      for (const auto& e : Json::parse(got.value())) names.push_back(e["name"]);
       if (names.size() < want) std::this_thread::sleep_for(milliseconds(20));
     }
     return names;
@@ -75,7 +78,7 @@ TEST_F(WatcherTableTest, EventsArePolledOnceAndAWatcherIsRemoved) {
   ASSERT_TRUE(id.ok()) << id.error().message;
   EXPECT_EQ(id->size(), 32u);
   EXPECT_EQ(poll(table, id.value(), 2), (std::vector<std::string>{"f0", "f1"}));
-  EXPECT_EQ(table.events("t1", "sb1", id.value()).value(), Json::array());
+  EXPECT_EQ(table.events("t1", "sb1", id.value()).value(), "[]");
   // Only its tenant, for its sandbox, reaches it.
   EXPECT_EQ(table.events("t2", "sb1", id.value()).error().code, ErrorCode::kNotFound);
   EXPECT_EQ(table.events("t1", "sb2", id.value()).error().code, ErrorCode::kNotFound);
@@ -103,7 +106,7 @@ TEST_F(WatcherTableTest, EventsBeyondTheBoundsEndTheWatcherWithAnError) {
   for (const char* path : {"flood", "big"}) {
     auto id = create(table, path);
     ASSERT_TRUE(id.ok()) << id.error().message;
-    Result<Json> got = Json::array();
+    Result<std::string> got = std::string("[]");
     for (int i = 0; i < 100 && got.ok(); ++i) {
       got = table.events("t1", "sb1", id.value());
       std::this_thread::sleep_for(milliseconds(20));
@@ -113,6 +116,25 @@ TEST_F(WatcherTableTest, EventsBeyondTheBoundsEndTheWatcherWithAnError) {
     EXPECT_EQ(table.events("t1", "sb1", id.value()).error().code, ErrorCode::kNotFound);  // gone
   }
   EXPECT_EQ(table.size(), 0u);
+}
+
+TEST_F(WatcherTableTest, AWatcherWhoseStreamFailedHoldsNothingAndLeaves) {
+  WatcherTable table(WatcherLimits{.per_tenant = 1});
+  auto id = create(table, "dies");
+  ASSERT_TRUE(id.ok()) << id.error().message;
+  // Never polled (its sandbox is gone, so it cannot be): it does not keep the tenant's share.
+  std::this_thread::sleep_for(milliseconds(200));
+  auto next = create(table, "one");
+  ASSERT_TRUE(next.ok()) << next.error().message;
+  EXPECT_EQ(table.size(), 1u);
+  EXPECT_EQ(table.events("t1", "sb1", id.value()).error().code, ErrorCode::kNotFound);
+  // Polled after the failure: the error, not the events it had before.
+  auto polled = create(table, "dies", "t2");
+  ASSERT_TRUE(polled.ok());
+  std::this_thread::sleep_for(milliseconds(200));
+  auto got = table.events("t2", "sb1", polled.value());
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.error().code, ErrorCode::kUnavailable);
 }
 
 TEST_F(WatcherTableTest, ATenantHasItsShareOfWatchers) {
