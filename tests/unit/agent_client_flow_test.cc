@@ -171,6 +171,13 @@ class FlowTest : public testing::Test {
         if (s->open()) s->setOnDrain([self = shared_from_this()] { self->pump(); });
       }
     };
+    // Two messages, then an error: what a relaying caller of streamRaw sees.
+    router_.serverStream("/test.Test/Two",
+                         [](const Json&, const agent::CallContext&, std::shared_ptr<agent::ServerStream> s) {
+                           s->send(Json{{"n", 1}, {"text", "caf\u00e9"}});
+                           s->send(Json{{"n", 2}});
+                           s->finish(agent::rpcError(agent::RpcCode::kNotFound, "gone"));
+                         });
     router_.serverStream("/process.Process/Start",
                          [this](const Json&, const agent::CallContext&, std::shared_ptr<agent::ServerStream> s) {
                            s->setOnClose([this] { flood_closed_++; });
@@ -211,6 +218,36 @@ class FlowTest : public testing::Test {
   std::atomic<uint64_t> flood_messages_{0};
   std::atomic<int> flood_closed_{0};
 };
+
+TEST_F(FlowTest, RawStreamsHandOverTheGuestsPayloadsAndParseOnlyTheEnd) {
+  AgentThread agent(fds_[0], router_);
+  auto client = connectClient();
+  ASSERT_NE(client, nullptr);
+  struct Seen {
+    std::mutex m;
+    std::vector<std::string> payloads;
+    std::optional<Status> end;
+  };
+  auto seen = std::make_shared<Seen>();
+  auto stream = client->streamRaw(
+      "/test.Test/Two", Json::object(), CallOptions{seconds(5), ""},
+      [seen](std::string_view payload) {
+        std::lock_guard lock(seen->m);
+        seen->payloads.emplace_back(payload);
+      },
+      [seen](const Status& end) {
+        std::lock_guard lock(seen->m);
+        seen->end = end;
+      });
+  auto end = stream->wait(milliseconds(5000));
+  ASSERT_FALSE(end.ok());
+  EXPECT_EQ(end.error().code, ErrorCode::kNotFound);
+  std::lock_guard lock(seen->m);
+  // Byte for byte as the agent framed them (UTF-8 kept as it was sent).
+  EXPECT_EQ(seen->payloads, (std::vector<std::string>{R"({"n":1,"text":"café"})", R"({"n":2})"}));
+  ASSERT_TRUE(seen->end.has_value());
+  EXPECT_EQ(seen->end->error().message, "gone");
+}
 
 TEST_F(FlowTest, UploadSourceThatBlocksStallsNeitherOtherCallsNorItsDeadline) {
   AgentThread agent(fds_[0], router_);
