@@ -3,7 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 
 #include "api/ingress.h"
@@ -619,12 +621,37 @@ void ControlPlane::connectSandbox(Call& c, bool legacy_resume) {
 }
 
 void ControlPlane::metrics(Call& c) {
+  // start and end: unix seconds, both optional (the whole series, the last hour's, by default).
+  int64_t bounds[2] = {0, INT64_MAX / 1000 - 1};
+  const char* names[2] = {"start", "end"};
+  for (int i = 0; i < 2; ++i) {
+    auto text = c.req.query(names[i]);
+    if (!text) continue;
+    int64_t value = -1;
+    auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
+    if (ec != std::errc() || end != text->data() + text->size() || value < 0 || value > INT64_MAX / 1000 - 1)
+      return fail(c, makeError(ErrorCode::kInvalidArgument, std::string(names[i]) + ": not a unix time"));
+    bounds[i] = value;
+  }
   auto rec = manager_.get(c.tenant, c.id());
   if (!rec.ok()) return fail(c, rec.error());
   if (isGone(rec->state)) return fail(c, notFound(c.id()));
-  // No per-sandbox samples are kept yet (docs/e2b.md): an empty series, as E2B gives for a
-  // sandbox too young to have one.
-  (void)c.res.send(200, "application/json", "[]");
+  // The end second is included whole; bounds[1] is at most INT64_MAX / 1000 - 1 here, so no overflow.
+  auto samples = manager_.metrics(c.tenant, c.id(), bounds[0] * 1000, bounds[1] * 1000 + 999);
+  if (!samples.ok()) return fail(c, samples.error());
+  // What the host measures (sandbox/metrics.h): no memCache, which only the guest knows.
+  json out = json::array();
+  for (const auto& m : samples.value()) {
+    out.push_back(json{{"timestamp", rfc3339(m.timestamp_ms)},
+                       {"timestampUnix", m.timestamp_ms / 1000},
+                       {"cpuCount", m.cpu_count},
+                       {"cpuUsedPct", std::round(m.cpu_used_pct * 100) / 100},
+                       {"memUsed", m.mem_used_bytes},
+                       {"memTotal", m.mem_total_bytes},
+                       {"diskUsed", m.disk_used_bytes},
+                       {"diskTotal", static_cast<uint64_t>(options_.disk_size_mb) << 20}});
+  }
+  (void)c.res.send(200, "application/json", dumpJson(out));
 }
 
 void ControlPlane::updateNetwork(Call& c) {

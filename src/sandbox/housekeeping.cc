@@ -1,6 +1,8 @@
 // SandboxManager, background work: the housekeeping thread decides what is due for each sandbox (timeout, idle, VM
 // gone, disk full) and hands it to the action pool.
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 
@@ -82,7 +84,10 @@ void SandboxManager::checkOne(const std::shared_ptr<Live>& live, int64_t now_ms)
     std::unique_lock control(live->control, std::try_to_lock);
     if (!control.owns_lock()) return;
     due = dueFor(*live, now_ms);
-    if (due == Due::kNothing && live->runtime) live->vm().trimConsole(kConsoleMaxBytes, kConsoleKeepBytes);
+    if (due == Due::kNothing && live->runtime) {
+      live->vm().trimConsole(kConsoleMaxBytes, kConsoleKeepBytes);
+      if (live->state == SandboxState::kRunning) sampleMetrics(*live, now_ms);
+    }
   }
   if (due == Due::kNothing) return;
   // Suspending streams the guest's RAM to disk (seconds to minutes); the rest ends a VM or asks
@@ -90,6 +95,47 @@ void SandboxManager::checkOne(const std::shared_ptr<Live>& live, int64_t now_ms)
   const bool slow = due == Due::kIdle || (due == Due::kTimeout && live->on_timeout == "suspend");
   (void)actions_->submit({live->id, live->tenant, slow ? ActionPool::Kind::kSlow : ActionPool::Kind::kQuick,
                           [this, live, due] { act(live, due); }});
+}
+
+void SandboxManager::sampleMetrics(Live& live, int64_t now_ms) {
+  if (now_ms - live.sampled_at_ms < kMetricsIntervalMs) return;
+  const pid_t pid = live.vm().pid();
+  auto usage = readProcessUsage(pid);
+  if (!usage.ok()) {
+    spdlog::debug("sandbox {}: no metrics sample: {}", live.id, usage.error().message);
+    return;  // it is exiting: the health check says so
+  }
+  // The first reading of a QEMU (after a create or a resume) only sets the baseline.
+  if (pid == live.sampled_pid && live.sampled_at_ms > 0 && usage->cpu_ticks >= live.sampled_cpu_ticks) {
+    MetricSample sample;
+    sample.timestamp_ms = now_ms;
+    sample.cpu_count = live.cpus;
+    sample.cpu_used_pct = cpuPercent(usage->cpu_ticks - live.sampled_cpu_ticks, now_ms - live.sampled_at_ms, live.cpus,
+                                     sysconf(_SC_CLK_TCK));
+    sample.mem_used_bytes = usage->rss_bytes;
+    sample.mem_total_bytes = live.memory_mb << 20;
+    struct stat st {};
+    if (::stat(live.vm().paths().disk.c_str(), &st) == 0)
+      sample.disk_used_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+    live.metrics.add(sample);
+  }
+  live.sampled_pid = pid;
+  live.sampled_cpu_ticks = usage->cpu_ticks;
+  live.sampled_at_ms = now_ms;
+}
+
+Result<std::vector<MetricSample>> SandboxManager::metrics(const std::string& tenant, const std::string& id,
+                                                          int64_t start_ms, int64_t end_ms) {
+  auto rec = getOwned(tenant, id);  // kNotFound for others' sandboxes
+  if (!rec.ok()) return rec.error();
+  std::shared_ptr<Live> live;
+  {
+    std::lock_guard lock(mu_);
+    auto it = live_.find(id);
+    if (it != live_.end()) live = it->second;
+  }
+  if (!live) return std::vector<MetricSample>{};
+  return live->metrics.between(start_ms, end_ms);
 }
 
 void SandboxManager::act(const std::shared_ptr<Live>& live, Due due) {

@@ -30,6 +30,7 @@
 #include "sandbox/action_pool.h"
 #include "sandbox/launcher.h"
 #include "sandbox/lifecycle.h"
+#include "sandbox/metrics.h"
 #include "sandbox/warm_pool.h"
 #include "secrets/vault.h"
 #include "snapshot/template_cache.h"
@@ -233,6 +234,10 @@ class SandboxManager {
   // `count` sandboxes restored from request.snapshot_id, all running, or none (the ones made
   // are deleted again and the first error returned).
   Result<std::vector<store::SandboxRecord>> branch(const CreateRequest& request, uint32_t count);
+  // What it cost the host between start_ms and end_ms (unix ms), sampled every 5 s while it
+  // ran (the last hour's; a suspended sandbox adds none). kNotFound for others' sandboxes.
+  Result<std::vector<MetricSample>> metrics(const std::string& tenant, const std::string& id, int64_t start_ms,
+                                            int64_t end_ms);
   // Sets the hard timeout to now + timeout_s.
   Result<store::SandboxRecord> setTimeout(const std::string& tenant, const std::string& id, int64_t timeout_s);
 
@@ -271,6 +276,9 @@ class SandboxManager {
   // What housekeeping found due for a sandbox; decided on its thread, done by actions_.
   enum class Due { kNothing, kTimeout, kIdle, kVmExited, kStopReported, kGatewayExited };
   Due dueFor(Live& live, int64_t now_ms);  // `control` held; never waits
+  // Adds a metrics sample of a running sandbox, at most every kMetricsIntervalMs (under its control lock).
+  void sampleMetrics(Live& live, int64_t now_ms);
+  static constexpr int64_t kMetricsIntervalMs = 5000;
   void checkOne(const std::shared_ptr<Live>& live, int64_t now_ms);
   void act(const std::shared_ptr<Live>& live, Due due);
   // The guest stopped on a disk error: recorded paused with why, agent calls ended. `control` held.

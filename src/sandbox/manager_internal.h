@@ -11,6 +11,7 @@
 
 #include "agentproto/base64.h"
 #include "sandbox/manager.h"
+#include "sandbox/metrics.h"
 #include "sandbox/runtime.h"
 
 namespace space::sandbox {
@@ -39,6 +40,12 @@ struct SandboxManager::Live {
   std::string credential_ca_cert;
   // The env vars its guest gets for its policy's placeholders (NAME -> space-secret-...).
   std::map<std::string, std::string> credential_env;
+  // What it costs the host, sampled by housekeeping while it runs (thread-safe itself); the
+  // last sample's CPU time and time, guarded by `control`.
+  MetricsSeries metrics;
+  uint64_t sampled_cpu_ticks = 0;
+  int64_t sampled_at_ms = 0;
+  pid_t sampled_pid = 0;  // a new QEMU (a resume) starts its CPU time at 0
 
   vmm::Vm& vm() { return runtime->vm(); }
 };

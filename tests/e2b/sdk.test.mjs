@@ -397,6 +397,22 @@ test('concurrency: commands in several sandboxes at once, each on its own stream
   await Promise.all(others.map((s) => s.kill()))
 })
 
+test('getMetrics: what the sandbox costs, sampled every 5 s', { timeout: 60_000 }, async () => {
+  let metrics = []
+  for (let i = 0; i < 40 && metrics.length === 0; i++) {
+    metrics = await sbx.getMetrics()
+    if (metrics.length === 0) await new Promise((r) => setTimeout(r, 500))
+  }
+  assert.ok(metrics.length > 0, 'no samples')
+  const m = metrics[metrics.length - 1]
+  assert.ok(m.timestamp instanceof Date && Math.abs(m.timestamp.getTime() - Date.now()) < 600_000)
+  assert.ok(m.cpuCount >= 1 && m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, JSON.stringify(m))
+  assert.ok(m.memUsed > 0 && m.memUsed <= m.memTotal * 2 && m.memTotal >= 128 << 20, JSON.stringify(m))
+  assert.ok(m.diskTotal > 0, JSON.stringify(m))
+  const none = await sbx.getMetrics({ start: new Date(Date.now() + 3600_000) })
+  assert.deepEqual(none, [])
+})
+
 test('errors: unknown ids', { timeout: 30_000 }, async () => {
   await assert.rejects(Sandbox.connect('sb_doesnotexist0000000'), (e) => e instanceof SandboxNotFoundError)
   assert.equal(await Sandbox.kill('sb_doesnotexist0000000'), false)

@@ -1,0 +1,55 @@
+// What a running sandbox costs the host, sampled every few seconds from its QEMU process (CPU
+// time, resident memory) and its disk overlay (blocks allocated), and kept per sandbox in a
+// bounded series: the figures E2B's getMetrics returns. Host-side figures: the guest's own view
+// (its page cache, its filesystem's free space) needs the agent, and is issue 16's.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+
+namespace space::sandbox {
+
+struct MetricSample {
+  int64_t timestamp_ms = 0;
+  double cpu_used_pct = 0;  // of the sandbox's vCPUs together, 0..100
+  uint32_t cpu_count = 0;
+  uint64_t mem_used_bytes = 0;   // QEMU's resident memory (the guest's RAM it touched, and QEMU's own)
+  uint64_t mem_total_bytes = 0;  // the guest's RAM size
+  uint64_t disk_used_bytes = 0;  // blocks its disk overlay holds on the host
+};
+
+// The newest samples, oldest first, at most `max` of them. Thread-safe.
+class MetricsSeries {
+ public:
+  static constexpr size_t kDefaultMax = 720;  // an hour at one sample every 5 s
+  explicit MetricsSeries(size_t max = kDefaultMax) : max_(max) {}
+  void add(const MetricSample& sample);
+  // Samples with start_ms <= timestamp_ms <= end_ms.
+  std::vector<MetricSample> between(int64_t start_ms, int64_t end_ms) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::deque<MetricSample> samples_;
+  size_t max_;
+};
+
+// A process's CPU time (user + system, in clock ticks) and resident set, from /proc.
+struct ProcessUsage {
+  uint64_t cpu_ticks = 0;
+  uint64_t rss_bytes = 0;
+};
+Result<ProcessUsage> readProcessUsage(pid_t pid);
+// Parses /proc/<pid>/stat's text (the comm field may hold spaces and parentheses).
+Result<uint64_t> cpuTicksFromStat(const std::string& stat);
+
+// The share of `cpus` vCPUs that `ticks` of CPU time over `wall_ms` is, 0..100.
+double cpuPercent(uint64_t ticks, int64_t wall_ms, uint32_t cpus, long ticks_per_second);
+
+}  // namespace space::sandbox
