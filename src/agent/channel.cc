@@ -118,7 +118,11 @@ void Channel::readAvailable() {
   // Bounded per wake-up so a flood from the host cannot starve process output.
   for (int round = 0; round < 16 && state_ != State::kDisconnected; ++round) {
     ssize_t n = read(fd_, buf, sizeof buf);
-    if (traceEnabled()) fprintf(stderr, "space-agent: channel: read %zd (state %d)\n", n, static_cast<int>(state_));
+    if (traceEnabled()) {
+      const int saved = errno;  // the checks below read it
+      fprintf(stderr, "space-agent: channel: read %zd (state %d)\n", n, static_cast<int>(state_));
+      errno = saved;
+    }
     if (n > 0) {
       handleBytes(std::string_view(buf, static_cast<size_t>(n)));
       continue;
@@ -216,8 +220,10 @@ void Channel::flush() {
     if (out_off_ == out_.size()) break;
     ssize_t n = write(fd_, out_.data() + out_off_, out_.size() - out_off_);
     if (traceEnabled()) {
+      const int saved = errno;
       fprintf(stderr, "space-agent: channel: wrote %zd of %zu (errno %d)\n", n, out_.size() - out_off_,
-              n < 0 ? errno : 0);
+              n < 0 ? saved : 0);
+      errno = saved;
     }
     if (n > 0) {
       out_off_ += static_cast<size_t>(n);

@@ -1,6 +1,7 @@
 #include "e2b/control_plane.h"
 
 #include <spdlog/spdlog.h>
+#include <strings.h>
 
 #include <algorithm>
 #include <charconv>
@@ -112,6 +113,34 @@ Result<std::optional<std::vector<std::string>>> stringList(const json& object, c
   return std::optional<std::vector<std::string>>(std::move(out));
 }
 
+// A header value that names at least one secret and holds nothing else in clear but, before
+// it, an authorization scheme ("Bearer ", "token "): a key beside the placeholder would be
+// kept in clear as surely as a literal.
+bool onlySecretsAndAScheme(const std::string& value) {
+  std::string rest;
+  bool named = false;
+  for (size_t at = 0; at < value.size();) {
+    const size_t open = value.find("{{secret:", at);
+    if (open == std::string::npos) {
+      rest += value.substr(at);
+      break;
+    }
+    if (open > at && named) return false;  // text between or after placeholders
+    rest += value.substr(at, open - at);
+    const size_t close = value.find("}}", open);
+    if (close == std::string::npos) return false;
+    named = true;
+    at = close + 2;
+  }
+  if (!named) return false;
+  if (rest.empty()) return true;
+  if (!value.starts_with(rest)) return false;  // the scheme comes first, nothing follows the secret
+  for (const char* scheme : {"Bearer ", "Basic ", "Token ", "Bot ", "Digest ", "ApiKey ", "Key "}) {
+    if (strcasecmp(rest.c_str(), scheme) == 0) return true;
+  }
+  return false;
+}
+
 // network.rules: {"<host>": [{"transform": {"headers": {"Name": "value"}}}, ...]} becomes one
 // SPACE credential rule per host, its headers those of every entry (later ones win). The
 // gateway adds them to the sandbox's TLS requests to that host, outside the VM. A value may
@@ -146,7 +175,7 @@ Result<json> e2bCredentialRules(const json& rules) {
             }
             // A literal value would be kept in clear in the sandbox's policy (its file, its
             // snapshots, the policy's log lines), where SPACE keeps secrets sealed in the vault.
-            if (header.get_ref<const std::string&>().find("{{secret:") == std::string::npos) {
+            if (!onlySecretsAndAScheme(header.get_ref<const std::string&>())) {
               return invalid(at + ".transform.headers." + name +
                              ": name a SPACE secret as {{secret:NAME}} (create it with PUT /v1/secrets/NAME on "
                              "SPACE's API); literal values are not kept");

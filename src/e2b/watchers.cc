@@ -23,6 +23,7 @@ struct WatcherTable::Watcher {
   size_t bytes = 0;  // of `events`
   bool overflow = false;
   std::optional<Status> ended;
+  std::chrono::steady_clock::time_point ended_at;
 };
 
 namespace {
@@ -38,6 +39,8 @@ std::string newWatcherId() {
   }
   return id;
 }
+
+constexpr std::chrono::seconds kEndedGrace{60};
 
 Error watcherNotFound(const std::string& id) {
   return makeError(ErrorCode::kNotFound, "watcher " + id.substr(0, 64) + " not found");
@@ -69,6 +72,7 @@ Result<std::string> WatcherTable::create(const std::string& tenant, const std::s
     // Watchers whose stream ended and that nobody polls (their sandbox went away) are dropped
     // before counting: they hold nothing in the guest.
     size_t mine = 0;
+    const auto now = std::chrono::steady_clock::now();
     for (auto it = watchers_.begin(); it != watchers_.end();) {
       if (it->second->tenant != tenant) {
         ++it;
@@ -77,7 +81,10 @@ Result<std::string> WatcherTable::create(const std::string& tenant, const std::s
       bool ended = false;
       {
         std::lock_guard wl(it->second->mu);
-        ended = it->second->ended.has_value() && it->second->events.empty();
+        // Events left by a stream that ended cleanly wait a minute for their poll: its sandbox
+        // may be gone, and then nobody could ever take them.
+        ended =
+            it->second->ended.has_value() && (it->second->events.empty() || now - it->second->ended_at > kEndedGrace);
       }
       if (ended) {
         it = watchers_.erase(it);
@@ -124,6 +131,7 @@ Result<std::string> WatcherTable::create(const std::string& tenant, const std::s
         if (!self) return;
         std::lock_guard lock(self->mu);
         self->ended = end;
+        self->ended_at = std::chrono::steady_clock::now();
         // A watch that failed (its sandbox went away, most often) may never be polled again:
         // what it holds goes now, and the table drops it at the next count.
         if (!end.ok()) {

@@ -101,6 +101,9 @@ void SandboxManager::sampleMetrics(Live& live, int64_t now_ms) {
   if (now_ms - live.sampled_at_ms < kMetricsIntervalMs) return;
   const pid_t pid = live.vm().pid();
   auto usage = readProcessUsage(pid);
+  // An adopted QEMU is reaped by someone else: if it exited just now, its pid may already be
+  // another process's, whose figures must not become this sandbox's.
+  if (usage.ok() && !live.vm().processRunning()) return;
   if (!usage.ok()) {
     spdlog::debug("sandbox {}: no metrics sample: {}", live.id, usage.error().message);
     return;  // it is exiting: the health check says so

@@ -108,7 +108,7 @@ TEST(E2bNetwork, FieldsSpaceCannotHonourAreRefusedByName) {
 
 TEST(E2bNetwork, HeaderTransformsBecomeCredentialRules) {
   json network = json::parse(R"({"rules": {
-      "api.example.com": [{"transform": {"headers": {"A": "x {{secret:a}}", "B": "{{secret:gh}}"}}}, {"transform": {"headers": {"A": "{{secret:b}}"}}}],
+      "api.example.com": [{"transform": {"headers": {"A": "Bearer {{secret:a}}", "B": "{{secret:gh}}"}}}, {"transform": {"headers": {"A": "{{secret:b}}"}}}],
       "*.example.org": [{}],
       "other.example": [{"transform": null}]}})");
   auto j = e2bNetworkPolicy(json::object(), std::nullopt, &network);
@@ -124,7 +124,10 @@ TEST(E2bNetwork, HeaderTransformsBecomeCredentialRules) {
   for (const char* bad : {R"({"h": {"transform": {}}})", R"({"h": [{"transform": {"body": "x"}}]})",
                           R"({"h": [{"match": {}}]})", R"({"h": [{"transform": {"headers": {"A": 1}}}]})",
                           R"({"h": [{"transform": {"headers": {"A": "${e2b.identity.tokens.x}"}}}]})", R"([])",
-                          R"({"h": [{"transform": {"headers": {"A": "a literal value"}}}]})"}) {
+                          R"({"h": [{"transform": {"headers": {"A": "a literal value"}}}]})",
+                          R"({"h": [{"transform": {"headers": {"A": "sk-live-KEY {{secret:a}}"}}}]})",
+                          R"({"h": [{"transform": {"headers": {"A": "{{secret:a}} KEY"}}}]})",
+                          R"({"h": [{"transform": {"headers": {"A": "{{secret:a}}KEY{{secret:b}}"}}}]})"}) {
     json n{{"rules", json::parse(bad)}};
     auto r = e2bNetworkPolicy(json::object(), std::nullopt, &n);
     ASSERT_FALSE(r.ok()) << bad;
