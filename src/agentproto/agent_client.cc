@@ -775,26 +775,33 @@ Result<Json> AgentClient::call(const std::string& method, const Json& request, c
   return std::move(call->value);
 }
 
-std::shared_ptr<AgentStream> AgentClient::stream(const std::string& method, const Json& request,
-                                                 const CallOptions& options, MessageFn on_message, EndFn on_end) {
-  auto call = newCall(impl_, Call::Kind::kStream, method, options);
+namespace {
+
+// A server-streaming call (either callback style), not yet started.
+std::shared_ptr<Call> newStreamCall(const std::shared_ptr<AgentClient::Impl>& impl, const std::string& method,
+                                    const Json& request, const CallOptions& options, AgentClient::EndFn on_end) {
+  auto call = newCall(impl, Call::Kind::kStream, method, options);
   call->content_type = "application/connect+json";
   call->req_body = encodeEnvelope(0, request.dump(-1, ' ', false, Json::error_handler_t::replace));
   if (options.timeout.count() > 0) call->timeout_header = std::min(options.timeout, kMaxTimeout);
-  call->on_message = std::move(on_message);
   call->on_end = std::move(on_end);
+  return call;
+}
+
+}  // namespace
+
+std::shared_ptr<AgentStream> AgentClient::stream(const std::string& method, const Json& request,
+                                                 const CallOptions& options, MessageFn on_message, EndFn on_end) {
+  auto call = newStreamCall(impl_, method, request, options, std::move(on_end));
+  call->on_message = std::move(on_message);
   start(impl_, call);
   return call;
 }
 
 std::shared_ptr<AgentStream> AgentClient::streamRaw(const std::string& method, const Json& request,
                                                     const CallOptions& options, RawMessageFn on_payload, EndFn on_end) {
-  auto call = newCall(impl_, Call::Kind::kStream, method, options);
-  call->content_type = "application/connect+json";
-  call->req_body = encodeEnvelope(0, request.dump(-1, ' ', false, Json::error_handler_t::replace));
-  if (options.timeout.count() > 0) call->timeout_header = std::min(options.timeout, kMaxTimeout);
+  auto call = newStreamCall(impl_, method, request, options, std::move(on_end));
   call->on_payload = std::move(on_payload);
-  call->on_end = std::move(on_end);
   start(impl_, call);
   return call;
 }

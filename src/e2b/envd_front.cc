@@ -105,6 +105,18 @@ struct StreamQueue {
   Status end_status = okStatus();
 };
 
+// A unary Connect call's request: a JSON object within `max_bytes`, bounded while it arrives
+// (depth, values) as the REST API's bodies are. Errors are the call's answer.
+Result<json> readUnaryRequest(http::Request& req, size_t max_bytes) {
+  if (!contentTypeIs(req.header("content-type"), "application/json")) {
+    return makeError(ErrorCode::kInvalidArgument, "unary calls take Content-Type: application/json");
+  }
+  auto message = api::readJsonBody(req, max_bytes);
+  if (!message.ok()) return makeError(ErrorCode::kInvalidArgument, "request body: " + message.error().message);
+  if (!message->is_object()) return makeError(ErrorCode::kInvalidArgument, "the request is not a JSON object");
+  return message;
+}
+
 }  // namespace
 
 struct EnvdFront::Call {
@@ -334,17 +346,8 @@ void EnvdFront::unary(Call& c, const std::string& method) {
   auto connect_error = [&](const Error& e) {
     (void)c.res.send(connectHttpStatus(e.code), "application/json", dumpJson(connectError(e)));
   };
-  if (!contentTypeIs(c.req.header("content-type"), "application/json")) {
-    return connect_error(makeError(ErrorCode::kInvalidArgument, "unary calls take Content-Type: application/json"));
-  }
-  // Bounded while it arrives (depth, values), as the REST API's bodies are.
-  auto message = api::readJsonBody(c.req, options_.max_unary_body);
-  if (!message.ok()) {
-    return connect_error(makeError(ErrorCode::kInvalidArgument, "request body: " + message.error().message));
-  }
-  if (!message->is_object()) {
-    return connect_error(makeError(ErrorCode::kInvalidArgument, "the request is not a JSON object"));
-  }
+  auto message = readUnaryRequest(c.req, options_.max_unary_body);
+  if (!message.ok()) return connect_error(message.error());
   auto lease = manager_.agent(c.tenant, c.id, "run envd calls");
   if (!lease.ok()) return connect_error(lease.error());
   agentproto::CallOptions options;
@@ -359,16 +362,8 @@ void EnvdFront::watcher(Call& c, const std::string& method) {
   auto connect_error = [&](const Error& e) {
     (void)c.res.send(connectHttpStatus(e.code), "application/json", dumpJson(connectError(e)));
   };
-  if (!contentTypeIs(c.req.header("content-type"), "application/json")) {
-    return connect_error(makeError(ErrorCode::kInvalidArgument, "unary calls take Content-Type: application/json"));
-  }
-  auto message = api::readJsonBody(c.req, options_.max_stream_request);
-  if (!message.ok()) {
-    return connect_error(makeError(ErrorCode::kInvalidArgument, "request body: " + message.error().message));
-  }
-  if (!message->is_object()) {
-    return connect_error(makeError(ErrorCode::kInvalidArgument, "the request is not a JSON object"));
-  }
+  auto message = readUnaryRequest(c.req, options_.max_stream_request);
+  if (!message.ok()) return connect_error(message.error());
   if (method == "/filesystem.Filesystem/CreateWatcher") {
     auto lease = manager_.agent(c.tenant, c.id, "watch files");
     if (!lease.ok()) return connect_error(lease.error());

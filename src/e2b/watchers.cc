@@ -5,6 +5,8 @@
 #include <condition_variable>
 #include <cstdlib>
 
+#include "common/digest.h"
+
 namespace space::e2b {
 
 using json = nlohmann::json;
@@ -31,13 +33,7 @@ namespace {
 std::string newWatcherId() {
   unsigned char bytes[16];
   if (RAND_bytes(bytes, sizeof bytes) != 1) abort();  // no entropy: nothing safe to do
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string id;
-  for (unsigned char b : bytes) {
-    id += kHex[b >> 4];
-    id += kHex[b & 15];
-  }
-  return id;
+  return hexEncode(bytes, sizeof bytes);
 }
 
 constexpr std::chrono::seconds kEndedGrace{60};
