@@ -9,7 +9,7 @@ set -euo pipefail
 
 packages=(
   # build
-  cmake ninja-build g++ pkg-config make
+  cmake ninja-build g++ pkg-config make ccache
   libgtest-dev libgmock-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libssl-dev
   libboost1.81-dev libsqlite3-dev libnghttp2-dev zlib1g-dev
   # sandbox network: slots (netlink, nftables), the gateway's DNS parsing
