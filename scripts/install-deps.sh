@@ -22,6 +22,8 @@ packages=(
   qemu-system-x86 qemu-utils
   # tests and benchmarks
   python3 jq curl
+  # spacectl shell's test: a real terminal to type into and read from
+  tmux
   # network tests: the fake internet's namespaces, its servers' test CA
   iproute2 nftables openssl
   # storage tests: a data dir on a loop-mounted btrfs

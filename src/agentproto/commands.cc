@@ -20,6 +20,7 @@ Json startRequest(const CommandSpec& spec) {
   if (!spec.cwd.empty()) process["cwd"] = spec.cwd;
   Json req{{"process", process}, {"stdin", spec.stdin_data.has_value()}};
   if (!spec.tag.empty()) req["tag"] = spec.tag;
+  if (spec.pty) req["pty"] = Json{{"size", {{"cols", spec.pty->first}, {"rows", spec.pty->second}}}};
   return req;
 }
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "agentproto/agent_client.h"
@@ -23,6 +24,9 @@ struct CommandSpec {
   std::optional<std::string> stdin_data;                        // sent, then stdin closed; nullopt = no stdin
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};  // kills the process at expiry
   std::string tag;
+  // A terminal of this size (cols, rows) in place of pipes: output comes as "pty" data, input
+  // goes in as SendInput's "pty", and stdin_data must be nullopt.
+  std::optional<std::pair<int, int>> pty;
 };
 
 // The envd Start request for a spec.

@@ -8,6 +8,7 @@
 #include "agentproto/base64.h"
 #include "api/json_input.h"
 #include "api/json_output.h"
+#include "api/pty_session.h"
 #include "guest/guest_ops.h"
 
 namespace space::api {
@@ -208,6 +209,7 @@ const std::vector<ApiService::Route>& ApiService::routeTable() {
       {"GET", "/v1/sandboxes/{id}/processes/{pid}/stream", &ApiService::attachProcess, false},
       {"POST", "/v1/sandboxes/{id}/processes/{pid}/signal", &ApiService::signalProcess, false},
       {"POST", "/v1/sandboxes/{id}/processes/{pid}/stdin", &ApiService::processInput, false},
+      {"GET", "/v1/sandboxes/{id}/pty", &ApiService::openPty, false},
       {"GET", "/v1/sandboxes/{id}/files", &ApiService::downloadFile, false},
       {"PUT", "/v1/sandboxes/{id}/files", &ApiService::uploadFile, false},
       {"DELETE", "/v1/sandboxes/{id}/files", &ApiService::removeFile, false},
@@ -215,6 +217,7 @@ const std::vector<ApiService::Route>& ApiService::routeTable() {
       {"POST", "/v1/sandboxes/{id}/files/mkdir", &ApiService::makeDirectory, false},
       {"POST", "/v1/sandboxes/{id}/files/move", &ApiService::moveFile, false},
       {"GET", "/v1/sandboxes/{id}/logs", &ApiService::consoleLog, false},
+      {"GET", "/v1/sandboxes/{id}/metrics", &ApiService::sandboxMetrics, false},
       {"GET", "/v1/sandboxes/{id}/network", &ApiService::getNetwork, false},
       {"PUT", "/v1/sandboxes/{id}/network", &ApiService::setNetwork, false},
       {"GET", "/v1/sandboxes/{id}/network/log", &ApiService::networkLog, false},
@@ -491,6 +494,23 @@ void ApiService::metrics(Call& c) {
                                      {{"", static_cast<double>(stats.warm_pool_ready)}}};
   gauges["space_warm_pool_target"] = {"Size the warm pool is kept at (0: no pool).",
                                       {{"", static_cast<double>(stats.warm_pool_target)}}};
+  // Per sandbox, the newest host-side sample (sandbox/metrics.h) of each running one. Tenant
+  // names and sandbox ids hold no character a label value would have to escape.
+  auto& cpu = gauges["space_sandbox_cpu_used_percent"];
+  cpu.help = "CPU a running sandbox's vCPUs used together, percent of them (sampled every 5 s).";
+  auto& mem = gauges["space_sandbox_memory_used_bytes"];
+  mem.help = "Host memory a running sandbox's VM holds resident (its QEMU).";
+  auto& mem_total = gauges["space_sandbox_memory_bytes"];
+  mem_total.help = "A running sandbox's RAM size.";
+  auto& disk = gauges["space_sandbox_disk_used_bytes"];
+  disk.help = "Host disk blocks a running sandbox's disk overlay holds.";
+  for (const auto& usage : manager_.latestMetrics()) {
+    const std::string labels = "tenant=\"" + usage.tenant + "\",sandbox=\"" + usage.id + "\"";
+    cpu.values[labels] = usage.sample.cpu_used_pct;
+    mem.values[labels] = static_cast<double>(usage.sample.mem_used_bytes);
+    mem_total.values[labels] = static_cast<double>(usage.sample.mem_total_bytes);
+    disk.values[labels] = static_cast<double>(usage.sample.disk_used_bytes);
+  }
   (void)c.res.send(200, "text/plain; version=0.0.4", metrics_.render(gauges));
 }
 
@@ -975,6 +995,88 @@ void ApiService::streamProcess(Call& c, const sandbox::AgentLease& lease, guest:
   (void)c.res.end();
 }
 
+void ApiService::openPty(Call& c) {
+  if (!isWebSocketUpgrade(c.req)) {
+    return fail(c, makeError(ErrorCode::kInvalidArgument,
+                             "this is a WebSocket endpoint: send GET with Upgrade: websocket (spacectl shell does)"));
+  }
+  auto cols = queryInt(c.req, "cols", 1, 1000);
+  if (!cols.ok()) return fail(c, cols.error());
+  auto rows = queryInt(c.req, "rows", 1, 1000);
+  if (!rows.ok()) return fail(c, rows.error());
+  auto user = queryUser(c.req);
+  if (!user.ok()) return fail(c, user.error());
+  guest::ProcessSpec spec;
+  spec.pty = guest::PtySize{static_cast<int>(cols.value().value_or(80)), static_cast<int>(rows.value().value_or(24))};
+  spec.user = user.value();
+  if (auto cwd = c.req.query("cwd")) {
+    if (auto ok = checkPath(*cwd, "cwd"); !ok.ok()) return fail(c, ok.error());
+    spec.cwd = *cwd;
+  }
+  // The client's terminal type, so full-screen programs draw for it.
+  std::string term = c.req.query("term").value_or("xterm-256color");
+  if (term.empty() || term.size() > 64 ||
+      term.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.+-_") !=
+          std::string::npos) {
+    return fail(
+        c, makeError(ErrorCode::kInvalidArgument, "query parameter term: must be a terminal type like xterm-256color"));
+  }
+  spec.env["TERM"] = term;
+  auto command = c.req.query("command");
+  auto [first_arg, last_arg] = c.req.queryParams().equal_range("arg");
+  for (auto it = first_arg; it != last_arg; ++it) spec.argv.push_back(it->second);
+  if (command && !spec.argv.empty()) {
+    return fail(c, makeError(ErrorCode::kInvalidArgument, "give a command or args (arg=...), not both"));
+  }
+  if (spec.argv.size() > 4096) return fail(c, makeError(ErrorCode::kInvalidArgument, "arg: at most 4096"));
+  if (command) {
+    spec.command = *command;
+  } else if (spec.argv.empty()) {
+    spec.argv = {"/bin/bash", "-l"};  // an interactive login shell
+  }
+  // The session's life is the client's: the process is killed when it leaves.
+  spec.timeout = milliseconds(0);
+  if (auto ok = guest::checkProcessSpec(spec); !ok.ok()) return fail(c, ok.error());
+
+  auto agent = lease(c, "open a terminal");
+  if (!agent.ok()) return fail(c, agent.error());
+  guest::GuestOps ops(agent->agent);
+  auto process = ops.start(std::move(spec), guest::StreamLimits{limits_.max_stream_backlog});
+  if (!process.ok()) return fail(c, process.error());
+  // Until the process runs, failures (no such user or directory) are plain HTTP errors.
+  int pid = 0;
+  std::vector<guest::ProcessEvent> pending;
+  for (auto deadline = Clock::now() + std::chrono::seconds(30); pid == 0;) {
+    auto batch = process.value()->next(milliseconds(500));
+    for (auto& event : batch.events) {
+      if (event.kind == guest::ProcessEvent::Kind::kStart && pid == 0) {
+        pid = event.pid;
+      } else {
+        pending.push_back(std::move(event));
+      }
+    }
+    if (pid != 0) break;
+    if (batch.state != guest::ProcessStream::State::kOpen) {
+      Error e = batch.error ? *batch.error : makeError(ErrorCode::kUnavailable, "the process ended before it started");
+      return fail(c, manager_.agentFailed(agent.value(), e));
+    }
+    if (Clock::now() > deadline || c.res.clientGone()) {
+      return fail(c, makeError(ErrorCode::kUnavailable, "the guest did not start the terminal's process in 30 s"));
+    }
+  }
+  auto taken = c.res.takeOver(101);
+  if (!taken.ok()) {
+    (void)ops.sendSignal(pid, guest::Signal::kKill);
+    spdlog::warn("pty: sandbox {}: cannot take the connection over: {}", c.id(), taken.error().message);
+    return;
+  }
+  spdlog::info("pty: sandbox {} ({}): terminal process {} started", c.id(), c.tenant, pid);
+  auto end = runPtySession(c.req, std::move(taken).value(), ops, *process.value(), pid, std::move(pending),
+                           PtySessionLimits{});
+  spdlog::info("pty: sandbox {}: terminal process {} ended: {}{}", c.id(), pid, end.outcome,
+               end.outcome == "exited" ? " (exit code " + std::to_string(end.exit_code) + ")" : "");
+}
+
 void ApiService::listProcesses(Call& c) {
   auto agent = lease(c, "list processes");
   if (!agent.ok()) return fail(c, agent.error());
@@ -1181,6 +1283,30 @@ void ApiService::moveFile(Call& c) {
   auto result = guest::GuestOps(agent->agent).move(*source.value(), *destination.value(), user.value().value_or(""));
   if (!result.ok()) return fail(c, manager_.agentFailed(agent.value(), result.error()));
   (void)c.res.send(200, "application/json", dumpJson(entryJson(result.value())));
+}
+
+void ApiService::sandboxMetrics(Call& c) {
+  // start and end: unix seconds, both optional (by default the whole series: the last hour's).
+  constexpr int64_t kMaxUnixS = INT64_MAX / 1000 - 1;
+  auto start = queryInt(c.req, "start", 0, kMaxUnixS);
+  if (!start.ok()) return fail(c, start.error());
+  auto end = queryInt(c.req, "end", 0, kMaxUnixS);
+  if (!end.ok()) return fail(c, end.error());
+  // The end second is included whole.
+  auto samples = manager_.metrics(c.tenant, c.id(), start.value().value_or(0) * 1000,
+                                  end.value().value_or(kMaxUnixS) * 1000 + 999);
+  if (!samples.ok()) return fail(c, samples.error());
+  json out = json::array();
+  for (const auto& m : samples.value()) {
+    out.push_back(json{{"timestamp", rfc3339(m.timestamp_ms)},
+                       {"timestamp_unix", m.timestamp_ms / 1000},
+                       {"cpu_count", m.cpu_count},
+                       {"cpu_used_pct", std::round(m.cpu_used_pct * 100) / 100},
+                       {"mem_used_bytes", m.mem_used_bytes},
+                       {"mem_total_bytes", m.mem_total_bytes},
+                       {"disk_used_bytes", m.disk_used_bytes}});
+  }
+  (void)c.res.send(200, "application/json", dumpJson(json{{"metrics", std::move(out)}}));
 }
 
 void ApiService::consoleLog(Call& c) {

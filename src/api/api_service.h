@@ -88,6 +88,8 @@ class ApiService {
   void suspendSandbox(Call& c);
   void exec(Call& c);
   void listProcesses(Call& c);
+  void openPty(Call& c);
+  void sandboxMetrics(Call& c);
   void attachProcess(Call& c);
   void signalProcess(Call& c);
   void processInput(Call& c);

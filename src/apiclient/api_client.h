@@ -126,14 +126,17 @@ class Client {
                      const LineCallback& on_line, std::chrono::milliseconds timeout) const;
 
   const Endpoint& endpoint() const { return endpoint_; }
+  const http::Client& http() const { return http_; }
+  // The error an answer of this status and body stands for, worded as every call words it.
+  Error apiError(int status, const std::string& body) const;
+  // A failure to talk to the daemon, worded for the person who has to start it.
+  Error transportError(const Error& e) const;
 
  private:
   Client(http::Client http, Endpoint endpoint) : http_(std::move(http)), endpoint_(std::move(endpoint)) {}
 
   std::map<std::string, std::string> headers(const std::string& content_type,
                                              std::map<std::string, std::string> extra) const;
-  Error transportError(const Error& e) const;
-  Error apiError(int status, const std::string& body) const;
 
   http::Client http_;
   Endpoint endpoint_;

@@ -21,8 +21,10 @@
 #include "cli/spacectl/processes.h"
 #include "cli/spacectl/sandboxes.h"
 #include "cli/spacectl/secrets.h"
+#include "cli/spacectl/shell.h"
 #include "cli/spacectl/signals.h"
 #include "cli/spacectl/snapshots.h"
+#include "cli/spacectl/top.h"
 
 namespace {
 
@@ -41,6 +43,8 @@ constexpr const char* kDescription =
     "  spacectl exec $id -- 'cd /tmp && ls -la | head'   one argument: a shell command line\n"
     "  spacectl exec $id -- python3 -c 'print(1)'     several arguments: an argv, no shell\n"
     "  echo hello | spacectl exec --stdin $id -- cat\n"
+    "  spacectl shell $id                             an interactive shell (exec -it $id -- top: a program)\n"
+    "  spacectl top                                   CPU, memory and disk of every running sandbox\n"
     "  spacectl cp ./data.csv $id:/tmp/data.csv       upload; cp $id:/tmp/out.txt . downloads\n"
     "  spacectl ls --metadata owner=me --all\n"
     "  spacectl ls --json | jq -r '.sandboxes[].id'   --json: the API's JSON, for scripts\n"
@@ -133,7 +137,7 @@ void addCreateOptions(CLI::App* sub, CreateOptions& o) {
 void addExecOptions(CLI::App* sub, ExecOptions& o) {
   sub->add_option("--user", o.user, "user to run as (default: the sandbox's)");
   sub->add_option("--cwd", o.cwd, "working directory in the sandbox");
-  sub->add_flag("--stdin", o.send_stdin, "send this terminal's stdin (read to its end first) to the command");
+  sub->add_flag("-i,--stdin", o.send_stdin, "send this terminal's stdin (read to its end first) to the command");
   sub->add_option("command", o.command, "after --: one argument is a shell command line (bash -l -c), several an argv")
       ->required();
 }
@@ -204,8 +208,14 @@ int main(int argc, char** argv) {
                        [&](const apiclient::Client& api) { return cmdRemove(api, ids, sandboxPath, as_json); });
   c_rm->add_option("ids", ids, "sandbox ids")->required();
 
-  auto* c_exec = command("exec", "run a command in a sandbox, its output streamed as it runs",
-                         [&](const apiclient::Client& api) { return cmdExec(api, id, exec, as_json); });
+  auto* c_exec =
+      command("exec", "run a command in a sandbox, its output streamed as it runs", [&](const apiclient::Client& api) {
+        if (!exec.tty) return cmdExec(api, id, exec, as_json);
+        if (!exec.env.empty() || exec.timeout_s >= 0) {
+          return fail("exec --tty: --env and --timeout apply to exec without a terminal");
+        }
+        return cmdShell(api, id, ShellOptions{exec.user, exec.cwd, exec.command});
+      });
   c_exec->add_option("id", id, "sandbox id")->required();
   c_exec->add_option("--env", exec.env, "environment variable for the command (repeatable)")
       ->check(kKeyValue)
@@ -213,7 +223,31 @@ int main(int argc, char** argv) {
   c_exec->add_option("--timeout", exec.timeout_s, "seconds the command may run (daemon default 60; 0: no limit)")
       ->check(CLI::Range(int64_t(0), int64_t(24 * 3600)));
   addExecOptions(c_exec, exec);
-  c_exec->footer("Example: spacectl exec sb_x --cwd /tmp -- ls -la\nCtrl-C passes SIGINT on; a second one detaches.");
+  c_exec->add_flag("-t,--tty", exec.tty, "run it on a terminal attached to this one (as spacectl shell does)");
+  c_exec->footer(
+      "Example: spacectl exec sb_x --cwd /tmp -- ls -la\n         spacectl exec -it sb_x -- htop\n"
+      "Ctrl-C passes SIGINT on; a second one detaches (with -t, Ctrl-C goes to the terminal).");
+
+  TopOptions top;
+  auto* c_top = command("top", "show what running sandboxes cost the host: CPU, memory, disk (every 5 s)",
+                        [&](const apiclient::Client& api) { return cmdTop(api, top, as_json); });
+  c_top->add_option("ids", top.ids, "sandbox ids (default: every running sandbox)");
+  c_top->add_flag("--once", top.once, "print one refresh and exit");
+  c_top->add_option("--interval", top.interval_s, "seconds between refreshes")->check(CLI::Range(1, 3600));
+  c_top->footer("Examples: spacectl top\n          spacectl top --once --json sb_x | jq '.sandboxes[0].metrics'");
+
+  ShellOptions shell;
+  auto* c_shell = command("shell", "attach this terminal to a shell (or a command) on a terminal in a sandbox",
+                          [&](const apiclient::Client& api) { return cmdShell(api, id, shell); });
+  c_shell->add_option("id", id, "sandbox id")->required();
+  c_shell->add_option("--user", shell.user, "user to run as (default: the sandbox's)");
+  c_shell->add_option("--cwd", shell.cwd, "working directory in the sandbox");
+  c_shell->add_option("command", shell.command,
+                      "after --: one argument is a shell command line, several an argv (default: a login shell)");
+  c_shell->footer(
+      "Examples: spacectl shell sb_x\n          spacectl shell sb_x -- top\n"
+      "Keys go to the sandbox as typed (Ctrl-C included); the session ends when the shell exits, with its "
+      "exit code.\nThe window size follows this terminal's; TERM is passed on.");
 
   auto* c_run = command("run", "create a sandbox and run a command in it (--rm: delete it afterwards)",
                         [&](const apiclient::Client& api) { return cmdRun(api, create, exec, remove, as_json); });

@@ -217,6 +217,7 @@ agentproto::CommandSpec commandSpec(const ProcessSpec& spec) {
   out.cwd = spec.cwd;
   out.user = spec.user;
   out.timeout = spec.timeout;
+  if (spec.pty) out.pty = std::pair{spec.pty->cols, spec.pty->rows};
   return out;
 }
 
@@ -231,6 +232,12 @@ Status checkProcessSpec(const ProcessSpec& spec) {
   }
   if (!spec.argv.empty() && spec.argv.front().empty()) {
     return makeError(ErrorCode::kInvalidArgument, "argv: must name a program");
+  }
+  if (spec.pty) {
+    if (spec.pty->cols < 1 || spec.pty->cols > 65535 || spec.pty->rows < 1 || spec.pty->rows > 65535) {
+      return makeError(ErrorCode::kInvalidArgument, "pty: cols and rows must be in 1..65535");
+    }
+    if (spec.stdin_data) return makeError(ErrorCode::kInvalidArgument, "pty: input goes to the terminal, not stdin");
   }
   return okStatus();
 }
@@ -380,6 +387,7 @@ GuestOps::GuestOps(std::shared_ptr<agentproto::AgentClient> agent) : agent_(std:
 
 Result<ProcessOutput> GuestOps::run(ProcessSpec spec, size_t max_output, const std::function<bool()>& abandon) {
   SPACE_TRY(checkProcessSpec(spec));
+  if (spec.pty) return makeError(ErrorCode::kInvalidArgument, "a process run to its end has no terminal");
   if (!spec.close_stdin) {
     return makeError(ErrorCode::kInvalidArgument, "a process run to its end needs its stdin closed");
   }
@@ -392,7 +400,7 @@ Result<std::unique_ptr<ProcessStream>> GuestOps::start(ProcessSpec spec, const S
   SPACE_TRY(checkProcessSpec(spec));
   agentproto::CommandSpec command = commandSpec(spec);
   // Only whether the process gets a stdin pipe goes into Start; its bytes follow.
-  const bool has_stdin = spec.stdin_data.has_value() || !spec.close_stdin;
+  const bool has_stdin = !spec.pty && (spec.stdin_data.has_value() || !spec.close_stdin);
   if (has_stdin) command.stdin_data = std::string();
   CallOptions options;
   options.user = spec.user;
@@ -440,6 +448,22 @@ Status GuestOps::sendInput(int pid, std::string_view data) {
   if (data.empty()) return okStatus();
   auto result = agent_->call("/process.Process/SendInput",
                              Json{{"process", {{"pid", pid}}}, {"input", {{"stdin", agentproto::base64Encode(data)}}}});
+  if (!result.ok()) return result.error();
+  return okStatus();
+}
+
+Status GuestOps::sendPtyInput(int pid, std::string_view data) {
+  if (data.empty()) return okStatus();
+  auto result = agent_->call("/process.Process/SendInput",
+                             Json{{"process", {{"pid", pid}}}, {"input", {{"pty", agentproto::base64Encode(data)}}}});
+  if (!result.ok()) return result.error();
+  return okStatus();
+}
+
+Status GuestOps::resizePty(int pid, PtySize size) {
+  auto result =
+      agent_->call("/process.Process/Update",
+                   Json{{"process", {{"pid", pid}}}, {"pty", {{"size", {{"cols", size.cols}, {"rows", size.rows}}}}}});
   if (!result.ok()) return result.error();
   return okStatus();
 }

@@ -33,6 +33,12 @@ namespace space::guest {
 
 // ---- processes
 
+// A terminal's size in characters; the agent accepts 1..65535 each.
+struct PtySize {
+  int cols = 80;
+  int rows = 24;
+};
+
 struct ProcessSpec {
   // Exactly one: a shell command line (run as `/bin/bash -l -c <command>`) or a program + args.
   std::string command;
@@ -45,6 +51,9 @@ struct ProcessSpec {
   std::optional<std::string> stdin_data;
   // After stdin_data: close stdin (EOF), or keep it open for sendInput()/closeStdin().
   bool close_stdin = true;
+  // Run on a terminal of this size instead of pipes (start() only): stdout and stderr both
+  // arrive as kStdout, input goes through sendPtyInput(), and stdin_data must be absent.
+  std::optional<PtySize> pty;
 };
 
 // The checks every front end makes before it leases a sandbox (so a bad request resumes none):
@@ -169,6 +178,10 @@ class GuestOps {
   Status sendSignal(int pid, Signal signal);
   Status sendInput(int pid, std::string_view data);  // nothing is sent for empty data
   Status closeStdin(int pid);
+  // For a process started with a PTY: keystrokes (bytes as a terminal sends them), and a new
+  // window size (the guest's programs get SIGWINCH).
+  Status sendPtyInput(int pid, std::string_view data);  // nothing is sent for empty data
+  Status resizePty(int pid, PtySize size);
 
   // `user`: "" = the sandbox's default user; the guest applies that user's permissions.
   Status remove(const std::string& path, const std::string& user);

@@ -71,6 +71,10 @@ Result<Client> Client::create(const std::string& base_url) {
   return Client(std::move(where->host), where->port, std::move(base_path));
 }
 
+Result<UniqueFd> Client::connect(std::chrono::milliseconds timeout) const {
+  return detail::connectTcp(detail::HostPort{host_, port_}, Clock::now() + timeout);
+}
+
 Result<ClientResponse> Client::request(const std::string& method, const std::string& target,
                                        const std::map<std::string, std::string>& headers, RequestBody body,
                                        std::chrono::milliseconds timeout) const {

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "common/result.h"
+#include "common/unix_socket.h"
 #include "http/url.h"
 
 namespace space::http {
@@ -68,6 +69,11 @@ class Client {
 
   // "host:port" of the server.
   const std::string& authority() const { return authority_; }
+  // What every target is prefixed with ("" or "/prefix").
+  const std::string& basePath() const { return base_path_; }
+  // A new connection to the server, for a protocol a request upgrades to (a WebSocket): a
+  // connected non-blocking socket, within `timeout`.
+  Result<UniqueFd> connect(std::chrono::milliseconds timeout) const;
 
  private:
   Client(std::string host, uint16_t port, std::string base_path);

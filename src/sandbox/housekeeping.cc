@@ -141,6 +141,23 @@ Result<std::vector<MetricSample>> SandboxManager::metrics(const std::string& ten
   return live->metrics.between(start_ms, end_ms);
 }
 
+std::vector<SandboxManager::SandboxUsage> SandboxManager::latestMetrics() {
+  std::vector<std::shared_ptr<Live>> lives;
+  {
+    std::lock_guard lock(mu_);
+    lives.reserve(live_.size());
+    for (const auto& [id, live] : live_) lives.push_back(live);
+  }
+  std::vector<SandboxUsage> out;
+  // A sandbox that stopped running (suspended, paused) keeps its series but is no longer current.
+  const int64_t fresh_after = nowMs() - 3 * kMetricsIntervalMs;
+  for (const auto& live : lives) {
+    auto sample = live->metrics.latest();
+    if (sample && sample->timestamp_ms >= fresh_after) out.push_back({live->tenant, live->id, *sample});
+  }
+  return out;
+}
+
 void SandboxManager::act(const std::shared_ptr<Live>& live, Due due) {
   // Not waited for: a worker must not sit behind a request that holds the sandbox (a snapshot,
   // a resume); the next round decides again.

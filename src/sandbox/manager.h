@@ -238,6 +238,14 @@ class SandboxManager {
   // ran (the last hour's; a suspended sandbox adds none). kNotFound for others' sandboxes.
   Result<std::vector<MetricSample>> metrics(const std::string& tenant, const std::string& id, int64_t start_ms,
                                             int64_t end_ms);
+  // The newest sample of every sandbox that has one (those that ran within the last interval or
+  // so), for the node's Prometheus series.
+  struct SandboxUsage {
+    std::string tenant;
+    std::string id;
+    MetricSample sample;
+  };
+  std::vector<SandboxUsage> latestMetrics();
   // Sets the hard timeout to now + timeout_s.
   Result<store::SandboxRecord> setTimeout(const std::string& tenant, const std::string& id, int64_t timeout_s);
 

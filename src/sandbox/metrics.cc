@@ -15,6 +15,12 @@ void MetricsSeries::add(const MetricSample& sample) {
   while (samples_.size() > max_) samples_.pop_front();
 }
 
+std::optional<MetricSample> MetricsSeries::latest() const {
+  std::lock_guard lock(mu_);
+  if (samples_.empty()) return std::nullopt;
+  return samples_.back();
+}
+
 std::vector<MetricSample> MetricsSeries::between(int64_t start_ms, int64_t end_ms) const {
   std::lock_guard lock(mu_);
   std::vector<MetricSample> out;

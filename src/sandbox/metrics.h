@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@ class MetricsSeries {
   void add(const MetricSample& sample);
   // Samples with start_ms <= timestamp_ms <= end_ms.
   std::vector<MetricSample> between(int64_t start_ms, int64_t end_ms) const;
+  std::optional<MetricSample> latest() const;
 
  private:
   mutable std::mutex mu_;

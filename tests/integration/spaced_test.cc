@@ -26,6 +26,8 @@
 #include "../support/fake_internet.h"
 #include "../support/raw_http.h"
 #include "agentproto/base64.h"
+#include "apiclient/api_client.h"
+#include "apiclient/terminal.h"
 #include "common/digest.h"
 #include "common/fs.h"
 #include "common/process.h"
@@ -2230,6 +2232,218 @@ TEST_F(SpacedTest, SpacectlRunRemovesItsSandbox) {
 
 // Every spacectl command a user relies on, against the real daemon, found the way a user finds
 // it: through <data-dir>/spaced.json and the key file next to it (no --api, no key given).
+// A WebSocket upgrade to GET .../pty by hand; what the daemon sent back within `wait` (the 101,
+// then its frames: ours are unmasked, so their text is readable as it is).
+std::string rawTerminal(const Daemon& d, const std::string& id, const std::string& query, int& fd_out) {
+  const uint16_t port = static_cast<uint16_t>(std::stoi(d.url().substr(d.url().rfind(':') + 1)));
+  UniqueFd fd = testsupport::connectRaw(port, seconds(20));
+  testsupport::sendRaw(
+      fd.get(), "GET /v1/sandboxes/" + id + "/pty?" + query + " HTTP/1.1\r\nHost: spaced\r\nAuthorization: Bearer " +
+                    d.key() +
+                    "\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n");
+  std::string got;
+  char buf[4096];
+  for (auto until = Clock::now() + seconds(20); Clock::now() < until && got.find("\"started\"") == std::string::npos;) {
+    ssize_t n = recv(fd.get(), buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  fd_out = fd.release();
+  return got;
+}
+
+// A client frame: FIN, the opcode, masked with a zero key (so the payload goes as it is).
+std::string clientFrame(uint8_t opcode, const std::string& payload) {
+  std::string f;
+  f += static_cast<char>(0x80 | opcode);
+  f += static_cast<char>(0x80 | payload.size());  // < 126 bytes here
+  f += std::string(4, '\0');
+  return f + payload;
+}
+
+bool processRuns(const Daemon& d, const std::string& id, const std::string& arg) {
+  json listed = d.callJson("GET", "/v1/sandboxes/" + id + "/processes", json(), 200);
+  for (const auto& p : listed["processes"]) {
+    for (const auto& a : p["args"]) {
+      if (a == arg) return true;
+    }
+  }
+  return false;
+}
+
+TEST_F(SpacedTest, ATerminalFollowsItsWindowRunsFullScreenProgramsAndEndsWithTheShellsStatus) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  const std::string id = daemon_->create();
+  ASSERT_FALSE(id.empty());
+  auto api = apiclient::Client::create(apiclient::Endpoint{daemon_->url(), "", daemon_->key(), "test"});
+  ASSERT_TRUE(api.ok());
+
+  // Through the client library, on pipes: the size asked for, TERM, output, the exit status.
+  {
+    apiclient::TerminalOptions options;
+    options.cols = 91;
+    options.rows = 17;
+    options.term = "vt100";
+    options.argv = {"/bin/sh", "-c", "stty size; echo term=$TERM out-$((2+3)); exit 5"};
+    std::string output;
+    apiclient::TerminalIo io;
+    io.on_output = [&output](std::string_view data) { output += data; };
+    auto end = apiclient::runTerminal(api.value(), id, options, io);
+    ASSERT_TRUE(end.ok()) << end.error().message;
+    EXPECT_EQ(end->exit_code, 5) << end->status;
+    EXPECT_NE(output.find("17 91"), std::string::npos) << output;
+    EXPECT_NE(output.find("term=vt100 out-5"), std::string::npos) << output;
+  }
+  // Keystrokes and a resize while it runs, into an interactive login shell.
+  {
+    int keys[2], winch[2];
+    ASSERT_EQ(::pipe2(keys, O_CLOEXEC), 0);
+    ASSERT_EQ(::pipe2(winch, O_CLOEXEC | O_NONBLOCK), 0);
+    const std::string typed = "echo typed-$((1+1)); sleep 1; stty size; exit 4\r";
+    ASSERT_EQ(::write(keys[1], typed.data(), typed.size()), static_cast<ssize_t>(typed.size()));
+    std::string output;
+    int pid = 0;
+    apiclient::TerminalIo io;
+    io.input_fd = keys[0];
+    io.on_output = [&output](std::string_view data) { output += data; };
+    io.resize_fd = winch[0];
+    io.window_size = [] { return std::optional<std::pair<int, int>>(std::pair{123, 33}); };
+    io.on_started = [&](int started) {
+      pid = started;
+      (void)!::write(winch[1], "w", 1);
+    };
+    auto end = apiclient::runTerminal(api.value(), id, apiclient::TerminalOptions{}, io);
+    for (int fd : {keys[0], keys[1], winch[0], winch[1]}) ::close(fd);
+    ASSERT_TRUE(end.ok()) << end.error().message;
+    EXPECT_GT(pid, 0);
+    EXPECT_EQ(end->exit_code, 4) << output;
+    EXPECT_NE(output.find("typed-2"), std::string::npos) << output;
+    EXPECT_NE(output.find("33 123"), std::string::npos) << output;
+  }
+  // Refusals: before the upgrade as the API's errors, after it as the session's.
+  {
+    auto unknown = apiclient::runTerminal(api.value(), "sb_00000000000000000000000000", {}, {});
+    ASSERT_FALSE(unknown.ok());
+    EXPECT_EQ(unknown.error().reason, "sandbox_not_found") << unknown.error().message;
+    auto wrong_key =
+        apiclient::Client::create(apiclient::Endpoint{daemon_->url(), "", "e2b_" + std::string(40, '0'), "test"});
+    auto refused = apiclient::runTerminal(wrong_key.value(), id, {}, {});
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().reason, "unauthenticated") << refused.error().message;
+    apiclient::TerminalOptions too_wide;
+    too_wide.cols = 5000;
+    auto wide = apiclient::runTerminal(api.value(), id, too_wide, {});
+    ASSERT_FALSE(wide.ok());
+    EXPECT_EQ(wide.error().reason, "invalid_argument") << wide.error().message;
+    apiclient::TerminalOptions nobody;
+    nobody.user = "nobody-here";
+    EXPECT_FALSE(apiclient::runTerminal(api.value(), id, nobody, {}).ok());
+    auto plain = daemon_->call("GET", "/v1/sandboxes/" + id + "/pty");
+    EXPECT_EQ(plain.status, 400) << plain.body;
+    EXPECT_NE(plain.body.find("WebSocket"), std::string::npos) << plain.body;
+  }
+  // A control message that is not one ends the session with a reason, and its process with it.
+  {
+    int fd = -1;
+    std::string got = rawTerminal(*daemon_, id, "arg=sleep&arg=601", fd);
+    UniqueFd owned(fd);
+    ASSERT_NE(got.find("HTTP/1.1 101"), std::string::npos) << got;
+    ASSERT_TRUE(processRuns(*daemon_, id, "601"));
+    testsupport::sendRaw(fd, clientFrame(0x1, "{\"type\":\"paste\"}"));
+    std::string rest = testsupport::readUntilClosed(fd);
+    EXPECT_NE(rest.find("invalid_argument"), std::string::npos) << rest;
+    bool gone = false;
+    for (auto until = Clock::now() + seconds(10); !gone && Clock::now() < until;
+         std::this_thread::sleep_for(milliseconds(200))) {
+      gone = !processRuns(*daemon_, id, "601");
+    }
+    EXPECT_TRUE(gone) << "the process of a refused session still runs";
+  }
+  // A client that goes away hangs the terminal up: its process ends.
+  {
+    int fd = -1;
+    std::string got = rawTerminal(*daemon_, id, "arg=sleep&arg=602", fd);
+    ASSERT_NE(got.find("\"started\""), std::string::npos) << got;
+    ASSERT_TRUE(processRuns(*daemon_, id, "602"));
+    ::close(fd);
+    bool gone = false;
+    for (auto until = Clock::now() + seconds(10); !gone && Clock::now() < until;
+         std::this_thread::sleep_for(milliseconds(200))) {
+      gone = !processRuns(*daemon_, id, "602");
+    }
+    EXPECT_TRUE(gone) << "the process of a dropped session still runs";
+  }
+
+  // spacectl shell in a real terminal (tmux): type, resize, a full-screen program, exit.
+  const std::string sock = dir_->path() + "/tmux.sock";
+  auto tmux = [&](const std::string& args) {
+    const std::string out = dir_->path() + "/tmux.out";
+    int rc = std::system(("tmux -S " + sock + " " + args + " > " + out + " 2>&1").c_str());
+    auto text = readSmallFile(out, 1 << 20);
+    EXPECT_EQ(rc, 0) << args << ": " << (text.ok() ? text.value() : "");
+    return text.ok() ? text.value() : std::string();
+  };
+  auto screenShows = [&](const std::string& text) {
+    std::string screen;
+    for (auto until = Clock::now() + seconds(20); Clock::now() < until;
+         std::this_thread::sleep_for(milliseconds(200))) {
+      screen = tmux("capture-pane -p -t shell");
+      if (screen.find(text) != std::string::npos) return true;
+    }
+    ADD_FAILURE() << "the screen never showed \"" << text << "\":\n" << screen;
+    return false;
+  };
+  tmux("new-session -d -s shell -x 100 -y 30 '" + std::string(SPACECTL_BIN) + " --data-dir " + data_dir_ + " shell " +
+       id + "; echo spacectl-exit=$?; sleep 60'");
+  if (!screenShows(":~$")) {
+    tmux("kill-server");
+    return;
+  }
+  tmux("send-keys -t shell 'echo hi-$((6*7)); stty size' Enter");
+  EXPECT_TRUE(screenShows("hi-42"));
+  EXPECT_TRUE(screenShows("30 100"));
+  tmux("resize-window -t shell -x 120 -y 40");
+  tmux("send-keys -t shell 'stty size' Enter");
+  EXPECT_TRUE(screenShows("40 120"));
+  tmux("send-keys -t shell top Enter");
+  EXPECT_TRUE(screenShows("load average"));
+  tmux("send-keys -t shell q");
+  tmux("send-keys -t shell 'clear; exit 7' Enter");
+  EXPECT_TRUE(screenShows("spacectl-exit=7"));
+  tmux("kill-server");
+
+  // What the sandbox cost meanwhile (sampled every 5 s; it has run for well over that): through
+  // the API, spacectl top and the node's Prometheus series.
+  json series = daemon_->callJson("GET", "/v1/sandboxes/" + id + "/metrics", json(), 200);
+  ASSERT_TRUE(series["metrics"].is_array() && !series["metrics"].empty()) << series;
+  const json last = series["metrics"].back();
+  EXPECT_EQ(last["cpu_count"], 1) << last;
+  EXPECT_EQ(last["mem_total_bytes"], 256u << 20) << last;
+  EXPECT_GT(last["mem_used_bytes"].get<uint64_t>(), 0u) << last;
+  EXPECT_GE(last["cpu_used_pct"].get<double>(), 0.0) << last;
+  EXPECT_EQ(daemon_->callJson("GET", "/v1/sandboxes/" + id + "/metrics?start=1&end=2", json(), 200)["metrics"].size(),
+            0u);
+  EXPECT_EQ(daemon_->call("GET", "/v1/sandboxes/" + id + "/metrics?start=yesterday").status, 400);
+  EXPECT_EQ(daemon_->call("GET", "/v1/sandboxes/sb_00000000000000000000000000/metrics").status, 404);
+  const std::string top_out = dir_->path() + "/top.json";
+  auto top = ChildProcess::spawn({SPACECTL_BIN, "--data-dir", data_dir_, "top", "--once", "--json"},
+                                 SpawnOptions{top_out, dir_->path() + "/top.err", true});
+  ASSERT_TRUE(top.ok());
+  auto top_status = top->waitFor(seconds(30));
+  ASSERT_TRUE(top_status && top_status->exit_code == 0);
+  auto top_text = readSmallFile(top_out, 1 << 20);
+  json topped = json::parse(top_text.ok() ? top_text.value() : "", nullptr, false);
+  ASSERT_EQ(topped["sandboxes"].size(), 1u) << topped;
+  EXPECT_EQ(topped["sandboxes"][0]["id"], id);
+  EXPECT_EQ(topped["sandboxes"][0]["metrics"]["mem_total_bytes"], 256u << 20) << topped;
+  const std::string prometheus = daemon_->call("GET", "/metrics").body;
+  EXPECT_NE(prometheus.find("space_sandbox_memory_bytes{tenant=\"default\",sandbox=\"" + id + "\"} 268435456\n"),
+            std::string::npos)
+      << prometheus;
+}
+
 TEST_F(SpacedTest, SpacectlCommandsAgainstTheDaemonFoundThroughItsDataDir) {
   daemon_ = Daemon::start(data_dir_);
   ASSERT_TRUE(daemon_);

@@ -56,15 +56,6 @@ std::optional<int> signalFromStatus(std::string status) {
   return std::nullopt;
 }
 
-// The remote command's exit code as a shell would give it: 128+N for signal N (1 if the signal
-// is not recognisable).
-int exitCodeOf(const json& exit_code, const json& status) {
-  int code = exit_code.is_number_integer() ? exit_code.get<int>() : -1;
-  if (code >= 0) return code & 0xff;
-  if (auto sig = signalFromStatus(text(status))) return 128 + *sig;
-  return kExitFailure;
-}
-
 // Read before anything is created, so a failing stdin leaves nothing behind.
 Result<json> execRequest(const ExecOptions& o) {
   json request = json::object();
@@ -207,6 +198,13 @@ class SandboxCleanup {
 };
 
 }  // namespace
+
+int exitCodeOf(const json& exit_code, const json& status) {
+  int code = exit_code.is_number_integer() ? exit_code.get<int>() : -1;
+  if (code >= 0) return code & 0xff;
+  if (auto sig = signalFromStatus(text(status))) return 128 + *sig;
+  return kExitFailure;
+}
 
 int cmdExec(const apiclient::Client& api, const std::string& id, const ExecOptions& o, bool as_json) {
   auto request = execRequest(o);

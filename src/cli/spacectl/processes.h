@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@ struct ExecOptions {
   std::vector<std::string> env;
   int64_t timeout_s = -1;  // -1: the daemon's default
   bool send_stdin = false;
+  bool tty = false;  // on a terminal: spacectl shell's session (cmdShell) instead
   std::vector<std::string> command;
 };
 
@@ -26,6 +28,10 @@ int cmdExec(const apiclient::Client& api, const std::string& id, const ExecOptio
 // Creates a sandbox and execs in it; with `remove`, deletes it afterwards, Ctrl-C included.
 int cmdRun(const apiclient::Client& api, const CreateOptions& create, const ExecOptions& exec, bool remove,
            bool as_json);
+
+// The remote command's exit code as a shell would give it (an API exit_code and status): 128+N
+// for signal N, 1 if the signal is not recognisable.
+int exitCodeOf(const nlohmann::json& exit_code, const nlohmann::json& status);
 
 int cmdProcesses(const apiclient::Client& api, const std::string& id, bool as_json);
 
