@@ -1,7 +1,9 @@
 #include "api/api_service.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <ctime>
 #include <limits>
 
@@ -494,8 +496,7 @@ void ApiService::metrics(Call& c) {
                                      {{"", static_cast<double>(stats.warm_pool_ready)}}};
   gauges["space_warm_pool_target"] = {"Size the warm pool is kept at (0: no pool).",
                                       {{"", static_cast<double>(stats.warm_pool_target)}}};
-  // Per sandbox, the newest host-side sample (sandbox/metrics.h) of each running one. Tenant
-  // names and sandbox ids hold no character a label value would have to escape.
+  // Per sandbox, the newest host-side sample (sandbox/metrics.h) of each running one.
   auto& cpu = gauges["space_sandbox_cpu_used_percent"];
   cpu.help = "CPU a running sandbox's vCPUs used together, percent of them (sampled every 5 s).";
   auto& mem = gauges["space_sandbox_memory_used_bytes"];
@@ -505,7 +506,7 @@ void ApiService::metrics(Call& c) {
   auto& disk = gauges["space_sandbox_disk_used_bytes"];
   disk.help = "Host disk blocks a running sandbox's disk overlay holds.";
   for (const auto& usage : manager_.latestMetrics()) {
-    const std::string labels = "tenant=\"" + usage.tenant + "\",sandbox=\"" + usage.id + "\"";
+    const std::string labels = "tenant=\"" + labelValue(usage.tenant) + "\",sandbox=\"" + labelValue(usage.id) + "\"";
     cpu.values[labels] = usage.sample.cpu_used_pct;
     mem.values[labels] = static_cast<double>(usage.sample.mem_used_bytes);
     mem_total.values[labels] = static_cast<double>(usage.sample.mem_total_bytes);
@@ -1000,9 +1001,9 @@ void ApiService::openPty(Call& c) {
     return fail(c, makeError(ErrorCode::kInvalidArgument,
                              "this is a WebSocket endpoint: send GET with Upgrade: websocket (spacectl shell does)"));
   }
-  auto cols = queryInt(c.req, "cols", 1, 1000);
+  auto cols = queryInt(c.req, "cols", 1, 65535);
   if (!cols.ok()) return fail(c, cols.error());
-  auto rows = queryInt(c.req, "rows", 1, 1000);
+  auto rows = queryInt(c.req, "rows", 1, 65535);
   if (!rows.ok()) return fail(c, rows.error());
   auto user = queryUser(c.req);
   if (!user.ok()) return fail(c, user.error());
@@ -1034,33 +1035,49 @@ void ApiService::openPty(Call& c) {
   } else if (spec.argv.empty()) {
     spec.argv = {"/bin/bash", "-l"};  // an interactive login shell
   }
-  // The session's life is the client's: the process is killed when it leaves.
+  // The session's life is the client's: the process is killed when it leaves. Until its pid is
+  // known, the tag finds it.
   spec.timeout = milliseconds(0);
+  static std::atomic<uint64_t> sessions{0};
+  spec.tag = "space-pty-" + std::to_string(::getpid()) + "-" + std::to_string(++sessions);
+  const std::string tag = spec.tag;
   if (auto ok = guest::checkProcessSpec(spec); !ok.ok()) return fail(c, ok.error());
 
   auto agent = lease(c, "open a terminal");
   if (!agent.ok()) return fail(c, agent.error());
   guest::GuestOps ops(agent->agent);
-  auto process = ops.start(std::move(spec), guest::StreamLimits{limits_.max_stream_backlog});
+  ops.setControlTimeout(std::chrono::seconds(5));
+  // A terminal needs little backlog: a reader that falls 1 MiB behind is too slow for one.
+  auto process = ops.start(std::move(spec), guest::StreamLimits{std::min<size_t>(limits_.max_stream_backlog, 1 << 20)});
   if (!process.ok()) return fail(c, process.error());
-  // Until the process runs, failures (no such user or directory) are plain HTTP errors.
+  // Until the process runs, failures (no such user or directory) are plain HTTP errors. The
+  // agent announces a process before its output, so anything else first is a broken guest.
   int pid = 0;
   std::vector<guest::ProcessEvent> pending;
   for (auto deadline = Clock::now() + std::chrono::seconds(30); pid == 0;) {
     auto batch = process.value()->next(milliseconds(500));
     for (auto& event : batch.events) {
-      if (event.kind == guest::ProcessEvent::Kind::kStart && pid == 0) {
+      if (pid != 0) {
+        pending.push_back(std::move(event));  // one batch, bounded by the stream's backlog
+      } else if (event.kind == guest::ProcessEvent::Kind::kStart) {
         pid = event.pid;
       } else {
-        pending.push_back(std::move(event));
+        process.value()->stop();
+        (void)ops.sendSignalTagged(tag, guest::Signal::kKill);
+        return fail(c,
+                    manager_.agentFailed(agent.value(), makeError(ErrorCode::kUnavailable,
+                                                                  "the guest sent output before the process started")));
       }
     }
     if (pid != 0) break;
     if (batch.state != guest::ProcessStream::State::kOpen) {
       Error e = batch.error ? *batch.error : makeError(ErrorCode::kUnavailable, "the process ended before it started");
+      (void)ops.sendSignalTagged(tag, guest::Signal::kKill);
       return fail(c, manager_.agentFailed(agent.value(), e));
     }
     if (Clock::now() > deadline || c.res.clientGone()) {
+      process.value()->stop();
+      (void)ops.sendSignalTagged(tag, guest::Signal::kKill);
       return fail(c, makeError(ErrorCode::kUnavailable, "the guest did not start the terminal's process in 30 s"));
     }
   }

@@ -54,6 +54,22 @@ void Metrics::countError(const std::string& code) {
 
 void Metrics::countRequest() { ++requests_; }
 
+std::string labelValue(std::string_view value) {
+  std::string out;
+  out.reserve(value.size());
+  for (char ch : value) {
+    if (ch == '\\' || ch == '"') {
+      out += '\\';
+      out += ch;
+    } else if (ch == '\n') {
+      out += "\\n";
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 std::string Metrics::render(const std::map<std::string, Gauge>& gauges) const {
   std::string out;
   for (const auto& [name, gauge] : gauges) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace space::api {
@@ -27,6 +28,9 @@ class Histogram {
   double sum_ = 0;
   uint64_t count_ = 0;
 };
+
+// A Prometheus label value with `\`, `"` and line feeds escaped, as the text format requires.
+std::string labelValue(std::string_view value);
 
 class Metrics {
  public:

@@ -9,6 +9,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/websocket.hpp>
 #include <cctype>
@@ -82,7 +83,8 @@ class PtyBridge {
         return finish("client_closed");
       }
       enqueue(true, messageText(json{{"type", "started"}, {"pid", pid_}}));
-      deliver(std::move(pending), guest::ProcessStream::State::kOpen, std::nullopt);
+      Decoded first = decode(std::move(pending));
+      deliver(std::move(first.frames), first.end, guest::ProcessStream::State::kOpen, std::nullopt);
       readNext();
       pump_ = std::thread([this] { pumpEvents(); });
     });
@@ -148,11 +150,11 @@ class PtyBridge {
       input_.consume(input_.size());
       if (ws_.got_binary()) {
         // Input to a process that just ended fails; its exit message is on its way.
-        if (!process_over_) (void)ops_.sendPtyInput(pid_, data);
+        if (!process_over_) steer(ops_.sendPtyInput(pid_, data));
       } else if (auto refused = control(data); !refused.ok()) {
         return protocolError(refused.error().message);
       }
-      if (!ended_) readNext();
+      if (!ended_ && !closing_) readNext();
     });
   }
 
@@ -175,8 +177,23 @@ class PtyBridge {
     auto rows = dimension("rows");
     if (!cols || !rows)
       return makeError(ErrorCode::kInvalidArgument, "resize: cols and rows must be integers in 1..65535");
-    if (!process_over_) (void)ops_.resizePty(pid_, guest::PtySize{*cols, *rows});
+    if (!process_over_) steer(ops_.resizePty(pid_, guest::PtySize{*cols, *rows}));
     return okStatus();
+  }
+
+  // The answer to a keystroke or a resize. These calls run on the loop (output waits meanwhile)
+  // with the short control deadline; a guest that does not take them in time, or whose agent is
+  // gone, ends the session. Other refusals (the terminal closed as the process ended) are the
+  // usual race with the exit message and change nothing.
+  void steer(const Status& done) {
+    if (done.ok() || ended_ || closing_) return;
+    const ErrorCode code = done.error().code;
+    if (code != ErrorCode::kDeadlineExceeded && code != ErrorCode::kUnavailable) return;
+    enqueue(true,
+            messageText(json{{"type", "error"},
+                             {"code", code == ErrorCode::kDeadlineExceeded ? "deadline_exceeded" : "unavailable"},
+                             {"message", "the guest did not take the terminal's input: " + done.error().message}}));
+    closeAfterQueue(websocket::close_code::internal_error, "error");
   }
 
   void protocolError(const std::string& why) {
@@ -187,38 +204,75 @@ class PtyBridge {
 
   // ---- guest -> client
 
-  // The pump thread: takes the process's events as they come and hands them to the loop, while
-  // the client keeps up.
+  // The pump thread: takes the process's events as they come, decodes them and hands them to the
+  // loop, while the client keeps up. The bytes are counted here, before the loop sees them, so
+  // a loop that is busy (an agent call) cannot make the pump run ahead of the bound: the pump
+  // waits, the stream's own backlog fills and ends the session as too slow.
   void pumpEvents() {
     while (true) {
+      bool stalled = false;
       {
         std::unique_lock lock(mutex_);
-        room_.wait(lock, [this] { return stop_ || queued_bytes_ < limits_.max_queued_output; });
+        while (!stop_ && queued_bytes_ >= limits_.max_queued_output) {
+          room_.wait_for(lock, std::chrono::milliseconds(500));
+          if (Clock::now() - last_drain_ > limits_.stalled_client_timeout) {
+            stalled = true;
+            break;
+          }
+        }
         if (stop_) return;
+      }
+      if (stalled) {
+        asio::post(io_, [this] { deliver({}, std::nullopt, guest::ProcessStream::State::kOverflow, std::nullopt); });
+        return;
       }
       auto batch = stream_.next(std::chrono::milliseconds(500));
       if (batch.events.empty() && batch.state == guest::ProcessStream::State::kOpen) continue;
-      asio::post(io_, [this, events = std::move(batch.events), state = batch.state,
-                       error = std::move(batch.error)]() mutable { deliver(std::move(events), state, error); });
-      if (batch.state != guest::ProcessStream::State::kOpen) return;
+      Decoded decoded = decode(std::move(batch.events));
+      const bool last = decoded.end || batch.state != guest::ProcessStream::State::kOpen;
+      asio::post(io_, [this, frames = std::move(decoded.frames), end = decoded.end, state = batch.state,
+                       error = std::move(batch.error)]() mutable { deliver(std::move(frames), end, state, error); });
+      if (last) return;
     }
   }
 
-  void deliver(std::vector<guest::ProcessEvent> events, guest::ProcessStream::State state,
-               const std::optional<Error>& error) {
-    if (ended_ || closing_) return;
+  struct Decoded {
+    std::vector<Outgoing> frames;
+    std::optional<guest::ProcessEnd> end;  // the process's end; events after it do not count
+  };
+  // Output events become binary frames, counted in queued_bytes_ at once (see pumpEvents).
+  Decoded decode(std::vector<guest::ProcessEvent> events) {
+    using Kind = guest::ProcessEvent::Kind;
+    Decoded out;
+    size_t bytes = 0;
     for (auto& event : events) {
-      using Kind = guest::ProcessEvent::Kind;
       if (event.kind == Kind::kStdout || event.kind == Kind::kStderr) {
         // GuestOps checked it canonical and bounded; decoding cannot fail.
-        if (auto bytes = agentproto::base64Decode(event.data_base64)) enqueue(false, std::move(*bytes));
+        if (auto data = agentproto::base64Decode(event.data_base64)) {
+          bytes += data->size();
+          out.frames.push_back({false, std::move(*data)});
+        }
       } else if (event.kind == Kind::kEnd) {
-        process_over_ = true;
-        end_ = {"exited", event.end.exit_code};
-        enqueue(true,
-                messageText(json{{"type", "exit"}, {"exit_code", event.end.exit_code}, {"status", event.end.status}}));
-        return closeAfterQueue(websocket::close_code::normal, "exited");
+        out.end = event.end;
+        break;
       }
+    }
+    std::lock_guard lock(mutex_);
+    queued_bytes_ += bytes;
+    return out;
+  }
+
+  // `frames` are counted in queued_bytes_ already.
+  void deliver(std::vector<Outgoing> frames, const std::optional<guest::ProcessEnd>& end,
+               guest::ProcessStream::State state, const std::optional<Error>& error) {
+    if (ended_ || closing_) return;
+    for (auto& frame : frames) out_.push_back(std::move(frame));
+    writeNext();
+    if (end) {
+      process_over_ = true;
+      end_ = {"exited", end->exit_code};
+      enqueue(true, messageText(json{{"type", "exit"}, {"exit_code", end->exit_code}, {"status", end->status}}));
+      return closeAfterQueue(websocket::close_code::normal, "exited");
     }
     using State = guest::ProcessStream::State;
     if (state == State::kOverflow) {
@@ -227,7 +281,8 @@ class PtyBridge {
                                      {"message", "the terminal's output arrived faster than the client read it"}}));
       closeAfterQueue(websocket::close_code::try_again_later, "client_too_slow");
     } else if (state == State::kEnded) {
-      process_over_ = true;  // the stream ended without the process's end: nothing left to kill
+      // The stream ended without the process's end (a malformed event, the agent's stream
+      // reset): the process may still run, and run() kills it.
       std::string message = error ? error->message : "the process's stream ended";
       enqueue(true, messageText(json{{"type", "error"}, {"code", "unavailable"}, {"message", message}}));
       closeAfterQueue(websocket::close_code::internal_error, "error");
@@ -248,6 +303,12 @@ class PtyBridge {
     closing_ = true;
     close_code_ = code;
     if (end_.outcome.empty()) end_.outcome = std::move(outcome);
+    // What is queued goes out first, but a client that does not read it (the too slow one
+    // among others) gets only so long: then the connection is cut.
+    close_deadline_.expires_after(kCloseGrace);
+    close_deadline_.async_wait([this](beast::error_code ec) {
+      if (!ec) shutdown();
+    });
     writeNext();
   }
 
@@ -266,6 +327,7 @@ class PtyBridge {
       {
         std::lock_guard lock(mutex_);
         queued_bytes_ -= out_.front().data.size();
+        last_drain_ = Clock::now();
       }
       room_.notify_all();
       out_.pop_front();
@@ -291,6 +353,7 @@ class PtyBridge {
     room_.notify_all();
     beast::error_code ignored;
     abort_.cancel(ignored);
+    close_deadline_.cancel();
     beast::get_lowest_layer(ws_).socket().shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
     beast::get_lowest_layer(ws_).close();
     // Beast's idle timer outlives the socket until it next fires (up to idle_timeout): nothing
@@ -306,6 +369,8 @@ class PtyBridge {
   asio::io_context io_;
   websocket::stream<beast::tcp_stream> ws_;
   asio::posix::stream_descriptor abort_;
+  static constexpr std::chrono::seconds kCloseGrace{5};
+  asio::steady_timer close_deadline_{io_};
   beast::http::request<beast::http::empty_body> upgrade_;
   beast::flat_buffer input_;
   std::thread pump_;
@@ -323,6 +388,7 @@ class PtyBridge {
   std::mutex mutex_;
   std::condition_variable room_;
   size_t queued_bytes_ = 0;
+  Clock::time_point last_drain_ = Clock::now();  // the last write the client took
   bool stop_ = false;
 };
 

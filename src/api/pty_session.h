@@ -11,10 +11,12 @@
 // A client that closes or is lost kills the process (as a hung-up terminal does).
 //
 // Threads: the connection's thread runs a private Asio loop that owns the WebSocket (reads,
-// writes, pings) and makes the agent calls for input and resizes; a second thread waits for the
-// process's events and posts them to the loop. The outgoing queue is bounded: a client that
-// reads slower than the process writes stops the pump, the process stream's own backlog fills
-// and the session ends with "client_too_slow" instead of holding the output in memory.
+// writes, pings) and makes the agent calls for input and resizes (with the GuestOps' control
+// deadline: a guest that does not take a keystroke in time ends the session); a second thread
+// waits for the process's events and posts them to the loop. Memory per session is bounded by
+// max_queued_output plus the process stream's backlog (StreamLimits) plus one batch: a client
+// that reads slower than the process writes stops the pump, the stream's backlog fills and the
+// session ends with "client_too_slow" instead of holding the output.
 #pragma once
 
 #include <chrono>
@@ -33,6 +35,9 @@ struct PtySessionLimits {
   // A client that sends nothing (not even a pong to our pings) for this long is gone.
   std::chrono::milliseconds idle_timeout{std::chrono::seconds(60)};
   std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
+  // A full queue that the client has not drained at all for this long: "client_too_slow" (a
+  // client that reads nothing but answers pings would otherwise hold the session forever).
+  std::chrono::milliseconds stalled_client_timeout{std::chrono::seconds(15)};
 };
 
 struct PtySessionEnd {

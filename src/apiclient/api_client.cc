@@ -94,6 +94,8 @@ Result<Endpoint> resolveEndpoint(EndpointFlags flags) {
       // spaced makes the file readable by its own user only.
       if (!content.ok() && access(file.c_str(), R_OK) != 0 && errno == EACCES) {
         why += "; only the user running spaced may read it: try sudo";
+      } else if (!content.ok() && access(flags.data_dir.c_str(), F_OK) != 0) {
+        why += "; spaced has never run with this data directory: `make run` starts it";
       }
       return makeError(ErrorCode::kInvalidArgument,
                        "no API key: looked at --api-key-file, SPACE_API_KEY and " + file + " (" + why +

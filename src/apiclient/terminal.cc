@@ -58,8 +58,9 @@ class TerminalSession {
     }
     beast::error_code ec;
     beast::get_lowest_layer(ws_).socket().assign(peer.ss_family == AF_INET6 ? asio::ip::tcp::v6() : asio::ip::tcp::v4(),
-                                                 fd.value().release(), ec);
+                                                 fd.value().get(), ec);
     if (ec) return makeError(ErrorCode::kInternal, "adopting the socket: " + ec.message());
+    (void)fd.value().release();  // the socket owns it now
     if (!adoptDescriptor(input_, io_.input_fd) || !adoptDescriptor(resize_, io_.resize_fd)) {
       return makeError(ErrorCode::kInternal, std::string("dup: ") + std::strerror(errno));
     }
@@ -156,10 +157,21 @@ class TerminalSession {
 
   // ---- to the daemon
 
+  // Input is read while less than kMaxQueuedInput waits to go out (a paste or a piped file
+  // into a daemon that reads slowly must not pile up here); the write that drains it resumes.
+  static constexpr size_t kMaxQueuedInput = 256 * 1024;
+
   void readInput() {
-    if (!input_.is_open()) return;
+    if (!input_.is_open() || reading_input_ || stopped_) return;
+    if (queued_bytes_ >= kMaxQueuedInput) return;
+    reading_input_ = true;
     input_.async_read_some(asio::buffer(keys_), [this](beast::error_code ec, size_t n) {
-      if (ec) return;  // the end of input (or of the session): nothing more to send
+      reading_input_ = false;
+      if (ec) {
+        beast::error_code ignored;
+        input_.close(ignored);  // the end of input (or of the session): nothing more to send
+        return;
+      }
       send(false, std::string(keys_.data(), n));
       readInput();
     });
@@ -181,6 +193,7 @@ class TerminalSession {
 
   void send(bool text, std::string data) {
     if (stopped_) return;
+    queued_bytes_ += data.size();
     out_.push_back({text, std::move(data)});
     writeNext();
   }
@@ -191,9 +204,11 @@ class TerminalSession {
     ws_.text(out_.front().first);
     ws_.async_write(asio::buffer(out_.front().second), [this](beast::error_code ec, size_t) {
       writing_ = false;
+      queued_bytes_ -= out_.front().second.size();
       out_.pop_front();
       if (ec) return;  // the read side sees the same failure and says why
       writeNext();
+      readInput();
     });
   }
 
@@ -220,6 +235,8 @@ class TerminalSession {
   std::array<char, 4096> keys_{};
   std::deque<std::pair<bool, std::string>> out_;
   bool writing_ = false;
+  bool reading_input_ = false;
+  size_t queued_bytes_ = 0;
   bool stopped_ = false;
   std::optional<TerminalEnd> end_;
   std::optional<Error> error_;

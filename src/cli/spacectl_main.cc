@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "apiclient/api_client.h"
+#include "cli/spacectl/completion.h"
 #include "cli/spacectl/files.h"
 #include "cli/spacectl/network.h"
 #include "cli/spacectl/output.h"
@@ -403,10 +404,22 @@ int main(int argc, char** argv) {
                       "keep printing new entries as the gateway writes them (--json: one JSON line each), until "
                       "Ctrl-C");
 
+  std::string completion_shell;
+  auto* c_completion =
+      app.add_subcommand("completion", "print a shell completion script (commands, options, sandbox ids)");
+  c_completion->add_option("shell", completion_shell, "the shell: bash")->required()->check(CLI::IsMember({"bash"}));
+  c_completion->footer(
+      "Example: source <(spacectl completion bash)\n"
+      "         spacectl completion bash > /etc/bash_completion.d/spacectl");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kExitUsage;
+  }
+  if (c_completion->parsed()) {  // needs no daemon
+    std::cout << bashCompletion(app);
+    return 0;
   }
   if (!key_in_argv.empty()) {
     std::cerr << "spacectl: --api-key is refused: every local user reads a process's arguments in /proc/*/cmdline. "

@@ -218,6 +218,7 @@ agentproto::CommandSpec commandSpec(const ProcessSpec& spec) {
   out.user = spec.user;
   out.timeout = spec.timeout;
   if (spec.pty) out.pty = std::pair{spec.pty->cols, spec.pty->rows};
+  out.tag = spec.tag;
   return out;
 }
 
@@ -437,9 +438,23 @@ Result<std::vector<ProcessInfo>> GuestOps::listProcesses() {
   return decodeProcessList(result.value());
 }
 
+CallOptions GuestOps::controlOptions() const {
+  CallOptions options;
+  if (control_timeout_) options.timeout = *control_timeout_;
+  return options;
+}
+
 Status GuestOps::sendSignal(int pid, Signal signal) {
-  auto result =
-      agent_->call("/process.Process/SendSignal", Json{{"process", {{"pid", pid}}}, {"signal", signalName(signal)}});
+  auto result = agent_->call("/process.Process/SendSignal",
+                             Json{{"process", {{"pid", pid}}}, {"signal", signalName(signal)}}, controlOptions());
+  if (!result.ok()) return result.error();
+  return okStatus();
+}
+
+Status GuestOps::sendSignalTagged(const std::string& tag, Signal signal) {
+  if (tag.empty()) return makeError(ErrorCode::kInvalidArgument, "a process tag must not be empty");
+  auto result = agent_->call("/process.Process/SendSignal",
+                             Json{{"process", {{"tag", tag}}}, {"signal", signalName(signal)}}, controlOptions());
   if (!result.ok()) return result.error();
   return okStatus();
 }
@@ -447,7 +462,8 @@ Status GuestOps::sendSignal(int pid, Signal signal) {
 Status GuestOps::sendInput(int pid, std::string_view data) {
   if (data.empty()) return okStatus();
   auto result = agent_->call("/process.Process/SendInput",
-                             Json{{"process", {{"pid", pid}}}, {"input", {{"stdin", agentproto::base64Encode(data)}}}});
+                             Json{{"process", {{"pid", pid}}}, {"input", {{"stdin", agentproto::base64Encode(data)}}}},
+                             controlOptions());
   if (!result.ok()) return result.error();
   return okStatus();
 }
@@ -455,7 +471,8 @@ Status GuestOps::sendInput(int pid, std::string_view data) {
 Status GuestOps::sendPtyInput(int pid, std::string_view data) {
   if (data.empty()) return okStatus();
   auto result = agent_->call("/process.Process/SendInput",
-                             Json{{"process", {{"pid", pid}}}, {"input", {{"pty", agentproto::base64Encode(data)}}}});
+                             Json{{"process", {{"pid", pid}}}, {"input", {{"pty", agentproto::base64Encode(data)}}}},
+                             controlOptions());
   if (!result.ok()) return result.error();
   return okStatus();
 }
@@ -463,7 +480,8 @@ Status GuestOps::sendPtyInput(int pid, std::string_view data) {
 Status GuestOps::resizePty(int pid, PtySize size) {
   auto result =
       agent_->call("/process.Process/Update",
-                   Json{{"process", {{"pid", pid}}}, {"pty", {{"size", {{"cols", size.cols}, {"rows", size.rows}}}}}});
+                   Json{{"process", {{"pid", pid}}}, {"pty", {{"size", {{"cols", size.cols}, {"rows", size.rows}}}}}},
+                   controlOptions());
   if (!result.ok()) return result.error();
   return okStatus();
 }

@@ -54,6 +54,8 @@ struct ProcessSpec {
   // Run on a terminal of this size instead of pipes (start() only): stdout and stderr both
   // arrive as kStdout, input goes through sendPtyInput(), and stdin_data must be absent.
   std::optional<PtySize> pty;
+  // A name to find the process by before its pid is known (sendSignalTagged); "" = none.
+  std::string tag;
 };
 
 // The checks every front end makes before it leases a sandbox (so a bad request resumes none):
@@ -164,6 +166,10 @@ inline constexpr std::chrono::milliseconds kTransferTimeout = std::chrono::hours
 class GuestOps {
  public:
   explicit GuestOps(std::shared_ptr<agentproto::AgentClient> agent);
+  // The deadline of the calls that steer a running process (signal, input, resize); the agent
+  // client's default (30 s) unless set. An interactive session sets it short, so a guest that
+  // sits on one keystroke cannot stall it for long.
+  void setControlTimeout(std::chrono::milliseconds timeout) { control_timeout_ = timeout; }
 
   // Runs a process to its end and collects its output (stdout + stderr at most `max_output`
   // bytes, else resource_exhausted "output_too_large"). `abandon` is asked about once a second;
@@ -176,6 +182,8 @@ class GuestOps {
   std::unique_ptr<ProcessStream> connect(int pid, const StreamLimits& limits = {});
   Result<std::vector<ProcessInfo>> listProcesses();
   Status sendSignal(int pid, Signal signal);
+  // To the oldest running process started with `tag` (ProcessSpec::tag).
+  Status sendSignalTagged(const std::string& tag, Signal signal);
   Status sendInput(int pid, std::string_view data);  // nothing is sent for empty data
   Status closeStdin(int pid);
   // For a process started with a PTY: keystrokes (bytes as a terminal sends them), and a new
@@ -202,7 +210,10 @@ class GuestOps {
                                             const agentproto::CallOptions& options, const StreamLimits& limits,
                                             std::optional<std::string> stdin_data, bool close_stdin);
 
+  agentproto::CallOptions controlOptions() const;
+
   std::shared_ptr<agentproto::AgentClient> agent_;
+  std::optional<std::chrono::milliseconds> control_timeout_;
 };
 
 }  // namespace space::guest

@@ -2230,13 +2230,24 @@ TEST_F(SpacedTest, SpacectlRunRemovesItsSandbox) {
   unsetenv("SPACE_API_KEY");
 }
 
-// Every spacectl command a user relies on, against the real daemon, found the way a user finds
-// it: through <data-dir>/spaced.json and the key file next to it (no --api, no key given).
 // A WebSocket upgrade to GET .../pty by hand; what the daemon sent back within `wait` (the 101,
 // then its frames: ours are unmasked, so their text is readable as it is).
-std::string rawTerminal(const Daemon& d, const std::string& id, const std::string& query, int& fd_out) {
+// `small_window`: a 4 KiB receive buffer, so a client that stops reading backs up at once.
+std::string rawTerminal(const Daemon& d, const std::string& id, const std::string& query, int& fd_out,
+                        bool small_window = false) {
   const uint16_t port = static_cast<uint16_t>(std::stoi(d.url().substr(d.url().rfind(':') + 1)));
-  UniqueFd fd = testsupport::connectRaw(port, seconds(20));
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (small_window) {
+    int size = 4096;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+  }
+  timeval limit{20, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
   testsupport::sendRaw(
       fd.get(), "GET /v1/sandboxes/" + id + "/pty?" + query + " HTTP/1.1\r\nHost: spaced\r\nAuthorization: Bearer " +
                     d.key() +
@@ -2333,13 +2344,23 @@ TEST_F(SpacedTest, ATerminalFollowsItsWindowRunsFullScreenProgramsAndEndsWithThe
     ASSERT_FALSE(refused.ok());
     EXPECT_EQ(refused.error().reason, "unauthenticated") << refused.error().message;
     apiclient::TerminalOptions too_wide;
-    too_wide.cols = 5000;
+    too_wide.cols = 70000;
     auto wide = apiclient::runTerminal(api.value(), id, too_wide, {});
     ASSERT_FALSE(wide.ok());
     EXPECT_EQ(wide.error().reason, "invalid_argument") << wide.error().message;
     apiclient::TerminalOptions nobody;
     nobody.user = "nobody-here";
     EXPECT_FALSE(apiclient::runTerminal(api.value(), id, nobody, {}).ok());
+    // Another tenant's key finds no such sandbox, and starts nothing in it.
+    const std::string other = addTenant("neighbour");
+    ASSERT_FALSE(other.empty());
+    auto neighbour = apiclient::Client::create(apiclient::Endpoint{daemon_->url(), "", other, "test"});
+    apiclient::TerminalOptions intruder;
+    intruder.argv = {"sleep", "604"};
+    auto crossed = apiclient::runTerminal(neighbour.value(), id, intruder, {});
+    ASSERT_FALSE(crossed.ok());
+    EXPECT_EQ(crossed.error().reason, "sandbox_not_found") << crossed.error().message;
+    EXPECT_FALSE(processRuns(*daemon_, id, "604"));
     auto plain = daemon_->call("GET", "/v1/sandboxes/" + id + "/pty");
     EXPECT_EQ(plain.status, 400) << plain.body;
     EXPECT_NE(plain.body.find("WebSocket"), std::string::npos) << plain.body;
@@ -2374,6 +2395,23 @@ TEST_F(SpacedTest, ATerminalFollowsItsWindowRunsFullScreenProgramsAndEndsWithThe
       gone = !processRuns(*daemon_, id, "602");
     }
     EXPECT_TRUE(gone) << "the process of a dropped session still runs";
+  }
+
+  // A client that stops reading while the process floods its terminal: the session ends as too
+  // slow once the bounded queue and backlog are full, and the process goes with it.
+  {
+    const size_t log_from = readSmallFile(logPath(), 64 << 20).value().size();
+    int fd = -1;
+    std::string got = rawTerminal(*daemon_, id, "arg=yes&arg=flood-605", fd, true);
+    UniqueFd owned(fd);
+    ASSERT_NE(got.find("\"started\""), std::string::npos) << got;
+    EXPECT_TRUE(waitForLog("ended: client_too_slow", log_from, seconds(40))) << daemon_->log();
+    bool gone = false;
+    for (auto until = Clock::now() + seconds(10); !gone && Clock::now() < until;
+         std::this_thread::sleep_for(milliseconds(200))) {
+      gone = !processRuns(*daemon_, id, "flood-605");
+    }
+    EXPECT_TRUE(gone) << "the flooding process of a too slow session still runs";
   }
 
   // spacectl shell in a real terminal (tmux): type, resize, a full-screen program, exit.
@@ -2444,6 +2482,8 @@ TEST_F(SpacedTest, ATerminalFollowsItsWindowRunsFullScreenProgramsAndEndsWithThe
       << prometheus;
 }
 
+// Every spacectl command a user relies on, against the real daemon, found the way a user finds
+// it: through <data-dir>/spaced.json and the key file next to it (no --api, no key given).
 TEST_F(SpacedTest, SpacectlCommandsAgainstTheDaemonFoundThroughItsDataDir) {
   daemon_ = Daemon::start(data_dir_);
   ASSERT_TRUE(daemon_);
@@ -2469,6 +2509,28 @@ TEST_F(SpacedTest, SpacectlCommandsAgainstTheDaemonFoundThroughItsDataDir) {
 
   const std::string id = firstLine(spacectl({"create", "--cpus", "1", "--memory", "256", "--metadata", "task=cli"}));
   ASSERT_EQ(id.substr(0, 3), "sb_") << id;
+
+  // Completion in bash: commands and options at each level, and the tenant's sandbox ids.
+  const std::string script = dir_->path() + "/completion.bash";
+  { std::ofstream(script) << spacectl({"completion", "bash"}); }
+  int completions = 0;
+  auto complete = [&](const std::string& words) {
+    const std::string out = dir_->path() + "/completed" + std::to_string(++completions) + ".txt";
+    auto bash = ChildProcess::spawn(
+        {"/bin/bash", "-c",
+         "source " + script + "; COMP_WORDS=(" + words + "); COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); _spacectl; " +
+             "printf '%s\\n' \"${COMPREPLY[@]}\""},
+        SpawnOptions{out, dir_->path() + "/completed.err", true});
+    EXPECT_TRUE(bash.ok());
+    auto status = bash->waitFor(seconds(30));
+    EXPECT_TRUE(status && status->exit_code == 0);
+    auto text = readSmallFile(out, 1 << 16);
+    return text.ok() ? text.value() : std::string();
+  };
+  EXPECT_EQ(complete(std::string(SPACECTL_BIN) + " sh"), "shell\n");
+  EXPECT_EQ(complete(std::string(SPACECTL_BIN) + " snapshot cr"), "create\n");
+  EXPECT_EQ(complete(std::string(SPACECTL_BIN) + " exec --tt"), "--tty\n");
+  EXPECT_EQ(complete(std::string(SPACECTL_BIN) + " --data-dir " + data_dir_ + " exec sb_"), id + "\n");
   json listed = json::parse(spacectl({"ls", "--json", "--metadata", "task=cli"}), nullptr, false);
   ASSERT_EQ(listed["sandboxes"].size(), 1u) << listed;
   EXPECT_EQ(listed["sandboxes"][0]["id"], id);

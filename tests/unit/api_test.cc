@@ -177,6 +177,12 @@ TEST(ApiKeys, KeyRingMapsKeysToTenantsAndReloads) {
   EXPECT_EQ(ring.authenticate(bob).value_or(""), "bob");
 }
 
+// A label value cannot end its quotes or its line: a tenant named `a",x="y` stays one value.
+TEST(Metrics, LabelValuesAreEscaped) {
+  EXPECT_EQ(labelValue("plain-tenant_1"), "plain-tenant_1");
+  EXPECT_EQ(labelValue("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+}
+
 TEST(Metrics, PrometheusText) {
   Metrics m;
   m.create_seconds.observe(0.02);

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <exception>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -25,12 +26,16 @@ namespace {
 // before spacectl exits on SIGTERM or SIGHUP.
 struct termios g_saved;
 bool g_raw = false;
+// stdin's file status flags before the session: the session's loop makes the open file (shared
+// with the shell that started us) non-blocking, which later programs must not inherit.
+int g_stdin_flags = -1;
 // SIGWINCH's handler writes a byte here (a self-pipe: the only async-signal-safe way to wake
 // the session's loop).
 int g_winch_pipe = -1;
 
 void restoreTerminal() {
   if (g_raw) (void)::tcsetattr(STDIN_FILENO, TCSADRAIN, &g_saved);
+  if (g_stdin_flags >= 0) (void)::fcntl(STDIN_FILENO, F_SETFL, g_stdin_flags);
 }
 
 void onWindowChange(int) {
@@ -43,6 +48,7 @@ void onWindowChange(int) {
 class RawMode {
  public:
   RawMode() {
+    g_stdin_flags = ::fcntl(STDIN_FILENO, F_GETFL);
     if (!::isatty(STDIN_FILENO) || ::tcgetattr(STDIN_FILENO, &g_saved) != 0) return;
     struct termios raw = g_saved;
     ::cfmakeraw(&raw);
@@ -51,6 +57,7 @@ class RawMode {
   ~RawMode() {
     restoreTerminal();
     g_raw = false;
+    g_stdin_flags = -1;
   }
   RawMode(const RawMode&) = delete;
   RawMode& operator=(const RawMode&) = delete;
@@ -111,7 +118,11 @@ int cmdShell(const apiclient::Client& api, const std::string& id, const ShellOpt
     io.on_output = writeOut;
     io.resize_fd = winch[0];
     io.window_size = windowSize;
-    end = apiclient::runTerminal(api, id, options, io);
+    try {
+      end = apiclient::runTerminal(api, id, options, io);
+    } catch (const std::exception& e) {  // the terminal goes back to normal on this way out too
+      end = makeError(ErrorCode::kInternal, std::string("terminal session: ") + e.what());
+    }
   }
   ::signal(SIGWINCH, SIG_DFL);
   ::close(winch[0]);

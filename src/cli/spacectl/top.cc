@@ -21,7 +21,8 @@ using apiclient::Query;
 Result<std::vector<std::string>> runningSandboxes(const apiclient::Client& api) {
   std::vector<std::string> ids;
   std::string cursor;
-  do {
+  // The daemon is trusted for its shape only: a cursor that never ends must not either.
+  for (int pages = 0; pages < 1000; ++pages) {
     Query query;
     query.add("state", "running").add("limit", "1000");
     if (!cursor.empty()) query.add("cursor", cursor);
@@ -30,8 +31,10 @@ Result<std::vector<std::string>> runningSandboxes(const apiclient::Client& api) 
     for (const auto& s : field(*page, "sandboxes")) {
       if (field(s, "id").is_string()) ids.push_back(field(s, "id").get<std::string>());
     }
-    cursor = field(*page, "next_cursor").is_string() ? field(*page, "next_cursor").get<std::string>() : "";
-  } while (!cursor.empty());
+    std::string next = field(*page, "next_cursor").is_string() ? field(*page, "next_cursor").get<std::string>() : "";
+    if (next.empty() || next == cursor) break;
+    cursor = std::move(next);
+  }
   return ids;
 }
 
@@ -62,7 +65,7 @@ int cmdTop(const apiclient::Client& api, const TopOptions& o, bool as_json) {
           api.call("GET", Query().add("start", std::to_string(now_s - 30)).on(apiclient::sandboxPath(id) + "/metrics"));
       if (!series.ok()) {
         // One named on the command line must exist; one listed may have gone meanwhile.
-        if (!o.ids.empty()) return fail(series.error());
+        if (!o.ids.empty() || series.error().reason != "sandbox_not_found") return fail(series.error());
         continue;
       }
       const json& samples = field(*series, "metrics");
