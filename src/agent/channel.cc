@@ -46,6 +46,14 @@ void Channel::adopt(int fd, bool owned) {
 
 void Channel::poke() {
   checkHost();
+  // checkHost's poll() is not a harmless look. On a virtio port it takes the host's newest
+  // buffer off the ring (and reclaims sent ones); the interrupt for that buffer then finds the
+  // ring empty and wakes no one, and epoll, which last saw the port empty, sleeps on. The bytes
+  // would wait for the host's next write, which a lone request never gets. SIGIO arrives for
+  // every write of the host, so this ran after each request, and now and then a lone call was
+  // lost (docs/agent.md, "The channel: a look at the port is a read"). So whatever the poll
+  // picked up is read, and whatever waits for room is written, now.
+  if (state_ != State::kDisconnected) readAvailable();
   armSafetyPoll();
 }
 
@@ -115,7 +123,8 @@ void Channel::onEvents(uint32_t events) {
 
 void Channel::readAvailable() {
   char buf[64 << 10];
-  // Bounded per wake-up so a flood from the host cannot starve process output.
+  // Bounded per wake-up so a flood from the host cannot starve process output. What is left
+  // came in buffers of its own, each with its interrupt, so epoll reports it.
   for (int round = 0; round < 16 && state_ != State::kDisconnected; ++round) {
     ssize_t n = read(fd_, buf, sizeof buf);
     if (traceEnabled()) {

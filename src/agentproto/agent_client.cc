@@ -30,6 +30,13 @@ constexpr size_t kMaxHeaderBytes = 64 << 10;
 constexpr size_t kMaxErrorBody = 64 << 10;
 constexpr int32_t kWindow = 8 << 20;
 constexpr std::chrono::milliseconds kHelloInterval{250};
+// How long a request may go unanswered (no response headers) before the client writes a PING.
+// A guest can miss the notification of a request that reached it: the virtio console driver
+// takes a buffer off the ring when the port is merely polled, and the interrupt for it then
+// wakes no one (docs/agent.md, "The channel: a look at the port is a read"). The agent guards
+// against the case it knows; any next write of the host makes the guest look again, so the
+// client makes one. Its answer proves nothing, and nothing waits for it.
+constexpr std::chrono::milliseconds kUnansweredNudge{1000};
 
 ErrorCode errorCodeFromRpcName(std::string_view name) {
   for (ErrorCode c :
@@ -82,6 +89,7 @@ struct Call : std::enable_shared_from_this<Call>, AgentStream {
   std::weak_ptr<AgentClient::Impl> impl;  // a stream handle may outlive its client
   int32_t stream_id = -1;
   Clock::time_point deadline = Clock::time_point::max();
+  Clock::time_point submitted_at;  // I/O thread only
   size_t header_bytes = 0;
   int status = 0;
   // request
@@ -172,6 +180,8 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
   std::string out;
   size_t out_off = 0;
   bool peer_settings = false;  // the guest's SETTINGS arrived: its session took our preface
+  Clock::time_point last_nudge;
+  std::atomic<uint64_t> nudges{0};
 
   ~Impl() {
     if (session != nullptr) nghttp2_session_del(session);
@@ -226,6 +236,7 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
       return;
     }
     call->stream_id = id;
+    call->submitted_at = Clock::now();
     calls[id] = call;
   }
 
@@ -481,12 +492,24 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
       auto now = Clock::now();
       Clock::time_point next = Clock::time_point::max();
       std::vector<std::shared_ptr<Call>> expired;
+      Clock::time_point oldest_unanswered = Clock::time_point::max();
       for (auto& [id, call] : calls) {
         if (call->deadline <= now) expired.push_back(call);
         next = std::min(next, call->deadline);
+        if (call->status == 0) oldest_unanswered = std::min(oldest_unanswered, call->submitted_at);
       }
       for (auto& call : expired) cancel(call, makeError(ErrorCode::kDeadlineExceeded, "agent call timed out"));
       if (!expired.empty()) continue;
+      if (!dead && oldest_unanswered != Clock::time_point::max()) {
+        const auto due = std::max(oldest_unanswered, last_nudge) + kUnansweredNudge;
+        if (due <= now) {
+          (void)nghttp2_submit_ping(session, NGHTTP2_FLAG_NONE, nullptr);
+          last_nudge = now;
+          ++nudges;
+          continue;  // flushOut sends it
+        }
+        next = std::min(next, due);
+      }
 
       // A dead connection is not polled at all: POLLHUP would be reported forever.
       pollfd fds[2] = {{wake.get(), POLLIN, 0}, {dead ? -1 : fd.get(), POLLIN, 0}};
@@ -735,6 +758,8 @@ std::unique_ptr<AgentClient> AgentClient::disconnected(const std::string& reason
 }
 
 bool AgentClient::alive() const { return !impl_->dead; }
+
+uint64_t AgentClient::nudges() const { return impl_->nudges.load(); }
 
 namespace {
 

@@ -83,6 +83,9 @@ class AgentClient {
   const AgentInfo& info() const { return info_; }
   // False once the connection failed or the guest broke the protocol.
   bool alive() const;
+  // PINGs written because a request went unanswered for a second (agent_client.cc,
+  // kUnansweredNudge): each one is a guest that missed a notification, or a slow call.
+  uint64_t nudges() const;
 
   Result<Json> call(const std::string& method, const Json& request, const CallOptions& options = {});
 

@@ -210,6 +210,44 @@ TEST_F(AgentTest, FiftyConcurrentCommands) {
   EXPECT_EQ(ok.load(), 50);
 }
 
+// Small calls one at a time, so that nothing else from the host follows a request, while a
+// command prints (the agent's loop has other work when requests land), at
+// uneven intervals (they land at every point of its cycle). A request whose notification the
+// guest missed waited until the host wrote again, which a lone call never does: it timed out
+// (docs/agent.md, "The channel: a look at the port is a read"). Each call takes milliseconds;
+// 5 s each is far above that, and far below the 30 s a lost call took.
+TEST_F(AgentTest, CallsOneAtATimeAreNeverLost) {
+  CommandSpec chatter;
+  chatter.command = "for i in $(seq 1 3000); do echo chatter $i; sleep 0.005; done";
+  EventLog log;
+  auto stream = agent().stream(
+      "/process.Process/Start", agentproto::startRequest(chatter), CallOptions{seconds(120), ""},
+      [&](const Json& m) { log.on(m); }, nullptr);
+  ASSERT_TRUE(log.waitFor([](EventLog& l) { return l.pid > 0; }));
+  constexpr int kCalls = 1000;
+  std::mt19937 rng(11);
+  int64_t slowest_ms = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+    const auto start = Clock::now();
+    auto r = i % 2 == 0 ? agent().call("/process.Process/List", Json::object(), CallOptions{seconds(5), ""})
+                        : agent().call("/filesystem.Filesystem/Stat", Json{{"path", "/"}}, CallOptions{seconds(5), ""});
+    ASSERT_TRUE(r.ok()) << "call " << i << ": " << r.error().message;
+    slowest_ms = std::max<int64_t>(slowest_ms, std::chrono::duration_cast<milliseconds>(Clock::now() - start).count());
+  }
+  size_t chatter_bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(log.m);
+    chatter_bytes = log.out.size();
+  }
+  std::cout << "[ info     ] " << kCalls << " calls, slowest " << slowest_ms << " ms; " << chatter_bytes
+            << " bytes of output meanwhile; " << agent().nudges() << " nudges\n";
+  EXPECT_GT(chatter_bytes, 0u);
+  (void)agent().call("/process.Process/SendSignal",
+                     Json{{"process", {{"pid", log.pid}}}, {"signal", "SIGNAL_SIGKILL"}});
+  EXPECT_TRUE(stream->wait(seconds(30)).ok());
+}
+
 // A 24 MiB upload and a command's output share the channel: ticks printed every 50 ms must
 // keep arriving on the host while the upload is in flight, not queue behind it. Each tick is
 // timestamped on the host as it arrives; several must land strictly between the upload's start
