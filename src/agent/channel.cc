@@ -46,7 +46,7 @@ void Channel::adopt(int fd, bool owned) {
 
 void Channel::poke() {
   checkHost();
-  // checkHost's poll() is not a harmless look. On a virtio port it takes the host's newest
+  // checkHost's poll() is not a harmless look. On a virtio port it takes the host's next unread
   // buffer off the ring (and reclaims sent ones); the interrupt for that buffer then finds the
   // ring empty and wakes no one, and epoll, which last saw the port empty, sleeps on. The bytes
   // would wait for the host's next write, which a lone request never gets. SIGIO arrives for
@@ -124,7 +124,7 @@ void Channel::onEvents(uint32_t events) {
 void Channel::readAvailable() {
   char buf[64 << 10];
   // Bounded per wake-up so a flood from the host cannot starve process output. What is left
-  // came in buffers of its own, each with its interrupt, so epoll reports it.
+  // keeps the port readable, and epoll (level-triggered) reports it on the next turn.
   for (int round = 0; round < 16 && state_ != State::kDisconnected; ++round) {
     ssize_t n = read(fd_, buf, sizeof buf);
     if (traceEnabled()) {

@@ -502,13 +502,19 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
       if (!expired.empty()) continue;
       if (!dead && oldest_unanswered != Clock::time_point::max()) {
         const auto due = std::max(oldest_unanswered, last_nudge) + kUnansweredNudge;
-        if (due <= now) {
+        // Only onto an idle connection: bytes still waiting to go are a write the guest will
+        // see anyway, and a guest that stops reading must not make PINGs pile up in nghttp2.
+        const bool idle = out_off == out.size() && nghttp2_session_get_outbound_queue_size(session) == 0;
+        if (due > now) {
+          next = std::min(next, due);
+        } else if (!idle) {
+          next = std::min(next, now + kUnansweredNudge);  // look again later; a write wakes us first
+        } else {
           (void)nghttp2_submit_ping(session, NGHTTP2_FLAG_NONE, nullptr);
           last_nudge = now;
           ++nudges;
           continue;  // flushOut sends it
         }
-        next = std::min(next, due);
       }
 
       // A dead connection is not polled at all: POLLHUP would be reported forever.

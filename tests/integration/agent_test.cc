@@ -225,6 +225,7 @@ TEST_F(AgentTest, CallsOneAtATimeAreNeverLost) {
       [&](const Json& m) { log.on(m); }, nullptr);
   ASSERT_TRUE(log.waitFor([](EventLog& l) { return l.pid > 0; }));
   constexpr int kCalls = 1000;
+  const uint64_t nudges_before = agent().nudges();
   std::mt19937 rng(11);
   int64_t slowest_ms = 0;
   for (int i = 0; i < kCalls; ++i) {
@@ -241,8 +242,12 @@ TEST_F(AgentTest, CallsOneAtATimeAreNeverLost) {
     chatter_bytes = log.out.size();
   }
   std::cout << "[ info     ] " << kCalls << " calls, slowest " << slowest_ms << " ms; " << chatter_bytes
-            << " bytes of output meanwhile; " << agent().nudges() << " nudges\n";
+            << " bytes of output meanwhile; " << agent().nudges() - nudges_before << " nudges\n";
   EXPECT_GT(chatter_bytes, 0u);
+  // The host's nudge would hide a guest that misses requests (each lost one costing a second),
+  // so the guest's own handling is checked too: a call nudged means it went a second
+  // unanswered. A loaded machine may make that happen once or twice; lost requests make more.
+  EXPECT_LE(agent().nudges() - nudges_before, 2u);
   (void)agent().call("/process.Process/SendSignal",
                      Json{{"process", {{"pid", log.pid}}}, {"signal", "SIGNAL_SIGKILL"}});
   EXPECT_TRUE(stream->wait(seconds(30)).ok());
