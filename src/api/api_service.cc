@@ -228,6 +228,7 @@ const std::vector<ApiService::Route>& ApiService::routeTable() {
       {"GET", "/v1/snapshots/{id}", &ApiService::getSnapshot, false},
       {"DELETE", "/v1/snapshots/{id}", &ApiService::deleteSnapshot, false},
       {"POST", "/v1/snapshots/{id}/branch", &ApiService::branchSnapshot, false},
+      {"GET", "/v1/quota", &ApiService::getQuota, false},
       {"GET", "/v1/secrets", &ApiService::listSecrets, false},
       {"POST", "/v1/secrets", &ApiService::createSecret, false},
       {"GET", "/v1/secrets/{name}", &ApiService::getSecret, false},
@@ -776,6 +777,30 @@ Result<std::pair<std::string, std::string>> ApiService::readSecret(Call& c, bool
   if (!value.value()) return makeError(ErrorCode::kInvalidArgument, "value: required");
   SPACE_TRY(in.finish());
   return std::pair(name.value_or(c.req.pathParam("name")), std::move(*value.value()));
+}
+
+void ApiService::getQuota(Call& c) {
+  auto report = manager_.quotaReport(c.tenant);
+  if (!report.ok()) return fail(c, report.error());
+  const auto& r = report.value();
+  const auto& q = r.limits;
+  // 0: no limit of that kind. Only the caller's own figures: nothing about other tenants.
+  (void)c.res.sendJson(200, json{{"tenant", c.tenant},
+                                 {"own", r.own},
+                                 {"limits",
+                                  {{"max_sandboxes", q.max_sandboxes},
+                                   {"max_vcpus", q.max_vcpus},
+                                   {"max_memory_mb", q.max_memory_mb},
+                                   {"max_snapshots", q.max_snapshots},
+                                   {"max_snapshot_mb", q.max_snapshot_bytes >> 20},
+                                   {"max_suspended", q.max_suspended}}},
+                                 {"usage",
+                                  {{"sandboxes", r.sandboxes},
+                                   {"vcpus", r.vcpus},
+                                   {"memory_mb", r.memory_mb},
+                                   {"snapshots", r.snapshots},
+                                   {"snapshot_bytes", r.snapshot_bytes},
+                                   {"suspended", r.suspended}}}});
 }
 
 void ApiService::listSecrets(Call& c) {

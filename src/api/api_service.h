@@ -108,6 +108,7 @@ class ApiService {
   void getSnapshot(Call& c);
   void deleteSnapshot(Call& c);
   void branchSnapshot(Call& c);
+  void getQuota(Call& c);
   void listSecrets(Call& c);
   void createSecret(Call& c);
   void getSecret(Call& c);

@@ -20,6 +20,7 @@
 #include "cli/spacectl/network.h"
 #include "cli/spacectl/output.h"
 #include "cli/spacectl/processes.h"
+#include "cli/spacectl/quota.h"
 #include "cli/spacectl/sandboxes.h"
 #include "cli/spacectl/secrets.h"
 #include "cli/spacectl/shell.h"
@@ -236,6 +237,10 @@ int main(int argc, char** argv) {
   c_top->add_flag("--once", top.once, "print one refresh and exit");
   c_top->add_option("--interval", top.interval_s, "seconds between refreshes")->check(CLI::Range(1, 3600));
   c_top->footer("Examples: spacectl top\n          spacectl top --once --json sb_x | jq '.sandboxes[0].metrics'");
+
+  command("quota", "show what your tenant may hold on the node (sandboxes, vCPUs, memory, snapshots) and what it holds",
+          [&](const apiclient::Client& api) { return cmdQuota(api, as_json); })
+      ->footer("Limits are the operator's (spaced tenant quota, or spaced's --tenant-max-* defaults); none: no limit.");
 
   ShellOptions shell;
   auto* c_shell = command("shell", "attach this terminal to a shell (or a command) on a terminal in a sandbox",

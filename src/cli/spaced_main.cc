@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "api/api_service.h"
 #include "api/auth.h"
@@ -179,9 +180,12 @@ int tenantCommand(const std::string& action, const std::string& data_dir, const 
   if (action == "rm") {
     auto removed = db.removeApiKeys(name);
     if (!removed.ok()) return fatal(removed.error().message);
-    // A tenant added later under the same name must not inherit them.
+    // A tenant added later under the same name must not inherit them, nor its quota.
     auto forgotten = db.deleteSecretsOf(name);
     if (!forgotten.ok()) return fatal(forgotten.error().message);
+    if (auto unquota = db.deleteTenantQuota(name); !unquota.ok() && unquota.error().code != ErrorCode::kNotFound) {
+      return fatal(unquota.error().message);
+    }
     std::cerr << "spaced: removed the API keys and " << forgotten.value() << " secret(s) of tenant \"" << name
               << "\"\n";
     return 0;
@@ -197,6 +201,64 @@ int tenantCommand(const std::string& action, const std::string& data_dir, const 
   } else {
     std::printf("%-24s %s\n", "TENANT", "KEYS");
     for (const auto& [tenant, n] : per_tenant) std::printf("%-24s %d\n", tenant.c_str(), n);
+  }
+  return 0;
+}
+
+// What `spaced tenant quota` changes: each value given replaces the tenant's own one; the rest
+// stay, unless `reset` drops them all first (back to the node's defaults).
+struct QuotaChange {
+  bool reset = false;
+  std::optional<int64_t> sandboxes, vcpus, memory_mb, snapshots, snapshot_mb, suspended;
+  bool any() const { return reset || sandboxes || vcpus || memory_mb || snapshots || snapshot_mb || suspended; }
+};
+
+nlohmann::json quotaJson(const store::TenantQuotaRecord& q) {
+  auto value = [](const std::optional<int64_t>& v) { return v ? nlohmann::json(*v) : nlohmann::json("default"); };
+  return {{"tenant", q.tenant},
+          {"max_sandboxes", value(q.max_sandboxes)},
+          {"max_vcpus", value(q.max_vcpus)},
+          {"max_memory_mb", value(q.max_memory_mb)},
+          {"max_snapshots", value(q.max_snapshots)},
+          {"max_snapshot_mb", value(q.max_snapshot_mb)},
+          {"max_suspended", value(q.max_suspended)}};
+}
+
+int tenantQuotaCommand(const std::string& data_dir, const std::string& name, const QuotaChange& change, bool json) {
+  auto store = openStore(data_dir);
+  if (!store.ok()) return fatal(store.error().message);
+  auto& db = *store.value();
+  store::TenantQuotaRecord quota{name};
+  auto existing = db.getTenantQuota(name);
+  if (existing.ok()) {
+    quota = existing.value();
+  } else if (existing.error().code != ErrorCode::kNotFound) {
+    return fatal(existing.error().message);
+  }
+  if (change.any()) {
+    if (change.reset) quota = store::TenantQuotaRecord{name};
+    for (auto [from, to] : {std::pair{&change.sandboxes, &quota.max_sandboxes},
+                            {&change.vcpus, &quota.max_vcpus},
+                            {&change.memory_mb, &quota.max_memory_mb},
+                            {&change.snapshots, &quota.max_snapshots},
+                            {&change.snapshot_mb, &quota.max_snapshot_mb},
+                            {&change.suspended, &quota.max_suspended}}) {
+      if (*from) *to = *from;
+    }
+    auto put = db.putTenantQuota(quota);
+    if (!put.ok()) return fatal(put.error().message);
+    spdlog::info("spaced: quota of tenant \"{}\" set: {}", name, quotaJson(quota).dump());
+  }
+  const nlohmann::json out = quotaJson(quota);
+  if (json) {
+    std::cout << out.dump() << "\n";
+  } else {
+    for (const char* key : {"tenant", "max_sandboxes", "max_vcpus", "max_memory_mb", "max_snapshots", "max_snapshot_mb",
+                            "max_suspended"}) {
+      const auto& value = out.at(key);
+      std::printf("%-16s %s\n", key, value.is_string() ? value.get<std::string>().c_str() : value.dump().c_str());
+    }
+    std::cerr << "(default: the node's --tenant-max-* value; 0: no limit. A running spaced applies changes at once.)\n";
   }
   return 0;
 }
@@ -406,6 +468,24 @@ int main(int argc, char** argv) {
   auto* tenant_ls = tenant->add_subcommand("ls", "list tenants and how many keys each has");
   tenant_ls->add_flag("--json", tenant_json, "JSON output");
   tenant_ls->fallthrough();
+  QuotaChange quota_change;
+  const auto kQuotaRange = CLI::Range(int64_t{0}, int64_t{1} << 40);
+  auto* tenant_quota = tenant->add_subcommand(
+      "quota",
+      "show or set a tenant's own quota, which replaces the node's --tenant-max-* defaults for it "
+      "(0: no limit). Without values it shows the quota. Example: spaced tenant quota acme --sandboxes 20 --vcpus 40");
+  tenant_quota->add_option("name", tenant_name, "tenant name")->required();
+  tenant_quota->add_option("--sandboxes", quota_change.sandboxes, "running or paused sandboxes")->check(kQuotaRange);
+  tenant_quota->add_option("--vcpus", quota_change.vcpus, "vCPUs of those together")->check(kQuotaRange);
+  tenant_quota->add_option("--memory-mb", quota_change.memory_mb, "memory of those together (MB)")->check(kQuotaRange);
+  tenant_quota->add_option("--snapshots", quota_change.snapshots, "snapshots kept")->check(kQuotaRange);
+  tenant_quota->add_option("--snapshot-mb", quota_change.snapshot_mb, "disk the snapshots take (MB)")
+      ->check(kQuotaRange);
+  tenant_quota->add_option("--suspended", quota_change.suspended, "suspended sandboxes")->check(kQuotaRange);
+  tenant_quota->add_flag("--reset", quota_change.reset,
+                         "drop the tenant's own values first (alone: back to the node's defaults)");
+  tenant_quota->add_flag("--json", tenant_json, "JSON output (\"default\" where the node's value applies)");
+  tenant_quota->fallthrough();
 
   CLI11_PARSE(app, argc, argv);
   if (auto st = initLogging(log_level, log_json); !st.ok()) {
@@ -417,6 +497,7 @@ int main(int argc, char** argv) {
     if (!tenant_ls->parsed() && (tenant_name.size() > 64 || tenant_name.find_first_of(" \t\n/") != std::string::npos)) {
       return fatal("tenant names are 1..64 characters without spaces or '/'");
     }
+    if (tenant_quota->parsed()) return tenantQuotaCommand(data_dir, tenant_name, quota_change, tenant_json);
     return tenantCommand(tenant_add->parsed()  ? "add"
                          : tenant_rm->parsed() ? "rm"
                                                : "ls",

@@ -378,7 +378,53 @@ Status SandboxManager::checkTimeout(int64_t timeout_s) const {
 
 // --- node limits ---------------------------------------------------------------------------
 
+Result<TenantQuota> SandboxManager::quotaOf(const std::string& tenant) {
+  TenantQuota quota = config_.tenant_quota;
+  auto own = store_.getTenantQuota(tenant);
+  if (!own.ok()) {
+    if (own.error().code == ErrorCode::kNotFound) return quota;
+    return own.error();  // a quota that cannot be read is not waived
+  }
+  // Values beyond a field's range are no limit the node could reach anyway: saturate.
+  auto narrow = [](int64_t v) { return static_cast<uint32_t>(std::min<int64_t>(v, UINT32_MAX)); };
+  if (own->max_sandboxes) quota.max_sandboxes = narrow(*own->max_sandboxes);
+  if (own->max_vcpus) quota.max_vcpus = narrow(*own->max_vcpus);
+  if (own->max_memory_mb) quota.max_memory_mb = static_cast<uint64_t>(*own->max_memory_mb);
+  if (own->max_snapshots) quota.max_snapshots = narrow(*own->max_snapshots);
+  if (own->max_snapshot_mb) {
+    quota.max_snapshot_bytes = static_cast<uint64_t>(std::min<int64_t>(*own->max_snapshot_mb, INT64_MAX >> 20)) << 20;
+  }
+  if (own->max_suspended) quota.max_suspended = narrow(*own->max_suspended);
+  return quota;
+}
+
+Result<TenantQuotaReport> SandboxManager::quotaReport(const std::string& tenant) {
+  TenantQuotaReport report;
+  auto quota = quotaOf(tenant);
+  if (!quota.ok()) return quota.error();
+  report.limits = quota.value();
+  auto own = store_.getTenantQuota(tenant);
+  report.own = own.ok();
+  auto snapshots = store_.snapshotUsage(tenant);
+  if (!snapshots.ok()) return snapshots.error();
+  report.snapshots = static_cast<uint32_t>(snapshots->count);
+  report.snapshot_bytes = snapshots->bytes;
+  auto suspended = store_.countInState(tenant, stateName(SandboxState::kSuspended));
+  if (!suspended.ok()) return suspended.error();
+  report.suspended = static_cast<uint32_t>(suspended.value());
+  std::lock_guard lock(mu_);
+  if (auto it = tenant_usage_.find(tenant); it != tenant_usage_.end()) {
+    report.sandboxes = it->second.sandboxes;
+    report.vcpus = it->second.vcpus;
+    report.memory_mb = it->second.memory_mb;
+  }
+  return report;
+}
+
 Status SandboxManager::reserve(const std::shared_ptr<Live>& live) {
+  // Read before the lock: the store is not asked while every other create waits on mu_.
+  auto tenant_quota = quotaOf(live->tenant);
+  if (!tenant_quota.ok()) return tenant_quota.error();
   std::lock_guard lock(mu_);
   if (stopping_) return makeError(ErrorCode::kUnavailable, "spaced is shutting down", "shutting_down");
   if (live_.count(live->id)) {
@@ -390,7 +436,7 @@ Status SandboxManager::reserve(const std::shared_ptr<Live>& live) {
                      "too_many_sandboxes");
   }
   // The tenant's quota first: a tenant at its quota is told so, whatever the node has free.
-  const TenantQuota& quota = config_.tenant_quota;
+  const TenantQuota& quota = tenant_quota.value();
   const auto usage = tenant_usage_.find(live->tenant);
   const TenantUsage used = usage == tenant_usage_.end() ? TenantUsage{} : usage->second;
   auto overQuota = [&](const std::string& what, uint64_t have, uint64_t want, uint64_t max, const char* unit) {
@@ -832,7 +878,9 @@ Result<store::SandboxRecord> SandboxManager::suspendLocked(const std::shared_ptr
   }
   SPACE_TRY(checkTransition(sandbox.state, SandboxState::kSuspended, "suspend"));
   // The tenant's suspended quota, counting suspends under way (a place is held until recorded).
-  const uint32_t max_suspended = config_.tenant_quota.max_suspended;
+  auto tenant_quota = quotaOf(sandbox.tenant);
+  if (!tenant_quota.ok()) return tenant_quota.error();
+  const uint32_t max_suspended = tenant_quota->max_suspended;
   if (max_suspended != 0) {
     auto suspended = store_.countInState(sandbox.tenant, stateName(SandboxState::kSuspended));
     if (!suspended.ok()) return suspended.error();

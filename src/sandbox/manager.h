@@ -51,6 +51,19 @@ struct TenantQuota {
   uint32_t max_suspended = 0;
 };
 
+// A tenant's quota as it applies now (its own values over the node's defaults) and what it
+// holds against each, for the tenant to see (GET /v1/quota). Never another tenant's figures.
+struct TenantQuotaReport {
+  TenantQuota limits;
+  bool own = false;  // whether the tenant has values of its own (spaced tenant quota)
+  uint32_t sandboxes = 0;
+  uint32_t vcpus = 0;
+  uint64_t memory_mb = 0;
+  uint32_t snapshots = 0;
+  uint64_t snapshot_bytes = 0;
+  uint32_t suspended = 0;
+};
+
 struct ManagerConfig {
   std::string data_dir;  // sandboxes/<id>/ holds each VM's files
   std::map<std::string, Template> templates;
@@ -246,6 +259,8 @@ class SandboxManager {
     MetricSample sample;
   };
   std::vector<SandboxUsage> latestMetrics();
+  // The tenant's quota (its own values over the node's defaults) and its usage.
+  Result<TenantQuotaReport> quotaReport(const std::string& tenant);
   // Sets the hard timeout to now + timeout_s.
   Result<store::SandboxRecord> setTimeout(const std::string& tenant, const std::string& id, int64_t timeout_s);
 
@@ -315,6 +330,9 @@ class SandboxManager {
   // The node's limits, in one place: counts the sandbox in (live_ and the reservations) if it
   // fits, else the refusal (429/503 reasons). unreserve() undoes it.
   Status reserve(const std::shared_ptr<Live>& live);
+  // The quota that applies to `tenant`: the values it was given (store), else the node's. Read
+  // on every check, so `spaced tenant quota` takes effect on a running daemon at once.
+  Result<TenantQuota> quotaOf(const std::string& tenant);
   // A sandbox's hard timeout, whether at create or set later: one bound, one message.
   Status checkTimeout(int64_t timeout_s) const;
   void unreserve(const Live& live);

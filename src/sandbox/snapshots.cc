@@ -136,7 +136,9 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
 }
 
 Result<std::shared_ptr<void>> SandboxManager::claimSnapshotPlace(const std::string& tenant, uint64_t estimate_bytes) {
-  const TenantQuota& quota = config_.tenant_quota;
+  auto tenant_quota = quotaOf(tenant);
+  if (!tenant_quota.ok()) return tenant_quota.error();
+  const TenantQuota& quota = tenant_quota.value();
   if (!quota.max_snapshots && !quota.max_snapshot_bytes) return std::shared_ptr<void>();
   // One lock over reading the usage, checking and counting the new one in: a snapshot recorded
   // (and its place released) between a read and the check cannot make the read stale.
@@ -249,9 +251,11 @@ Result<std::vector<store::SandboxRecord>> SandboxManager::branch(const CreateReq
   if (!snap.ok()) return snap.error();
   // All or none, so a branch that cannot fit is refused before any child starts (each child
   // still reserves its own place before its VM starts: others may take room meanwhile).
+  auto tenant_quota = quotaOf(request.tenant);
+  if (!tenant_quota.ok()) return tenant_quota.error();
   {
     std::lock_guard lock(mu_);
-    const TenantQuota& quota = config_.tenant_quota;
+    const TenantQuota& quota = tenant_quota.value();
     const auto usage = tenant_usage_.find(request.tenant);
     const TenantUsage used = usage == tenant_usage_.end() ? TenantUsage{} : usage->second;
     const uint64_t vcpus = uint64_t{count} * snap->cpus;

@@ -87,6 +87,9 @@ class Stmt {
     keep(sqlite3_bind_text64(stmt_, index(name), data, value.size(), SQLITE_TRANSIENT, SQLITE_UTF8));
   }
   void bind(const char* name, int64_t value) { keep(sqlite3_bind_int64(stmt_, index(name), value)); }
+  void bind(const char* name, const std::optional<int64_t>& value) {
+    keep(value ? sqlite3_bind_int64(stmt_, index(name), *value) : sqlite3_bind_null(stmt_, index(name)));
+  }
   void bindBlob(const char* name, std::string_view bytes) {
     keep(sqlite3_bind_blob64(stmt_, index(name), bytes.empty() ? "" : bytes.data(), bytes.size(), SQLITE_TRANSIENT));
   }
@@ -107,6 +110,10 @@ class Stmt {
     return std::string(reinterpret_cast<const char*>(p), static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
   }
   int64_t integer(int col) const { return sqlite3_column_int64(stmt_, col); }
+  std::optional<int64_t> optionalInteger(int col) const {
+    if (sqlite3_column_type(stmt_, col) == SQLITE_NULL) return std::nullopt;
+    return sqlite3_column_int64(stmt_, col);
+  }
   std::string blob(int col) const {
     const void* p = sqlite3_column_blob(stmt_, col);
     if (p == nullptr) return "";
@@ -237,6 +244,21 @@ Status migrateToV4(sqlite3* db, const std::string& op) {
   return exec(db, "ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0;", op);
 }
 
+// Tenants' own quotas; a NULL limit takes the node's default.
+Status migrateToV5(sqlite3* db, const std::string& op) {
+  return exec(db,
+              "CREATE TABLE tenant_quotas ("
+              "  tenant TEXT PRIMARY KEY NOT NULL,"
+              "  max_sandboxes INTEGER,"
+              "  max_vcpus INTEGER,"
+              "  max_memory_mb INTEGER,"
+              "  max_snapshots INTEGER,"
+              "  max_snapshot_mb INTEGER,"
+              "  max_suspended INTEGER,"
+              "  updated_at_ms INTEGER NOT NULL);",
+              op);
+}
+
 struct Migration {
   const char* summary;
   Status (*apply)(sqlite3* db, const std::string& op);
@@ -247,6 +269,7 @@ constexpr Migration kMigrations[] = {
     {"sandbox timeout/idle settings and snapshots", migrateToV2},
     {"sealed secrets", migrateToV3},
     {"sandbox auto_resume", migrateToV4},
+    {"tenant quotas", migrateToV5},
 };
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
 
@@ -1073,6 +1096,101 @@ Result<int64_t> StateStore::deleteSecretsOf(const std::string& tenant) {
   stmt->bind(":t", tenant);
   SPACE_TRY(stmt->run(op));
   return static_cast<int64_t>(sqlite3_changes(db_));
+}
+
+namespace {
+
+constexpr const char* kTenantQuotaColumns =
+    "tenant, max_sandboxes, max_vcpus, max_memory_mb, max_snapshots, max_snapshot_mb, max_suspended, updated_at_ms";
+
+TenantQuotaRecord tenantQuotaFrom(const Stmt& stmt) {
+  return TenantQuotaRecord{stmt.text(0),
+                           stmt.optionalInteger(1),
+                           stmt.optionalInteger(2),
+                           stmt.optionalInteger(3),
+                           stmt.optionalInteger(4),
+                           stmt.optionalInteger(5),
+                           stmt.optionalInteger(6),
+                           stmt.integer(7)};
+}
+
+}  // namespace
+
+Status StateStore::putTenantQuota(TenantQuotaRecord& record) {
+  if (record.tenant.empty()) return invalid("a quota needs a tenant");
+  const std::optional<int64_t>* values[] = {&record.max_sandboxes, &record.max_vcpus,       &record.max_memory_mb,
+                                            &record.max_snapshots, &record.max_snapshot_mb, &record.max_suspended};
+  bool any = false;
+  for (const auto* v : values) {
+    if (v->has_value() && **v < 0) return invalid("quota values must be 0 (no limit) or more");
+    any = any || v->has_value();
+  }
+  if (!any) {
+    auto removed = deleteTenantQuota(record.tenant);
+    if (!removed.ok() && removed.error().code != ErrorCode::kNotFound) return removed;
+    record.updated_at_ms = nowMs();
+    return okStatus();
+  }
+  std::lock_guard lock(mu_);
+  const std::string op = "setting the quota of tenant " + record.tenant;
+  auto stmt = Stmt::prepare(db_,
+                            std::string("INSERT OR REPLACE INTO tenant_quotas (") + kTenantQuotaColumns +
+                                ") VALUES (:tenant, :sandboxes, :vcpus, :memory, :snapshots, :snapshot_mb, "
+                                ":suspended, :now)",
+                            op);
+  if (!stmt.ok()) return stmt.error();
+  const int64_t now = nowMs();
+  stmt->bind(":tenant", record.tenant);
+  stmt->bind(":sandboxes", record.max_sandboxes);
+  stmt->bind(":vcpus", record.max_vcpus);
+  stmt->bind(":memory", record.max_memory_mb);
+  stmt->bind(":snapshots", record.max_snapshots);
+  stmt->bind(":snapshot_mb", record.max_snapshot_mb);
+  stmt->bind(":suspended", record.max_suspended);
+  stmt->bind(":now", now);
+  SPACE_TRY(stmt->run(op));
+  record.updated_at_ms = now;
+  return okStatus();
+}
+
+Result<TenantQuotaRecord> StateStore::getTenantQuota(const std::string& tenant) {
+  if (tenant.empty()) return invalid("reading a quota needs a tenant");
+  std::lock_guard lock(mu_);
+  const std::string op = "reading the quota of tenant " + tenant;
+  auto stmt =
+      Stmt::prepare(db_, std::string("SELECT ") + kTenantQuotaColumns + " FROM tenant_quotas WHERE tenant = :t", op);
+  if (!stmt.ok()) return stmt.error();
+  stmt->bind(":t", tenant);
+  int rc = stmt->step();
+  if (rc == SQLITE_DONE) return makeError(ErrorCode::kNotFound, "tenant " + tenant + " has no quota of its own");
+  if (rc != SQLITE_ROW) return sqliteError(db_, rc, op);
+  return tenantQuotaFrom(*stmt);
+}
+
+Result<std::vector<TenantQuotaRecord>> StateStore::listTenantQuotas() {
+  std::lock_guard lock(mu_);
+  const std::string op = "listing tenant quotas";
+  auto stmt =
+      Stmt::prepare(db_, std::string("SELECT ") + kTenantQuotaColumns + " FROM tenant_quotas ORDER BY tenant", op);
+  if (!stmt.ok()) return stmt.error();
+  std::vector<TenantQuotaRecord> out;
+  int rc;
+  while ((rc = stmt->step()) == SQLITE_ROW) out.push_back(tenantQuotaFrom(*stmt));
+  if (rc != SQLITE_DONE) return sqliteError(db_, rc, op);
+  return out;
+}
+
+Status StateStore::deleteTenantQuota(const std::string& tenant) {
+  if (tenant.empty()) return invalid("deleting a quota needs a tenant");
+  std::lock_guard lock(mu_);
+  const std::string op = "deleting the quota of tenant " + tenant;
+  auto stmt = Stmt::prepare(db_, "DELETE FROM tenant_quotas WHERE tenant = :t", op);
+  if (!stmt.ok()) return stmt.error();
+  stmt->bind(":t", tenant);
+  SPACE_TRY(stmt->run(op));
+  if (sqlite3_changes(db_) == 0)
+    return makeError(ErrorCode::kNotFound, "tenant " + tenant + " has no quota of its own");
+  return okStatus();
 }
 
 }  // namespace space::store

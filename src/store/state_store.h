@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -122,6 +123,21 @@ struct SecretRecord {
   bool operator==(const SecretRecord&) const = default;
 };
 
+// A tenant's own limits, where the node's defaults (spaced's --tenant-max-* flags) do not suit
+// it. An absent value takes the node's default; 0 means no limit at all.
+struct TenantQuotaRecord {
+  std::string tenant;
+  std::optional<int64_t> max_sandboxes;
+  std::optional<int64_t> max_vcpus;
+  std::optional<int64_t> max_memory_mb;
+  std::optional<int64_t> max_snapshots;
+  std::optional<int64_t> max_snapshot_mb;
+  std::optional<int64_t> max_suspended;
+  int64_t updated_at_ms = 0;  // set by putTenantQuota
+
+  bool operator==(const TenantQuotaRecord&) const = default;
+};
+
 // Every method may be called from any thread: one connection, serialized by a mutex (spaced's
 // write rate is low, and one connection keeps every read consistent with the writes before it).
 // Errors: kInvalidArgument for bad input, kNotFound / kAlreadyExists as documented,
@@ -181,6 +197,13 @@ class StateStore {
   Result<std::vector<SecretRecord>> listSecrets(const std::string& tenant);            // by name
   Status deleteSecret(const std::string& tenant, const std::string& name);             // kNotFound
   Result<int64_t> deleteSecretsOf(const std::string& tenant);                          // how many went
+
+  // Creates or replaces the tenant's quota row (a record with no value set removes it); fills in
+  // updated_at_ms. kInvalidArgument for a negative value.
+  Status putTenantQuota(TenantQuotaRecord& record);
+  Result<TenantQuotaRecord> getTenantQuota(const std::string& tenant);  // kNotFound: the node's defaults
+  Result<std::vector<TenantQuotaRecord>> listTenantQuotas();            // by tenant
+  Status deleteTenantQuota(const std::string& tenant);                  // kNotFound if it had none
 
   // Caps the database at its current size plus `extra_pages`, so tests can see what a full
   // disk does without filling one.

@@ -19,6 +19,7 @@
 #include <future>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -727,6 +728,88 @@ TEST_F(SpacedTest, ATenantAtItsQuotaCannotStopAnotherFromCreating) {
   EXPECT_EQ(d.call("GET", "/v1/sandboxes", "", bob).status, 200);
   std::this_thread::sleep_for(seconds(2));  // refilled: the operator may call again
   EXPECT_EQ(d.call("GET", "/v1/sandboxes").status, 200);
+}
+
+// An operator gives one tenant a quota of its own (`spaced tenant quota`) while spaced runs: it
+// applies at the tenant's next create, to that tenant only, and GET /v1/quota shows each tenant
+// its own limits and usage. --reset gives the tenant the node's defaults back.
+TEST_F(SpacedTest, ATenantsOwnQuotaAppliesAtOnceAndOnlyToIt) {
+  daemon_ = Daemon::start(data_dir_, {"--tenant-max-sandboxes", "1", "--tenant-max-suspended", "5"});
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string bob = addTenant("bob");
+  ASSERT_FALSE(bob.empty());
+  const json small{{"cpus", 1}, {"memory_mb", 256}};
+  auto setQuota = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv = {SPACED_BIN, "tenant", "quota"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), {"--json", "--data-dir", data_dir_});
+    const std::string out = dir_->path() + "/quota.json";
+    std::filesystem::remove(out);
+    auto p = ChildProcess::spawn(argv, SpawnOptions{out, dir_->path() + "/quota.err", true});
+    if (!p.ok()) return json();
+    auto done = p->waitFor(seconds(30));
+    auto text = readSmallFile(out, 4096);
+    if (!done || done->exit_code != 0 || !text.ok()) return json();
+    return json::parse(text.value(), nullptr, false);
+  };
+  json set = setQuota({"bob", "--sandboxes", "2"});
+  EXPECT_EQ(set["max_sandboxes"], 2) << set;
+  EXPECT_EQ(set["max_vcpus"], "default") << set;
+
+  json bobs = d.callJson("GET", "/v1/quota", json(), 200, bob);
+  EXPECT_EQ(bobs["tenant"], "bob");
+  EXPECT_EQ(bobs["own"], true);
+  EXPECT_EQ(bobs["limits"]["max_sandboxes"], 2);
+  EXPECT_EQ(bobs["limits"]["max_suspended"], 5);  // the node's default where bob has no value
+  EXPECT_EQ(bobs["usage"]["sandboxes"], 0);
+  json mine = d.callJson("GET", "/v1/quota", json(), 200);
+  EXPECT_EQ(mine["own"], false);
+  EXPECT_EQ(mine["limits"]["max_sandboxes"], 1);
+
+  // Bob gets his two; the operator's tenant keeps the node's one.
+  ASSERT_EQ(d.callJson("POST", "/v1/sandboxes", small, 201, bob)["state"], "running");
+  ASSERT_EQ(d.callJson("POST", "/v1/sandboxes", small, 201, bob)["state"], "running");
+  json refused = d.callJson("POST", "/v1/sandboxes", small, 429, bob);
+  EXPECT_EQ(refused["error"]["code"], "tenant_quota");
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("quota of 2 running or paused"), std::string::npos)
+      << refused;
+  ASSERT_FALSE(d.create().empty());
+  EXPECT_NE(d.callJson("POST", "/v1/sandboxes", small, 429)["error"]["message"].get<std::string>().find(
+                "quota of 1 running or paused"),
+            std::string::npos);
+  bobs = d.callJson("GET", "/v1/quota", json(), 200, bob);
+  EXPECT_EQ(bobs["usage"]["sandboxes"], 2) << bobs;
+  EXPECT_EQ(bobs["usage"]["vcpus"], 2) << bobs;
+  EXPECT_EQ(bobs["usage"]["memory_mb"], 512) << bobs;
+  EXPECT_EQ(d.callJson("GET", "/v1/quota", json(), 200)["usage"]["sandboxes"], 1);  // never bob's figures
+  // spacectl shows the same to a person.
+  setenv("SPACE_API", d.url().c_str(), 1);
+  setenv("SPACE_API_KEY", bob.c_str(), 1);
+  const std::string shown = dir_->path() + "/spacectl-quota.out";
+  EXPECT_EQ(runCommand({SPACECTL_BIN, "quota"}, shown), 0);
+  unsetenv("SPACE_API");
+  unsetenv("SPACE_API_KEY");
+  auto read_back = readSmallFile(shown, 1 << 16);
+  const std::string table = read_back.ok() ? read_back.value() : "";
+  EXPECT_TRUE(std::regex_search(table, std::regex(R"(sandboxes \(running or paused\) +2 +2\n)"))) << table;
+  EXPECT_NE(table.find("tenant bob: limits set for this tenant by the operator"), std::string::npos) << table;
+
+  // Back to the node's default: bob holds two, so a third is refused at the node's 1.
+  json reset = setQuota({"bob", "--reset"});
+  EXPECT_EQ(reset["max_sandboxes"], "default") << reset;
+  EXPECT_EQ(d.callJson("GET", "/v1/quota", json(), 200, bob)["own"], false);
+  EXPECT_NE(d.callJson("POST", "/v1/sandboxes", small, 429, bob)["error"]["message"].get<std::string>().find(
+                "quota of 1 running or paused"),
+            std::string::npos);
+  // 0 is no limit at all: the operator's tenant creates a second.
+  EXPECT_EQ(setQuota({"default", "--sandboxes", "0"})["max_sandboxes"], 0);
+  EXPECT_FALSE(d.create().empty());
+  EXPECT_EQ(d.callJson("GET", "/v1/quota", json(), 200)["limits"]["max_sandboxes"], 0);
+  // A tenant removed and added again does not inherit the old quota.
+  EXPECT_EQ(setQuota({"bob", "--sandboxes", "9"})["max_sandboxes"], 9);
+  ASSERT_EQ(runCommand({SPACED_BIN, "tenant", "rm", "bob", "--data-dir", data_dir_}, dir_->path() + "/rm.log"), 0);
+  EXPECT_EQ(setQuota({"bob"})["max_sandboxes"], "default");
 }
 
 // Every size of a template is a permanent snapshot of the guest's memory: a loop of creates over

@@ -538,6 +538,54 @@ TEST_F(StateStoreTest, ApiKeys) {
   EXPECT_EQ(store_->listApiKeys()->size(), 1u);
 }
 
+TEST_F(StateStoreTest, TenantQuotasKeepOnlyWhatWasSetAndSurviveReopen) {
+  auto none = store_->getTenantQuota("acme");
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.error().code, ErrorCode::kNotFound);
+
+  TenantQuotaRecord acme{"acme"};
+  acme.max_sandboxes = 3;
+  acme.max_memory_mb = 0;  // explicitly unlimited, unlike absent
+  ASSERT_TRUE(store_->putTenantQuota(acme).ok());
+  EXPECT_GT(acme.updated_at_ms, 0);
+  TenantQuotaRecord globex{"globex"};
+  globex.max_snapshot_mb = 512;
+  globex.max_suspended = 7;
+  ASSERT_TRUE(store_->putTenantQuota(globex).ok());
+
+  reopen();
+  auto got = store_->getTenantQuota("acme");
+  ASSERT_TRUE(got.ok()) << got.error().message;
+  EXPECT_EQ(got.value(), acme);
+  EXPECT_FALSE(got->max_vcpus.has_value());
+  EXPECT_EQ(store_->listTenantQuotas().value(), (std::vector<TenantQuotaRecord>{acme, globex}));
+
+  // A put replaces the whole row: what it leaves out goes back to the node's default.
+  TenantQuotaRecord replaced{"acme"};
+  replaced.max_vcpus = 8;
+  ASSERT_TRUE(store_->putTenantQuota(replaced).ok());
+  EXPECT_EQ(store_->getTenantQuota("acme").value(), replaced);
+
+  // Nothing set: the row goes.
+  TenantQuotaRecord cleared{"globex"};
+  ASSERT_TRUE(store_->putTenantQuota(cleared).ok());
+  EXPECT_EQ(store_->getTenantQuota("globex").error().code, ErrorCode::kNotFound);
+
+  TenantQuotaRecord negative{"acme"};
+  negative.max_sandboxes = -1;
+  auto bad = store_->putTenantQuota(negative);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(store_->getTenantQuota("acme").value(), replaced);  // unchanged
+  TenantQuotaRecord nameless{""};
+  nameless.max_sandboxes = 1;
+  EXPECT_EQ(store_->putTenantQuota(nameless).error().code, ErrorCode::kInvalidArgument);
+
+  ASSERT_TRUE(store_->deleteTenantQuota("acme").ok());
+  EXPECT_EQ(store_->deleteTenantQuota("acme").error().code, ErrorCode::kNotFound);
+  EXPECT_TRUE(store_->listTenantQuotas()->empty());
+}
+
 TEST_F(StateStoreTest, ConcurrentCallsFromManyThreads) {
   constexpr int kThreads = 8;
   constexpr int kPerThread = 20;
