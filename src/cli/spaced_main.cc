@@ -418,6 +418,13 @@ int main(int argc, char** argv) {
                  "\"allow\"|\"deny\"|\"policy\", \"allow\": [...], \"deny\": [...]}; allow = the internet, "
                  "never private, loopback, link-local or metadata addresses")
       ->capture_default_str();
+  std::string jail_mode = "auto";
+  app.add_option("--jail", jail_mode,
+                 "confine each QEMU: space-jail (next to spaced) starts it in a cgroup of its own limited by the "
+                 "sandbox's size, without core dumps, with no_new_privs. auto: cgroups where the host allows (else a "
+                 "warning); on: refuse to start without them; off: QEMU unconfined (docs/threat-model.md)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   app.add_option("--gateway-binary", network_options.gateway_binary,
                  "the space-gateway program (default: next to spaced)");
   app.add_option("--gateway-upstream-netns", network_options.upstream_netns,
@@ -573,6 +580,16 @@ int main(int argc, char** argv) {
   config.tenant_quota.max_snapshot_bytes = tenant_max_snapshot_mb << 20;
   config.use_snapshots = !no_snapshots;
   config.suspended_retention = std::chrono::seconds(retention_s);
+  if (jail_mode != "off") {
+    std::error_code exe_ec;
+    config.jailer = (std::filesystem::read_symlink("/proc/self/exe", exe_ec).parent_path() / "space-jail").string();
+    if (::access(config.jailer.c_str(), X_OK) != 0) {
+      return fatal("--jail " + jail_mode + " needs " + config.jailer +
+                   " (built next to spaced); --jail off runs "
+                   "QEMU unconfined");
+    }
+    config.require_cgroups = jail_mode == "on";
+  }
   auto policy_json = parseJsonBounded(egress_policy);
   if (!policy_json.ok()) return fatal("--egress-policy: " + policy_json.error().message);
   auto policy = net::parsePolicy(policy_json.value());

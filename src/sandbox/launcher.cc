@@ -139,7 +139,8 @@ vmm::VmAdoptSpec Launcher::adoption(const store::SandboxRecord& rec) const {
                           rec.vm_identity,
                           recorded.ok() ? recorded.value() : vmm::Accelerator::kTcg,
                           std::chrono::seconds(10),
-                          rec.memory_mb};
+                          rec.memory_mb,
+                          facts_.cgroups};
 }
 
 vmm::VmSpec Launcher::snapshotHelperSpec(const Template& tpl, uint32_t cpus, uint64_t memory_mb,

@@ -1,6 +1,7 @@
 #include "sandbox/manager.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -8,8 +9,10 @@
 #include <system_error>
 
 #include "common/bounded_json.h"
+#include "common/digest.h"
 #include "common/fault.h"
 #include "common/fs.h"
+#include "jail/cgroup.h"
 #include "net/tls_ca.h"
 #include "sandbox/manager_internal.h"
 #include "vmm/node_facts.h"
@@ -283,6 +286,26 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
   auto facts = vmm::probeNodeFacts(config.accelerator);
   if (!facts.ok()) return facts.error();
   facts->tsc_khz = vmm::rememberedTscKhz(config.data_dir + "/node-tsc.json", facts->tsc_khz);
+  if (!config.jailer.empty()) {
+    facts->jailer = config.jailer;
+    // Named by data dir, like network slots: two daemons on one host never sweep each other's.
+    auto cgroups = jail::setUpCgroups("spaced-" + sha256Hex(config.data_dir).substr(0, 8));
+    if (cgroups.ok()) {
+      facts->cgroups = cgroups.value();
+      // Groups of VMs that ended while no spaced watched them; those of running VMs stay.
+      const int stale = jail::removeEmptyVmGroups(facts->cgroups);
+      spdlog::info("spaced: VMs start through {} in cgroups ({}) under {}{}", config.jailer,
+                   jail::cgroupVersionName(facts->cgroups.version), facts->cgroups.roots.front().dir,
+                   stale > 0 ? " (" + std::to_string(stale) + " left over removed)" : std::string());
+    } else if (config.require_cgroups) {
+      return makeError(ErrorCode::kFailedPrecondition, "--jail on: VMs cannot get cgroups: " + cgroups.error().message);
+    } else {
+      spdlog::warn("spaced: VMs start through {} without cgroups (no memory, task or CPU limit per VM): {}",
+                   config.jailer, cgroups.error().message);
+    }
+  } else {
+    spdlog::warn("spaced: --jail off: QEMU starts unconfined (only its own seccomp filter)");
+  }
   if (config.max_total_vcpus == 0) config.max_total_vcpus = 4 * facts->max_vcpus;
   if (config.max_total_memory_mb == 0) {
     auto total = hostMemoryMb();
@@ -1328,6 +1351,10 @@ void SandboxManager::shutdown(ShutdownMode mode) {
     }
   }
   spdlog::info("sandboxes: shut down ({} left running for the next start, {} stopped)", kept, stopped);
+  // This daemon's group of VM groups, once none is left in it (a kept VM keeps its group).
+  if (launcher_) {
+    for (const auto& root : launcher_->facts().cgroups.roots) (void)::rmdir(root.dir.c_str());
+  }
 }
 
 bool suspendedForIdleness(const store::SandboxRecord& rec) {

@@ -66,6 +66,11 @@ struct TenantQuotaReport {
 
 struct ManagerConfig {
   std::string data_dir;  // sandboxes/<id>/ holds each VM's files
+  // Every QEMU starts through this space-jail program ("": directly), in a cgroup of its own
+  // limited by its size where the host's cgroups allow. `require_cgroups`: a host where they do
+  // not is an error at start rather than a warning.
+  std::string jailer;
+  bool require_cgroups = false;
   std::map<std::string, Template> templates;
   vmm::Accelerator accelerator = vmm::Accelerator::kAuto;
   std::chrono::milliseconds boot_timeout{60000};

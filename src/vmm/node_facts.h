@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/result.h"
+#include "jail/cgroup.h"
 #include "vmm/accelerator.h"
 #include "vmm/vm_spec.h"
 
@@ -25,6 +26,12 @@ struct NodeFacts {
   // stops and costs an idle guest ~5% of a core (bench/RESULTS.md, idle CPU). Telling the
   // guest the frequency (tsc_early_khz=) skips that calibration.
   uint64_t tsc_khz = 0;
+  // How this node confines its VMs (docs/threat-model.md, "Jails"): each QEMU starts through
+  // `jailer` (space-jail) in a cgroup of its own under `cgroups` (when usable), limited by its
+  // size (vmCgroupLimits). Empty jailer: QEMU starts directly (one-off tools, tests of the VM
+  // layer that do not ask for a jail).
+  std::string jailer;
+  jail::CgroupLayout cgroups;
 
   // The kernel arguments every guest of this node gets under `accelerator`, after SPACE's own.
   std::string guestKernelArgs(Accelerator accelerator) const;
@@ -46,6 +53,11 @@ uint64_t measureTscKhz(int window_ms = 100);
 // within 100 ppm (so the template key, which names it, is the same at every start), else
 // `measured`, which is then remembered (crash-safe write). `measured` 0: 0.
 uint64_t rememberedTscKhz(const std::string& file, uint64_t measured);
+
+// A VM's cgroup limits: its memory plus QEMU's own (under TCG, the translation buffer: the
+// spec's tb-size or QEMU's 1 GiB default), a bound on its tasks, and CPU time for its vCPUs and
+// one more thread (QEMU's main loop and I/O).
+jail::CgroupLimits vmCgroupLimits(const VmSpec& spec, Accelerator accelerator);
 
 // MemAvailable from /proc/meminfo, now.
 Result<uint64_t> availableMemoryMib();

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/digest.h"
 #include "vmm/accelerator.h"
 #include "vmm/disk_overlay.h"
 
@@ -136,6 +137,16 @@ Status Vm::awaitAgent(Clock::time_point deadline) {
   return waitForAgent(restore_started_, deadline);
 }
 
+namespace {
+
+// A VM's cgroup is named after its run directory: the base name to read, and a digest of the
+// whole path, since several kinds of VM (template builds, snapshot helpers) all run in a "vm".
+std::string cgroupName(const std::string& run_dir) {
+  return std::filesystem::path(run_dir).filename().string() + "-" + sha256Hex(run_dir).substr(0, 12);
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
   std::unique_ptr<Vm> vm(new Vm());
   vm->accelerator_ = spec.accelerator;
@@ -143,6 +154,10 @@ Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
   auto deadline = Clock::now() + spec.timeout;
   auto gone = [&] {
     TempDir::adopt(spec.run_dir).remove();
+    if (spec.cgroups.usable()) {
+      auto group = jail::VmCgroup::existing(spec.cgroups, cgroupName(spec.run_dir));
+      (void)group.remove();  // a QEMU that died while no one watched left it
+    }
     return makeError(ErrorCode::kNotFound, "its QEMU process (pid " + std::to_string(spec.pid) + ") is gone");
   };
   // The pidfd first, then the identity check: the pidfd pins one process, so a pid reused in
@@ -160,6 +175,9 @@ Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
   vm->run_dir_.emplace(TempDir::adopt(spec.run_dir));
   vm->paths_.disk = currentDisk(spec.run_dir, spec.pid);
   vm->process_.emplace(std::move(process.value()));
+  if (spec.cgroups.usable()) {
+    vm->cgroup_.emplace(jail::VmCgroup::existing(spec.cgroups, cgroupName(spec.run_dir)));
+  }
   vm->identity_ = spec.identity;
   vm->memory_mib_ = spec.memory_mib;
 
@@ -184,6 +202,25 @@ Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
   }
   spdlog::info("vmm: adopted QEMU pid {} in {} ({})", spec.pid, spec.run_dir, status.value());
   return vm;
+}
+
+Status Vm::jailArgv(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& argv) {
+  std::vector<std::string> jailed = {node.jailer, "--nofile", "4096"};
+  if (node.cgroups.usable()) {
+    auto group = jail::VmCgroup::create(node.cgroups, cgroupName(paths_.run_dir), vmCgroupLimits(spec, accelerator_));
+    if (!group.ok()) return makeError(ErrorCode::kUnavailable, "jail: " + group.error().message);
+    cgroup_.emplace(std::move(group.value()));
+    for (const auto& procs : cgroup_->procsFiles()) jailed.insert(jailed.end(), {"--cgroup-procs", procs});
+  }
+  jailed.push_back("--");
+  argv.insert(argv.begin(), jailed.begin(), jailed.end());
+  return okStatus();
+}
+
+void Vm::removeCgroup() {
+  if (!cgroup_) return;
+  if (auto removed = cgroup_->remove(); !removed.ok()) spdlog::warn("vmm: {}", removed.error().message);
+  cgroup_.reset();
 }
 
 Status Vm::boot(const VmSpec& spec, const VmStartOptions& options, bool defer_state) {
@@ -213,6 +250,7 @@ Status Vm::boot(const VmSpec& spec, const VmStartOptions& options, bool defer_st
     effective.start_paused = true;
   }
   auto argv = buildQemuArgv(effective, paths_, accelerator_);
+  if (options.node != nullptr && !options.node->jailer.empty()) SPACE_TRY(jailArgv(effective, *options.node, argv));
   auto spawned_at = Clock::now();
   auto deadline = spawned_at + spec.boot_timeout;
   SpawnOptions spawn_options{qemu_log, "", true};
@@ -708,6 +746,8 @@ void Vm::detach() {
   qmp_.reset();
   if (process_) process_->disown();
   process_.reset();
+  if (cgroup_) cgroup_->release();  // QEMU runs on in it
+  cgroup_.reset();
   if (run_dir_) run_dir_->release();
   run_dir_.reset();
 }
@@ -721,6 +761,7 @@ void Vm::destroy() {
   agent_connection_.reset();
   qmp_.reset();
   process_.reset();
+  removeCgroup();    // QEMU is reaped (or, adopted, killed and gone): its group is empty
   run_dir_.reset();  // removes sockets, console log, overlay
 }
 

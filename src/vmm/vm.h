@@ -63,6 +63,8 @@ struct VmAdoptSpec {
   Accelerator accelerator = Accelerator::kTcg;
   std::chrono::milliseconds timeout{10000};
   uint64_t memory_mib = 0;  // the guest's RAM size: bounds what saveState accepts from QEMU
+  // The node's cgroup layout: the VM's group (named after its run directory) goes with it.
+  jail::CgroupLayout cgroups;
 };
 
 class Vm {
@@ -174,12 +176,16 @@ class Vm {
   Status loadState(const std::string& state_file, Clock::time_point deadline, bool start, bool ignore_shared);
   std::optional<Error> checkAlive();
   Error bootFailure(const std::string& what);
+  // Puts space-jail (and, where the node has cgroups, the VM's new group) in front of argv.
+  Status jailArgv(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& argv);
+  void removeCgroup();
   void destroy();
 
   std::optional<TempDir> run_dir_;
   VmPaths paths_;
   Accelerator accelerator_ = Accelerator::kTcg;
   std::optional<ChildProcess> process_;
+  std::optional<jail::VmCgroup> cgroup_;  // QEMU's group; removed once QEMU is reaped
   std::optional<QmpClient> qmp_;
   std::shared_ptr<agentproto::AgentClient> agent_;
   // A second descriptor of agent_'s connection: holders of the client (leases) may keep it

@@ -74,6 +74,26 @@ std::vector<pid_t> processesUnder(const std::string& dir, const std::string& pro
 
 std::vector<pid_t> qemuProcessesUnder(const std::string& dir) { return processesUnder(dir, "qemu-system"); }
 
+// The directory of the memory cgroup (v1; v2: its group) of the one QEMU under `dir`, "" if none.
+std::string qemuMemoryGroup(const std::string& dir) {
+  auto pids = qemuProcessesUnder(dir);
+  if (pids.size() != 1) return "";
+  auto text = readSmallFile("/proc/" + std::to_string(pids[0]) + "/cgroup", 1 << 16);
+  if (!text.ok()) return "";
+  std::istringstream lines(text.value());
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(":memory:") != std::string::npos) {
+      const std::string path = line.substr(line.find(":memory:") + 8);
+      // Its hierarchy is mounted at /sys/fs/cgroup/memory (this project's hosts).
+      return "/sys/fs/cgroup/memory" + path;
+    }
+    if (line.rfind("0::", 0) == 0 && text->find(":memory:") == std::string::npos) {
+      return "/sys/fs/cgroup" + line.substr(3);
+    }
+  }
+  return "";
+}
+
 // Runs a command to its end; its exit code (-1 if it could not run or was killed).
 int runCommand(const std::vector<std::string>& argv, const std::string& log) {
   auto p = ChildProcess::spawn(argv, SpawnOptions{log, "", true});
@@ -2209,6 +2229,13 @@ TEST_F(SpacedTest, RestartReadoptsRunningSandboxes) {
   json before = daemon_->callJson("GET", "/v1/sandboxes/" + kept, nullptr, 200);
   execJson(*daemon_, kept, json{{"command", "echo state > /tmp/mark; setsid sleep 600 >/dev/null 2>&1 &"}});
 
+  // Each QEMU is jailed in a group of its own (space-jail; cgroups on this host).
+  const std::string kept_group = qemuMemoryGroup(sandboxDir(kept));
+  const std::string lost_group = qemuMemoryGroup(sandboxDir(lost));
+  ASSERT_NE(kept_group.find("/space/spaced-"), std::string::npos) << kept_group;
+  ASSERT_NE(lost_group, kept_group);
+  EXPECT_TRUE(std::filesystem::exists(kept_group) && std::filesystem::exists(lost_group));
+
   // Graceful stop: VMs keep running.
   EXPECT_EQ(daemon_->stop(SIGTERM).exit_code, 0);
   EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 2u);
@@ -2225,6 +2252,9 @@ TEST_F(SpacedTest, RestartReadoptsRunningSandboxes) {
   EXPECT_EQ(failed["state"], "failed");
   EXPECT_NE(failed.value("state_reason", "").find("lost"), std::string::npos) << failed;
   EXPECT_FALSE(std::filesystem::exists(sandboxDir(lost)));
+  // The dead VM's group went; the adopted one's stays with it.
+  EXPECT_FALSE(std::filesystem::exists(lost_group)) << lost_group;
+  EXPECT_EQ(qemuMemoryGroup(sandboxDir(kept)), kept_group);
 
   // A crash (kill -9) of the daemon: the same again.
   daemon_->stop(SIGKILL);
@@ -2233,6 +2263,7 @@ TEST_F(SpacedTest, RestartReadoptsRunningSandboxes) {
   EXPECT_EQ(execJson(*daemon_, kept, json{{"command", "cat /tmp/mark"}})["stdout"], "state\n");
   EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + kept).status, 204);
   EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+  EXPECT_FALSE(std::filesystem::exists(kept_group)) << "a deleted sandbox's group outlived it";
 
   // --on-shutdown stop powers sandboxes off and records them deleted.
   daemon_->stop(SIGTERM);

@@ -5,14 +5,18 @@
 
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/utsname.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <regex>
+#include <sstream>
 
 #include "common/fs.h"
+#include "jail/cgroup.h"
 
 namespace space::vmm {
 namespace {
@@ -215,6 +219,160 @@ TEST_F(VmTest, GuestWritesStayInItsOverlay) {
   auto r = vm->exec("test -e /home/user/marker", seconds(30));
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->exit_code, 1);
+}
+
+// ---- The jail: every QEMU of spaced starts through space-jail in a cgroup of its own. ----
+
+std::string readText(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The line of /proc/<pid>/cgroup for a v1 controller (or v2's "0::"), path part only.
+std::string groupOf(pid_t pid, const std::string& controller) {
+  std::istringstream lines(readText("/proc/" + std::to_string(pid) + "/cgroup"));
+  for (std::string line; std::getline(lines, line);) {
+    const auto first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = "," + line.substr(first + 1, second - first - 1) + ",";
+    if (controller.empty() ? controllers == ",," : controllers.find("," + controller + ",") != std::string::npos) {
+      return line.substr(second + 1);
+    }
+  }
+  return "";
+}
+
+class JailTest : public VmTest {
+ protected:
+  void SetUp() override {
+    VmTest::SetUp();
+    auto layout = jail::setUpCgroups("vmtest-" + std::to_string(getpid()));
+    // This project's hosts (and CI) run as root with cgroups: a jail without them is a defect here.
+    ASSERT_TRUE(layout.ok()) << layout.error().message;
+    layout_ = layout.value();
+    auto facts = probeNodeFacts(Accelerator::kAuto);
+    ASSERT_TRUE(facts.ok()) << facts.error().message;
+    node_ = facts.value();
+    node_.jailer = SPACE_JAIL_BIN;
+    node_.cgroups = layout_;
+    options_.node = &node_;
+  }
+  void TearDown() override {
+    VmTest::TearDown();
+    for (const auto& root : layout_.roots) {
+      EXPECT_EQ(::rmdir(root.dir.c_str()), 0) << root.dir << ": a VM's group is left in it";
+    }
+  }
+  // The file `name` of the VM group's directory under the root for `controller`.
+  std::string groupFile(const std::string& group_dir_name, const std::string& controller, const std::string& name) {
+    for (const auto& root : layout_.roots) {
+      if (root.controller == controller || layout_.version == jail::CgroupVersion::kV2) {
+        return root.dir + "/" + group_dir_name + "/" + name;
+      }
+    }
+    return "";
+  }
+  // Runs `command` (sh -c) through space-jail in a new group with `limits`; its exit status
+  // and output.
+  std::pair<ExitStatus, std::string> runJailed(const std::string& command, const jail::CgroupLimits& limits) {
+    static int runs = 0;
+    auto group =
+        jail::VmCgroup::create(layout_, "jailtest-" + std::to_string(getpid()) + "-" + std::to_string(++runs), limits);
+    EXPECT_TRUE(group.ok()) << group.error().message;
+    if (!group.ok()) return {ExitStatus{}, ""};
+    std::vector<std::string> argv = {SPACE_JAIL_BIN};
+    for (const auto& procs : group->procsFiles()) argv.insert(argv.end(), {"--cgroup-procs", procs});
+    argv.insert(argv.end(), {"--", "/bin/sh", "-c", command});
+    const std::string out = run_root_->path() + "/jailed.out";
+    auto child = ChildProcess::spawn(argv, SpawnOptions{out, "", true});
+    EXPECT_TRUE(child.ok());
+    ExitStatus status;
+    if (child.ok()) {
+      auto done = child->waitFor(seconds(60));
+      EXPECT_TRUE(done.has_value()) << "the jailed command did not end";
+      status = done ? *done : child->kill();
+    }
+    std::string text = readText(out);
+    std::filesystem::remove(out);
+    // What the command left running (its background children) goes with it.
+    for (const auto& procs : group->procsFiles()) {
+      std::istringstream pids(readText(procs));
+      for (pid_t p; pids >> p;) ::kill(p, SIGKILL);
+    }
+    EXPECT_TRUE(group->remove().ok());
+    return {status, text};
+  }
+
+  jail::CgroupLayout layout_;
+  NodeFacts node_;
+};
+
+TEST_F(JailTest, QemuRunsInAGroupOfItsOwnSizedByItsVmWithoutCoreDumpsOrNewPrivileges) {
+  auto vm = boot();
+  ASSERT_TRUE(vm);
+  const pid_t pid = vm->pid();
+  EXPECT_EQ(readText("/proc/" + std::to_string(pid) + "/comm"), "qemu-system-x86\n");  // space-jail became QEMU
+  const std::string memory_group = groupOf(pid, layout_.version == jail::CgroupVersion::kV1 ? "memory" : "");
+  ASSERT_NE(memory_group.find("/space/vmtest-" + std::to_string(getpid()) + "/vm-"), std::string::npos) << memory_group;
+  const std::string name = std::filesystem::path(memory_group).filename().string();
+  const auto limits = vmCgroupLimits(spec_, vm->accelerator());
+  const bool v1 = layout_.version == jail::CgroupVersion::kV1;
+  EXPECT_EQ(std::stoull(readText(groupFile(name, "memory", v1 ? "memory.limit_in_bytes" : "memory.max"))),
+            limits.memory_bytes);
+  EXPECT_EQ(std::stoull(readText(groupFile(name, "pids", "pids.max"))), limits.pids);
+  if (v1) {
+    EXPECT_EQ(std::stoull(readText(groupFile(name, "cpu", "cpu.cfs_quota_us"))), limits.cpu_quota_us);
+    // One group of that name in each hierarchy.
+    EXPECT_EQ(std::filesystem::path(groupOf(pid, "pids")).filename(), name);
+    EXPECT_EQ(std::filesystem::path(groupOf(pid, "cpu")).filename(), name);
+  }
+  // 256 MiB guest, TCG's 1 GiB translation buffer, 256 MiB for QEMU; 2 tasks per vCPU over 128.
+  EXPECT_EQ(limits.memory_bytes >> 20, vm->accelerator() == Accelerator::kTcg ? 1536u : 512u);
+  EXPECT_EQ(limits.pids, 130u);
+  const std::string proc_limits = readText("/proc/" + std::to_string(pid) + "/limits");
+  EXPECT_TRUE(std::regex_search(proc_limits, std::regex(R"(Max core file size +0 +0 )"))) << proc_limits;
+  EXPECT_TRUE(std::regex_search(proc_limits, std::regex(R"(Max open files +4096 +4096 )"))) << proc_limits;
+  EXPECT_NE(readText("/proc/" + std::to_string(pid) + "/status").find("NoNewPrivs:\t1"), std::string::npos);
+  EXPECT_EQ(run(*vm, "echo jailed"), "jailed\n");  // and the guest works as ever
+  const std::string dir = groupFile(name, "memory", "");
+  EXPECT_TRUE(std::filesystem::exists(dir));
+  vm.reset();
+  EXPECT_FALSE(std::filesystem::exists(dir)) << "the VM's group outlived it";
+}
+
+// What the group enforces, shown with a helper in the same jail: a QEMU a guest took over could
+// do no more than these.
+TEST_F(JailTest, AProcessInTheJailCannotExceedItsMemoryOrTasks) {
+  jail::CgroupLimits limits;
+  limits.memory_bytes = 64 << 20;
+  limits.pids = 16;
+  // 128 MB held in a shell variable: killed by the kernel at the group's 64 MiB.
+  auto [hog, hog_out] = runJailed("x=$(head -c 128000000 /dev/zero | tr '\\0' a); echo survived ${#x}", limits);
+  EXPECT_EQ(hog_out.find("survived"), std::string::npos) << hog_out;
+  EXPECT_TRUE(hog.signaled || hog.exit_code != 0) << hog.describe();
+  // 40 sleepers: at most 16 tasks, so forks fail.
+  auto [forks, forks_out] =
+      runJailed("n=0; for i in $(seq 40); do sleep 3 & n=$((n+1)); done; wait; echo started $n", limits);
+  EXPECT_TRUE(std::regex_search(forks_out, std::regex("fork|Resource temporarily unavailable|Cannot"))) << forks_out;
+  // Within both, the same helper runs fine: the refusals above are the limits, not the jail.
+  auto [fine, fine_out] = runJailed("x=$(head -c 8000000 /dev/zero | tr '\\0' a); echo fine ${#x}", limits);
+  EXPECT_EQ(fine.exit_code, 0) << fine.describe() << fine_out;
+  EXPECT_EQ(fine_out, "fine 8000000\n");
+}
+
+TEST_F(JailTest, AJailThatCannotJoinItsGroupStartsNothing) {
+  const std::string out = run_root_->path() + "/jail.out";
+  auto child = ChildProcess::spawn(
+      {SPACE_JAIL_BIN, "--cgroup-procs", run_root_->path() + "/missing/cgroup.procs", "--", "/bin/echo", "ran"},
+      SpawnOptions{out, "", true});
+  ASSERT_TRUE(child.ok());
+  auto done = child->waitFor(seconds(10));
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->exit_code, 125);
+  const std::string text = readText(out);
+  EXPECT_EQ(text.find("ran"), std::string::npos) << text;
+  EXPECT_NE(text.find("space-jail: cannot open"), std::string::npos) << text;
+  std::filesystem::remove(out);
 }
 
 }  // namespace

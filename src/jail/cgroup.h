@@ -1,0 +1,87 @@
+// Control groups for VMs. Each QEMU runs in a group of its own whose limits come from its
+// sandbox's size (memory, tasks, CPU time), so that a guest that drives its QEMU to the limit,
+// or a QEMU taken over by its guest, cannot take the host's memory, pids or CPUs from the
+// others. The groups live under a "space" group beside spaced's own (under a service manager
+// that delegates to spaced, they count against spaced's service). Both layouts are supported:
+// v1 (a hierarchy per controller, as on hybrid hosts) and v2 (the unified hierarchy).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/result.h"
+
+namespace space::jail {
+
+enum class CgroupVersion { kNone, kV1, kV2 };
+const char* cgroupVersionName(CgroupVersion v);
+
+// One hierarchy's directory under which VMs' groups are made.
+struct CgroupRoot {
+  std::string controller;  // v1: "memory", "pids" or "cpu"; v2: "" (all in one)
+  std::string dir;         // e.g. /sys/fs/cgroup/memory/<spaced's group>/space
+};
+
+struct CgroupLayout {
+  CgroupVersion version = CgroupVersion::kNone;
+  std::vector<CgroupRoot> roots;
+  // v2 only: spaced's own group, and the leaf spaced moves into so that its own group may
+  // hand controllers down (a v2 group with processes cannot). Empty when spaced is in the root.
+  std::string v2_own_dir;
+  std::string v2_daemon_leaf;
+  std::string why_none;  // kNone: what is missing
+  bool usable() const { return version != CgroupVersion::kNone; }
+};
+
+// Where VMs' groups go, from the text of /proc/self/mountinfo, /proc/self/cgroup and, for a
+// v2 hierarchy, its cgroup.controllers. v1 is used where memory, pids and cpu are all mounted
+// as v1 hierarchies; else v2 where its hierarchy offers all three; else none (why_none says).
+CgroupLayout planCgroupLayout(std::string_view mountinfo, std::string_view self_cgroup,
+                              std::string_view v2_controllers);
+
+// Plans the layout of this host and makes it ready: the roots (each planned root's group
+// `instance`, so that two daemons on one host never sweep each other's groups) exist and, on
+// v2, spaced sits in a leaf and the controllers are handed down. kUnavailable (with the
+// reason) if this host has no usable layout or it cannot be written (not root, a read-only
+// cgroupfs); kInvalidArgument for a bad instance name.
+Result<CgroupLayout> setUpCgroups(const std::string& instance);
+
+struct CgroupLimits {
+  uint64_t memory_bytes = 0;  // 0: none
+  uint32_t pids = 0;          // 0: none
+  uint64_t cpu_quota_us = 0;  // per period; 0: none
+  uint64_t cpu_period_us = 100000;
+};
+
+// A VM's group: the same name under every root.
+class VmCgroup {
+ public:
+  // Makes the group (an existing one of the name, left by a VM that ended while spaced was
+  // down, is taken over) and writes the limits.
+  static Result<VmCgroup> create(const CgroupLayout& layout, const std::string& name, const CgroupLimits& limits);
+  // The group of a VM started earlier (re-adoption after a restart): nothing is written.
+  static VmCgroup existing(const CgroupLayout& layout, const std::string& name);
+
+  VmCgroup() = default;
+  const std::vector<std::string>& dirs() const { return dirs_; }
+  // The files a process writes its pid to, to join the group (one per hierarchy).
+  std::vector<std::string> procsFiles() const;
+  // Removes the group. Its processes must have exited: a group still in use stays (kUnavailable).
+  Status remove();
+  // Forgets the group without removing it (it stays for a later owner).
+  void release() { dirs_.clear(); }
+
+ private:
+  std::vector<std::string> dirs_;
+};
+
+// Removes every empty group under the roots: those of VMs that ended while spaced was down.
+// Groups still holding a process stay. How many went.
+int removeEmptyVmGroups(const CgroupLayout& layout);
+
+// A valid group name: what a run directory's base name looks like (no '/', not "." or "..").
+bool validGroupName(std::string_view name);
+
+}  // namespace space::jail
