@@ -502,9 +502,11 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
       if (!expired.empty()) continue;
       if (!dead && oldest_unanswered != Clock::time_point::max()) {
         const auto due = std::max(oldest_unanswered, last_nudge) + kUnansweredNudge;
-        // Only onto an idle connection: bytes still waiting to go are a write the guest will
-        // see anyway, and a guest that stops reading must not make PINGs pile up in nghttp2.
-        const bool idle = out_off == out.size() && nghttp2_session_get_outbound_queue_size(session) == 0;
+        // Only onto an idle socket: bytes still waiting to go are a write the guest will see
+        // anyway, and a guest that stops reading must not make PINGs pile up (each one queued
+        // goes out at the next flush, so none is added while the socket is backed up). Frames
+        // nghttp2 holds back (HEADERS over the guest's stream limit) must not stop the PING.
+        const bool idle = out_off == out.size();
         if (due > now) {
           next = std::min(next, due);
         } else if (!idle) {

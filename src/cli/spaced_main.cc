@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -162,6 +163,9 @@ Result<std::string> bootstrapKey(store::StateStore& store, const std::string& da
 }
 
 int tenantCommand(const std::string& action, const std::string& data_dir, const std::string& name, bool json) {
+  if (action != "add" && !std::filesystem::exists(data_dir + "/state.db")) {
+    return fatal("no state database in " + data_dir + " (is --data-dir the daemon's?)");
+  }
   auto store = openStore(data_dir);
   if (!store.ok()) return fatal(store.error().message);
   auto& db = *store.value();
@@ -178,16 +182,19 @@ int tenantCommand(const std::string& action, const std::string& data_dir, const 
     return 0;
   }
   if (action == "rm") {
+    // A tenant with no key left (or only a quota) is removed all the same: a second rm after a
+    // failed one finishes the job, and nothing stays for a later tenant of the name.
     auto removed = db.removeApiKeys(name);
-    if (!removed.ok()) return fatal(removed.error().message);
+    if (!removed.ok() && removed.error().code != ErrorCode::kNotFound) return fatal(removed.error().message);
     // A tenant added later under the same name must not inherit them, nor its quota.
     auto forgotten = db.deleteSecretsOf(name);
     if (!forgotten.ok()) return fatal(forgotten.error().message);
     if (auto unquota = db.deleteTenantQuota(name); !unquota.ok() && unquota.error().code != ErrorCode::kNotFound) {
       return fatal(unquota.error().message);
     }
-    std::cerr << "spaced: removed the API keys and " << forgotten.value() << " secret(s) of tenant \"" << name
-              << "\"\n";
+    std::cerr << "spaced: removed tenant \"" << name << "\": its API keys ("
+              << (removed.ok() ? "revoked" : "it had none") << "), " << forgotten.value()
+              << " secret(s) and its quota\n";
     return 0;
   }
   auto keys = db.listApiKeys();
@@ -225,6 +232,10 @@ nlohmann::json quotaJson(const store::TenantQuotaRecord& q) {
 }
 
 int tenantQuotaCommand(const std::string& data_dir, const std::string& name, const QuotaChange& change, bool json) {
+  // A mistyped --data-dir would make a new database that no daemon reads.
+  if (!std::filesystem::exists(data_dir + "/state.db")) {
+    return fatal("no state database in " + data_dir + " (is --data-dir the daemon's?)");
+  }
   auto store = openStore(data_dir);
   if (!store.ok()) return fatal(store.error().message);
   auto& db = *store.value();
@@ -501,8 +512,11 @@ int main(int argc, char** argv) {
   }
   if (tenant->parsed()) {
     if (tenant_name.empty() && !tenant_ls->parsed()) return fatal("tenant name required");
-    if (!tenant_ls->parsed() && (tenant_name.size() > 64 || tenant_name.find_first_of(" \t\n/") != std::string::npos)) {
-      return fatal("tenant names are 1..64 characters without spaces or '/'");
+    const bool bad_name =
+        tenant_name.size() > 64 || tenant_name.find('/') != std::string::npos ||
+        std::any_of(tenant_name.begin(), tenant_name.end(), [](unsigned char c) { return c <= ' ' || c == 0x7f; });
+    if (!tenant_ls->parsed() && bad_name) {
+      return fatal("tenant names are 1..64 characters without spaces, control characters or '/'");
     }
     if (tenant_quota->parsed()) return tenantQuotaCommand(data_dir, tenant_name, quota_change, tenant_json);
     return tenantCommand(tenant_add->parsed()  ? "add"

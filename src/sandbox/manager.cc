@@ -401,12 +401,20 @@ Status SandboxManager::checkTimeout(int64_t timeout_s) const {
 
 // --- node limits ---------------------------------------------------------------------------
 
-Result<TenantQuota> SandboxManager::quotaOf(const std::string& tenant) {
+Result<TenantQuota> SandboxManager::quotaOf(const std::string& tenant, bool* own_values) {
   TenantQuota quota = config_.tenant_quota;
+  if (own_values != nullptr) *own_values = false;
   auto own = store_.getTenantQuota(tenant);
   if (!own.ok()) {
     if (own.error().code == ErrorCode::kNotFound) return quota;
     return own.error();  // a quota that cannot be read is not waived
+  }
+  if (own_values != nullptr) *own_values = true;
+  for (const auto* v : {&own->max_sandboxes, &own->max_vcpus, &own->max_memory_mb, &own->max_snapshots,
+                        &own->max_snapshot_mb, &own->max_suspended}) {
+    if (v->has_value() && **v < 0) {
+      return makeError(ErrorCode::kInternal, "the stored quota of tenant " + tenant + " holds a negative value");
+    }
   }
   // Values beyond a field's range are no limit the node could reach anyway: saturate.
   auto narrow = [](int64_t v) { return static_cast<uint32_t>(std::min<int64_t>(v, UINT32_MAX)); };
@@ -423,11 +431,9 @@ Result<TenantQuota> SandboxManager::quotaOf(const std::string& tenant) {
 
 Result<TenantQuotaReport> SandboxManager::quotaReport(const std::string& tenant) {
   TenantQuotaReport report;
-  auto quota = quotaOf(tenant);
+  auto quota = quotaOf(tenant, &report.own);
   if (!quota.ok()) return quota.error();
   report.limits = quota.value();
-  auto own = store_.getTenantQuota(tenant);
-  report.own = own.ok();
   auto snapshots = store_.snapshotUsage(tenant);
   if (!snapshots.ok()) return snapshots.error();
   report.snapshots = static_cast<uint32_t>(snapshots->count);

@@ -337,7 +337,8 @@ class SandboxManager {
   Status reserve(const std::shared_ptr<Live>& live);
   // The quota that applies to `tenant`: the values it was given (store), else the node's. Read
   // on every check, so `spaced tenant quota` takes effect on a running daemon at once.
-  Result<TenantQuota> quotaOf(const std::string& tenant);
+  // `own_values`, if given, says whether the tenant has values of its own.
+  Result<TenantQuota> quotaOf(const std::string& tenant, bool* own_values = nullptr);
   // A sandbox's hard timeout, whether at create or set later: one bound, one message.
   Status checkTimeout(int64_t timeout_s) const;
   void unreserve(const Live& live);

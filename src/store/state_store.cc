@@ -249,12 +249,17 @@ Status migrateToV5(sqlite3* db, const std::string& op) {
   return exec(db,
               "CREATE TABLE tenant_quotas ("
               "  tenant TEXT PRIMARY KEY NOT NULL,"
-              "  max_sandboxes INTEGER,"
-              "  max_vcpus INTEGER,"
-              "  max_memory_mb INTEGER,"
-              "  max_snapshots INTEGER,"
-              "  max_snapshot_mb INTEGER,"
-              "  max_suspended INTEGER,"
+              "  max_sandboxes INTEGER CHECK (max_sandboxes IS NULL OR "
+              "    (typeof(max_sandboxes) = 'integer' AND max_sandboxes >= 0)),"
+              "  max_vcpus INTEGER CHECK (max_vcpus IS NULL OR (typeof(max_vcpus) = 'integer' AND max_vcpus >= 0)),"
+              "  max_memory_mb INTEGER CHECK (max_memory_mb IS NULL OR "
+              "    (typeof(max_memory_mb) = 'integer' AND max_memory_mb >= 0)),"
+              "  max_snapshots INTEGER CHECK (max_snapshots IS NULL OR "
+              "    (typeof(max_snapshots) = 'integer' AND max_snapshots >= 0)),"
+              "  max_snapshot_mb INTEGER CHECK (max_snapshot_mb IS NULL OR "
+              "    (typeof(max_snapshot_mb) = 'integer' AND max_snapshot_mb >= 0)),"
+              "  max_suspended INTEGER CHECK (max_suspended IS NULL OR "
+              "    (typeof(max_suspended) = 'integer' AND max_suspended >= 0)),"
               "  updated_at_ms INTEGER NOT NULL);",
               op);
 }

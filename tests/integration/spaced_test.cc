@@ -788,7 +788,8 @@ TEST_F(SpacedTest, ATenantsOwnQuotaAppliesAtOnceAndOnlyToIt) {
   EXPECT_EQ(mine["limits"]["max_sandboxes"], 1);
 
   // Bob gets his two; the operator's tenant keeps the node's one.
-  ASSERT_EQ(d.callJson("POST", "/v1/sandboxes", small, 201, bob)["state"], "running");
+  const std::string bobs_first = d.callJson("POST", "/v1/sandboxes", small, 201, bob).value("id", "");
+  ASSERT_FALSE(bobs_first.empty());
   ASSERT_EQ(d.callJson("POST", "/v1/sandboxes", small, 201, bob)["state"], "running");
   json refused = d.callJson("POST", "/v1/sandboxes", small, 429, bob);
   EXPECT_EQ(refused["error"]["code"], "tenant_quota");
@@ -815,6 +816,19 @@ TEST_F(SpacedTest, ATenantsOwnQuotaAppliesAtOnceAndOnlyToIt) {
   EXPECT_TRUE(std::regex_search(table, std::regex(R"(sandboxes \(running or paused\) +2 +2\n)"))) << table;
   EXPECT_NE(table.find("tenant bob: limits set for this tenant by the operator"), std::string::npos) << table;
 
+  // Snapshots and branches go by his own values too: one snapshot; a branch of two would make
+  // four sandboxes where he may hold three.
+  EXPECT_EQ(setQuota({"bob", "--sandboxes", "3", "--snapshots", "1"})["max_snapshots"], 1);
+  const std::string snap =
+      d.callJson("POST", "/v1/sandboxes/" + bobs_first + "/snapshots", json::object(), 201, bob).value("id", "");
+  ASSERT_FALSE(snap.empty());
+  json second_snap = d.callJson("POST", "/v1/sandboxes/" + bobs_first + "/snapshots", json::object(), 429, bob);
+  EXPECT_NE(second_snap["error"]["message"].get<std::string>().find("quota of 1 snapshots"), std::string::npos)
+      << second_snap;
+  json branch = d.callJson("POST", "/v1/snapshots/" + snap + "/branch", json{{"count", 2}}, 429, bob);
+  EXPECT_NE(branch["error"]["message"].get<std::string>().find("would exceed its quota"), std::string::npos) << branch;
+  EXPECT_EQ(d.callJson("GET", "/v1/quota", json(), 200, bob)["usage"]["snapshots"], 1);
+
   // Back to the node's default: bob holds two, so a third is refused at the node's 1.
   json reset = setQuota({"bob", "--reset"});
   EXPECT_EQ(reset["max_sandboxes"], "default") << reset;
@@ -830,6 +844,18 @@ TEST_F(SpacedTest, ATenantsOwnQuotaAppliesAtOnceAndOnlyToIt) {
   EXPECT_EQ(setQuota({"bob", "--sandboxes", "9"})["max_sandboxes"], 9);
   ASSERT_EQ(runCommand({SPACED_BIN, "tenant", "rm", "bob", "--data-dir", data_dir_}, dir_->path() + "/rm.log"), 0);
   EXPECT_EQ(setQuota({"bob"})["max_sandboxes"], "default");
+  // A name with a quota and no key is removed all the same.
+  EXPECT_EQ(setQuota({"ghost", "--sandboxes", "0"})["max_sandboxes"], 0);
+  ASSERT_EQ(runCommand({SPACED_BIN, "tenant", "rm", "ghost", "--data-dir", data_dir_}, dir_->path() + "/rm.log"), 0);
+  EXPECT_EQ(setQuota({"ghost"})["max_sandboxes"], "default");
+  // Names with control characters are refused; a data dir without a database is named.
+  EXPECT_EQ(runCommand({SPACED_BIN, "tenant", "quota", "x\rEVIL", "--data-dir", data_dir_}, dir_->path() + "/bad.log"),
+            1);
+  EXPECT_EQ(runCommand({SPACED_BIN, "tenant", "quota", "bob", "--data-dir", dir_->path() + "/nowhere"},
+                       dir_->path() + "/nowhere.log"),
+            1);
+  EXPECT_NE(readSmallFile(dir_->path() + "/nowhere.log", 4096).value().find("no state database"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(dir_->path() + "/nowhere/state.db"));
 }
 
 // Every size of a template is a permanent snapshot of the guest's memory: a loop of creates over
