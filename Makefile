@@ -83,6 +83,7 @@ test: test-unit test-fuzz images
 # (about 40 min on 2 cores; run one line alone to reproduce one table).
 bench: build images
 	bench/boot_bench.sh 20 tcg
+	bench/jail_bench.sh 30 $(BUILD)
 	$(BUILD)/bin/space-agent-bench --runs 200 --file-mib 64
 	$(BUILD)/bin/space-api-bench --creates 20 --execs 200 --no-snapshots
 	$(BUILD)/bin/space-api-bench --creates 30 --execs 100
