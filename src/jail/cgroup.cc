@@ -197,15 +197,17 @@ Result<CgroupLayout> setUpCgroups(const std::string& instance) {
   if (!mountinfo.ok()) return makeError(ErrorCode::kUnavailable, mountinfo.error().message);
   auto self = readSmallFile("/proc/self/cgroup", 1 << 16);
   if (!self.ok()) return makeError(ErrorCode::kUnavailable, self.error().message);
-  std::string v2_controllers;
-  for (const auto& m : parseMountinfo(mountinfo.value())) {
-    if (m.fstype != "cgroup2") continue;
-    // The controllers our own group may hand down are those of the hierarchy's root here.
-    auto c = readSmallFile(m.mount_point + "/cgroup.controllers", 4096);
-    if (c.ok()) v2_controllers = c.value();
-    break;
+  // On v2 what may be handed down is what our own group has (a service manager may pass only
+  // some controllers down to it), so a first plan finds our group, and it is asked. Nothing is
+  // written before the plan says the controllers are there.
+  CgroupLayout layout = planCgroupLayout(mountinfo.value(), self.value(), "memory pids cpu");
+  if (layout.version == CgroupVersion::kV2) {
+    const std::string own = !layout.v2_own_dir.empty()
+                                ? layout.v2_own_dir
+                                : std::filesystem::path(layout.roots[0].dir).parent_path().string();
+    auto c = readSmallFile(own + "/cgroup.controllers", 4096);
+    layout = planCgroupLayout(mountinfo.value(), self.value(), c.ok() ? c.value() : "");
   }
-  CgroupLayout layout = planCgroupLayout(mountinfo.value(), self.value(), v2_controllers);
   if (!layout.usable()) return makeError(ErrorCode::kUnavailable, layout.why_none);
   if (layout.version == CgroupVersion::kV2) {
     // Every group on the way down hands the controllers on; none of them holds a process.

@@ -1,9 +1,10 @@
 // Control groups for VMs. Each QEMU runs in a group of its own whose limits come from its
-// sandbox's size (memory, tasks, CPU time), so that a guest that drives its QEMU to the limit,
-// or a QEMU taken over by its guest, cannot take the host's memory, pids or CPUs from the
-// others. The groups live under a "space" group beside spaced's own (under a service manager
-// that delegates to spaced, they count against spaced's service). Both layouts are supported:
-// v1 (a hierarchy per controller, as on hybrid hosts) and v2 (the unified hierarchy).
+// sandbox's size (memory, tasks, CPU time): they bound what a guest can make its QEMU do to the
+// host and the other sandboxes. They do not bound an escaped QEMU: it runs as root and can leave
+// or change any group until QEMU gets a uid of its own (docs/threat-model.md). The groups live
+// under a "space" group beside spaced's own (on v2 under systemd, spaced's unit needs
+// Delegate=yes). Both layouts are supported: v1 (a hierarchy per controller, as on hybrid
+// hosts) and v2 (the unified hierarchy).
 #pragma once
 
 #include <cstdint>

@@ -331,6 +331,10 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
       std::move(facts.value()), *manager->templates_);
   manager->templates_->setNetnsSource([l = manager->launcher_.get()] { return l->helperNetns(); });
   SPACE_TRY(manager->recover());
+  // Recovery killed the QEMUs it could not adopt: their groups are empty now.
+  if (const auto& cgroups = manager->launcher_->facts().cgroups; cgroups.usable()) {
+    if (int n = jail::removeEmptyVmGroups(cgroups); n > 0) spdlog::info("spaced: removed {} empty VM cgroup(s)", n);
+  }
   // After recovery: the slots of re-adopted sandboxes are taken, every other one of ours is a
   // leftover of an earlier run and is removed.
   if (manager->config_.network) SPACE_TRY(manager->config_.network->start({}));

@@ -119,16 +119,18 @@ Result<NodeFacts> probeNodeFacts(Accelerator requested, const std::string& qemu_
 
 jail::CgroupLimits vmCgroupLimits(const VmSpec& spec, Accelerator accelerator) {
   // QEMU's own memory beyond the guest's (measured: about 27 MiB for an idle guest; devices,
-  // I/O buffers and the disk's page cache take more under load), with room to spare: the
-  // limit is there to stop a runaway, not to squeeze.
-  constexpr uint64_t kQemuOverheadMib = 256;
+  // I/O buffers and the disk's page cache, dirty included, take more under load), with room to
+  // spare: the limit is there to stop a runaway, not to squeeze.
+  constexpr uint64_t kQemuOverheadMib = 384;
+  // Per vCPU: under TCG each one's software TLB grows with use.
+  constexpr uint64_t kPerVcpuMib = 64;
   constexpr uint64_t kTcgDefaultTbMib = 1024;  // QEMU's own default on 64-bit hosts
   // QEMU's threads: the main loop, one per vCPU, RCU, and its I/O worker pool (at most 64).
   constexpr uint32_t kTasksBeyondVcpus = 128;
   uint64_t tb_mib = 0;
   if (accelerator == Accelerator::kTcg) tb_mib = spec.tcg_tb_size_mib > 0 ? spec.tcg_tb_size_mib : kTcgDefaultTbMib;
   jail::CgroupLimits limits;
-  limits.memory_bytes = (spec.memory_mib + tb_mib + kQemuOverheadMib) << 20;
+  limits.memory_bytes = (spec.memory_mib + tb_mib + kQemuOverheadMib + kPerVcpuMib * spec.vcpus) << 20;
   limits.pids = kTasksBeyondVcpus + 2 * spec.vcpus;
   limits.cpu_period_us = 100000;
   limits.cpu_quota_us = uint64_t{spec.vcpus + 1} * limits.cpu_period_us;

@@ -54,9 +54,9 @@ uint64_t measureTscKhz(int window_ms = 100);
 // `measured`, which is then remembered (crash-safe write). `measured` 0: 0.
 uint64_t rememberedTscKhz(const std::string& file, uint64_t measured);
 
-// A VM's cgroup limits: its memory plus QEMU's own (under TCG, the translation buffer: the
-// spec's tb-size or QEMU's 1 GiB default), a bound on its tasks, and CPU time for its vCPUs and
-// one more thread (QEMU's main loop and I/O).
+// A VM's cgroup limits: its memory plus QEMU's own (384 MiB and 64 MiB per vCPU; under TCG also
+// the translation buffer: the spec's tb-size or QEMU's 1 GiB default), a bound on its tasks, and
+// CPU time for its vCPUs and one more thread (QEMU's main loop and I/O).
 jail::CgroupLimits vmCgroupLimits(const VmSpec& spec, Accelerator accelerator);
 
 // MemAvailable from /proc/meminfo, now.

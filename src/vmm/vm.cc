@@ -394,8 +394,15 @@ Error Vm::bootFailure(const std::string& what) {
   if (auto at = console.find("Kernel panic"); at != std::string::npos) {
     message = "kernel panic: " + console.substr(at, console.find('\n', at) - at) + " (" + what + ")";
   }
-  message += "\n--- guest console (tail) ---\n" + console;
   auto qemu_log = readFileTail(paths_.run_dir + "/qemu.log", 2048);
+  // The jail refused to start QEMU (exit 125): that is the headline, not QEMU's monitor.
+  if (process_ && process_->exitStatus() && !process_->exitStatus()->signaled &&
+      process_->exitStatus()->exit_code == 125 && qemu_log.ok()) {
+    if (auto at = qemu_log->find("space-jail: "); at != std::string::npos) {
+      message = "the VM's jail failed: " + qemu_log->substr(at + 12, qemu_log->find('\n', at) - at - 12);
+    }
+  }
+  message += "\n--- guest console (tail) ---\n" + console;
   if (qemu_log.ok() && !qemu_log->empty()) message += "\n--- qemu log (tail) ---\n" + qemu_log.value();
   spdlog::warn("vmm: boot failed: {}", what);
   return makeError(ErrorCode::kUnavailable, message);
@@ -737,6 +744,7 @@ void Vm::quit() {
     if (qmp_) (void)qmp_->execute("quit", nullptr, milliseconds(1000));
     if (!process_->waitFor(milliseconds(5000))) process_->kill();
   }
+  removeCgroup();  // QEMU is gone; a resume starts a new one in a new group
   disconnectAgent("the VM was stopped");
 }
 

@@ -858,6 +858,25 @@ TEST_F(SpacedTest, ATenantsOwnQuotaAppliesAtOnceAndOnlyToIt) {
   EXPECT_FALSE(std::filesystem::exists(dir_->path() + "/nowhere/state.db"));
 }
 
+// A suspended sandbox has no QEMU, and so no cgroup: its group goes at the suspend, a resume
+// makes a new one, and a delete removes that.
+TEST_F(SpacedTest, ASuspendedSandboxHoldsNoCgroup) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string id = d.create();
+  ASSERT_FALSE(id.empty());
+  const std::string first = qemuMemoryGroup(sandboxDir(id));
+  ASSERT_NE(first.find("/space/spaced-"), std::string::npos) << first;
+  d.callJson("POST", "/v1/sandboxes/" + id + "/suspend", json::object(), 200);
+  EXPECT_FALSE(std::filesystem::exists(first)) << "a suspended sandbox kept its QEMU's group";
+  d.callJson("POST", "/v1/sandboxes/" + id + "/resume", json::object(), 200);
+  const std::string second = qemuMemoryGroup(sandboxDir(id));
+  EXPECT_TRUE(!second.empty() && std::filesystem::exists(second)) << second;
+  ASSERT_EQ(d.call("DELETE", "/v1/sandboxes/" + id).status, 204);
+  EXPECT_FALSE(std::filesystem::exists(second)) << "a deleted sandbox's group outlived it";
+}
+
 // Every size of a template is a permanent snapshot of the guest's memory: a loop of creates over
 // sizes must not fill the disk. Beyond --max-template-sizes a new size boots and keeps nothing
 // (slower, never refused: no tenant can lock others out of sizes); the default size is always

@@ -97,13 +97,13 @@ TEST(VmCgroupLimits, MemoryCountsQemuAndTheTranslationBufferTasksAndCpuFollowVcp
   spec.memory_mib = 512;
   spec.vcpus = 2;
   auto tcg = vmm::vmCgroupLimits(spec, vmm::Accelerator::kTcg);
-  EXPECT_EQ(tcg.memory_bytes, uint64_t{512 + 1024 + 256} << 20);  // QEMU's default 1 GiB buffer
+  EXPECT_EQ(tcg.memory_bytes, uint64_t{512 + 1024 + 384 + 2 * 64} << 20);  // QEMU's default 1 GiB buffer
   EXPECT_EQ(tcg.pids, 132u);
   EXPECT_EQ(tcg.cpu_quota_us, 300000u);
   EXPECT_EQ(tcg.cpu_period_us, 100000u);
   spec.tcg_tb_size_mib = 128;
-  EXPECT_EQ(vmm::vmCgroupLimits(spec, vmm::Accelerator::kTcg).memory_bytes, uint64_t{512 + 128 + 256} << 20);
-  EXPECT_EQ(vmm::vmCgroupLimits(spec, vmm::Accelerator::kKvm).memory_bytes, uint64_t{512 + 256} << 20);
+  EXPECT_EQ(vmm::vmCgroupLimits(spec, vmm::Accelerator::kTcg).memory_bytes, uint64_t{512 + 128 + 384 + 128} << 20);
+  EXPECT_EQ(vmm::vmCgroupLimits(spec, vmm::Accelerator::kKvm).memory_bytes, uint64_t{512 + 384 + 128} << 20);
 }
 
 }  // namespace
