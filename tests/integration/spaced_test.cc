@@ -3213,10 +3213,22 @@ TEST_F(SpacedNetworkTest, CredentialRulesAddTheSecretOnlyWhereItBelongs) {
 
   // Nor another port of the rule's host (an echo service there would hand it back), nor a
   // method a server answers by reflecting the request.
-  auto [echo_rc, echo_out] =
-      sh(d, id,
-         "python3 -c \"import socket; s=socket.create_connection(('allowed.test', 9000), 10); "
-         "s.sendall(b'GET /auth HTTP/1.1\\r\\nHost: allowed.test\\r\\n\\r\\n'); print(s.recv(4096))\"");
+  auto [echo_rc, echo_out] = sh(d, id,
+                                // Everything the echo sends back within a quiet second, not only its first segment.
+                                "python3 - <<'EOF'\n"
+                                "import socket\n"
+                                "s = socket.create_connection(('allowed.test', 9000), 10)\n"
+                                "s.sendall(b'GET /auth HTTP/1.1\\r\\nHost: allowed.test\\r\\n\\r\\n')\n"
+                                "got = b''\n"
+                                "try:\n"
+                                "    while True:\n"
+                                "        part = s.recv(4096)\n"
+                                "        if not part: break\n"
+                                "        got += part; s.settimeout(1)\n"
+                                "except OSError:\n"
+                                "    pass\n"
+                                "print(got)\n"
+                                "EOF");
   EXPECT_NE(echo_out.find("Host: allowed.test"), std::string::npos) << echo_out;
   EXPECT_EQ(echo_out.find("Bearer"), std::string::npos) << echo_out;
   auto [trace_rc, trace_out] = sh(d, id, "curl -sS -m 20 -X TRACE -w ' status %{http_code}' http://allowed.test/auth");
@@ -3686,6 +3698,20 @@ FOREIGN = ["server " + ip for ip in (DENIED, OTHER, PRIVATE, META)]
 results = []
 def report(name, leaked, detail=""):
     results.append(("LEAK %s: %r" % (name, detail)) if leaked else ("blocked " + name))
+def read_reply(s):
+    # A reply may come in several segments (headers, then body): read to the end, a quiet
+    # second, or 64 KiB. Nothing at all is the caller's "blocked".
+    got = b""
+    while len(got) < 65536:
+        try:
+            part = s.recv(4096)
+        except (socket.timeout, ssl.SSLError, OSError):
+            if got: break
+            raise
+        if not part: break
+        got += part
+        s.settimeout(1)
+    return got
 def tcp(name, ip, port, payload=b"", wrap=None, family=socket.AF_INET):
     try:
         s = socket.socket(family, socket.SOCK_STREAM)
@@ -3693,7 +3719,7 @@ def tcp(name, ip, port, payload=b"", wrap=None, family=socket.AF_INET):
         s.connect((ip, port))
         if wrap: s = wrap(s)
         if payload: s.sendall(payload)
-        got = s.recv(4096)
+        got = read_reply(s)
     except Exception as e:
         return report(name, False)
     # Any answer from a server the policy does not allow, or any answer at all where none may come.
@@ -3712,7 +3738,7 @@ def dns_udp(name, server, qname, qtype=1):
 def dns_tcp(name, server, qname):
     try:
         s = socket.create_connection((server, 53), 3); q = dns_query(qname)
-        s.sendall(struct.pack(">H", len(q)) + q); got = s.recv(4096)[2:]
+        s.sendall(struct.pack(">H", len(q)) + q); got = read_reply(s)[2:]
     except Exception:
         return report(name, False)
     report(name, len(got) >= 8 and struct.unpack(">H", got[6:8])[0] > 0, got[:40])
@@ -3722,7 +3748,7 @@ def tls(sni):
 get = lambda host: ("GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % host).encode()
 
 try:  # control: the allowed server answers, so "blocked" below is the gateway's doing
-    c = socket.create_connection((ALLOWED, 80), 3); c.sendall(get("allowed.test")); got = c.recv(4096)
+    c = socket.create_connection((ALLOWED, 80), 3); c.sendall(get("allowed.test")); got = read_reply(c)
     results.append("control " + ("reached" if ("server " + ALLOWED).encode() in got else "FAILED %r" % got[:60]))
 except Exception as e:
     results.append("control FAILED %r" % e)
