@@ -266,6 +266,8 @@ void SandboxManager::housekeeping() {
       auto cutoff = now - std::chrono::duration_cast<milliseconds>(config_.deleted_retention).count();
       if (auto purged = store_.purgeDeletedBefore(cutoff); !purged.ok()) {
         spdlog::warn("sandboxes: purge of old deleted records failed: {}", purged.error().message);
+      } else {
+        for (const auto& id : purged.value()) removeNetworkFiles(id);  // kept for its audit log until now
       }
     }
     wake.lock();

@@ -859,9 +859,9 @@ Status SandboxManager::remove(const std::string& tenant, const std::string& id) 
   if (from.value() == SandboxState::kSuspended) {
     std::error_code ec;
     std::filesystem::remove_all(rec->run_dir, ec);  // the files first, then the record
-    removeNetworkFiles(rec->id);
     layers_dirty_ = true;
   }
+  removeNetworkFiles(rec->id);  // a failed sandbox kept its policy and audit log until now
   rec->state = stateName(SandboxState::kDeleted);
   // Keep why it had failed: a deleted record is still read for its history.
   rec->state_reason = rec->state_reason.empty() ? "deleted by request"

@@ -123,9 +123,21 @@ Status SandboxManager::recover() {
   const std::string prefix = config_.data_dir + "/sandboxes/";
   const std::string build_prefix = config_.data_dir + "/templates/.build-";           // a template build cut short
   const std::string snapshot_build_prefix = config_.data_dir + "/snapshots/.build-";  // a snapshot cut short
+  // Gateways run in spaced's namespace, not in their slot's, so the network pool's sweep of
+  // slots misses them: one whose sandbox is not live now (a create or suspend cut short, a VM
+  // lost while spaced was down) is found by the state directory on its command line.
+  const std::string network_prefix = config_.data_dir + "/network/";
+  auto strayGateway = [&](const std::string& cmdline) {
+    if (!config_.network || cmdline.find("--slot-netns") == std::string::npos) return false;
+    const size_t at = cmdline.find(network_prefix);
+    if (at == std::string::npos) return false;
+    const size_t from = at + network_prefix.size();
+    const std::string id = cmdline.substr(from, cmdline.find('/', from) - from);
+    return !id.empty() && live_.count(id) == 0;
+  };
   std::set<pid_t> owned;
   for (auto& [id, live] : live_) owned.insert(live->vm().pid());
-  int killed = 0;
+  int killed = 0, gateways_killed = 0;
   if (DIR* proc = opendir("/proc")) {
     while (dirent* entry = readdir(proc)) {
       char* end = nullptr;
@@ -136,6 +148,11 @@ Status SandboxManager::recover() {
       auto orphan = ChildProcess::adopt(static_cast<pid_t>(pid));
       if (!orphan.ok()) continue;
       auto cmdline = processCmdline(static_cast<pid_t>(pid));
+      if (cmdline.ok() && strayGateway(cmdline.value())) {
+        orphan->kill();
+        ++gateways_killed;
+        continue;
+      }
       if (!cmdline.ok() || cmdline->find("qemu-system") == std::string::npos ||
           (cmdline->find(prefix) == std::string::npos && cmdline->find(build_prefix) == std::string::npos &&
            cmdline->find(snapshot_build_prefix) == std::string::npos)) {
@@ -155,6 +172,22 @@ Status SandboxManager::recover() {
     std::filesystem::remove_all(entry.path(), ec);
     ++removed;
   }
+  // Network state (policy, audit log) is kept while its sandbox can be asked for it: live,
+  // suspended or failed. One without such a sandbox was left by a create cut short.
+  if (config_.network) {
+    std::set<std::string> keeps_network = suspended_ids;
+    if (auto failed_rows = store_.sandboxesInStates({"failed"}); failed_rows.ok()) {
+      for (const auto& f : failed_rows.value()) keeps_network.insert(f.id);
+    } else {
+      return failed_rows.error();
+    }
+    for (const auto& entry : std::filesystem::directory_iterator(network_prefix, ec)) {
+      const std::string id = entry.path().filename().string();
+      if (live_.count(id) || keeps_network.count(id)) continue;
+      std::filesystem::remove_all(entry.path(), ec);
+      ++removed;
+    }
+  }
   for (const auto& entry : std::filesystem::directory_iterator(config_.data_dir + "/templates", ec)) {
     if (entry.path().filename().string().rfind(".build-", 0) == 0) {
       std::filesystem::remove_all(entry.path(), ec);
@@ -172,8 +205,10 @@ Status SandboxManager::recover() {
     ++removed;
   }
   collectLayers(/*wait=*/true);
-  spdlog::info("sandboxes: recovered: {} re-adopted, {} failed, {} orphaned QEMU killed, {} stale dirs removed",
-               adopted, failed, killed, removed);
+  spdlog::info(
+      "sandboxes: recovered: {} re-adopted, {} failed, {} orphaned QEMU killed, {} orphaned gateways killed, {} stale "
+      "dirs removed",
+      adopted, failed, killed, gateways_killed, removed);
   return okStatus();
 }
 

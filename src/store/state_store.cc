@@ -774,19 +774,27 @@ Result<SnapshotUsage> StateStore::snapshotUsage(const std::string& tenant) {
   return SnapshotUsage{static_cast<uint64_t>(stmt->integer(0)), static_cast<uint64_t>(stmt->integer(1))};
 }
 
-Status StateStore::purgeDeletedBefore(int64_t updated_before_ms) {
+Result<std::vector<std::string>> StateStore::purgeDeletedBefore(int64_t updated_before_ms) {
   std::lock_guard lock(mu_);
   const std::string op = "purging deleted and failed sandboxes";
   // Failed ones too: nobody may ever delete them, and their records would pile up.
-  auto stmt =
-      Stmt::prepare(db_, "DELETE FROM sandboxes WHERE state IN (:deleted, 'failed') AND updated_at_ms < :before", op);
+  auto stmt = Stmt::prepare(db_,
+                            "DELETE FROM sandboxes WHERE state IN (:deleted, 'failed') AND updated_at_ms < :before "
+                            "RETURNING id, state",
+                            op);
   if (!stmt.ok()) return stmt.error();
   stmt->bind(":deleted", kDeletedState);
   stmt->bind(":before", updated_before_ms);
-  SPACE_TRY(stmt->run(op));
-  int purged = sqlite3_changes(db_);
+  std::vector<std::string> failed;
+  int purged = 0;
+  for (int rc = stmt->step();; rc = stmt->step()) {
+    if (rc == SQLITE_DONE) break;
+    if (rc != SQLITE_ROW) return sqliteError(db_, rc, op);
+    ++purged;
+    if (stmt->text(1) == "failed") failed.push_back(stmt->text(0));
+  }
   if (purged > 0) spdlog::debug("state database {}: purged {} deleted or failed sandboxes", path_, purged);
-  return okStatus();
+  return failed;
 }
 
 Status StateStore::insertSnapshot(const SnapshotRecord& record) {

@@ -172,7 +172,9 @@ class StateStore {
   Result<std::vector<SandboxRecord>> sandboxesInStates(const std::vector<std::string>& states);
   Result<std::map<std::string, int64_t>> countByState();                              // all tenants, for metrics
   Result<int64_t> countInState(const std::string& tenant, const std::string& state);  // one tenant's
-  Status purgeDeletedBefore(int64_t updated_before_ms);  // retention of deleted and failed rows
+  // Retention of deleted and failed rows; answers the ids of the failed ones it purged (their
+  // sandboxes' files, kept for a failed sandbox, go with them).
+  Result<std::vector<std::string>> purgeDeletedBefore(int64_t updated_before_ms);
 
   Status insertSnapshot(const SnapshotRecord& record);        // kAlreadyExists on duplicate id
   Result<SnapshotRecord> getSnapshot(const std::string& id);  // kNotFound

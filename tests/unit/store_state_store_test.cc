@@ -492,7 +492,9 @@ TEST_F(StateStoreTest, PurgesOnlyOldDeletedAndFailedRows) {
   int64_t updated = store_->getSandbox(sbId(1))->updated_at_ms;
   ASSERT_TRUE(store_->purgeDeletedBefore(updated).ok());  // strictly before: kept
   EXPECT_TRUE(store_->getSandbox(sbId(1)).ok());
-  ASSERT_TRUE(store_->purgeDeletedBefore(nowMs() + 1000).ok());
+  auto purged = store_->purgeDeletedBefore(nowMs() + 1000);
+  ASSERT_TRUE(purged.ok());
+  EXPECT_EQ(purged.value(), std::vector<std::string>{sbId(3)});  // the failed one: its files go too
   EXPECT_EQ(store_->getSandbox(sbId(1)).error().code, ErrorCode::kNotFound);
   EXPECT_EQ(store_->getSandbox(sbId(3)).error().code, ErrorCode::kNotFound);  // nobody deletes failed ones
   EXPECT_TRUE(store_->getSandbox(sbId(2)).ok());                              // not ended, however old
