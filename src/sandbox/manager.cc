@@ -915,6 +915,7 @@ Result<store::SandboxRecord> SandboxManager::suspendLocked(const std::shared_ptr
   if (!tenant_quota.ok()) return tenant_quota.error();
   const uint32_t max_suspended = tenant_quota->max_suspended;
   if (max_suspended != 0) {
+    std::lock_guard claims(quota_claims_mu_);
     auto suspended = store_.countInState(sandbox.tenant, stateName(SandboxState::kSuspended));
     if (!suspended.ok()) return suspended.error();
     std::lock_guard lock(mu_);
@@ -934,6 +935,7 @@ Result<store::SandboxRecord> SandboxManager::suspendLocked(const std::shared_ptr
     bool held;
     ~ReleaseSuspending() {
       if (!held) return;
+      std::lock_guard claims(manager->quota_claims_mu_);
       std::lock_guard lock(manager->mu_);
       if (--manager->suspending_[tenant] == 0) manager->suspending_.erase(tenant);
     }

@@ -380,7 +380,9 @@ class SandboxManager {
     uint64_t bytes = 0;  // estimated: their guests' memory
   };
   std::map<std::string, PendingSnapshots> snapshots_pending_;  // snapshots being taken, per tenant
-  std::mutex snapshot_claims_mu_;                              // one claim decided at a time
+  // One quota claim (a snapshot's or a suspend's place) decided or released at a time: a place
+  // released between a claim's read of the store and its check would make the read stale.
+  std::mutex quota_claims_mu_;
 
   // Disk layers: shared while one is being made or a new disk made over one (a snapshot's
   // capture, a child's overlay), exclusive to sweep them. Only the sweep takes it exclusively,

@@ -142,7 +142,7 @@ Result<std::shared_ptr<void>> SandboxManager::claimSnapshotPlace(const std::stri
   if (!quota.max_snapshots && !quota.max_snapshot_bytes) return std::shared_ptr<void>();
   // One lock over reading the usage, checking and counting the new one in: a snapshot recorded
   // (and its place released) between a read and the check cannot make the read stale.
-  std::lock_guard claims(snapshot_claims_mu_);
+  std::lock_guard claims(quota_claims_mu_);
   auto usage = store_.snapshotUsage(tenant);
   if (!usage.ok()) return usage.error();
   std::lock_guard lock(mu_);
@@ -168,6 +168,7 @@ Result<std::shared_ptr<void>> SandboxManager::claimSnapshotPlace(const std::stri
   ++mine.count;
   mine.bytes += estimate_bytes;
   return std::shared_ptr<void>(nullptr, [this, tenant, estimate_bytes](void*) {
+    std::lock_guard claims_released(quota_claims_mu_);  // its record is in the store by now
     std::lock_guard lock(mu_);
     auto found = snapshots_pending_.find(tenant);
     if (found == snapshots_pending_.end()) return;
