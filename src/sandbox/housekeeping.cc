@@ -45,6 +45,7 @@ void SandboxManager::expireOneSuspended(const store::SandboxRecord& row, int64_t
     } else {
       std::error_code ec;
       std::filesystem::remove_all(rec->run_dir, ec);
+      removeNetworkFiles(rec->id);  // kept while it could be resumed
       layers_dirty_ = true;
       rec->state_reason = rec->state_reason == kTimeoutSuspendReason
                               ? "retention: kept suspended after its timeout for " +

@@ -2,10 +2,13 @@
 #include <dirent.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <future>
 #include <set>
+#include <string_view>
 #include <system_error>
+#include <vector>
 
 #include "common/process.h"
 #include "sandbox/manager_internal.h"
@@ -22,9 +25,10 @@ Status SandboxManager::recover() {
   if (!rows.ok()) return rows.error();
   int adopted = 0, failed = 0;
   std::set<std::string> suspended_ids;
-  if (auto suspended = store_.sandboxesInStates({"suspended"}); suspended.ok()) {
-    for (const auto& s : suspended.value()) suspended_ids.insert(s.id);
-  }
+  // Their files are kept: without the list, the sweep below could not tell them from orphans.
+  auto suspended = store_.sandboxesInStates({"suspended"});
+  if (!suspended.ok()) return suspended.error();
+  for (const auto& s : suspended.value()) suspended_ids.insert(s.id);
   // Adoptions run in parallel: each may wait up to its timeout for a guest that does not
   // answer, and the API is not served until recovery is done.
   std::vector<std::future<Result<std::unique_ptr<SandboxRuntime>>>> adoptions(rows->size());
@@ -127,13 +131,33 @@ Status SandboxManager::recover() {
   // slots misses them: one whose sandbox is not live now (a create or suspend cut short, a VM
   // lost while spaced was down) is found by the state directory on its command line.
   const std::string network_prefix = config_.data_dir + "/network/";
+  // Exactly: argv holds --slot-netns, and --policy names <data dir>/network/<id>/gw/policy.json
+  // for a well-formed id, so no other process (another data dir's gateway, a command that only
+  // mentions the path) is ever killed for it.
   auto strayGateway = [&](const std::string& cmdline) {
-    if (!config_.network || cmdline.find("--slot-netns") == std::string::npos) return false;
-    const size_t at = cmdline.find(network_prefix);
-    if (at == std::string::npos) return false;
-    const size_t from = at + network_prefix.size();
-    const std::string id = cmdline.substr(from, cmdline.find('/', from) - from);
-    return !id.empty() && live_.count(id) == 0;
+    if (!config_.network) return false;
+    std::vector<std::string_view> argv;
+    for (size_t from = 0; from < cmdline.size();) {
+      size_t nul = cmdline.find('\0', from);
+      if (nul == std::string::npos) nul = cmdline.size();
+      argv.emplace_back(cmdline.data() + from, nul - from);
+      from = nul + 1;
+    }
+    bool in_slot = false;
+    std::string_view policy;
+    for (size_t i = 1; i + 1 < argv.size(); ++i) {
+      if (argv[i] == "--slot-netns") in_slot = true;
+      if (argv[i] == "--policy") policy = argv[i + 1];
+    }
+    if (!in_slot || policy.substr(0, std::min(policy.size(), network_prefix.size())) != network_prefix) return false;
+    const std::string_view rest = policy.substr(network_prefix.size());
+    const std::string sandbox(rest.substr(0, rest.find('/')));
+    if (sandbox.size() < 4 || sandbox.rfind("sb_", 0) != 0) return false;
+    for (char c : sandbox.substr(3)) {
+      if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'))) return false;
+    }
+    if (policy != net::NetworkPool::gatewayDir(network_prefix + sandbox) + "/" + net::kPolicyFile) return false;
+    return live_.count(sandbox) == 0;
   };
   std::set<pid_t> owned;
   for (auto& [id, live] : live_) owned.insert(live->vm().pid());
