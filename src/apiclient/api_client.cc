@@ -47,13 +47,20 @@ const char* env(const char* name) {
   return v != nullptr && *v != '\0' ? v : nullptr;
 }
 
-// The url spaced wrote once it listened: `spaced --listen 127.0.0.1:0` then needs no configuration.
-std::optional<std::string> urlOfDaemonFile(const std::string& file) {
+// The url spaced wrote once it listened: `spaced --listen 127.0.0.1:0` then needs no
+// configuration; with TLS, the certificate it serves too.
+struct DaemonFile {
+  std::string url;
+  std::string tls_cert;
+};
+std::optional<DaemonFile> readDaemonFile(const std::string& file) {
   auto content = readSmallFile(file, 64 * 1024);
   if (!content.ok()) return std::nullopt;
   auto doc = parseJsonBounded(content.value());
   if (!doc.ok() || !field(*doc, "url").is_string()) return std::nullopt;
-  return field(*doc, "url").get<std::string>();
+  DaemonFile out{field(*doc, "url").get<std::string>(), ""};
+  if (field(*doc, "tls_cert").is_string()) out.tls_cert = field(*doc, "tls_cert").get<std::string>();
+  return out;
 }
 
 }  // namespace
@@ -74,8 +81,14 @@ Result<Endpoint> resolveEndpoint(EndpointFlags flags) {
     e.url = v, e.url_source = "from SPACE_API";
   } else {
     const std::string file = flags.data_dir + "/spaced.json";
-    if (auto url = urlOfDaemonFile(file)) e.url = *url, e.url_source = "from " + file;
+    if (auto daemon = readDaemonFile(file))
+      e.url = daemon->url, e.url_source = "from " + file, e.ca_file = daemon->tls_cert;
     if (e.url.empty()) e.url = kFallbackUrl, e.url_source = "the default: " + file + " is missing or unreadable";
+  }
+  if (!flags.ca_file.empty()) {
+    e.ca_file = flags.ca_file;
+  } else if (const char* v = env("SPACE_CA_FILE")) {
+    e.ca_file = v;
   }
   if (!flags.api_key_file.empty()) {
     auto content = readSmallFile(flags.api_key_file, 4096);
@@ -107,12 +120,12 @@ Result<Endpoint> resolveEndpoint(EndpointFlags flags) {
 
 Result<Endpoint> endpointOfDataDir(const std::string& data_dir) {
   const std::string url_file = data_dir + "/spaced.json";
-  auto url = urlOfDaemonFile(url_file);
-  if (!url) return makeError(ErrorCode::kNotFound, url_file + " is missing or has no url: spaced is not listening");
+  auto daemon = readDaemonFile(url_file);
+  if (!daemon) return makeError(ErrorCode::kNotFound, url_file + " is missing or has no url: spaced is not listening");
   const std::string key_file = data_dir + "/api-key";
   auto content = readSmallFile(key_file, 4096);
   if (!content.ok()) return content.error();
-  Endpoint e{*url, "from " + url_file, trimmed(content.value()), key_file};
+  Endpoint e{daemon->url, "from " + url_file, trimmed(content.value()), key_file, daemon->tls_cert};
   if (e.key.empty()) return makeError(ErrorCode::kNotFound, key_file + " is empty");
   return e;
 }
@@ -128,7 +141,7 @@ Query& Query::add(const std::string& name, const std::string& value) {
 }
 
 Result<Client> Client::create(Endpoint endpoint) {
-  auto http = http::Client::create(endpoint.url);
+  auto http = http::Client::create(endpoint.url, endpoint.ca_file);
   if (!http.ok()) {
     const std::string& source = endpoint.url_source;
     return makeError(

@@ -51,6 +51,7 @@ struct EndpointFlags {
   std::string api;
   std::string api_key_file;
   std::string data_dir;
+  std::string ca_file;
 };
 
 // Where the daemon is and how we authenticate, each with where it came from, so an error can
@@ -60,6 +61,10 @@ struct Endpoint {
   std::string url_source;  // e.g. "from SPACE_API"; empty when named explicitly
   std::string key;         // empty: no Authorization header (the open routes, /healthz)
   std::string key_source;  // e.g. "SPACE_API_KEY"
+  // For https: the CA certificates (PEM) the daemon's certificate must chain to; empty: the
+  // system's. --ca-file, SPACE_CA_FILE, else the certificate spaced named in its spaced.json
+  // when the url came from there (a node's own self-signed certificate works as it is).
+  std::string ca_file;
 };
 
 // The flags, then the environment, then the data dir's files. Without a key the error says

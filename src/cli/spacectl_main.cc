@@ -58,7 +58,8 @@ constexpr const char* kDescription =
     "  spacectl rm $id\n"
     "\n"
     "The daemon: --api, env SPACE_API, else the url spaced wrote to <data-dir>/spaced.json, else\n"
-    "http://127.0.0.1:8080. The key: --api-key-file, env SPACE_API_KEY, else <data-dir>/api-key.\n"
+    "http://127.0.0.1:8080 (https:// with --ca-file or SPACE_CA_FILE for a private CA). The key:\n"
+    "--api-key-file, env SPACE_API_KEY, else <data-dir>/api-key.\n"
     "\n"
     "Exit codes: 0 ok; exec/run: the remote command's (128+N if signal N killed it);\n"
     "1 API or connection error; 2 usage error; 130 interrupted (Ctrl-C).\n";
@@ -159,6 +160,9 @@ int main(int argc, char** argv) {
   app.add_option("--api-key", key_in_argv, "refused: use --api-key-file or SPACE_API_KEY")->group("");
   app.add_option("--data-dir", global.data_dir,
                  "spaced's data directory (env SPACE_DATA_DIR; default: /var/lib/space)");
+  app.add_option("--ca-file", global.ca_file,
+                 "for an https daemon: the CA certificates (PEM) its certificate must chain to (env SPACE_CA_FILE; "
+                 "default: the certificate named in <data-dir>/spaced.json, else the system's trust store)");
 
   bool as_json = false;
   app.add_flag("--json", as_json, "print the API's JSON (one document) instead of text; also after the subcommand");

@@ -37,6 +37,7 @@
 #include "e2b/control_plane.h"
 #include "e2b/envd_front.h"
 #include "http/server.h"
+#include "http/tls_relay.h"
 #include "net/policy.h"
 #include "net/sandbox_network.h"
 #include "sandbox/manager.h"
@@ -307,8 +308,15 @@ int main(int argc, char** argv) {
                  "\"off\": none")
       ->capture_default_str();
   app.add_flag("--allow-plaintext-remote", plaintext_remote,
-               "allow --listen on an address beyond loopback although the API has no TLS yet (keys and data "
-               "cross the network in clear: only behind a TLS-terminating proxy or on a private network)");
+               "allow --listen on an address beyond loopback without --tls-cert (keys and data cross the network "
+               "in clear: only behind a TLS-terminating proxy or on a private network)");
+  http::TlsFiles tls_files;
+  app.add_option("--tls-cert", tls_files.cert_file,
+                 "serve HTTPS on --listen and the E2B listeners with this certificate chain (PEM; the node's own "
+                 "certificate first); needs --tls-key")
+      ->check(CLI::ExistingFile);
+  app.add_option("--tls-key", tls_files.key_file, "the private key of --tls-cert (PEM; keep it mode 0600)")
+      ->check(CLI::ExistingFile);
   app.add_option("--data-dir", data_dir, "state database, API key, sandbox files")->capture_default_str();
   app.add_option("--api-key-file", api_key_file,
                  "file holding the API key of tenant \"default\" (the operator; env SPACE_API_KEY also works); a "
@@ -346,6 +354,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--tenant-max-snapshot-mb", tenant_max_snapshot_mb,
                  "disk (MB) one tenant's snapshots may take; new ones are refused once reached (0: no quota)")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40))  // in bytes it must not wrap
       ->capture_default_str();
   config.tenant_quota.max_suspended = 256;
   app.add_option("--tenant-max-suspended", config.tenant_quota.max_suspended,
@@ -530,18 +539,35 @@ int main(int argc, char** argv) {
                  "Put the key in a file (mode 0600) and pass --api-key-file FILE, or set SPACE_API_KEY\n";
     return 2;
   }
+  if (tls_files.cert_file.empty() != tls_files.key_file.empty()) {
+    std::cerr << "spaced: --tls-cert and --tls-key go together\n";
+    return 2;
+  }
+  std::shared_ptr<boost::asio::ssl::context> tls;
+  if (!tls_files.cert_file.empty()) {
+    // Absolute: spaced.json names the certificate for clients on this node (spacectl trusts it).
+    std::error_code abs_ec;
+    tls_files.cert_file = std::filesystem::absolute(tls_files.cert_file, abs_ec).string();
+    auto context = http::serverTlsContext(tls_files);
+    if (!context.ok()) {
+      std::cerr << "spaced: " << context.error().message << "\n";
+      return 2;
+    }
+    tls = std::move(context.value());
+  }
   for (const std::string* e2b : {&e2b_api_listen, &e2b_envd_listen}) {
-    if (*e2b != "off" && !isLoopbackListen(*e2b) && !plaintext_remote) {
+    if (*e2b != "off" && !isLoopbackListen(*e2b) && !plaintext_remote && !tls) {
       std::cerr << "spaced: refusing to serve the E2B front end on " << *e2b
-                << " beyond loopback without TLS; pass --allow-plaintext-remote behind a TLS-terminating proxy, or "
-                   "listen on 127.0.0.1\n";
+                << " beyond loopback without TLS; pass --tls-cert and --tls-key, or --allow-plaintext-remote "
+                   "behind a TLS-terminating proxy, or listen on 127.0.0.1\n";
       return 2;
     }
   }
-  if (!isLoopbackListen(listen) && !plaintext_remote) {
+  if (!isLoopbackListen(listen) && !plaintext_remote && !tls) {
     std::cerr << "spaced: refusing to serve " << listen
-              << " beyond loopback: the API has no TLS yet, so keys and data would cross the network in clear. "
-                 "Put a TLS-terminating proxy in front and pass --allow-plaintext-remote, or listen on 127.0.0.1\n";
+              << " beyond loopback without TLS: keys and data would cross the network in clear. Pass --tls-cert "
+                 "and --tls-key, or put a TLS-terminating proxy in front and pass --allow-plaintext-remote, or "
+                 "listen on 127.0.0.1\n";
     return 2;
   }
 
@@ -651,12 +677,13 @@ int main(int argc, char** argv) {
   }
   ingress.token_key = ingress_key.value();
   api::ApiService service(*manager.value(), keys, api_limits, kDefaultTenant, ingress, &vault);
-  auto server = http::Server::start(listen, [&](http::Request& rq, http::Response& rs) { service.handle(rq, rs); });
+  auto server = http::Server::start(
+      listen, [&](http::Request& rq, http::Response& rs) { service.handle(rq, rs); }, {}, tls);
   if (!server.ok()) {
     manager.value()->shutdown(sandbox::ShutdownMode::kKeepRunning);
     return fatal(server.error().message);
   }
-  const std::string url = "http://" + server.value()->address();
+  const std::string url = server.value()->url();
   // The E2B front ends: the same sandboxes, E2B's wire shapes (docs/e2b.md).
   e2b::ControlPlaneOptions e2b_options;
   e2b_options.max_json_body = api_limits.max_json_body;
@@ -690,7 +717,7 @@ int main(int argc, char** argv) {
     }
     limits.max_running_requests_per_client = limits.max_running_requests;
     limits.max_connections_per_client = limits.max_connections;
-    auto started = http::Server::start(*listen_at, std::move(handler), limits);
+    auto started = http::Server::start(*listen_at, std::move(handler), limits, tls);
     if (!started.ok()) {
       server.value()->stop(std::chrono::seconds(0));
       manager.value()->shutdown(sandbox::ShutdownMode::kKeepRunning);
@@ -699,10 +726,11 @@ int main(int argc, char** argv) {
     }
     *slot = std::move(started.value());
   }
-  const std::string e2b_api_url = e2b_api_server ? "http://" + e2b_api_server->address() : "";
-  const std::string e2b_sandbox_url = e2b_envd_server ? "http://" + e2b_envd_server->address() : "";
+  const std::string e2b_api_url = e2b_api_server ? e2b_api_server->url() : "";
+  const std::string e2b_sandbox_url = e2b_envd_server ? e2b_envd_server->url() : "";
   // Where clients on this host (spacectl, tests) find the daemon.
   nlohmann::json endpoint{{"url", url}, {"pid", getpid()}};
+  if (tls) endpoint["tls_cert"] = tls_files.cert_file;
   if (!e2b_api_url.empty()) endpoint["e2b_api_url"] = e2b_api_url;
   if (!e2b_sandbox_url.empty()) endpoint["e2b_sandbox_url"] = e2b_sandbox_url;
   if (auto written = writeFileAtomic(data_dir + "/spaced.json", endpoint.dump() + "\n", 0600); !written.ok()) {

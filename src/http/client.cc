@@ -14,6 +14,7 @@
 
 #include "common/bounded_json.h"
 #include "http/tcp.h"
+#include "http/tls_relay.h"
 
 namespace space::http {
 
@@ -43,37 +44,46 @@ RequestBody RequestBody::fromSource(BodySource source, std::optional<uint64_t> l
   return body;
 }
 
-Client::Client(std::string host, uint16_t port, std::string base_path)
+Client::Client(std::string host, uint16_t port, std::string base_path, std::shared_ptr<boost::asio::ssl::context> tls)
     : host_(std::move(host)),
       port_(port),
       authority_(detail::formatHostPort(host_, port_)),
-      base_path_(std::move(base_path)) {}
+      base_path_(std::move(base_path)),
+      tls_(std::move(tls)) {}
 
-Result<Client> Client::create(const std::string& base_url) {
+Result<Client> Client::create(const std::string& base_url, const std::string& ca_file) {
   std::string_view rest = base_url;
-  if (rest.starts_with("https://")) {
-    return makeError(ErrorCode::kInvalidArgument,
-                     "https is not supported (\"" + base_url +
-                         "\"): the server speaks plain HTTP on a local address; use http://host:port");
-  }
-  if (rest.starts_with("http://")) {
+  const bool https = rest.starts_with("https://");
+  if (https) {
+    rest.remove_prefix(8);
+  } else if (rest.starts_with("http://")) {
     rest.remove_prefix(7);
   } else if (rest.find("://") != std::string_view::npos) {
     return makeError(ErrorCode::kInvalidArgument,
-                     "unsupported URL scheme in \"" + base_url + "\"; use http://host:port");
+                     "unsupported URL scheme in \"" + base_url + "\"; use http://host:port or https://host:port");
   }
   size_t slash = rest.find('/');
   std::string_view authority = rest.substr(0, slash);
   std::string base_path(slash == std::string_view::npos ? std::string_view() : rest.substr(slash));
   while (!base_path.empty() && base_path.back() == '/') base_path.pop_back();
-  auto where = detail::parseHostPort(authority, false, 80);
+  auto where = detail::parseHostPort(authority, false, https ? 443 : 80);
   if (!where.ok()) return where.error();
-  return Client(std::move(where->host), where->port, std::move(base_path));
+  std::shared_ptr<boost::asio::ssl::context> tls;
+  if (https) {
+    auto context = clientTlsContext(ca_file);
+    if (!context.ok()) return context.error();
+    tls = std::move(context.value());
+  }
+  return Client(std::move(where->host), where->port, std::move(base_path), std::move(tls));
 }
 
-Result<UniqueFd> Client::connect(std::chrono::milliseconds timeout) const {
-  return detail::connectTcp(detail::HostPort{host_, port_}, Clock::now() + timeout);
+Result<UniqueFd> Client::open(Clock::time_point deadline) const {
+  auto connected = detail::connectTcp(detail::HostPort{host_, port_}, deadline);
+  if (!connected.ok() || !tls_) return connected;
+  return connectTls(std::move(connected.value()), host_, tls_, deadline);
 }
+
+Result<UniqueFd> Client::connect(std::chrono::milliseconds timeout) const { return open(Clock::now() + timeout); }
 
 Result<ClientResponse> Client::request(const std::string& method, const std::string& target,
                                        const std::map<std::string, std::string>& headers, RequestBody body,
@@ -108,7 +118,7 @@ Result<ClientResponse> Client::perform(const std::string& method, const std::str
   bool has_timeout = timeout.count() > 0;
   auto deadline = whole_deadline && has_timeout ? Clock::now() + timeout : Clock::time_point::max();
   auto connect_deadline = has_timeout ? Clock::now() + timeout : Clock::time_point::max();
-  auto connected = detail::connectTcp(detail::HostPort{host_, port_}, std::min(deadline, connect_deadline));
+  auto connected = open(std::min(deadline, connect_deadline));
   if (!connected.ok()) return connected.error();
   detail::SocketStream stream(std::move(connected.value()));
   auto per_operation = whole_deadline ? std::chrono::milliseconds(0) : timeout;

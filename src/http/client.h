@@ -1,15 +1,20 @@
 // Synchronous HTTP/1.1 client for spacectl and the integration tests. Each request uses a
-// fresh connection: simpler than pooling, and a local daemon makes connecting cheap. Plain
-// HTTP only; the daemon listens on a local address.
+// fresh connection: simpler than pooling, and a local daemon makes connecting cheap. https://
+// goes through a TLS relay (http/tls_relay.h) that verifies the server's certificate.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+
+namespace boost::asio::ssl {
+class context;
+}
 
 #include "common/result.h"
 #include "common/unix_socket.h"
@@ -50,8 +55,9 @@ using ChunkCallback = std::function<Status(std::string_view chunk)>;
 class Client {
  public:
   // "http://127.0.0.1:8080", "127.0.0.1:8080", "http://[::1]:8080/prefix" (prefix prepended to
-  // every target). https is refused.
-  static Result<Client> create(const std::string& base_url);
+  // every target), "https://node.example:8443": the certificate must be signed by a CA in
+  // `ca_file` (PEM), or in the system's trust store when it is empty, and name the host.
+  static Result<Client> create(const std::string& base_url, const std::string& ca_file = "");
 
   // The whole response. `timeout` bounds the whole exchange, connecting included (zero: none).
   // Any status is a successful Result; errors are about the transport.
@@ -76,7 +82,9 @@ class Client {
   Result<UniqueFd> connect(std::chrono::milliseconds timeout) const;
 
  private:
-  Client(std::string host, uint16_t port, std::string base_path);
+  Client(std::string host, uint16_t port, std::string base_path, std::shared_ptr<boost::asio::ssl::context> tls);
+  // A connected non-blocking socket (over TLS: the plaintext end of the relay) by `deadline`.
+  Result<UniqueFd> open(Clock::time_point deadline) const;
   Result<ClientResponse> perform(const std::string& method, const std::string& target,
                                  const std::map<std::string, std::string>& headers, RequestBody& body,
                                  const HeadCallback* on_head, const ChunkCallback* on_chunk,
@@ -86,6 +94,7 @@ class Client {
   uint16_t port_;
   std::string authority_;
   std::string base_path_;
+  std::shared_ptr<boost::asio::ssl::context> tls_;  // null: plain HTTP
 };
 
 // The Error an error response stands for: the code and message of its errorBody, or the

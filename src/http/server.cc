@@ -16,11 +16,13 @@
 #include <boost/beast/http/read.hpp>
 #include <cerrno>
 #include <cstring>
+#include <future>
 #include <limits>
 #include <utility>
 
 #include "http/exchange.h"
 #include "http/tcp.h"
+#include "http/tls_relay.h"
 
 namespace space::http {
 
@@ -106,7 +108,8 @@ struct Server::Connection {
   Clock::time_point idle_since = Clock::now();
 };
 
-Result<std::unique_ptr<Server>> Server::start(const std::string& listen, Handler handler, ServerLimits limits) {
+Result<std::unique_ptr<Server>> Server::start(const std::string& listen, Handler handler, ServerLimits limits,
+                                              std::shared_ptr<boost::asio::ssl::context> tls) {
   auto listener = detail::listenTcp(listen, 512);
   if (!listener.ok()) return listener.error();
   sockaddr_storage local{};
@@ -114,11 +117,13 @@ Result<std::unique_ptr<Server>> Server::start(const std::string& listen, Handler
   if (getsockname(listener->get(), reinterpret_cast<sockaddr*>(&local), &length) != 0) {
     return makeError(ErrorCode::kInternal, std::string("getsockname on the listening socket: ") + strerror(errno));
   }
-  // Each connection holds two descriptors (its socket and an eventfd), and twice the limit may be
-  // open while evicted ones close; the process needs others besides (files, VMs).
+  // Each connection holds two descriptors (its socket and an eventfd; over TLS two more, the
+  // client's socket and the relay's end of the pair), and twice the limit may be open while
+  // evicted ones close; the process needs others besides (files, VMs).
+  const size_t per_connection = tls ? 8 : 4;
   rlimit nofile{};
   if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
-    size_t fit = nofile.rlim_cur > 1024 ? static_cast<size_t>(nofile.rlim_cur - 512) / 4 : 64;
+    size_t fit = nofile.rlim_cur > 1024 ? static_cast<size_t>(nofile.rlim_cur - 512) / per_connection : 64;
     if (limits.max_connections > fit) {
       spdlog::warn("http: at most {} connections instead of {}: the descriptor limit is {}", fit,
                    limits.max_connections, nofile.rlim_cur);
@@ -126,6 +131,18 @@ Result<std::unique_ptr<Server>> Server::start(const std::string& listen, Handler
     }
   }
   std::unique_ptr<Server> server(new Server(std::move(handler), limits));
+  if (tls) {
+    TlsRelayLimits relay_limits;
+    // Short: a handshake holds a place among max_handshakes, and a client's first request has
+    // its own deadline after it.
+    relay_limits.handshake_timeout =
+        std::min({limits.read_timeout, limits.first_request_timeout, std::chrono::milliseconds(5000)});
+    relay_limits.write_timeout = limits.write_timeout;
+    relay_limits.max_handshakes = limits.max_connections;
+    relay_limits.max_handshakes_per_client =
+        std::min(limits.max_connections_per_client, limits.max_connections / 4 + 1);
+    server->tls_ = std::make_unique<TlsRelays>(server->io_, std::move(tls), relay_limits);
+  }
   server->address_ = detail::localAddress(listener->get());
   auto parsed = detail::parseHostPort(server->address_, true);
   if (parsed.ok()) server->port_ = parsed->port;
@@ -149,8 +166,20 @@ Result<std::unique_ptr<Server>> Server::start(const std::string& listen, Handler
     return makeError(ErrorCode::kResourceExhausted, std::string("cannot start the server's thread: ") + e.what());
   }
   boost::asio::post(server->io_, [s = server.get()] { s->acceptNext(); });
-  spdlog::info("http: listening on {}", server->address_);
+  spdlog::info("http: listening on {}{}", server->address_, server->tls_ ? " (TLS)" : "");
   return server;
+}
+
+std::string Server::url() const {
+  // A wildcard address is where the server listens, not one to connect to (nor one a
+  // certificate names): clients on this node reach it on the loopback address.
+  std::string host_port = address_;
+  if (host_port.rfind("0.0.0.0:", 0) == 0) {
+    host_port = "127.0.0.1" + host_port.substr(7);
+  } else if (host_port.rfind("[::]:", 0) == 0) {
+    host_port = "[::1]" + host_port.substr(4);
+  }
+  return (tls_ ? "https://" : "http://") + host_port;
 }
 
 Server::Server(Handler handler, ServerLimits limits)
@@ -192,6 +221,20 @@ void Server::stop(std::chrono::milliseconds grace) {
         for (const ConnectionPtr& connection : connections_) signalEventFd(connection->abort_fd.get());
       }
       connection_ended_.wait(lock, [&] { return open_connections_ == 0; });
+    }
+    if (tls_ && event_loop_.joinable()) {
+      // The relays pass on what the server wrote last, send their close_notify and close on
+      // their own; what is left after a second is cut.
+      auto relaysOpen = [this] {
+        std::promise<size_t> open;
+        auto answer = open.get_future();
+        boost::asio::post(io_, [this, &open] { open.set_value(tls_->open()); });
+        return answer.get();
+      };
+      for (auto until = Clock::now() + std::chrono::seconds(1); relaysOpen() > 0 && Clock::now() < until;) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      boost::asio::post(io_, [this] { tls_->closeAll(); });
     }
     workers_->stop();
     work_.reset();
@@ -275,8 +318,8 @@ size_t Server::runningRequests() {
   return running_;
 }
 
-void Server::rejectOverloaded(UniqueFd fd, const std::string& why) {
-  logRejection(detail::peerAddress(fd.get()), why);
+void Server::rejectOverloaded(UniqueFd fd, const std::string& remote, const std::string& why) {
+  logRejection(remote, why);
   std::string response = errorResponseBytes(503, ErrorCode::kUnavailable, why + "; retry later");
   // Non-blocking and best effort: the event loop must not wait for an unwanted client. A short
   // response fits the socket buffer; what the client already sent is drained so closing does
@@ -306,19 +349,40 @@ void Server::acceptNext() {
       });
       return;
     }
-    onAccepted(std::move(socket));
+    if (tls_) {
+      acceptTls(std::move(socket));
+    } else {
+      onAccepted(std::move(socket));
+    }
     acceptNext();
   });
 }
 
-void Server::onAccepted(boost::asio::ip::tcp::socket socket) {
+void Server::acceptTls(boost::asio::ip::tcp::socket socket) {
+  boost::system::error_code ec;
+  socket.non_blocking(true, ec);
+  fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);  // as in onAccepted
+  socket.set_option(boost::asio::ip::tcp::no_delay(true), ec);
+  const std::string remote = detail::peerAddress(socket.native_handle());
+  tls_->accept(std::move(socket), remote, clientOf(remote), [this](UniqueFd plain, const std::string& client_address) {
+    boost::asio::ip::tcp::socket relayed(io_);
+    boost::system::error_code assign_ec;
+    // The relay's socketpair end, read and written like a TCP socket by everything downstream.
+    relayed.assign(boost::asio::ip::tcp::v4(), plain.get(), assign_ec);
+    if (assign_ec) return;  // `plain` closes, and the relay with it
+    (void)plain.release();
+    onAccepted(std::move(relayed), client_address);
+  });
+}
+
+void Server::onAccepted(boost::asio::ip::tcp::socket socket, std::string remote) {
   boost::system::error_code ec;
   socket.non_blocking(true, ec);
   // Asio accepts without SOCK_CLOEXEC: a tenant's connection must never leak into a child.
   fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
   // Streamed output (one NDJSON line per chunk) must not wait for Nagle's algorithm.
   socket.set_option(boost::asio::ip::tcp::no_delay(true), ec);
-  std::string remote = detail::peerAddress(socket.native_handle());
+  if (remote.empty()) remote = detail::peerAddress(socket.native_handle());
   auto connection = std::make_shared<Connection>(io_);
   connection->protocol = socket.local_endpoint(ec).protocol();
   connection->remote = remote;
@@ -329,12 +393,12 @@ void Server::onAccepted(boost::asio::ip::tcp::socket socket) {
     std::string why;
     if (!admit(connection->client, why)) {
       lock.unlock();
-      rejectOverloaded(UniqueFd(socket.release(ec)), why);
+      rejectOverloaded(UniqueFd(socket.release(ec)), remote, why);
       return;
     }
     if (!connection->abort_fd.valid()) {
       lock.unlock();
-      rejectOverloaded(UniqueFd(socket.release(ec)), "the server is out of file descriptors");
+      rejectOverloaded(UniqueFd(socket.release(ec)), remote, "the server is out of file descriptors");
       return;
     }
     connection->socket = std::move(socket);
@@ -464,7 +528,7 @@ void Server::dispatch(const ConnectionPtr& connection, std::optional<std::pair<i
   UniqueFd fd(connection->socket.release(ec));
   if (ec || !fd.valid()) return finish(connection);  // closed meanwhile (a deadline, an eviction)
   if (!over_limit.empty()) {
-    rejectOverloaded(std::move(fd), over_limit);
+    rejectOverloaded(std::move(fd), connection->remote, over_limit);
     return finish(connection);
   }
   // The task owns the descriptor until the worker's stream takes it; a task never run (the
@@ -474,7 +538,7 @@ void Server::dispatch(const ConnectionPtr& connection, std::optional<std::pair<i
   bool taken = workers_->run(
       [this, connection, shared_fd, early] { serveRequest(connection, std::move(*shared_fd), early); }, why);
   if (!taken) {
-    rejectOverloaded(std::move(*shared_fd), why);
+    rejectOverloaded(std::move(*shared_fd), connection->remote, why);
     finish(connection);
   }
 }

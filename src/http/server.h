@@ -14,12 +14,17 @@
 // threw or did not respond, 503 when the connection or request limits are reached and no idle
 // connection can make room. A connection is kept alive only if the handler consumed the request
 // body, and never after a 401.
+//
+// With a TLS context, the listener speaks HTTPS: the event loop completes each handshake and
+// relays the connection's plaintext to the same HTTP path (http/tls_relay.h), so every limit
+// and timeout above applies unchanged, per client address as before.
 #pragma once
 
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <condition_variable>
@@ -42,6 +47,7 @@ namespace space::http {
 namespace detail {
 class SocketStream;
 }
+class TlsRelays;
 
 struct ServerLimits {
   size_t max_header_bytes = 16 * 1024;  // request line and fields; over it: 431
@@ -75,8 +81,9 @@ struct ServerLimits {
 class Server {
  public:
   // Listens on "ip:port" ("127.0.0.1:8080", "[::1]:8080"; port 0 picks a free one) and serves
-  // requests with `handler` until stop().
-  static Result<std::unique_ptr<Server>> start(const std::string& listen, Handler handler, ServerLimits limits = {});
+  // requests with `handler` until stop(); over TLS with `tls` (serverTlsContext()).
+  static Result<std::unique_ptr<Server>> start(const std::string& listen, Handler handler, ServerLimits limits = {},
+                                               std::shared_ptr<boost::asio::ssl::context> tls = nullptr);
 
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -85,6 +92,8 @@ class Server {
 
   // The bound "host:port", with the actual port.
   std::string address() const { return address_; }
+  // "https://host:port" or "http://host:port" for clients on this node (loopback for a wildcard).
+  std::string url() const;
   uint16_t port() const { return port_; }
 
   // Stops accepting and closes idle keep-alive connections at once; running handlers get up to
@@ -104,7 +113,9 @@ class Server {
   Server(Handler handler, ServerLimits limits);
   // On the event loop.
   void acceptNext();
-  void onAccepted(boost::asio::ip::tcp::socket socket);
+  // `remote`: the client's address when the socket is a TLS relay's end, not the client's.
+  void onAccepted(boost::asio::ip::tcp::socket socket, std::string remote = "");
+  void acceptTls(boost::asio::ip::tcp::socket socket);
   void waitForRequest(const ConnectionPtr& connection);
   void readHeader(const ConnectionPtr& connection);
   // Arms the connection's timer to cancel its socket's operation at `deadline`.
@@ -123,7 +134,7 @@ class Server {
   void logRejection(const std::string& remote, const std::string& why);
   // Either side: the connection is done; closes what it still holds.
   void finish(const ConnectionPtr& connection);
-  void rejectOverloaded(UniqueFd fd, const std::string& why);
+  void rejectOverloaded(UniqueFd fd, const std::string& remote, const std::string& why);
   // Under mutex_: makes room for a connection from `client`; false when none can be made.
   bool admit(const std::string& client, std::string& why);
   // Under mutex_: the connection marks itself idle (evictable) or running a request; false
@@ -141,6 +152,7 @@ class Server {
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
   boost::asio::ip::tcp::acceptor acceptor_;
   boost::asio::steady_timer accept_backoff_;
+  std::unique_ptr<TlsRelays> tls_;  // null: plain HTTP; used on the event loop only
   std::thread event_loop_;
   std::unique_ptr<detail::WorkerPool> workers_;
 

@@ -211,7 +211,9 @@ class Daemon {
     while (Clock::now() < deadline) {
       auto endpoint = readSmallFile(data_dir + "/spaced.json", 4096);
       if (endpoint.ok()) {
-        d->url_ = json::parse(endpoint.value())["url"].get<std::string>();
+        json written = json::parse(endpoint.value());
+        d->url_ = written["url"].get<std::string>();
+        d->ca_file_ = written.value("tls_cert", "");  // with --tls-cert: trusted as the CA
         break;
       }
       if (d->process_->tryWait()) break;
@@ -243,7 +245,7 @@ class Daemon {
 
   http::ClientResponse call(const std::string& method, const std::string& target, const std::string& body = "",
                             const std::string& key = "\x01") const {
-    auto client = http::Client::create(url_);
+    auto client = http::Client::create(url_, ca_file_);
     EXPECT_TRUE(client.ok());
     std::map<std::string, std::string> headers;
     const std::string& k = key == "\x01" ? key_ : key;
@@ -273,7 +275,7 @@ class Daemon {
 
  private:
   Daemon() = default;
-  std::string data_dir_, url_, key_;
+  std::string data_dir_, url_, key_, ca_file_;
   std::optional<ChildProcess> process_;
 };
 
@@ -2994,6 +2996,7 @@ TEST_F(SpacedTest, SecretsStayOffTheCommandLineAndNodeFiguresAreTheOperators) {
     EXPECT_NE(said.find(needle), std::string::npos) << said;
   };
   refused({"--api-key", "sk_0123456789abcdef0123"}, "--api-key-file");
+  refused({"--listen", "0.0.0.0:0"}, "--tls-cert");
   refused({"--listen", "0.0.0.0:0"}, "--allow-plaintext-remote");
 
   // The key comes from a file; the kept copy, made world-readable meanwhile, is made private.
@@ -3016,6 +3019,69 @@ TEST_F(SpacedTest, SecretsStayOffTheCommandLineAndNodeFiguresAreTheOperators) {
   ASSERT_EQ(::stat((data_dir_ + "/api-key").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_EQ(daemon_->key(), "sk_operatorkeyfromafile0123");
+}
+
+// With --tls-cert, every listener speaks HTTPS only: the API (a command's output, a stream),
+// spacectl through the data dir (it trusts the certificate spaced names there), the E2B front
+// ends; nothing in clear. A key that does not match its certificate stops spaced at start.
+TEST_F(SpacedTest, WithACertificateEveryListenerServesHttpsOnly) {
+  const std::string cert = dir_->path() + "/node.crt", key = dir_->path() + "/node.key";
+  const std::string make =
+      "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "
+      "/CN=space-test -addext subjectAltName=IP:127.0.0.1 -keyout " +
+      key + " -out " + cert + " 2>/dev/null";
+  ASSERT_EQ(std::system(make.c_str()), 0);
+  ::chmod(key.c_str(), 0600);
+  daemon_ = Daemon::start(data_dir_, {"--tls-cert", cert, "--tls-key", key});
+  ASSERT_TRUE(daemon_);
+  ASSERT_EQ(daemon_->url().rfind("https://127.0.0.1:", 0), 0u) << daemon_->url();
+  auto written = json::parse(readSmallFile(data_dir_ + "/spaced.json", 4096).value());
+  EXPECT_EQ(written.value("e2b_api_url", "").rfind("https://", 0), 0u) << written;
+  EXPECT_EQ(written.value("e2b_sandbox_url", "").rfind("https://", 0), 0u) << written;
+
+  const std::string id = daemon_->create();
+  ASSERT_FALSE(id.empty());
+  json ran = execJson(*daemon_, id, json{{"command", "head -c 2000000 /dev/zero | base64 | wc -c; echo done"}});
+  EXPECT_EQ(ran.value("stdout", ""), "2701756\ndone\n") << ran;
+  // spacectl finds the url and the certificate in spaced.json.
+  const std::string out = dir_->path() + "/spacectl.out";
+  auto spacectl = ChildProcess::spawn({SPACECTL_BIN, "--data-dir", data_dir_, "exec", id, "--", "echo", "via spacectl"},
+                                      SpawnOptions{out, "", true});
+  ASSERT_TRUE(spacectl.ok());
+  auto done = spacectl->waitFor(seconds(60));
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->exit_code, 0) << readSmallFile(out, 65536).value();
+  EXPECT_NE(readSmallFile(out, 65536).value().find("via spacectl"), std::string::npos);
+  // The E2B control plane over TLS, and nothing in clear on any port.
+  auto e2b = http::Client::create(written.value("e2b_api_url", ""), cert);
+  ASSERT_TRUE(e2b.ok());
+  auto listed = e2b->request("GET", "/sandboxes", {{"X-API-Key", daemon_->key()}});
+  ASSERT_TRUE(listed.ok()) << listed.error().message;
+  EXPECT_EQ(listed->status, 200) << listed->body;
+  for (const std::string& url :
+       {daemon_->url(), written.value("e2b_api_url", ""), written.value("e2b_sandbox_url", "")}) {
+    auto plain = http::Client::create("http://" + url.substr(8));
+    ASSERT_TRUE(plain.ok());
+    auto answer = plain->request("GET", "/healthz", {}, {}, seconds(5));
+    EXPECT_FALSE(answer.ok() && answer->status != 0) << url << " answered in clear";
+  }
+  daemon_->callJson("DELETE", "/v1/sandboxes/" + id, nullptr, 204);
+  daemon_.reset();
+
+  const std::string other_key = dir_->path() + "/other.key";
+  ASSERT_EQ(
+      std::system(("openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out " + other_key + " 2>/dev/null")
+                      .c_str()),
+      0);
+  const std::string log = dir_->path() + "/mismatch.log";
+  auto mismatch = ChildProcess::spawn({SPACED_BIN, "--data-dir", data_dir_, "--tls-cert", cert, "--tls-key", other_key},
+                                      SpawnOptions{log, "", true});
+  ASSERT_TRUE(mismatch.ok());
+  auto status = mismatch->waitFor(seconds(30));
+  ASSERT_TRUE(status);
+  EXPECT_EQ(status->exit_code, 2);
+  EXPECT_NE(readSmallFile(log, 65536).value().find("does not belong to the certificate"), std::string::npos)
+      << readSmallFile(log, 65536).value();
 }
 
 // A tenant's secrets go in and never come out: not in an answer, the daemon's log, or the

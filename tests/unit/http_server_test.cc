@@ -914,9 +914,9 @@ TEST(HttpClient, ParsesBaseUrls) {
   EXPECT_EQ(Client::create("127.0.0.1:8080").value().authority(), "127.0.0.1:8080");
   EXPECT_EQ(Client::create("http://[::1]:9/api/").value().authority(), "[::1]:9");
   EXPECT_EQ(Client::create("http://localhost").value().authority(), "localhost:80");
-  auto https = Client::create("https://127.0.0.1:8443");
-  ASSERT_FALSE(https.ok());
-  EXPECT_NE(https.error().message.find("https is not supported"), std::string::npos);
+  EXPECT_EQ(Client::create("https://127.0.0.1:8443").value().authority(), "127.0.0.1:8443");
+  EXPECT_EQ(Client::create("https://node.example").value().authority(), "node.example:443");
+  EXPECT_FALSE(Client::create("https://127.0.0.1:8443", "/nonexistent/ca.pem").ok());
   EXPECT_FALSE(Client::create("ftp://x:1").ok());
   EXPECT_FALSE(Client::create("http://x:99999").ok());
 }
