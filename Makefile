@@ -94,7 +94,8 @@ bench: build images
 	$(BUILD)/bin/space-net-bench
 	$(BUILD)/bin/space-lifecycle-bench --creates 200 --warm-pool 2 --baseline-creates 30 --cold-creates 10 \
 	  --floor 30 --concurrent 20 --ops 20 --snapshots 10 --branch 10,50 --branch-baseline 5 \
-	  --memory-sandboxes 10 --cold-memory-sandboxes 3 --idle-s 5
+	  --memory-sandboxes 10 --cold-memory-sandboxes 3 --idle-s 5 --dos-seconds 0
+	$(BUILD)/bin/space-lifecycle-bench --skip create,concurrent,ops,branch,memory --dos-seconds 10
 	bench/e2b_streams.sh 10 50
 
 # kill -9 of spaced, QEMUs and gateways at random points of every lifecycle operation, then the

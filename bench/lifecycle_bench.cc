@@ -12,6 +12,10 @@
 //               in-process the stop-and-copy capture's pause (pause, freeze, save, resume).
 //   memory:     host memory (PSS) per idle restored sandbox, split into guest pages and QEMU's
 //               own; baseline: a cold-booted sandbox.
+//   dos:        exec `true` in one sandbox while another attacks from inside (fork bomb, OOM
+//               loop, disk fill, a million files, a stdout flood read by a client) or from the
+//               API (48 clients calling exec, 512 slowloris connections); baseline: the same
+//               loop with the attacker idle, before and after.
 // Every sandbox has 1 vCPU and 256 MB. Each spaced gets its own temporary data dir and API key,
 // and the first create of each (the template snapshot build) is not counted. Only one spaced
 // runs at a time and nothing else is measured meanwhile.
@@ -42,6 +46,7 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/process.h"
+#include "http/tcp.h"
 #include "percentiles.h"  // next to this file
 #include "vmm/accelerator.h"
 #include "vmm/vm.h"
@@ -75,6 +80,7 @@ struct Options {
   int memory_sandboxes = 10;
   int cold_memory_sandboxes = 3;
   int idle_s = 5;
+  int dos_seconds = 10;
   std::set<std::string> skip;
   bool json = false;
 };
@@ -764,6 +770,145 @@ json memoryJson(const Memory& m, bool restored) {
   return j;
 }
 
+// --- 6. guest DoS: one sandbox attacks, another's exec is measured --------------------------
+
+// Each attack runs in its own fresh sandbox (deleted afterwards: a fork bomb leaves nothing to
+// reuse) for --dos-seconds while a victim sandbox of the same size runs `true` back to back;
+// the baseline is the same loop with the attacker idle, measured first and last.
+struct Attack {
+  std::string name;
+  std::vector<double> victim;
+  std::string done;  // what the attack achieved, in its own terms
+};
+
+std::vector<double> victimLoop(Daemon& d, const std::string& victim, seconds how_long) {
+  std::vector<double> out;
+  const json exec_true{{"argv", {"true"}}};
+  const auto until = Clock::now() + how_long;
+  while (Clock::now() < until) {
+    auto t0 = Clock::now();
+    json r = call(d, "POST", apiclient::sandboxPath(victim) + "/exec", exec_true, seconds(120));
+    out.push_back(Ms(Clock::now() - t0).count());
+    if (apiclient::field(r, "exit_code") != 0) die("the victim's exec failed: " + r.dump());
+  }
+  return out;
+}
+
+// A guest command left running: its stream is read (and dropped) by a thread until `stop`, so
+// an attack's output crosses the agent channel and spaced as a client would make it.
+struct GuestCommand {
+  std::thread reader;
+  std::atomic<uint64_t> bytes{0};
+};
+
+void startGuestCommand(Daemon& d, const std::string& id, const std::string& command, GuestCommand& into,
+                       const std::atomic<bool>& stop) {
+  const json body{{"command", command}, {"stream", true}, {"timeout_s", 0}, {"user", "root"}};
+  into.reader = std::thread([&d, id, body, &into, &stop] {
+    const apiclient::Client api = *d.api;
+    (void)api.streamLines(
+        "POST", apiclient::sandboxPath(id) + "/exec", body,
+        [&](const json& line) -> Status {
+          if (const json& data = apiclient::field(line, "data"); data.is_string()) {
+            into.bytes += data.get_ref<const std::string&>().size() * 3 / 4;  // base64
+          }
+          if (stop) return makeError(ErrorCode::kCanceled, "attack over");
+          return okStatus();
+        },
+        seconds(5));
+  });
+}
+
+std::vector<Attack> dosLoop(Daemon& d, int seconds_each) {
+  const seconds span(seconds_each);
+  const std::string victim = createSandbox(d, kLongLived, seconds(300));
+  std::vector<Attack> out;
+  out.push_back(Attack{"baseline: attacker idle", victimLoop(d, victim, span), ""});
+
+  struct GuestAttack {
+    const char* name;
+    const char* command;
+  };
+  // Each as root, the worst a hostile agent can do from inside; each goes on until deleted.
+  const std::vector<GuestAttack> guest_attacks = {
+      {"fork bomb", "f() { f | f & }; f"},
+      {"memory exhaustion (OOM loop)", "while true; do tail /dev/zero; done"},
+      {"disk fill", "while true; do dd if=/dev/zero of=/fill.$RANDOM bs=1M count=4096 2>&1 | tail -1; done"},
+      {"a million files", "mkdir -p /m && cd /m && seq 1 1000000 | xargs touch; echo done"},
+      {"stdout flood (read by a client)", "yes 0123456789abcdef0123456789abcdef0123456789abcdef0123456789"},
+  };
+  for (const auto& attack : guest_attacks) {
+    progress(std::string("[dos] ") + attack.name);
+    const std::string attacker = createSandbox(d, kLongLived, seconds(300));
+    std::atomic<bool> stop{false};
+    GuestCommand command;
+    startGuestCommand(d, attacker, attack.command, command, stop);
+    std::this_thread::sleep_for(seconds(1));  // under way
+    Attack a{attack.name, victimLoop(d, victim, span), ""};
+    stop = true;
+    deleteSandbox(d, attacker);  // ends the stream too
+    command.reader.join();
+    if (command.bytes > 0) a.done = std::to_string(command.bytes / (1 << 20)) + " MiB of output read";
+    out.push_back(std::move(a));
+  }
+
+  {
+    // Host side, same tenant: 48 clients calling exec in the attacker without pause (under the
+    // tenant's 64 requests at once, so the victim's calls are not refused by its own tenant).
+    progress("[dos] 48 clients flooding the attacker with exec calls");
+    const std::string attacker = createSandbox(d, kLongLived, seconds(300));
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> calls{0}, refused{0};
+    std::vector<std::thread> clients;
+    for (int i = 0; i < 48; ++i) {
+      clients.emplace_back([&] {
+        const apiclient::Client api = *d.api;
+        const json exec_true{{"argv", {"true"}}};
+        while (!stop) {
+          auto r = api.call("POST", apiclient::sandboxPath(attacker) + "/exec", exec_true, seconds(120));
+          ++(r.ok() ? calls : refused);
+        }
+      });
+    }
+    Attack a{"48 clients calling exec in the attacker", victimLoop(d, victim, span), ""};
+    stop = true;
+    for (auto& t : clients) t.join();
+    a.done = std::to_string(calls) + " calls answered, " + std::to_string(refused) + " refused";
+    deleteSandbox(d, attacker);
+    out.push_back(std::move(a));
+  }
+  {
+    // 512 connections that send a request header one byte a second (slowloris).
+    progress("[dos] 512 slow clients");
+    const std::string& base = d.api->endpoint().url;
+    auto where = http::detail::parseHostPort(base.substr(base.find("//") + 2), true);
+    if (!where.ok()) die(where.error().message);
+    std::atomic<bool> stop{false};
+    std::thread slow([&] {
+      std::vector<UniqueFd> fds;
+      for (int i = 0; i < 512; ++i) {
+        auto fd = http::detail::connectTcp(where.value(), Clock::now() + seconds(5));
+        if (fd.ok()) fds.push_back(std::move(fd.value()));
+      }
+      const std::string header = "GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+      for (size_t at = 0; !stop; ++at) {
+        for (auto& fd : fds) {
+          char c = at < header.size() ? header[at] : 'a';
+          (void)::send(fd.get(), &c, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        }
+        for (int i = 0; i < 10 && !stop; ++i) std::this_thread::sleep_for(milliseconds(100));
+      }
+    });
+    Attack a{"512 slow clients (a header byte a second)", victimLoop(d, victim, span), ""};
+    stop = true;
+    slow.join();
+    out.push_back(std::move(a));
+  }
+  out.push_back(Attack{"baseline again: attacker gone", victimLoop(d, victim, span), ""});
+  deleteSandbox(d, victim);
+  return out;
+}
+
 // --- options ------------------------------------------------------------------------------
 
 // Options through CLI11, as in the other programs; --help teaches them.
@@ -834,10 +979,14 @@ Options parseOptions(int argc, char** argv) {
   app.add_option("--idle-s", o.idle_s, "seconds the sandboxes idle before their memory is read")
       ->check(count)
       ->capture_default_str();
+  app.add_option("--dos-seconds", o.dos_seconds,
+                 "seconds each guest attack runs while another sandbox's exec is measured; 0 skips")
+      ->check(CLI::Range(0, 3600))
+      ->capture_default_str();
   std::vector<std::string> skip;
-  app.add_option("--skip", skip, "sections to leave out: create, concurrent, ops, branch, memory")
+  app.add_option("--skip", skip, "sections to leave out: create, concurrent, ops, branch, memory, dos")
       ->delimiter(',')
-      ->check(CLI::IsMember({"create", "concurrent", "ops", "branch", "memory"}));
+      ->check(CLI::IsMember({"create", "concurrent", "ops", "branch", "memory", "dos"}));
   app.add_flag("--json", o.json, "print one JSON document instead of the table");
   try {
     app.parse(argc, argv);
@@ -962,6 +1111,14 @@ int main(int argc, char** argv) {
     if (cold_mem) cold_memory = memoryOf(d, opt.cold_memory_sandboxes, opt.idle_s);
     stopDaemon(d);
   }
+  std::vector<Attack> attacks;
+  if (run("dos") && opt.dos_seconds > 0) {
+    progress("[dos] spaced --warm-pool 0: one sandbox attacks, another runs `true` back to back");
+    Daemon& d = startDaemon("dos", {"--warm-pool", "0"});
+    warmUp(d);
+    attacks = dosLoop(d, opt.dos_seconds);
+    stopDaemon(d);
+  }
   cleanupAll(true);
 
   // --- results
@@ -1014,6 +1171,13 @@ int main(int argc, char** argv) {
     out["memory"] = memoryJson(*memory, true);
     out["memory"]["idle_s"] = opt.idle_s;
     if (cold_memory) out["memory"]["baseline_cold_boot"] = memoryJson(*cold_memory, false);
+  }
+  if (!attacks.empty()) {
+    json all = json::array();
+    for (const auto& a : attacks) {
+      all.push_back(json{{"attack", a.name}, {"victim_exec_ms", statsJson(a.victim)}, {"achieved", a.done}});
+    }
+    out["dos"] = json{{"seconds_each", opt.dos_seconds}, {"attacks", all}};
   }
   if (opt.json) {
     printf("%s\n", out.dump().c_str());
@@ -1086,6 +1250,16 @@ int main(int argc, char** argv) {
       printf("  %-54s %8.1f MiB total PSS\n",
              ("baseline: cold boot, " + std::to_string(cold_memory->vms.size()) + " sandboxes").c_str(),
              cold_memory->mean().total_pss_kib / 1024);
+    }
+  }
+  if (!attacks.empty()) {
+    printf("another sandbox's exec `true` while one sandbox attacks (%d s each, 1 vCPU / 256 MB both)\n",
+           opt.dos_seconds);
+    const double base = stats(attacks.front().victim).p50;
+    for (const auto& a : attacks) {
+      printRow(a.name, a.victim);
+      printf("  %-54s p50 %.2fx the first baseline%s%s\n", "", stats(a.victim).p50 / base, a.done.empty() ? "" : "; ",
+             a.done.c_str());
     }
   }
   return 0;
