@@ -793,14 +793,16 @@ void ApiService::getQuota(Call& c) {
                                    {"max_memory_mb", q.max_memory_mb},
                                    {"max_snapshots", q.max_snapshots},
                                    {"max_snapshot_mb", q.max_snapshot_bytes >> 20},
-                                   {"max_suspended", q.max_suspended}}},
+                                   {"max_suspended", q.max_suspended},
+                                   {"max_suspended_mb", q.max_suspended_bytes >> 20}}},
                                  {"usage",
                                   {{"sandboxes", r.sandboxes},
                                    {"vcpus", r.vcpus},
                                    {"memory_mb", r.memory_mb},
                                    {"snapshots", r.snapshots},
                                    {"snapshot_bytes", r.snapshot_bytes},
-                                   {"suspended", r.suspended}}}});
+                                   {"suspended", r.suspended},
+                                   {"suspended_bytes", r.suspended_bytes}}}});
 }
 
 void ApiService::listSecrets(Call& c) {

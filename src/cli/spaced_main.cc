@@ -217,8 +217,10 @@ int tenantCommand(const std::string& action, const std::string& data_dir, const 
 // stay, unless `reset` drops them all first (back to the node's defaults).
 struct QuotaChange {
   bool reset = false;
-  std::optional<int64_t> sandboxes, vcpus, memory_mb, snapshots, snapshot_mb, suspended;
-  bool any() const { return reset || sandboxes || vcpus || memory_mb || snapshots || snapshot_mb || suspended; }
+  std::optional<int64_t> sandboxes, vcpus, memory_mb, snapshots, snapshot_mb, suspended, suspended_mb;
+  bool any() const {
+    return reset || sandboxes || vcpus || memory_mb || snapshots || snapshot_mb || suspended || suspended_mb;
+  }
 };
 
 nlohmann::json quotaJson(const store::TenantQuotaRecord& q) {
@@ -229,7 +231,8 @@ nlohmann::json quotaJson(const store::TenantQuotaRecord& q) {
           {"max_memory_mb", value(q.max_memory_mb)},
           {"max_snapshots", value(q.max_snapshots)},
           {"max_snapshot_mb", value(q.max_snapshot_mb)},
-          {"max_suspended", value(q.max_suspended)}};
+          {"max_suspended", value(q.max_suspended)},
+          {"max_suspended_mb", value(q.max_suspended_mb)}};
 }
 
 int tenantQuotaCommand(const std::string& data_dir, const std::string& name, const QuotaChange& change, bool json) {
@@ -254,7 +257,8 @@ int tenantQuotaCommand(const std::string& data_dir, const std::string& name, con
                             {&change.memory_mb, &quota.max_memory_mb},
                             {&change.snapshots, &quota.max_snapshots},
                             {&change.snapshot_mb, &quota.max_snapshot_mb},
-                            {&change.suspended, &quota.max_suspended}}) {
+                            {&change.suspended, &quota.max_suspended},
+                            {&change.suspended_mb, &quota.max_suspended_mb}}) {
       if (*from) *to = *from;
     }
     auto put = db.putTenantQuota(quota);
@@ -266,7 +270,7 @@ int tenantQuotaCommand(const std::string& data_dir, const std::string& name, con
     std::cout << out.dump() << "\n";
   } else {
     for (const char* key : {"tenant", "max_sandboxes", "max_vcpus", "max_memory_mb", "max_snapshots", "max_snapshot_mb",
-                            "max_suspended"}) {
+                            "max_suspended", "max_suspended_mb"}) {
       const auto& value = out.at(key);
       std::printf("%-16s %s\n", key, value.is_string() ? value.get<std::string>().c_str() : value.dump().c_str());
     }
@@ -361,6 +365,12 @@ int main(int argc, char** argv) {
                  "suspended sandboxes one tenant may keep (each holds its disk and memory on the node's disk); a "
                  "suspend beyond it is refused, an idle one keeps running, and one whose timeout would suspend "
                  "it is deleted (0: no quota)")
+      ->capture_default_str();
+  uint64_t tenant_max_suspended_mb = 0;
+  app.add_option("--tenant-max-suspended-mb", tenant_max_suspended_mb,
+                 "disk (MB) one tenant's suspended sandboxes may take (their disks and saved memory); a suspend "
+                 "beyond it is refused as --tenant-max-suspended's is (0: no quota)")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40))  // in bytes it must not wrap
       ->capture_default_str();
   app.add_option("--max-template-sizes", config.max_template_sizes,
                  "sizes (vCPUs x memory) a template is kept restorable for; a create of another size beyond "
@@ -509,6 +519,8 @@ int main(int argc, char** argv) {
   tenant_quota->add_option("--snapshot-mb", quota_change.snapshot_mb, "disk the snapshots take (MB)")
       ->check(kQuotaRange);
   tenant_quota->add_option("--suspended", quota_change.suspended, "suspended sandboxes")->check(kQuotaRange);
+  tenant_quota->add_option("--suspended-mb", quota_change.suspended_mb, "disk the suspended sandboxes take (MB)")
+      ->check(kQuotaRange);
   tenant_quota->add_flag("--reset", quota_change.reset,
                          "drop the tenant's own values first (alone: back to the node's defaults)");
   tenant_quota->add_flag("--json", tenant_json, "JSON output (\"default\" where the node's value applies)");
@@ -618,6 +630,7 @@ int main(int argc, char** argv) {
   config.accelerator = parsed_accel.value();
   config.boot_timeout = std::chrono::milliseconds(static_cast<int64_t>(boot_timeout_s * 1000));
   config.tenant_quota.max_snapshot_bytes = tenant_max_snapshot_mb << 20;
+  config.tenant_quota.max_suspended_bytes = tenant_max_suspended_mb << 20;
   config.use_snapshots = !no_snapshots;
   config.suspended_retention = std::chrono::seconds(retention_s);
   if (jail_mode != "off") {

@@ -98,6 +98,20 @@ Result<std::string> readFileTail(const std::string& path, size_t max_bytes) {
   return out;
 }
 
+uint64_t allocatedBytesUnder(const std::string& path) {
+  auto allocated = [](const std::string& p) -> uint64_t {
+    struct stat st {};
+    return ::lstat(p.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
+  };
+  uint64_t bytes = allocated(path);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(std::filesystem::symlink_status(path, ec))) return bytes;
+  for (std::filesystem::recursive_directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+    bytes += allocated(it->path().string());
+  }
+  return bytes;
+}
+
 Result<std::string> readSmallFile(const std::string& path, size_t max_bytes) {
   Fd f{open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (f.fd < 0) {

@@ -27,6 +27,10 @@ Result<std::string> readFileTail(const std::string& path, size_t max_bytes);
 // Reads a whole small file, refusing files larger than `max_bytes`.
 Result<std::string> readSmallFile(const std::string& path, size_t max_bytes);
 
+// The disk that `path` and everything under it take (allocated blocks, so a sparse file counts
+// what it holds, not its size); symbolic links are not followed, what cannot be read counts 0.
+uint64_t allocatedBytesUnder(const std::string& path);
+
 // A directory created with mkdtemp and removed with everything in it when the owner dies,
 // unless release() handed it over.
 class TempDir {

@@ -415,7 +415,7 @@ Result<TenantQuota> SandboxManager::quotaOf(const std::string& tenant, bool* own
   }
   if (own_values != nullptr) *own_values = true;
   for (const auto* v : {&own->max_sandboxes, &own->max_vcpus, &own->max_memory_mb, &own->max_snapshots,
-                        &own->max_snapshot_mb, &own->max_suspended}) {
+                        &own->max_snapshot_mb, &own->max_suspended, &own->max_suspended_mb}) {
     if (v->has_value() && **v < 0) {
       return makeError(ErrorCode::kInternal, "the stored quota of tenant " + tenant + " holds a negative value");
     }
@@ -430,7 +430,20 @@ Result<TenantQuota> SandboxManager::quotaOf(const std::string& tenant, bool* own
     quota.max_snapshot_bytes = static_cast<uint64_t>(std::min<int64_t>(*own->max_snapshot_mb, INT64_MAX >> 20)) << 20;
   }
   if (own->max_suspended) quota.max_suspended = narrow(*own->max_suspended);
+  if (own->max_suspended_mb) {
+    quota.max_suspended_bytes = static_cast<uint64_t>(std::min<int64_t>(*own->max_suspended_mb, INT64_MAX >> 20)) << 20;
+  }
   return quota;
+}
+
+Result<uint64_t> SandboxManager::suspendedBytes(const std::string& tenant) {
+  auto suspended = store_.sandboxesInStates({stateName(SandboxState::kSuspended)});
+  if (!suspended.ok()) return suspended.error();
+  uint64_t bytes = 0;
+  for (const auto& rec : suspended.value()) {
+    if (rec.tenant == tenant) bytes += allocatedBytesUnder(rec.run_dir);
+  }
+  return bytes;
 }
 
 Result<TenantQuotaReport> SandboxManager::quotaReport(const std::string& tenant) {
@@ -445,6 +458,9 @@ Result<TenantQuotaReport> SandboxManager::quotaReport(const std::string& tenant)
   auto suspended = store_.countInState(tenant, stateName(SandboxState::kSuspended));
   if (!suspended.ok()) return suspended.error();
   report.suspended = static_cast<uint32_t>(suspended.value());
+  auto suspended_bytes = suspendedBytes(tenant);
+  if (!suspended_bytes.ok()) return suspended_bytes.error();
+  report.suspended_bytes = suspended_bytes.value();
   std::lock_guard lock(mu_);
   if (auto it = tenant_usage_.find(tenant); it != tenant_usage_.end()) {
     report.sandboxes = it->second.sandboxes;
@@ -914,32 +930,58 @@ Result<store::SandboxRecord> SandboxManager::suspendLocked(const std::shared_ptr
   auto tenant_quota = quotaOf(sandbox.tenant);
   if (!tenant_quota.ok()) return tenant_quota.error();
   const uint32_t max_suspended = tenant_quota->max_suspended;
-  if (max_suspended != 0) {
+  const uint64_t max_suspended_bytes = tenant_quota->max_suspended_bytes;
+  // Suspends under way count at an estimate (the guest's memory and the disk as it is now), so
+  // that many at once cannot all pass under the quota.
+  const uint64_t estimate = (sandbox.memory_mb << 20) + allocatedBytesUnder(rec->run_dir);
+  const bool claimed = max_suspended != 0 || max_suspended_bytes != 0;
+  if (claimed) {
     std::lock_guard claims(quota_claims_mu_);
     auto suspended = store_.countInState(sandbox.tenant, stateName(SandboxState::kSuspended));
     if (!suspended.ok()) return suspended.error();
+    uint64_t bytes = 0;
+    if (max_suspended_bytes != 0) {
+      auto held_bytes = suspendedBytes(sandbox.tenant);
+      if (!held_bytes.ok()) return held_bytes.error();
+      bytes = held_bytes.value();
+    }
     std::lock_guard lock(mu_);
-    const uint64_t held = static_cast<uint64_t>(suspended.value()) + suspending_[sandbox.tenant];
-    if (held >= max_suspended) {
+    const PendingSuspends pending = suspending_.count(sandbox.tenant) ? suspending_[sandbox.tenant] : PendingSuspends{};
+    const uint64_t held = static_cast<uint64_t>(suspended.value()) + pending.count;
+    if (max_suspended != 0 && held >= max_suspended) {
       return makeError(ErrorCode::kResourceExhausted,
                        "tenant " + sandbox.tenant + " is at its quota of " + std::to_string(max_suspended) +
                            " suspended sandboxes (" + std::to_string(held) +
                            " suspended or being suspended); delete or resume one first",
                        "tenant_quota");
     }
-    ++suspending_[sandbox.tenant];
+    if (max_suspended_bytes != 0 && bytes + pending.bytes >= max_suspended_bytes) {
+      return makeError(ErrorCode::kResourceExhausted,
+                       "tenant " + sandbox.tenant + " is at its quota of " + std::to_string(max_suspended_bytes >> 20) +
+                           " MiB of suspended sandboxes (" + std::to_string((bytes + pending.bytes) >> 20) +
+                           " MiB suspended or being suspended); delete or resume one first",
+                       "tenant_quota");
+    }
+    PendingSuspends& mine = suspending_[sandbox.tenant];
+    ++mine.count;
+    mine.bytes += estimate;
   }
   struct ReleaseSuspending {
     SandboxManager* manager;
     const std::string& tenant;
     bool held;
+    uint64_t bytes;
     ~ReleaseSuspending() {
       if (!held) return;
       std::lock_guard claims(manager->quota_claims_mu_);
       std::lock_guard lock(manager->mu_);
-      if (--manager->suspending_[tenant] == 0) manager->suspending_.erase(tenant);
+      auto it = manager->suspending_.find(tenant);
+      if (it == manager->suspending_.end()) return;
+      --it->second.count;
+      it->second.bytes -= bytes;
+      if (it->second.count == 0) manager->suspending_.erase(it);
     }
-  } release_suspending{this, sandbox.tenant, max_suspended != 0};
+  } release_suspending{this, sandbox.tenant, claimed, estimate};
   const bool was_running = sandbox.state == SandboxState::kRunning;
   auto started = Clock::now();
   // saveState writes a temp file and renames it when complete: a failure (disk full) leaves no

@@ -47,8 +47,10 @@ struct TenantQuota {
   uint64_t max_memory_mb = 0;
   uint32_t max_snapshots = 0;
   uint64_t max_snapshot_bytes = 0;
-  // Suspended sandboxes (each keeps its disk and saved memory on the node's disk).
+  // Suspended sandboxes (each keeps its disk and saved memory on the node's disk): how many,
+  // and the disk they take.
   uint32_t max_suspended = 0;
+  uint64_t max_suspended_bytes = 0;
 };
 
 // A tenant's quota as it applies now (its own values over the node's defaults) and what it
@@ -62,6 +64,7 @@ struct TenantQuotaReport {
   uint32_t snapshots = 0;
   uint64_t snapshot_bytes = 0;
   uint32_t suspended = 0;
+  uint64_t suspended_bytes = 0;
 };
 
 struct ManagerConfig {
@@ -339,6 +342,8 @@ class SandboxManager {
   // on every check, so `spaced tenant quota` takes effect on a running daemon at once.
   // `own_values`, if given, says whether the tenant has values of its own.
   Result<TenantQuota> quotaOf(const std::string& tenant, bool* own_values = nullptr);
+  // The disk a tenant's suspended sandboxes take (their run dirs' allocated bytes).
+  Result<uint64_t> suspendedBytes(const std::string& tenant);
   // A sandbox's hard timeout, whether at create or set later: one bound, one message.
   Status checkTimeout(int64_t timeout_s) const;
   void unreserve(const Live& live);
@@ -366,7 +371,11 @@ class SandboxManager {
 
   std::mutex mu_;  // guards live_ and the reservations
   std::map<std::string, std::shared_ptr<Live>> live_;
-  std::map<std::string, uint32_t> suspending_;  // guarded by mu_: suspends under way, per tenant
+  struct PendingSuspends {
+    uint32_t count = 0;
+    uint64_t bytes = 0;  // estimated: their guests' memory and their disks as they are
+  };
+  std::map<std::string, PendingSuspends> suspending_;  // guarded by mu_: suspends under way, per tenant
   uint32_t reserved_vcpus_ = 0;
   uint64_t reserved_memory_mb_ = 0;
   struct TenantUsage {

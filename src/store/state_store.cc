@@ -264,6 +264,14 @@ Status migrateToV5(sqlite3* db, const std::string& op) {
               op);
 }
 
+// The disk a tenant's suspended sandboxes may take.
+Status migrateToV6(sqlite3* db, const std::string& op) {
+  return exec(db,
+              "ALTER TABLE tenant_quotas ADD COLUMN max_suspended_mb INTEGER CHECK (max_suspended_mb IS NULL OR "
+              "  (typeof(max_suspended_mb) = 'integer' AND max_suspended_mb >= 0));",
+              op);
+}
+
 struct Migration {
   const char* summary;
   Status (*apply)(sqlite3* db, const std::string& op);
@@ -275,6 +283,7 @@ constexpr Migration kMigrations[] = {
     {"sealed secrets", migrateToV3},
     {"sandbox auto_resume", migrateToV4},
     {"tenant quotas", migrateToV5},
+    {"tenant quota of suspended disk", migrateToV6},
 };
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
 
@@ -1114,7 +1123,8 @@ Result<int64_t> StateStore::deleteSecretsOf(const std::string& tenant) {
 namespace {
 
 constexpr const char* kTenantQuotaColumns =
-    "tenant, max_sandboxes, max_vcpus, max_memory_mb, max_snapshots, max_snapshot_mb, max_suspended, updated_at_ms";
+    "tenant, max_sandboxes, max_vcpus, max_memory_mb, max_snapshots, max_snapshot_mb, max_suspended, "
+    "max_suspended_mb, updated_at_ms";
 
 TenantQuotaRecord tenantQuotaFrom(const Stmt& stmt) {
   return TenantQuotaRecord{stmt.text(0),
@@ -1124,15 +1134,17 @@ TenantQuotaRecord tenantQuotaFrom(const Stmt& stmt) {
                            stmt.optionalInteger(4),
                            stmt.optionalInteger(5),
                            stmt.optionalInteger(6),
-                           stmt.integer(7)};
+                           stmt.optionalInteger(7),
+                           stmt.integer(8)};
 }
 
 }  // namespace
 
 Status StateStore::putTenantQuota(TenantQuotaRecord& record) {
   if (record.tenant.empty()) return invalid("a quota needs a tenant");
-  const std::optional<int64_t>* values[] = {&record.max_sandboxes, &record.max_vcpus,       &record.max_memory_mb,
-                                            &record.max_snapshots, &record.max_snapshot_mb, &record.max_suspended};
+  const std::optional<int64_t>* values[] = {&record.max_sandboxes,   &record.max_vcpus,       &record.max_memory_mb,
+                                            &record.max_snapshots,   &record.max_snapshot_mb, &record.max_suspended,
+                                            &record.max_suspended_mb};
   bool any = false;
   for (const auto* v : values) {
     if (v->has_value() && **v < 0) return invalid("quota values must be 0 (no limit) or more");
@@ -1149,7 +1161,7 @@ Status StateStore::putTenantQuota(TenantQuotaRecord& record) {
   auto stmt = Stmt::prepare(db_,
                             std::string("INSERT OR REPLACE INTO tenant_quotas (") + kTenantQuotaColumns +
                                 ") VALUES (:tenant, :sandboxes, :vcpus, :memory, :snapshots, :snapshot_mb, "
-                                ":suspended, :now)",
+                                ":suspended, :suspended_mb, :now)",
                             op);
   if (!stmt.ok()) return stmt.error();
   const int64_t now = nowMs();
@@ -1160,6 +1172,7 @@ Status StateStore::putTenantQuota(TenantQuotaRecord& record) {
   stmt->bind(":snapshots", record.max_snapshots);
   stmt->bind(":snapshot_mb", record.max_snapshot_mb);
   stmt->bind(":suspended", record.max_suspended);
+  stmt->bind(":suspended_mb", record.max_suspended_mb);
   stmt->bind(":now", now);
   SPACE_TRY(stmt->run(op));
   record.updated_at_ms = now;

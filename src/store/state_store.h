@@ -133,7 +133,8 @@ struct TenantQuotaRecord {
   std::optional<int64_t> max_snapshots;
   std::optional<int64_t> max_snapshot_mb;
   std::optional<int64_t> max_suspended;
-  int64_t updated_at_ms = 0;  // set by putTenantQuota
+  std::optional<int64_t> max_suspended_mb;  // the disk its suspended sandboxes take
+  int64_t updated_at_ms = 0;                // set by putTenantQuota
 
   bool operator==(const TenantQuotaRecord&) const = default;
 };

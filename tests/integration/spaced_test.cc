@@ -778,8 +778,9 @@ TEST_F(SpacedTest, ATenantsOwnQuotaAppliesAtOnceAndOnlyToIt) {
     if (!done || done->exit_code != 0 || !text.ok()) return json();
     return json::parse(text.value(), nullptr, false);
   };
-  json set = setQuota({"bob", "--sandboxes", "2"});
+  json set = setQuota({"bob", "--sandboxes", "2", "--suspended-mb", "4096"});
   EXPECT_EQ(set["max_sandboxes"], 2) << set;
+  EXPECT_EQ(set["max_suspended_mb"], 4096) << set;
   EXPECT_EQ(set["max_vcpus"], "default") << set;
 
   json bobs = d.callJson("GET", "/v1/quota", json(), 200, bob);
@@ -787,6 +788,7 @@ TEST_F(SpacedTest, ATenantsOwnQuotaAppliesAtOnceAndOnlyToIt) {
   EXPECT_EQ(bobs["own"], true);
   EXPECT_EQ(bobs["limits"]["max_sandboxes"], 2);
   EXPECT_EQ(bobs["limits"]["max_suspended"], 5);  // the node's default where bob has no value
+  EXPECT_EQ(bobs["limits"]["max_suspended_mb"], 4096);
   EXPECT_EQ(bobs["usage"]["sandboxes"], 0);
   json mine = d.callJson("GET", "/v1/quota", json(), 200);
   EXPECT_EQ(mine["own"], false);
@@ -1622,6 +1624,36 @@ TEST_F(SpacedTest, ATenantKeepsAtMostItsQuotaOfSuspendedSandboxes) {
   EXPECT_NE(ended.value("state_reason", "").find("suspended quota"), std::string::npos) << ended;
   d.callJson("DELETE", "/v1/sandboxes/" + b, json(), 204);
   d.callJson("DELETE", "/v1/sandboxes/" + bobs, json(), 204, bob);
+}
+
+// The disk a tenant's suspended sandboxes take (their disks and saved memory) has a quota too:
+// once reached, a suspend is refused and the sandbox runs on; GET /v1/quota shows the bytes.
+TEST_F(SpacedTest, ATenantsSuspendedSandboxesTakeAtMostItsQuotaOfDisk) {
+  daemon_ = Daemon::start(data_dir_, {"--tenant-max-suspended-mb", "1"});
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string a = d.create();
+  const std::string b = d.create();
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  json quota = d.callJson("GET", "/v1/quota", json(), 200);
+  EXPECT_EQ(quota["limits"]["max_suspended_mb"], 1) << quota;
+  EXPECT_EQ(quota["usage"]["suspended_bytes"], 0) << quota;
+  // Under the quota (nothing suspended): a suspend goes, and its saved memory and disk count.
+  d.callJson("POST", "/v1/sandboxes/" + a + "/suspend", json::object(), 200);
+  quota = d.callJson("GET", "/v1/quota", json(), 200);
+  EXPECT_GT(quota["usage"]["suspended_bytes"].get<uint64_t>(), 1u << 20) << quota;
+  json refused = d.callJson("POST", "/v1/sandboxes/" + b + "/suspend", json::object(), 429);
+  EXPECT_EQ(refused["error"]["code"], "tenant_quota") << refused;
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("MiB of suspended sandboxes"), std::string::npos)
+      << refused;
+  EXPECT_EQ(execJson(d, b, json{{"command", "echo still here"}})["stdout"], "still here\n");
+  // A resume gives the disk back.
+  d.callJson("POST", "/v1/sandboxes/" + a + "/resume", json::object(), 200);
+  EXPECT_EQ(d.callJson("GET", "/v1/quota", json(), 200)["usage"]["suspended_bytes"], 0);
+  d.callJson("POST", "/v1/sandboxes/" + b + "/suspend", json::object(), 200);
+  d.callJson("DELETE", "/v1/sandboxes/" + a, json(), 204);
+  d.callJson("DELETE", "/v1/sandboxes/" + b, json(), 204);
 }
 
 TEST_F(SpacedTest, IdleAndTimedOutSandboxesSuspendAndResumeOnDemand) {

@@ -146,6 +146,24 @@ TEST(Fs, ReadFileTailAndLimits) {
   EXPECT_EQ(readSmallFile(dir->path() + "/missing", 5).error().code, ErrorCode::kNotFound);
 }
 
+// Allocated bytes, not sizes: a sparse file counts what it holds; links are not followed.
+TEST(Fs, AllocatedBytesUnderCountsBlocksNotSizes) {
+  auto dir = TempDir::create(testing::TempDir(), "fs-");
+  ASSERT_TRUE(dir.ok());
+  const std::string root = dir->path() + "/tree";
+  std::filesystem::create_directories(root + "/sub");
+  const uint64_t empty = allocatedBytesUnder(root);
+  ASSERT_TRUE(writeFileAtomic(root + "/sub/data", std::string(1 << 20, 'x')).ok());
+  UniqueFd sparse(::open((root + "/sparse").c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+  ASSERT_TRUE(sparse.valid());
+  ASSERT_EQ(::ftruncate(sparse.get(), 1LL << 30), 0);  // 1 GiB long, nothing in it
+  std::filesystem::create_directory_symlink("/usr", root + "/link");
+  const uint64_t full = allocatedBytesUnder(root);
+  EXPECT_GE(full - empty, 1u << 20);
+  EXPECT_LT(full - empty, (1u << 20) + (256u << 10));  // neither the sparse length nor /usr
+  EXPECT_EQ(allocatedBytesUnder(root + "/missing"), 0u);
+}
+
 TEST(Fs, TempDirRemovesContents) {
   std::string path;
   {

@@ -244,6 +244,10 @@ TEST_F(StateStoreTest, MigratesAVersion1DatabaseKeepingItsRows) {
   ASSERT_TRUE(store.value()->updateSandbox(want).ok());
   EXPECT_EQ(store.value()->getSandbox(sbId(7))->on_timeout, "suspend");
   EXPECT_TRUE(store.value()->allSnapshots()->empty());
+  TenantQuotaRecord quota{"acme"};
+  quota.max_suspended_mb = 2048;
+  ASSERT_TRUE(store.value()->putTenantQuota(quota).ok());
+  EXPECT_EQ(store.value()->getTenantQuota("acme")->max_suspended_mb, 2048);
   store.value().reset();
   EXPECT_EQ(rawQueryInt(path, "PRAGMA user_version"), StateStore::latestSchemaVersion());
 }
@@ -553,6 +557,7 @@ TEST_F(StateStoreTest, TenantQuotasKeepOnlyWhatWasSetAndSurviveReopen) {
   TenantQuotaRecord globex{"globex"};
   globex.max_snapshot_mb = 512;
   globex.max_suspended = 7;
+  globex.max_suspended_mb = 4096;
   ASSERT_TRUE(store_->putTenantQuota(globex).ok());
 
   reopen();
@@ -578,6 +583,9 @@ TEST_F(StateStoreTest, TenantQuotasKeepOnlyWhatWasSetAndSurviveReopen) {
   auto bad = store_->putTenantQuota(negative);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().code, ErrorCode::kInvalidArgument);
+  TenantQuotaRecord negative_disk{"acme"};
+  negative_disk.max_suspended_mb = -1;
+  EXPECT_EQ(store_->putTenantQuota(negative_disk).error().code, ErrorCode::kInvalidArgument);
   EXPECT_EQ(store_->getTenantQuota("acme").value(), replaced);  // unchanged
   TenantQuotaRecord nameless{""};
   nameless.max_sandboxes = 1;

@@ -34,6 +34,7 @@ int cmdQuota(const apiclient::Client& api, bool as_json) {
       {"snapshots", text(field(usage, "snapshots")), limit("max_snapshots")},
       {"snapshot disk (MB)", mib(field(usage, "snapshot_bytes")), limit("max_snapshot_mb")},
       {"suspended sandboxes", text(field(usage, "suspended")), limit("max_suspended")},
+      {"suspended disk (MB)", mib(field(usage, "suspended_bytes")), limit("max_suspended_mb")},
   };
   printTable(rows);
   const bool own = field(*quota, "own").is_boolean() && field(*quota, "own").get<bool>();
