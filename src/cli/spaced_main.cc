@@ -25,6 +25,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <regex>
 
 #include "api/api_service.h"
 #include "api/auth.h"
@@ -374,8 +375,19 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-template-sizes", config.max_template_sizes,
                  "sizes (vCPUs x memory) a template is kept restorable for; a create of another size beyond "
-                 "them is refused, so creates over many sizes cannot fill the disk (0: no limit)")
+                 "them boots (seconds) and keeps nothing, so creates over many sizes cannot fill the disk (0: no "
+                 "limit)")
       ->capture_default_str();
+  std::vector<std::string> template_sizes;
+  app.add_option("--template-sizes", template_sizes,
+                 "the only sizes a template is kept for, as VCPUSxMB (e.g. 1x512,2x1024), besides the default "
+                 "size; a create of another size boots (seconds) and keeps nothing, so no tenant can take the "
+                 "--max-template-sizes places with sizes nobody else uses (default: any size, first come)")
+      ->delimiter(',')
+      ->check([](const std::string& size) {
+        static const std::regex kSize("[1-9][0-9]{0,3}x[1-9][0-9]{0,7}");
+        return std::regex_match(size, kSize) ? std::string() : "a size is VCPUSxMB, e.g. 2x1024, not " + size;
+      });
   app.add_option("--default-cpus", config.default_cpus, "vCPUs of a sandbox when a request gives none")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
@@ -631,6 +643,7 @@ int main(int argc, char** argv) {
   config.boot_timeout = std::chrono::milliseconds(static_cast<int64_t>(boot_timeout_s * 1000));
   config.tenant_quota.max_snapshot_bytes = tenant_max_snapshot_mb << 20;
   config.tenant_quota.max_suspended_bytes = tenant_max_suspended_mb << 20;
+  config.template_sizes = std::set<std::string>(template_sizes.begin(), template_sizes.end());
   config.use_snapshots = !no_snapshots;
   config.suspended_retention = std::chrono::seconds(retention_s);
   if (jail_mode != "off") {

@@ -322,8 +322,8 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
                                                       std::to_string(config.max_idle_suspend_s) + " s");
   }
   std::unique_ptr<SandboxManager> manager(new SandboxManager(std::move(config), store));
-  manager->templates_ = std::make_unique<snapshot::TemplateCache>(manager->config_.data_dir + "/templates",
-                                                                  manager->config_.max_template_sizes);
+  manager->templates_ = std::make_unique<snapshot::TemplateCache>(
+      manager->config_.data_dir + "/templates", manager->config_.max_template_sizes, manager->config_.template_sizes);
   manager->launcher_ = std::make_unique<Launcher>(
       Launcher::Config{manager->config_.templates, manager->config_.boot_timeout, manager->config_.use_snapshots,
                        manager->config_.network, manager->config_.data_dir + "/network",

@@ -121,6 +121,9 @@ struct ManagerConfig {
   // How many sizes (template snapshots) one template is kept for; a create of another size
   // beyond them boots and keeps nothing (the default size is always kept). 0: no limit.
   uint32_t max_template_sizes = 8;
+  // The only sizes ("<vcpus>x<MiB>") a template is kept for, besides the default size (empty:
+  // any, up to max_template_sizes). Other sizes boot and keep nothing.
+  std::set<std::string> template_sizes;
 
   // How often the background thread checks expiries and VM health.
   std::chrono::milliseconds housekeeping_interval{500};

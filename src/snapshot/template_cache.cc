@@ -113,6 +113,12 @@ Result<TemplateSnapshot> TemplateCache::ensure(const TemplateKey& key, std::chro
 Result<std::shared_ptr<void>> TemplateCache::claimBuild(const TemplateKey& key, bool always) {
   auto name = dirName(key);
   if (!name.ok()) return name.error();
+  const std::string size = std::to_string(key.vcpus) + "x" + std::to_string(key.memory_mib);
+  if (!always && !allowed_sizes_.empty() && !allowed_sizes_.count(size)) {
+    return makeError(ErrorCode::kResourceExhausted,
+                     "template " + key.name + " is not kept for size " + size + " (not among --template-sizes)",
+                     "template_sizes_full");
+  }
   std::lock_guard guard(mu_);
   if (max_sizes_ > 0 && !always) {
     // Built ones and ones being built, under one lock: concurrent creates of new sizes cannot

@@ -62,7 +62,10 @@ class TemplateCache {
   // `max_sizes`: how many snapshots (sizes, in practice) one template may have; a build beyond
   // it is refused, so a loop of creates over sizes cannot fill the disk with permanent
   // templates (the caller boots such sizes instead). 0: no limit.
-  explicit TemplateCache(std::string root, size_t max_sizes = 0) : root_(std::move(root)), max_sizes_(max_sizes) {}
+  // `allowed_sizes` ("<vcpus>x<MiB>"; empty: any): the only sizes a snapshot is built for, so
+  // that tenants cannot take the max_sizes places with sizes nobody else uses.
+  explicit TemplateCache(std::string root, size_t max_sizes = 0, std::set<std::string> allowed_sizes = {})
+      : root_(std::move(root)), max_sizes_(max_sizes), allowed_sizes_(std::move(allowed_sizes)) {}
   // The snapshot for `key`, built first if missing (a cold boot: seconds). Concurrent callers
   // for one key wait for one build. `node`: the node's facts, so the build probes nothing.
   // A build beyond max_sizes (see claimBuild) is refused, unless `always`.
@@ -75,7 +78,8 @@ class TemplateCache {
   Result<std::string> dirName(const TemplateKey& key);
   // A place to build the snapshot for `key`, held until the returned guard is gone: refused
   // (kResourceExhausted, template_sizes_full) when the template's built snapshots and those
-  // being built reach max_sizes, unless `always`. Public for its tests; ensure() takes one.
+  // being built reach max_sizes, or the key's size is not among allowed_sizes, unless `always`. Public for its tests;
+  // ensure() takes one.
   Result<std::shared_ptr<void>> claimBuild(const TemplateKey& key, bool always = false);
   // Where builds of keys with a NIC get their slot; set once, before the first ensure().
   void setNetnsSource(NetnsSource source) { netns_source_ = std::move(source); }
@@ -88,6 +92,7 @@ class TemplateCache {
   static constexpr size_t kMaxRememberedKeys = 4096;
   std::string root_;
   size_t max_sizes_ = 0;
+  std::set<std::string> allowed_sizes_;
   std::mutex mu_;  // guards locks_ and dir_names_
   std::map<std::string, std::shared_ptr<std::mutex>> locks_;
   std::map<std::string, std::string> dir_names_;  // memo of dirName, by the key's fields

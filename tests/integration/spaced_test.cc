@@ -910,6 +910,16 @@ TEST_F(SpacedTest, TemplatesAreKeptForAtMostTheAllowedNumberOfSizes) {
   // The default size (2 vCPUs, 512 MB) is always kept: the pool and every plain create need it.
   EXPECT_EQ(d.callJson("POST", "/v1/sandboxes", json::object(), 201)["memory_mb"], 512);
   EXPECT_EQ(templates(), 2);
+
+  // The operator's list instead of first come: only a listed size gets a template.
+  daemon_->stop(SIGTERM);
+  daemon_ = Daemon::start(data_dir_, {"--max-template-sizes", "0", "--template-sizes", "1x320"});
+  ASSERT_TRUE(daemon_);
+  const std::string unlisted = daemon_->create(json{{"cpus", 1}, {"memory_mb", 352}});
+  ASSERT_FALSE(unlisted.empty());
+  EXPECT_EQ(templates(), 2) << "a size not listed kept a template";
+  ASSERT_FALSE(daemon_->create(json{{"cpus", 1}, {"memory_mb", 320}}).empty());
+  EXPECT_EQ(templates(), 3) << "the listed size kept none";
 }
 
 TEST_F(SpacedTest, TenantsSeeOnlyTheirOwnSandboxes) {

@@ -72,6 +72,22 @@ TEST_F(TemplateAdmitAttack, SizesBeingBuiltCountAgainstTheBound) {
   EXPECT_TRUE(cache.claimBuild(key(1, 999), /*always=*/true).ok()) << "the default size is always built";
 }
 
+// With an operator's list of sizes, only those (and the default size) get a kept template: a
+// tenant cycling through other sizes takes no place, and a listed size still finds one.
+TEST_F(TemplateAdmitAttack, OnlyTheOperatorsSizesAreKept) {
+  TemplateCache cache(root_, 2, {"1x512", "2x1024"});
+  for (uint64_t mib = 200; mib < 240; ++mib) {
+    auto place = cache.claimBuild(key(1, mib));
+    ASSERT_FALSE(place.ok()) << mib;
+    EXPECT_EQ(place.error().reason, "template_sizes_full");
+    EXPECT_NE(place.error().message.find("not among --template-sizes"), std::string::npos) << place.error().message;
+  }
+  auto listed = cache.claimBuild(key(1, 512));
+  ASSERT_TRUE(listed.ok()) << listed.error().message;
+  EXPECT_TRUE(cache.claimBuild(key(2, 1024)).ok());
+  EXPECT_TRUE(cache.claimBuild(key(1, 300), /*always=*/true).ok()) << "the default size is always built";
+}
+
 // A build that never happened (its create refused, its boot failed) gives its place back, and
 // nothing is remembered: once published templates reach the bound, every new size is refused.
 TEST_F(TemplateAdmitAttack, AnAbandonedBuildLeavesNoPlaceBehind) {
