@@ -3,7 +3,9 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <ctime>
 #include <limits>
 
@@ -249,6 +251,21 @@ std::vector<std::pair<std::string, std::string>> ApiService::routes() {
   return out;
 }
 
+TenantGate::RateSource tenantRateSource(sandbox::SandboxManager& manager, TenantGate::Rate fallback) {
+  return [&manager, fallback](const std::string& tenant) -> std::optional<TenantGate::Rate> {
+    auto own = manager.ownQuota(tenant);
+    if (!own.ok()) {
+      // Not waived, not invented: the node's rate applies until it can be read.
+      spdlog::warn("api: cannot read the request rate of tenant {}: {}", tenant, own.error().message);
+      return std::nullopt;
+    }
+    if (!own.value() || (!own.value()->requests_per_s && !own.value()->request_burst)) return std::nullopt;
+    const auto& q = *own.value();
+    return TenantGate::Rate{q.requests_per_s ? static_cast<double>(*q.requests_per_s) : fallback.rate_per_s,
+                            q.request_burst ? static_cast<double>(*q.request_burst) : fallback.burst};
+  };
+}
+
 ApiService::ApiService(sandbox::SandboxManager& manager, KeyRing& keys, ApiLimits limits, std::string operator_tenant,
                        IngressOptions ingress, secrets::SecretVault* secrets)
     : manager_(manager),
@@ -259,6 +276,8 @@ ApiService::ApiService(sandbox::SandboxManager& manager, KeyRing& keys, ApiLimit
       secrets_(secrets),
       tenant_gate_(TenantGate::Limits{limits.max_requests_per_tenant, limits.tenant_requests_per_s,
                                       limits.tenant_request_burst}) {
+  tenant_gate_.setRateSource(
+      tenantRateSource(manager_, TenantGate::Rate{limits.tenant_requests_per_s, limits.tenant_request_burst}));
   // The router only matches; handle() runs the route's method with the authenticated tenant.
   for (const auto& r : routeTable()) router_.add(r.method, r.pattern, http::Handler());
 }
@@ -304,13 +323,13 @@ void ApiService::handle(http::Request& req, http::Response& res) {
       res.closeConnection();
       metrics_.countError("too_many_requests");
       res.setHeader("Retry-After", std::to_string(std::max(1, ticket.retryAfterS())));
-      (void)res.sendError(429, "too_many_requests",
-                          ticket.refusal() == TenantGate::Refusal::kRateLimited
-                              ? "this tenant is over its rate of " + fmt::format("{:g}", tenant_gate_.ratePerS()) +
-                                    " requests per second; retry after " +
-                                    std::to_string(std::max(1, ticket.retryAfterS())) + " s"
-                              : "this tenant already has " + std::to_string(tenant_gate_.maxInFlight()) +
-                                    " requests running; retry when one has finished");
+      (void)res.sendError(
+          429, "too_many_requests",
+          ticket.refusal() == TenantGate::Refusal::kRateLimited
+              ? "this tenant is over its rate of " + fmt::format("{:g}", tenant_gate_.rateOf(call.tenant).rate_per_s) +
+                    " requests per second; retry after " + std::to_string(std::max(1, ticket.retryAfterS())) + " s"
+              : "this tenant already has " + std::to_string(tenant_gate_.maxInFlight()) +
+                    " requests running; retry when one has finished");
       return;
     }
   }
@@ -784,25 +803,32 @@ void ApiService::getQuota(Call& c) {
   if (!report.ok()) return fail(c, report.error());
   const auto& r = report.value();
   const auto& q = r.limits;
+  const TenantGate::Rate rate = tenant_gate_.rateOf(c.tenant);
+  // Whole rates (all of a tenant's own, most of the node's) as integers.
+  auto number = [](double v) { return v == std::floor(v) && v < 9e15 ? json(static_cast<int64_t>(v)) : json(v); };
   // 0: no limit of that kind. Only the caller's own figures: nothing about other tenants.
-  (void)c.res.sendJson(200, json{{"tenant", c.tenant},
-                                 {"own", r.own},
-                                 {"limits",
-                                  {{"max_sandboxes", q.max_sandboxes},
-                                   {"max_vcpus", q.max_vcpus},
-                                   {"max_memory_mb", q.max_memory_mb},
-                                   {"max_snapshots", q.max_snapshots},
-                                   {"max_snapshot_mb", q.max_snapshot_bytes >> 20},
-                                   {"max_suspended", q.max_suspended},
-                                   {"max_suspended_mb", q.max_suspended_bytes >> 20}}},
-                                 {"usage",
-                                  {{"sandboxes", r.sandboxes},
-                                   {"vcpus", r.vcpus},
-                                   {"memory_mb", r.memory_mb},
-                                   {"snapshots", r.snapshots},
-                                   {"snapshot_bytes", r.snapshot_bytes},
-                                   {"suspended", r.suspended},
-                                   {"suspended_bytes", r.suspended_bytes}}}});
+  (void)c.res.sendJson(
+      200, json{{"tenant", c.tenant},
+                {"own", r.own},
+                {"limits",
+                 {{"max_sandboxes", q.max_sandboxes},
+                  {"max_vcpus", q.max_vcpus},
+                  {"max_memory_mb", q.max_memory_mb},
+                  {"max_snapshots", q.max_snapshots},
+                  {"max_snapshot_mb", q.max_snapshot_bytes >> 20},
+                  {"max_suspended", q.max_suspended},
+                  {"max_suspended_mb", q.max_suspended_bytes >> 20},
+                  {"requests_per_s", number(rate.rate_per_s)},
+                  {"request_burst",
+                   number(rate.rate_per_s > 0 ? std::max(rate.burst, std::max(rate.rate_per_s, 1.0)) : 0.0)}}},
+                {"usage",
+                 {{"sandboxes", r.sandboxes},
+                  {"vcpus", r.vcpus},
+                  {"memory_mb", r.memory_mb},
+                  {"snapshots", r.snapshots},
+                  {"snapshot_bytes", r.snapshot_bytes},
+                  {"suspended", r.suspended},
+                  {"suspended_bytes", r.suspended_bytes}}}});
 }
 
 void ApiService::listSecrets(Call& c) {

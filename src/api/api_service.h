@@ -48,6 +48,10 @@ struct ApiLimits {
 // The served OpenAPI document (docs/openapi.json, embedded at build time).
 std::string_view openApiDocument();
 
+// The request rate of a tenant that has its own (spaced tenant quota --requests-per-s,
+// --request-burst), each value it lacks taken from `fallback`; for a TenantGate.
+TenantGate::RateSource tenantRateSource(sandbox::SandboxManager& manager, TenantGate::Rate fallback);
+
 class ApiService {
  public:
   // `operator_tenant` is the node's operator: the only tenant that reads node-wide figures

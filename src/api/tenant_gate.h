@@ -8,8 +8,10 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 
 namespace space::api {
@@ -71,9 +73,22 @@ class TenantGate {
     int retry_after_s_ = 0;
   };
 
+  // A tenant's own request rate, where the operator gave it one: {rate_per_s, burst}, 0 rate
+  // meaning none. nullopt: the gate's own. Asked at most once a second per tenant (it may read
+  // the state database), so a change applies within a second.
+  struct Rate {
+    double rate_per_s = 0;
+    double burst = 0;
+  };
+  using RateSource = std::function<std::optional<Rate>(const std::string& tenant)>;
+  // Set once, before the first enter().
+  void setRateSource(RateSource source) { rate_source_ = std::move(source); }
+
   Ticket enter(const std::string& tenant);
   size_t maxInFlight() const { return limits_.max_in_flight; }
   double ratePerS() const { return limits_.rate_per_s; }
+  // The rate that applies to `tenant` (its own, else the gate's).
+  Rate rateOf(const std::string& tenant);
   size_t inFlight(const std::string& tenant) const;
 
  private:
@@ -83,10 +98,17 @@ class TenantGate {
     double tokens = 0;
     std::chrono::steady_clock::time_point refilled;
   };
+  struct KnownRate {
+    std::optional<Rate> own;
+    std::chrono::steady_clock::time_point asked;
+  };
   const Limits limits_;
   mutable std::mutex mutex_;
   std::map<std::string, size_t> in_flight_;  // only tenants with requests running
   std::map<std::string, Bucket> buckets_;    // tenants authenticated since start (the operator's few)
+  RateSource rate_source_;
+  std::mutex rates_mutex_;                  // taken before mutex_, never inside it
+  std::map<std::string, KnownRate> rates_;  // guarded by rates_mutex_
 };
 
 }  // namespace space::api

@@ -218,9 +218,11 @@ int tenantCommand(const std::string& action, const std::string& data_dir, const 
 // stay, unless `reset` drops them all first (back to the node's defaults).
 struct QuotaChange {
   bool reset = false;
-  std::optional<int64_t> sandboxes, vcpus, memory_mb, snapshots, snapshot_mb, suspended, suspended_mb;
+  std::optional<int64_t> sandboxes, vcpus, memory_mb, snapshots, snapshot_mb, suspended, suspended_mb, requests_per_s,
+      request_burst;
   bool any() const {
-    return reset || sandboxes || vcpus || memory_mb || snapshots || snapshot_mb || suspended || suspended_mb;
+    return reset || sandboxes || vcpus || memory_mb || snapshots || snapshot_mb || suspended || suspended_mb ||
+           requests_per_s || request_burst;
   }
 };
 
@@ -233,7 +235,9 @@ nlohmann::json quotaJson(const store::TenantQuotaRecord& q) {
           {"max_snapshots", value(q.max_snapshots)},
           {"max_snapshot_mb", value(q.max_snapshot_mb)},
           {"max_suspended", value(q.max_suspended)},
-          {"max_suspended_mb", value(q.max_suspended_mb)}};
+          {"max_suspended_mb", value(q.max_suspended_mb)},
+          {"requests_per_s", value(q.requests_per_s)},
+          {"request_burst", value(q.request_burst)}};
 }
 
 int tenantQuotaCommand(const std::string& data_dir, const std::string& name, const QuotaChange& change, bool json) {
@@ -259,7 +263,9 @@ int tenantQuotaCommand(const std::string& data_dir, const std::string& name, con
                             {&change.snapshots, &quota.max_snapshots},
                             {&change.snapshot_mb, &quota.max_snapshot_mb},
                             {&change.suspended, &quota.max_suspended},
-                            {&change.suspended_mb, &quota.max_suspended_mb}}) {
+                            {&change.suspended_mb, &quota.max_suspended_mb},
+                            {&change.requests_per_s, &quota.requests_per_s},
+                            {&change.request_burst, &quota.request_burst}}) {
       if (*from) *to = *from;
     }
     auto put = db.putTenantQuota(quota);
@@ -271,11 +277,12 @@ int tenantQuotaCommand(const std::string& data_dir, const std::string& name, con
     std::cout << out.dump() << "\n";
   } else {
     for (const char* key : {"tenant", "max_sandboxes", "max_vcpus", "max_memory_mb", "max_snapshots", "max_snapshot_mb",
-                            "max_suspended", "max_suspended_mb"}) {
+                            "max_suspended", "max_suspended_mb", "requests_per_s", "request_burst"}) {
       const auto& value = out.at(key);
       std::printf("%-16s %s\n", key, value.is_string() ? value.get<std::string>().c_str() : value.dump().c_str());
     }
-    std::cerr << "(default: the node's --tenant-max-* value; 0: no limit. A running spaced applies changes at once.)\n";
+    std::cerr << "(default: the node's --tenant-max-* or --tenant-request* value; 0: no limit. A running spaced "
+                 "applies changes at once, the request rate within a second.)\n";
   }
   return 0;
 }
@@ -533,6 +540,10 @@ int main(int argc, char** argv) {
   tenant_quota->add_option("--suspended", quota_change.suspended, "suspended sandboxes")->check(kQuotaRange);
   tenant_quota->add_option("--suspended-mb", quota_change.suspended_mb, "disk the suspended sandboxes take (MB)")
       ->check(kQuotaRange);
+  tenant_quota->add_option("--requests-per-s", quota_change.requests_per_s, "API requests it may start per second")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000000}));
+  tenant_quota->add_option("--request-burst", quota_change.request_burst, "API requests it may start at once")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000000}));
   tenant_quota->add_flag("--reset", quota_change.reset,
                          "drop the tenant's own values first (alone: back to the node's defaults)");
   tenant_quota->add_flag("--json", tenant_json, "JSON output (\"default\" where the node's value applies)");

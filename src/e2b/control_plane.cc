@@ -9,6 +9,7 @@
 #include <cmath>
 #include <ctime>
 
+#include "api/api_service.h"
 #include "api/ingress.h"
 #include "api/json_input.h"
 #include "api/json_output.h"
@@ -268,6 +269,8 @@ struct ControlPlane::Call {
 ControlPlane::ControlPlane(sandbox::SandboxManager& manager, api::KeyRing& keys, secrets::SecretVault& vault,
                            ControlPlaneOptions options)
     : manager_(manager), keys_(keys), vault_(vault), options_(options), gate_(options.tenant_gate) {
+  // A tenant's own request rate applies here as on SPACE's API.
+  gate_.setRateSource(api::tenantRateSource(manager_, {options.tenant_gate.rate_per_s, options.tenant_gate.burst}));
   auto connect = [](ControlPlane& self, Call& c) { self.connectSandbox(c, false); };
   routes_ = {
       {"POST", "/sandboxes", [](ControlPlane& s, Call& c) { s.createSandbox(c); }},

@@ -8,6 +8,7 @@
 #include <deque>
 #include <mutex>
 
+#include "api/api_service.h"
 #include "api/json_input.h"
 #include "api/json_output.h"
 #include "common/bounded_json.h"
@@ -135,7 +136,9 @@ EnvdFront::EnvdFront(sandbox::SandboxManager& manager, secrets::SecretVault& vau
       streams_(options.tenant_streams),
       calls_(options.tenant_calls),
       ports_(api::TenantGate::Limits{std::max<size_t>(1, options.ports.max_connections / 4), 0, 0}),
-      watchers_(options.watchers) {}
+      watchers_(options.watchers) {
+  calls_.setRateSource(api::tenantRateSource(manager_, {options.tenant_calls.rate_per_s, options.tenant_calls.burst}));
+}
 
 std::string EnvdFront::sandboxForSignature(http::Request& req, const std::string& operation) {
   auto signature = req.query("signature");

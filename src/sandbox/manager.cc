@@ -436,6 +436,13 @@ Result<TenantQuota> SandboxManager::quotaOf(const std::string& tenant, bool* own
   return quota;
 }
 
+Result<std::optional<store::TenantQuotaRecord>> SandboxManager::ownQuota(const std::string& tenant) {
+  auto own = store_.getTenantQuota(tenant);
+  if (own.ok()) return std::optional<store::TenantQuotaRecord>(std::move(own.value()));
+  if (own.error().code == ErrorCode::kNotFound) return std::optional<store::TenantQuotaRecord>();
+  return own.error();
+}
+
 Result<uint64_t> SandboxManager::suspendedBytes(const std::string& tenant) {
   auto suspended = store_.sandboxesInStates({stateName(SandboxState::kSuspended)});
   if (!suspended.ok()) return suspended.error();

@@ -272,6 +272,8 @@ class SandboxManager {
   std::vector<SandboxUsage> latestMetrics();
   // The tenant's quota (its own values over the node's defaults) and its usage.
   Result<TenantQuotaReport> quotaReport(const std::string& tenant);
+  // The tenant's own values (spaced tenant quota); nullopt where it has none.
+  Result<std::optional<store::TenantQuotaRecord>> ownQuota(const std::string& tenant);
   // Sets the hard timeout to now + timeout_s.
   Result<store::SandboxRecord> setTimeout(const std::string& tenant, const std::string& id, int64_t timeout_s);
 

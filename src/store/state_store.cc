@@ -272,6 +272,16 @@ Status migrateToV6(sqlite3* db, const std::string& op) {
               op);
 }
 
+// A tenant's own API request rate (per second, and the burst).
+Status migrateToV7(sqlite3* db, const std::string& op) {
+  return exec(db,
+              "ALTER TABLE tenant_quotas ADD COLUMN requests_per_s INTEGER CHECK (requests_per_s IS NULL OR "
+              "  (typeof(requests_per_s) = 'integer' AND requests_per_s >= 0));"
+              "ALTER TABLE tenant_quotas ADD COLUMN request_burst INTEGER CHECK (request_burst IS NULL OR "
+              "  (typeof(request_burst) = 'integer' AND request_burst >= 0));",
+              op);
+}
+
 struct Migration {
   const char* summary;
   Status (*apply)(sqlite3* db, const std::string& op);
@@ -284,6 +294,7 @@ constexpr Migration kMigrations[] = {
     {"sandbox auto_resume", migrateToV4},
     {"tenant quotas", migrateToV5},
     {"tenant quota of suspended disk", migrateToV6},
+    {"tenant request rate", migrateToV7},
 };
 constexpr int kLatestVersion = static_cast<int>(std::size(kMigrations));
 
@@ -1124,7 +1135,7 @@ namespace {
 
 constexpr const char* kTenantQuotaColumns =
     "tenant, max_sandboxes, max_vcpus, max_memory_mb, max_snapshots, max_snapshot_mb, max_suspended, "
-    "max_suspended_mb, updated_at_ms";
+    "max_suspended_mb, requests_per_s, request_burst, updated_at_ms";
 
 TenantQuotaRecord tenantQuotaFrom(const Stmt& stmt) {
   return TenantQuotaRecord{stmt.text(0),
@@ -1135,16 +1146,18 @@ TenantQuotaRecord tenantQuotaFrom(const Stmt& stmt) {
                            stmt.optionalInteger(5),
                            stmt.optionalInteger(6),
                            stmt.optionalInteger(7),
-                           stmt.integer(8)};
+                           stmt.optionalInteger(8),
+                           stmt.optionalInteger(9),
+                           stmt.integer(10)};
 }
 
 }  // namespace
 
 Status StateStore::putTenantQuota(TenantQuotaRecord& record) {
   if (record.tenant.empty()) return invalid("a quota needs a tenant");
-  const std::optional<int64_t>* values[] = {&record.max_sandboxes,   &record.max_vcpus,       &record.max_memory_mb,
-                                            &record.max_snapshots,   &record.max_snapshot_mb, &record.max_suspended,
-                                            &record.max_suspended_mb};
+  const std::optional<int64_t>* values[] = {&record.max_sandboxes,    &record.max_vcpus,       &record.max_memory_mb,
+                                            &record.max_snapshots,    &record.max_snapshot_mb, &record.max_suspended,
+                                            &record.max_suspended_mb, &record.requests_per_s,  &record.request_burst};
   bool any = false;
   for (const auto* v : values) {
     if (v->has_value() && **v < 0) return invalid("quota values must be 0 (no limit) or more");
@@ -1161,7 +1174,7 @@ Status StateStore::putTenantQuota(TenantQuotaRecord& record) {
   auto stmt = Stmt::prepare(db_,
                             std::string("INSERT OR REPLACE INTO tenant_quotas (") + kTenantQuotaColumns +
                                 ") VALUES (:tenant, :sandboxes, :vcpus, :memory, :snapshots, :snapshot_mb, "
-                                ":suspended, :suspended_mb, :now)",
+                                ":suspended, :suspended_mb, :rate, :burst, :now)",
                             op);
   if (!stmt.ok()) return stmt.error();
   const int64_t now = nowMs();
@@ -1173,6 +1186,8 @@ Status StateStore::putTenantQuota(TenantQuotaRecord& record) {
   stmt->bind(":snapshot_mb", record.max_snapshot_mb);
   stmt->bind(":suspended", record.max_suspended);
   stmt->bind(":suspended_mb", record.max_suspended_mb);
+  stmt->bind(":rate", record.requests_per_s);
+  stmt->bind(":burst", record.request_burst);
   stmt->bind(":now", now);
   SPACE_TRY(stmt->run(op));
   record.updated_at_ms = now;

@@ -134,6 +134,8 @@ struct TenantQuotaRecord {
   std::optional<int64_t> max_snapshot_mb;
   std::optional<int64_t> max_suspended;
   std::optional<int64_t> max_suspended_mb;  // the disk its suspended sandboxes take
+  std::optional<int64_t> requests_per_s;    // API requests it may start per second
+  std::optional<int64_t> request_burst;     // and at once
   int64_t updated_at_ms = 0;                // set by putTenantQuota
 
   bool operator==(const TenantQuotaRecord&) const = default;

@@ -836,6 +836,30 @@ TEST_F(SpacedTest, ATenantsOwnQuotaAppliesAtOnceAndOnlyToIt) {
   EXPECT_NE(branch["error"]["message"].get<std::string>().find("would exceed its quota"), std::string::npos) << branch;
   EXPECT_EQ(d.callJson("GET", "/v1/quota", json(), 200, bob)["usage"]["snapshots"], 1);
 
+  // His own request rate (read within a second): a burst of 3, then 429 with Retry-After; the
+  // operator's tenant keeps the node's rate.
+  json rated = setQuota({"bob", "--requests-per-s", "1", "--request-burst", "3"});
+  EXPECT_EQ(rated["requests_per_s"], 1) << rated;
+  std::this_thread::sleep_for(milliseconds(1100));
+  int answered = 0;
+  http::ClientResponse limited;
+  for (int i = 0; i < 10; ++i) {
+    limited = d.call("GET", "/v1/quota", "", bob);
+    if (limited.status != 200) break;
+    ++answered;
+  }
+  EXPECT_EQ(limited.status, 429) << limited.body;
+  EXPECT_LE(answered, 4) << "a burst of 3 at 1/s let " << answered << " through";
+  EXPECT_NE(limited.body.find("rate of 1 requests per second"), std::string::npos) << limited.body;
+  for (int i = 0; i < 10; ++i) ASSERT_EQ(d.call("GET", "/v1/quota").status, 200) << i;
+  std::this_thread::sleep_for(milliseconds(1100));
+  json bobs_rate = d.callJson("GET", "/v1/quota", json(), 200, bob);
+  EXPECT_EQ(bobs_rate["limits"]["requests_per_s"], 1) << bobs_rate;
+  EXPECT_EQ(bobs_rate["limits"]["request_burst"], 3) << bobs_rate;
+  EXPECT_EQ(setQuota({"bob", "--requests-per-s", "0"})["requests_per_s"], 0);  // 0: no rate limit
+  std::this_thread::sleep_for(milliseconds(1100));
+  for (int i = 0; i < 10; ++i) ASSERT_EQ(d.call("GET", "/v1/quota", "", bob).status, 200) << i;
+
   // Back to the node's default: bob holds two, so a third is refused at the node's 1.
   json reset = setQuota({"bob", "--reset"});
   EXPECT_EQ(reset["max_sandboxes"], "default") << reset;

@@ -89,6 +89,28 @@ TEST(TenantGate, CountsEachTenantsRunningRequestsAlone) {
   EXPECT_TRUE(gate.enter("a").admitted());
 }
 
+// A tenant with a rate of its own gets that rate; the others the gate's; the source is asked at
+// most once a second per tenant (it reads the state database).
+TEST(TenantGate, ATenantsOwnRateAppliesToItAlone) {
+  TenantGate gate(TenantGate::Limits{64, 0, 0});  // the node: no rate limit
+  int asked = 0;
+  gate.setRateSource([&](const std::string& tenant) -> std::optional<TenantGate::Rate> {
+    ++asked;
+    if (tenant == "slow") return TenantGate::Rate{1, 2};
+    return std::nullopt;
+  });
+  EXPECT_TRUE(gate.enter("slow").admitted());
+  EXPECT_TRUE(gate.enter("slow").admitted());
+  auto refused = gate.enter("slow");
+  EXPECT_FALSE(refused.admitted());
+  EXPECT_EQ(refused.refusal(), TenantGate::Refusal::kRateLimited);
+  EXPECT_GE(refused.retryAfterS(), 1);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(gate.enter("fast").admitted()) << i;
+  EXPECT_EQ(gate.rateOf("slow").rate_per_s, 1);
+  EXPECT_EQ(gate.rateOf("fast").rate_per_s, 0);
+  EXPECT_EQ(asked, 2) << "asked for every request, not once a second";
+}
+
 TEST(JsonInput, TypesRangesAndUnknownFields) {
   json body = json::parse(R"({"cpus": 2, "memory_mb": "512", "flag": true, "extra": 1})");
   ObjectReader in(body);

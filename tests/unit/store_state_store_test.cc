@@ -558,6 +558,8 @@ TEST_F(StateStoreTest, TenantQuotasKeepOnlyWhatWasSetAndSurviveReopen) {
   globex.max_snapshot_mb = 512;
   globex.max_suspended = 7;
   globex.max_suspended_mb = 4096;
+  globex.requests_per_s = 5;
+  globex.request_burst = 10;
   ASSERT_TRUE(store_->putTenantQuota(globex).ok());
 
   reopen();

@@ -21,7 +21,7 @@ int cmdQuota(const apiclient::Client& api, bool as_json) {
   const json& usage = field(*quota, "usage");
   auto limit = [&](const char* key) {
     const json& v = field(limits, key);
-    return v.is_number_integer() && v.get<int64_t>() == 0 ? std::string("none") : text(v);
+    return v.is_number() && v.get<double>() == 0 ? std::string("none") : text(v);
   };
   auto mib = [](const json& bytes) {
     return bytes.is_number_integer() ? std::to_string((bytes.get<int64_t>() + (1 << 20) - 1) >> 20) : text(bytes);
@@ -35,6 +35,8 @@ int cmdQuota(const apiclient::Client& api, bool as_json) {
       {"snapshot disk (MB)", mib(field(usage, "snapshot_bytes")), limit("max_snapshot_mb")},
       {"suspended sandboxes", text(field(usage, "suspended")), limit("max_suspended")},
       {"suspended disk (MB)", mib(field(usage, "suspended_bytes")), limit("max_suspended_mb")},
+      {"API requests per second", "", limit("requests_per_s")},
+      {"API requests at once (burst)", "", limit("request_burst")},
   };
   printTable(rows);
   const bool own = field(*quota, "own").is_boolean() && field(*quota, "own").get<bool>();
