@@ -395,6 +395,13 @@ int main(int argc, char** argv) {
         static const std::regex kSize("[1-9][0-9]{0,3}x[1-9][0-9]{0,7}");
         return std::regex_match(size, kSize) ? std::string() : "a size is VCPUSxMB, e.g. 2x1024, not " + size;
       });
+  int64_t template_idle_s = config.template_idle.count();
+  app.add_option("--template-idle", template_idle_s,
+                 "seconds a template of a size outside --template-sizes (not the default size) is kept when no "
+                 "create uses it and no sandbox or snapshot stands on it (0: kept); templates of an old image, "
+                 "QEMU or kernel, and of sizes no longer kept, go as soon as nothing stands on them")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{365} * 24 * 3600));
   app.add_option("--default-cpus", config.default_cpus, "vCPUs of a sandbox when a request gives none")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
@@ -657,6 +664,7 @@ int main(int argc, char** argv) {
   config.template_sizes = std::set<std::string>(template_sizes.begin(), template_sizes.end());
   config.use_snapshots = !no_snapshots;
   config.suspended_retention = std::chrono::seconds(retention_s);
+  config.template_idle = std::chrono::seconds(template_idle_s);
   if (jail_mode != "off") {
     std::error_code exe_ec;
     config.jailer = (std::filesystem::read_symlink("/proc/self/exe", exe_ec).parent_path() / "space-jail").string();

@@ -245,6 +245,7 @@ void SandboxManager::markDiskStopped(Live& live, const std::string& error) {
 void SandboxManager::housekeeping() {
   auto last_purge = Clock::time_point{};
   auto last_suspended_check = Clock::time_point{};
+  auto last_collect = Clock::now();  // recovery has just collected
   std::unique_lock wake(wake_mu_);
   while (!stopping_) {
     wake.unlock();
@@ -261,7 +262,12 @@ void SandboxManager::housekeeping() {
       last_suspended_check = Clock::now();
       expireSuspended(now);
     }
-    if (layers_dirty_.exchange(false)) collectLayers(/*wait=*/false);
+    // Also once a minute: a template's idle time runs out with nothing else changing.
+    if (Clock::now() - last_collect > std::chrono::minutes(1)) layers_dirty_ = true;
+    if (layers_dirty_.exchange(false)) {
+      last_collect = Clock::now();
+      collectLayers(/*wait=*/false);
+    }
     if (Clock::now() - last_purge > std::chrono::minutes(5)) {
       last_purge = Clock::now();
       auto cutoff = now - std::chrono::duration_cast<milliseconds>(config_.deleted_retention).count();

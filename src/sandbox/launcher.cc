@@ -79,6 +79,7 @@ Result<Launch> Launcher::fromTemplate(const Template& tpl, uint32_t cpus, uint64
   launch.spec.memory_file = snap->memory_file;
   launch.spec.memory_private = true;
   launch.state_file = snap->state_file;
+  launch.template_in_use = snap->in_use;
   launch.how = "restored";
   return launch;
 }

@@ -78,11 +78,12 @@ class Launcher {
   // How a snapshot's helper VM is started: as the sandbox's own VM was.
   vmm::VmSpec snapshotHelperSpec(const Template& tpl, uint32_t cpus, uint64_t memory_mb,
                                  vmm::Accelerator accelerator) const;
+  // The key of the template snapshot a create of this size uses on this node now.
+  snapshot::TemplateKey templateKey(const Template& tpl, uint32_t cpus, uint64_t memory_mb) const;
 
  private:
   vmm::VmSpec baseSpec(const Template& tpl, uint32_t cpus, uint64_t memory_mb, vmm::Accelerator accelerator) const;
   vmm::VmStartOptions baseOptions(const std::string& run_dir) const;
-  snapshot::TemplateKey templateKey(const Template& tpl, uint32_t cpus, uint64_t memory_mb) const;
 
   const Config config_;
   const vmm::NodeFacts facts_;

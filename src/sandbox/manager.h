@@ -124,6 +124,10 @@ struct ManagerConfig {
   // The only sizes ("<vcpus>x<MiB>") a template is kept for, besides the default size (empty:
   // any, up to max_template_sizes). Other sizes boot and keep nothing.
   std::set<std::string> template_sizes;
+  // A template of a first-come size (no template_sizes) that no create used for this long, and
+  // that no disk stands on, is removed. 0: kept. Stale templates (an image, QEMU or kernel
+  // arguments changed) and those of sizes not kept go as soon as no disk stands on them.
+  std::chrono::seconds template_idle{std::chrono::hours(24)};
 
   // How often the background thread checks expiries and VM health.
   std::chrono::milliseconds housekeeping_interval{500};

@@ -41,6 +41,9 @@ struct Launch {
   const char* how = "booted";  // for the log: booted, restored, branched, resumed
   // Set on nodes with networking: the VM starts in the slot it gets (spec.netns_path).
   std::optional<NetworkAttach> network;
+  // From a template: keeps it from eviction until this Launch goes, by which time the VM's
+  // overlay stands on the template's disk (see TemplateCache::holdForEviction).
+  std::shared_ptr<void> template_in_use;
 };
 
 class SandboxRuntime {

@@ -351,6 +351,10 @@ void SandboxManager::collectLayers(bool wait) {
     layers_dirty_ = true;  // busy starting VMs or taking a snapshot: next round
     return;
   }
+  // Before the listing: a create that found its template before this has its overlay on disk
+  // now, and one after waits until the eviction is done. Null if a create is between the two:
+  // templates wait for the next round, layers do not.
+  auto evicting = templates_->holdForEviction();
   std::vector<std::string> roots;
   std::error_code ec;
   // Every sandbox directory's disk (running, paused, suspended, or being created).
@@ -378,6 +382,18 @@ void SandboxManager::collectLayers(bool wait) {
   }
   int removed = snapshot::sweepLayers(config_.data_dir + "/layers", *keep);
   if (removed > 0) spdlog::info("layers: removed {} disk layers nothing stands on", removed);
+  if (evicting) {
+    snapshot::EvictionRules rules;
+    rules.current_key = [this](const std::string& name, uint32_t vcpus,
+                               uint64_t memory_mib) -> std::optional<snapshot::TemplateKey> {
+      auto tpl = launcher_->findTemplate(name);
+      if (!tpl.ok()) return std::nullopt;
+      return launcher_->templateKey(*tpl.value(), vcpus, memory_mib);
+    };
+    rules.pinned_sizes = {std::to_string(config_.default_cpus) + "x" + std::to_string(config_.default_memory_mb)};
+    rules.idle = config_.template_idle;
+    templates_->evictUnused(*keep, rules, Clock::now());
+  }
 }
 
 }  // namespace space::sandbox

@@ -53,6 +53,13 @@ Result<json> keyJson(const TemplateKey& key) {
   return k;
 }
 
+// A field of a meta.json read without throwing (0 if absent or not a count): a damaged file
+// must not take a create or housekeeping down.
+uint64_t countField(const json& meta, const char* field) {
+  auto it = meta.find(field);
+  return it != meta.end() && it->is_number_unsigned() ? it->get<uint64_t>() : 0;
+}
+
 TemplateSnapshot snapshotIn(const std::string& dir, json meta) {
   return TemplateSnapshot{dir, dir + "/memory", dir + "/disk.qcow2", dir + "/state", std::move(meta)};
 }
@@ -80,9 +87,17 @@ Result<std::string> TemplateCache::dirName(const TemplateKey& key) {
 
 Result<TemplateSnapshot> TemplateCache::ensure(const TemplateKey& key, std::chrono::milliseconds boot_timeout,
                                                const vmm::NodeFacts* node, bool always) {
+  auto use = beginUse();  // before the look: an eviction cannot remove what this finds
   auto name = dirName(key);
   if (!name.ok()) return name.error();
   const std::string dir = root_ + "/" + name.value();
+  auto used = [&](Result<TemplateSnapshot> snap) {
+    if (!snap.ok()) return snap;
+    snap->in_use = use;
+    std::lock_guard guard(mu_);
+    last_used_[name.value()] = Clock::now();
+    return snap;
+  };
   std::shared_ptr<std::mutex> lock;
   {
     std::lock_guard guard(mu_);
@@ -95,8 +110,8 @@ Result<TemplateSnapshot> TemplateCache::ensure(const TemplateKey& key, std::chro
   if (auto meta = readSmallFile(dir + "/meta.json", 1 << 20); meta.ok()) {
     auto bounded = parseJsonBounded(meta.value());
     json parsed = bounded.ok() ? std::move(bounded.value()) : json();
-    if (parsed.is_object() && parsed.value("format_version", 0) == kSnapshotFormatVersion) {
-      return snapshotIn(dir, std::move(parsed));
+    if (parsed.is_object() && countField(parsed, "format_version") == static_cast<uint64_t>(kSnapshotFormatVersion)) {
+      return used(snapshotIn(dir, std::move(parsed)));
     }
     // Moved aside, not removed: disks of sandboxes and snapshot layers may stand on its disk.
     const std::string aside = dir + ".broken-" + std::to_string(::time(nullptr));
@@ -107,7 +122,107 @@ Result<TemplateSnapshot> TemplateCache::ensure(const TemplateKey& key, std::chro
   }
   auto place = claimBuild(key, always);
   if (!place.ok()) return place.error();
-  return build(key, dir, boot_timeout, node);
+  return used(build(key, dir, boot_timeout, node));
+}
+
+std::shared_ptr<void> TemplateCache::beginUse() {
+  std::unique_lock guard(use_mu_);
+  use_cv_.wait(guard, [this] { return !evicting_; });  // an eviction lasts a listing and a few removals
+  ++users_;
+  return std::shared_ptr<void>(nullptr, [this](void*) {
+    std::lock_guard guard(use_mu_);
+    --users_;
+  });
+}
+
+std::shared_ptr<void> TemplateCache::holdForEviction() {
+  std::lock_guard guard(use_mu_);
+  if (users_ > 0 || evicting_) return nullptr;
+  evicting_ = true;
+  return std::shared_ptr<void>(reinterpret_cast<void*>(1), [this](void*) {
+    {
+      std::lock_guard guard(use_mu_);
+      evicting_ = false;
+    }
+    use_cv_.notify_all();
+  });
+}
+
+std::string TemplateCache::evictionReason(const std::string& dir, const EvictionRules& rules, Clock::time_point now) {
+  auto text = readSmallFile(root_ + "/" + dir + "/meta.json", 1 << 20);
+  if (!text.ok()) return "no readable meta.json";
+  auto bounded = parseJsonBounded(text.value());
+  if (!bounded.ok() || !bounded->is_object()) return "no readable meta.json";
+  const json& meta = bounded.value();
+  auto it = meta.find("template");
+  const std::string name = it != meta.end() && it->is_string() ? it->get<std::string>() : "";
+  const uint64_t vcpus = countField(meta, "vcpus");
+  const uint64_t memory_mib = countField(meta, "memory_mib");
+  if (vcpus == 0 || vcpus > UINT32_MAX || memory_mib == 0) return "no readable meta.json";
+  const std::string size = std::to_string(vcpus) + "x" + std::to_string(memory_mib);
+  auto key = rules.current_key ? rules.current_key(name, static_cast<uint32_t>(vcpus), memory_mib) : std::nullopt;
+  if (!key) return "template \"" + name + "\" is no longer configured";
+  auto current = dirName(*key);
+  if (!current.ok()) return "its recipe's files are gone (" + current.error().message + ")";
+  if (current.value() != dir) return "stale: a create of " + size + " now uses " + current.value();
+  if (rules.pinned_sizes.count(size)) return "";
+  if (!allowed_sizes_.empty())
+    return allowed_sizes_.count(size) ? "" : "size " + size + " is not among --template-sizes";
+  if (rules.idle.count() == 0) return "";
+  std::lock_guard guard(mu_);
+  auto [seen, first] = last_used_.emplace(dir, now);  // first seen now: a restart does not age it
+  if (now - seen->second < rules.idle) return "";
+  return "size " + size + " not used for " +
+         std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now - seen->second).count()) + " s";
+}
+
+std::vector<std::string> TemplateCache::evictUnused(const std::set<std::string>& reachable, const EvictionRules& rules,
+                                                    Clock::time_point now) {
+  // By identity, not by name: a backing name spelled another way must still keep its file.
+  std::set<std::pair<dev_t, ino_t>> stood_on;
+  for (const auto& file : reachable) {
+    struct stat st {};
+    if (::stat(file.c_str(), &st) == 0) stood_on.emplace(st.st_dev, st.st_ino);
+  }
+  std::vector<std::pair<std::string, std::string>> doomed;  // directory, why
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root_, ec)) {
+    const std::string dir = entry.path().filename().string();
+    if (dir.rfind(".build-", 0) == 0) continue;  // a build under way, or recovery's to remove
+    if (dir.rfind(".evict-", 0) == 0) {
+      doomed.emplace_back(dir, "");  // an eviction cut short
+      continue;
+    }
+    struct stat disk {};
+    if (::stat((entry.path() / "disk.qcow2").c_str(), &disk) == 0 && stood_on.count({disk.st_dev, disk.st_ino})) {
+      continue;
+    }
+    std::string why =
+        dir.find(".broken-") != std::string::npos ? "moved aside as broken" : evictionReason(dir, rules, now);
+    if (!why.empty()) doomed.emplace_back(dir, std::move(why));
+  }
+  std::vector<std::string> removed;
+  for (const auto& [dir, why] : doomed) {
+    std::string gone = root_ + "/" + dir;
+    if (!why.empty()) {
+      const std::string aside = root_ + "/.evict-" + dir;
+      fs::rename(gone, aside, ec);
+      if (ec) {
+        spdlog::warn("templates: cannot evict {}: {}", gone, ec.message());
+        continue;
+      }
+      (void)fsyncPath(root_);
+      gone = aside;
+      spdlog::info("templates: evicting {} ({}; nothing stands on it)", dir, why);
+      std::lock_guard guard(mu_);
+      last_used_.erase(dir);
+      locks_.erase(dir);
+      removed.push_back(dir);
+    }
+    fs::remove_all(gone, ec);
+    if (ec) spdlog::warn("templates: cannot remove {}: {}", gone, ec.message());
+  }
+  return removed;
 }
 
 Result<std::shared_ptr<void>> TemplateCache::claimBuild(const TemplateKey& key, bool always) {
@@ -150,8 +265,8 @@ std::vector<std::pair<std::string, std::string>> TemplateCache::builtSizes(const
     if (!meta.ok()) continue;
     auto parsed = parseJsonBounded(meta.value());
     if (!parsed.ok() || !parsed->is_object()) continue;
-    sizes.emplace_back(std::to_string(parsed->value("vcpus", 0)) + "x" + std::to_string(parsed->value("memory_mib", 0)),
-                       dir);
+    sizes.emplace_back(
+        std::to_string(countField(*parsed, "vcpus")) + "x" + std::to_string(countField(*parsed, "memory_mib")), dir);
   }
   std::sort(sizes.begin(), sizes.end());
   return sizes;

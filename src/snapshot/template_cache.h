@@ -8,17 +8,20 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "common/result.h"
+#include "common/unix_socket.h"  // Clock
 #include "vmm/node_facts.h"
 #include "vmm/vm_spec.h"
 
@@ -55,6 +58,20 @@ struct TemplateSnapshot {
   std::string disk;         // qcow2; clones get an overlay over it
   std::string state_file;
   nlohmann::json meta;
+  // Keeps evictUnused away from every template until dropped: hold it until the VM's overlay
+  // stands on `disk` (from then on the overlay's backing name keeps the snapshot).
+  std::shared_ptr<void> in_use;
+};
+
+// What evictUnused keeps besides what disks stand on.
+struct EvictionRules {
+  // The key a create of (template, vCPUs, MiB) would use now; nullopt if the template is gone.
+  // A snapshot whose directory is not that key's (an image, QEMU, kernel arguments or the
+  // accelerator changed) can never be restored again.
+  std::function<std::optional<TemplateKey>(const std::string& name, uint32_t vcpus, uint64_t memory_mib)> current_key;
+  std::set<std::string> pinned_sizes;  // "<vcpus>x<MiB>" never evicted for idleness: the default size
+  // A first-come size (no --template-sizes) not ensured for this long goes; 0: never.
+  std::chrono::seconds idle{0};
 };
 
 class TemplateCache {
@@ -84,19 +101,42 @@ class TemplateCache {
   // Where builds of keys with a NIC get their slot; set once, before the first ensure().
   void setNetnsSource(NetnsSource source) { netns_source_ = std::move(source); }
 
+  // Eviction. Templates take hundreds of MB each, and every new image, QEMU upgrade or size
+  // leaves one behind. One goes when no disk stands on it any more and it is stale (never
+  // restorable again), of a size the operator does not keep, or, for first-come sizes, unused
+  // for rules.idle. The caller takes holdForEviction() first (null: an ensure() is under way; try
+  // later), then lists what stands on templates (reachableLayers from every disk), then calls
+  // evictUnused with it: a create that found a template before the hold has its overlay on disk
+  // by then, and one after it waits for the hold to go.
+  std::shared_ptr<void> holdForEviction();
+  // `reachable`: files some disk stands on. Returns the directory names removed (each renamed to
+  // .evict-<name> first, so a crash never leaves a half snapshot that looks published; leftovers
+  // of that go too).
+  std::vector<std::string> evictUnused(const std::set<std::string>& reachable, const EvictionRules& rules,
+                                       Clock::time_point now);
+
  private:
   Result<TemplateSnapshot> build(const TemplateKey& key, const std::string& final_dir,
                                  std::chrono::milliseconds boot_timeout, const vmm::NodeFacts* node);
   // The sizes ("<vcpus>x<MiB>") and directory names of the published snapshots of `name`.
   std::vector<std::pair<std::string, std::string>> builtSizes(const std::string& name);
+  // Why the published `dir` may go once nothing stands on it ("" if it stays).
+  std::string evictionReason(const std::string& dir, const EvictionRules& rules, Clock::time_point now);
+  std::shared_ptr<void> beginUse();
   static constexpr size_t kMaxRememberedKeys = 4096;
   std::string root_;
   size_t max_sizes_ = 0;
   std::set<std::string> allowed_sizes_;
   std::mutex mu_;  // guards locks_ and dir_names_
   std::map<std::string, std::shared_ptr<std::mutex>> locks_;
-  std::map<std::string, std::string> dir_names_;  // memo of dirName, by the key's fields
-  std::set<std::string> building_;                // directory names being built now
+  std::map<std::string, std::string> dir_names_;        // memo of dirName, by the key's fields
+  std::set<std::string> building_;                      // directory names being built now
+  std::map<std::string, Clock::time_point> last_used_;  // by directory name: last ensure, or first seen
+  // Uses (ensure() until its TemplateSnapshot's in_use goes) against eviction: either, not both.
+  std::mutex use_mu_;
+  std::condition_variable use_cv_;
+  int users_ = 0;
+  bool evicting_ = false;
   NetnsSource netns_source_;
 };
 

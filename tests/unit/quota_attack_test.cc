@@ -4,10 +4,12 @@
 // Each test states the property the bound promises; a failure is the defect it names.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <climits>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "api/tenant_gate.h"
 #include "common/fs.h"
@@ -103,6 +105,129 @@ TEST_F(TemplateAdmitAttack, AnAbandonedBuildLeavesNoPlaceBehind) {
   EXPECT_EQ(still, 0) << still << " sizes beyond the bound of 2 could still be built";
   // A published size needs no place: rebuilding it (a broken meta.json) is not a new size.
   EXPECT_TRUE(cache.claimBuild(key(2, 1024)).ok());
+}
+
+// Eviction: what goes once no disk stands on it, and what never goes while one does.
+class TemplateEvictionTest : public TemplateAdmitAttack {
+ protected:
+  // A published snapshot as a build leaves it: meta.json and a disk.
+  std::string publishFull(TemplateCache& cache, const TemplateKey& k) {
+    auto name = cache.dirName(k);
+    EXPECT_TRUE(name.ok());
+    const std::string dir = root_ + "/" + name.value();
+    std::filesystem::create_directory(dir);
+    std::ofstream(dir + "/meta.json") << nlohmann::json{
+        {"format_version", 1},
+        {"template", k.name},
+        {"vcpus", k.vcpus},
+        {"memory_mib", k.memory_mib}}.dump();
+    std::ofstream(dir + "/disk.qcow2") << "disk";
+    return name.value();
+  }
+  snapshot::EvictionRules rules() {
+    snapshot::EvictionRules r;
+    r.current_key = [this](const std::string& name, uint32_t vcpus, uint64_t mib) -> std::optional<TemplateKey> {
+      if (name != "base") return std::nullopt;
+      return key(vcpus, mib);
+    };
+    r.pinned_sizes = {"2x512"};
+    return r;
+  }
+  bool present(const std::string& dir) { return std::filesystem::exists(root_ + "/" + dir); }
+};
+
+// A new image makes every template of the old one unrestorable: those go, except while a disk
+// still stands on one (a running clone's overlay, a snapshot's layer).
+TEST_F(TemplateEvictionTest, StaleTemplatesGoOnceNothingStandsOnThem) {
+  std::string old_default, old_other;
+  {
+    TemplateCache before(root_);
+    old_default = publishFull(before, key(2, 512));
+    old_other = publishFull(before, key(1, 256));
+  }
+  std::ofstream(rootfs_) << "a rebuilt rootfs";  // the image changed: a new process keys it anew
+  TemplateCache cache(root_);
+  const std::string now_default = publishFull(cache, key(2, 512));
+  const auto now = Clock::now();
+  // A clone of the old default still runs: its overlay names the old disk (spelled another way).
+  auto evicted = cache.evictUnused({root_ + "/./" + old_default + "/disk.qcow2"}, rules(), now);
+  EXPECT_EQ(evicted, std::vector<std::string>{old_other});
+  EXPECT_TRUE(present(old_default)) << "a template a disk stands on was removed";
+  EXPECT_TRUE(present(now_default));
+  EXPECT_FALSE(present(old_other));
+  EXPECT_FALSE(present(".evict-" + old_other));
+  // The clone is gone: so is the old template; the current one stays, unused or not.
+  evicted = cache.evictUnused({}, rules(), now);
+  EXPECT_EQ(evicted, std::vector<std::string>{old_default});
+  EXPECT_TRUE(present(now_default));
+}
+
+// With an operator's list, sizes not on it go at once; listed and pinned sizes stay unused.
+TEST_F(TemplateEvictionTest, SizesTheOperatorDoesNotKeepGo) {
+  TemplateCache cache(root_, 0, {"1x512"});
+  const std::string listed = publishFull(cache, key(1, 512));
+  const std::string pinned = publishFull(cache, key(2, 512));
+  const std::string unlisted = publishFull(cache, key(1, 384));
+  auto r = rules();
+  r.idle = std::chrono::seconds(1);
+  auto evicted = cache.evictUnused({}, r, Clock::now() + std::chrono::hours(1));
+  EXPECT_EQ(evicted, std::vector<std::string>{unlisted});
+  EXPECT_TRUE(present(listed));
+  EXPECT_TRUE(present(pinned));
+}
+
+// First-come sizes go after the idle time, counted from their last use or, after a restart,
+// from when the cache first saw them; the default size never does.
+TEST_F(TemplateEvictionTest, FirstComeSizesGoWhenUnusedForTheIdleTime) {
+  TemplateCache cache(root_);
+  const std::string pinned = publishFull(cache, key(2, 512));
+  const std::string first_come = publishFull(cache, key(1, 384));
+  auto r = rules();
+  r.idle = std::chrono::seconds(60);
+  const auto start = Clock::now();
+  EXPECT_TRUE(cache.evictUnused({}, r, start).empty()) << "a restart aged what it had not seen";
+  EXPECT_TRUE(cache.evictUnused({}, r, start + std::chrono::seconds(59)).empty());
+  EXPECT_EQ(cache.evictUnused({}, r, start + std::chrono::seconds(61)), std::vector<std::string>{first_come});
+  EXPECT_TRUE(present(pinned));
+  r.idle = std::chrono::seconds(0);  // 0: first-come sizes are kept
+  publishFull(cache, key(1, 384));
+  EXPECT_TRUE(cache.evictUnused({}, r, start + std::chrono::hours(100)).empty());
+}
+
+// A create between finding its template and standing on it holds eviction off; an eviction
+// under way makes the next create wait; leftovers of a cut-short eviction go, builds stay.
+TEST_F(TemplateEvictionTest, ACreateInFlightHoldsEvictionOff) {
+  TemplateCache cache(root_);
+  const std::string dir = publishFull(cache, key(1, 384));
+  {
+    auto found = cache.ensure(key(1, 384), std::chrono::seconds(1));
+    ASSERT_TRUE(found.ok()) << found.error().message;
+    EXPECT_EQ(cache.holdForEviction(), nullptr) << "an eviction could remove a template a create is opening";
+  }
+  auto hold = cache.holdForEviction();
+  ASSERT_NE(hold, nullptr);
+  EXPECT_EQ(cache.holdForEviction(), nullptr);
+  std::atomic<bool> found{false};
+  std::thread create([&] { found = cache.ensure(key(1, 384), std::chrono::seconds(1)).ok(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(found) << "a create went on during an eviction";
+  std::filesystem::create_directory(root_ + "/.evict-base-0123456789abcdef");
+  std::filesystem::create_directory(root_ + "/.build-x");
+  EXPECT_TRUE(cache.evictUnused({}, rules(), Clock::now()).empty());
+  EXPECT_FALSE(present(".evict-base-0123456789abcdef"));
+  EXPECT_TRUE(present(".build-x"));
+  hold.reset();
+  create.join();
+  EXPECT_TRUE(found);
+  EXPECT_TRUE(present(dir));
+}
+
+// A damaged meta.json (wrong types) neither throws nor keeps the directory forever.
+TEST_F(TemplateEvictionTest, ADamagedMetaIsEvictedWithoutThrowing) {
+  TemplateCache cache(root_);
+  std::filesystem::create_directory(root_ + "/base-00000000000000ff");
+  std::ofstream(root_ + "/base-00000000000000ff/meta.json") << R"({"format_version": "1", "vcpus": [], "template": 7})";
+  EXPECT_EQ(cache.evictUnused({}, rules(), Clock::now()), std::vector<std::string>{"base-00000000000000ff"});
 }
 
 // Retry-After comes from a double cast to int: a rate below ~5e-10/s (which --tenant-requests-per-s
