@@ -382,6 +382,8 @@ void SandboxManager::collectLayers(bool wait) {
   }
   int removed = snapshot::sweepLayers(config_.data_dir + "/layers", *keep);
   if (removed > 0) spdlog::info("layers: removed {} disk layers nothing stands on", removed);
+  const bool templates_checked = evicting != nullptr;
+  if (!templates_checked) layers_dirty_ = true;  // templates next round, not in a minute
   if (evicting) {
     snapshot::EvictionRules rules;
     rules.current_key = [this](const std::string& name, uint32_t vcpus,
@@ -392,8 +394,10 @@ void SandboxManager::collectLayers(bool wait) {
     };
     rules.pinned_sizes = {std::to_string(config_.default_cpus) + "x" + std::to_string(config_.default_memory_mb)};
     rules.idle = config_.template_idle;
-    templates_->evictUnused(*keep, rules, Clock::now());
+    templates_->evictUnused(*keep, rules, Clock::now(), std::move(evicting));
   }
+  spdlog::debug("layers: collected ({} disks stand on {} files; templates {})", roots.size(), keep->size(),
+                templates_checked ? "checked" : "next round: a create was under way");
 }
 
 }  // namespace space::sandbox

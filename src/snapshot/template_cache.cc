@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "common/bounded_json.h"
@@ -23,7 +25,12 @@ namespace fs = std::filesystem;
 // Size and modification time: a file replaced in place (a user's own image) changes the key.
 Result<json> fileIdentity(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return makeError(ErrorCode::kNotFound, "cannot stat " + path);
+  if (::stat(path.c_str(), &st) != 0) {
+    // Only a file that is not there is "gone": EMFILE or EIO must not read as a changed image.
+    const bool gone = errno == ENOENT || errno == ENOTDIR;
+    return makeError(gone ? ErrorCode::kNotFound : ErrorCode::kInternal,
+                     "cannot stat " + path + ": " + std::strerror(errno));
+  }
   return json{
       {"path", path}, {"size", st.st_size}, {"mtime_ns", st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec}};
 }
@@ -163,6 +170,10 @@ std::string TemplateCache::evictionReason(const std::string& dir, const Eviction
   auto key = rules.current_key ? rules.current_key(name, static_cast<uint32_t>(vcpus), memory_mib) : std::nullopt;
   if (!key) return "template \"" + name + "\" is no longer configured";
   auto current = dirName(*key);
+  if (!current.ok() && current.error().code != ErrorCode::kNotFound) {
+    spdlog::warn("templates: {} kept this round: {}", dir, current.error().message);
+    return "";  // unknown, not gone: a transient error must not cost a rebuild
+  }
   if (!current.ok()) return "its recipe's files are gone (" + current.error().message + ")";
   if (current.value() != dir) return "stale: a create of " + size + " now uses " + current.value();
   if (rules.pinned_sizes.count(size)) return "";
@@ -177,7 +188,7 @@ std::string TemplateCache::evictionReason(const std::string& dir, const Eviction
 }
 
 std::vector<std::string> TemplateCache::evictUnused(const std::set<std::string>& reachable, const EvictionRules& rules,
-                                                    Clock::time_point now) {
+                                                    Clock::time_point now, std::shared_ptr<void> hold) {
   // By identity, not by name: a backing name spelled another way must still keep its file.
   std::set<std::pair<dev_t, ino_t>> stood_on;
   for (const auto& file : reachable) {
@@ -202,23 +213,31 @@ std::vector<std::string> TemplateCache::evictUnused(const std::set<std::string>&
     if (!why.empty()) doomed.emplace_back(dir, std::move(why));
   }
   std::vector<std::string> removed;
+  std::vector<std::string> to_remove;
   for (const auto& [dir, why] : doomed) {
-    std::string gone = root_ + "/" + dir;
-    if (!why.empty()) {
-      const std::string aside = root_ + "/.evict-" + dir;
-      fs::rename(gone, aside, ec);
-      if (ec) {
-        spdlog::warn("templates: cannot evict {}: {}", gone, ec.message());
-        continue;
-      }
-      (void)fsyncPath(root_);
-      gone = aside;
-      spdlog::info("templates: evicting {} ({}; nothing stands on it)", dir, why);
+    if (why.empty()) {
+      to_remove.push_back(root_ + "/" + dir);
+      continue;
+    }
+    const std::string aside = root_ + "/.evict-" + dir;
+    fs::rename(root_ + "/" + dir, aside, ec);
+    if (ec) {
+      spdlog::warn("templates: cannot evict {}/{}: {}", root_, dir, ec.message());
+      continue;
+    }
+    spdlog::info("templates: evicting {} ({}; nothing stands on it)", dir, why);
+    {
       std::lock_guard guard(mu_);
       last_used_.erase(dir);
       locks_.erase(dir);
-      removed.push_back(dir);
     }
+    removed.push_back(dir);
+    to_remove.push_back(aside);
+  }
+  if (!removed.empty()) (void)fsyncPath(root_);
+  // Renamed: no create can find these any more, so creates need not wait for the removal.
+  hold.reset();
+  for (const auto& gone : to_remove) {
     fs::remove_all(gone, ec);
     if (ec) spdlog::warn("templates: cannot remove {}: {}", gone, ec.message());
   }

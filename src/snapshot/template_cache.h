@@ -111,9 +111,10 @@ class TemplateCache {
   std::shared_ptr<void> holdForEviction();
   // `reachable`: files some disk stands on. Returns the directory names removed (each renamed to
   // .evict-<name> first, so a crash never leaves a half snapshot that looks published; leftovers
-  // of that go too).
+  // of that go too). `hold` (from holdForEviction) is dropped once the renames are done: creates
+  // wait for the decisions, not for the deletion of hundreds of MB.
   std::vector<std::string> evictUnused(const std::set<std::string>& reachable, const EvictionRules& rules,
-                                       Clock::time_point now);
+                                       Clock::time_point now, std::shared_ptr<void> hold);
 
  private:
   Result<TemplateSnapshot> build(const TemplateKey& key, const std::string& final_dir,

@@ -150,14 +150,15 @@ TEST_F(TemplateEvictionTest, StaleTemplatesGoOnceNothingStandsOnThem) {
   const std::string now_default = publishFull(cache, key(2, 512));
   const auto now = Clock::now();
   // A clone of the old default still runs: its overlay names the old disk (spelled another way).
-  auto evicted = cache.evictUnused({root_ + "/./" + old_default + "/disk.qcow2"}, rules(), now);
+  auto evicted =
+      cache.evictUnused({root_ + "/./" + old_default + "/disk.qcow2"}, rules(), now, cache.holdForEviction());
   EXPECT_EQ(evicted, std::vector<std::string>{old_other});
   EXPECT_TRUE(present(old_default)) << "a template a disk stands on was removed";
   EXPECT_TRUE(present(now_default));
   EXPECT_FALSE(present(old_other));
   EXPECT_FALSE(present(".evict-" + old_other));
   // The clone is gone: so is the old template; the current one stays, unused or not.
-  evicted = cache.evictUnused({}, rules(), now);
+  evicted = cache.evictUnused({}, rules(), now, cache.holdForEviction());
   EXPECT_EQ(evicted, std::vector<std::string>{old_default});
   EXPECT_TRUE(present(now_default));
 }
@@ -170,7 +171,7 @@ TEST_F(TemplateEvictionTest, SizesTheOperatorDoesNotKeepGo) {
   const std::string unlisted = publishFull(cache, key(1, 384));
   auto r = rules();
   r.idle = std::chrono::seconds(1);
-  auto evicted = cache.evictUnused({}, r, Clock::now() + std::chrono::hours(1));
+  auto evicted = cache.evictUnused({}, r, Clock::now() + std::chrono::hours(1), cache.holdForEviction());
   EXPECT_EQ(evicted, std::vector<std::string>{unlisted});
   EXPECT_TRUE(present(listed));
   EXPECT_TRUE(present(pinned));
@@ -185,13 +186,15 @@ TEST_F(TemplateEvictionTest, FirstComeSizesGoWhenUnusedForTheIdleTime) {
   auto r = rules();
   r.idle = std::chrono::seconds(60);
   const auto start = Clock::now();
-  EXPECT_TRUE(cache.evictUnused({}, r, start).empty()) << "a restart aged what it had not seen";
-  EXPECT_TRUE(cache.evictUnused({}, r, start + std::chrono::seconds(59)).empty());
-  EXPECT_EQ(cache.evictUnused({}, r, start + std::chrono::seconds(61)), std::vector<std::string>{first_come});
+  EXPECT_TRUE(cache.evictUnused({}, r, start, cache.holdForEviction()).empty())
+      << "a restart aged what it had not seen";
+  EXPECT_TRUE(cache.evictUnused({}, r, start + std::chrono::seconds(59), cache.holdForEviction()).empty());
+  EXPECT_EQ(cache.evictUnused({}, r, start + std::chrono::seconds(61), cache.holdForEviction()),
+            std::vector<std::string>{first_come});
   EXPECT_TRUE(present(pinned));
   r.idle = std::chrono::seconds(0);  // 0: first-come sizes are kept
   publishFull(cache, key(1, 384));
-  EXPECT_TRUE(cache.evictUnused({}, r, start + std::chrono::hours(100)).empty());
+  EXPECT_TRUE(cache.evictUnused({}, r, start + std::chrono::hours(100), cache.holdForEviction()).empty());
 }
 
 // A create between finding its template and standing on it holds eviction off; an eviction
@@ -213,13 +216,33 @@ TEST_F(TemplateEvictionTest, ACreateInFlightHoldsEvictionOff) {
   EXPECT_FALSE(found) << "a create went on during an eviction";
   std::filesystem::create_directory(root_ + "/.evict-base-0123456789abcdef");
   std::filesystem::create_directory(root_ + "/.build-x");
-  EXPECT_TRUE(cache.evictUnused({}, rules(), Clock::now()).empty());
+  // The eviction drops the hold itself once its renames are done: the create goes on.
+  EXPECT_TRUE(cache.evictUnused({}, rules(), Clock::now(), std::move(hold)).empty());
   EXPECT_FALSE(present(".evict-base-0123456789abcdef"));
   EXPECT_TRUE(present(".build-x"));
-  hold.reset();
   create.join();
   EXPECT_TRUE(found);
   EXPECT_TRUE(present(dir));
+}
+
+// A recipe file that cannot be looked at now (ELOOP here; EMFILE or EIO in production) is not a
+// recipe file that is gone: the template stays for the next round instead of costing a rebuild.
+TEST_F(TemplateEvictionTest, ARecipeFileThatCannotBeReadNowKeepsItsTemplate) {
+  std::string dir;
+  {
+    TemplateCache before(root_);
+    dir = publishFull(before, key(1, 384));
+  }
+  std::filesystem::remove(rootfs_);
+  std::filesystem::create_symlink(rootfs_, rootfs_);  // stat: ELOOP
+  {
+    TemplateCache cache(root_);
+    EXPECT_TRUE(cache.evictUnused({}, rules(), Clock::now(), cache.holdForEviction()).empty());
+    EXPECT_TRUE(present(dir)) << "a transient stat error evicted a template";
+  }
+  std::filesystem::remove(rootfs_);  // now really gone
+  TemplateCache cache(root_);
+  EXPECT_EQ(cache.evictUnused({}, rules(), Clock::now(), cache.holdForEviction()), std::vector<std::string>{dir});
 }
 
 // A damaged meta.json (wrong types) neither throws nor keeps the directory forever.
@@ -227,7 +250,8 @@ TEST_F(TemplateEvictionTest, ADamagedMetaIsEvictedWithoutThrowing) {
   TemplateCache cache(root_);
   std::filesystem::create_directory(root_ + "/base-00000000000000ff");
   std::ofstream(root_ + "/base-00000000000000ff/meta.json") << R"({"format_version": "1", "vcpus": [], "template": 7})";
-  EXPECT_EQ(cache.evictUnused({}, rules(), Clock::now()), std::vector<std::string>{"base-00000000000000ff"});
+  EXPECT_EQ(cache.evictUnused({}, rules(), Clock::now(), cache.holdForEviction()),
+            std::vector<std::string>{"base-00000000000000ff"});
 }
 
 // Retry-After comes from a double cast to int: a rate below ~5e-10/s (which --tenant-requests-per-s
