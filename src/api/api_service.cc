@@ -525,12 +525,22 @@ void ApiService::metrics(Call& c) {
   mem_total.help = "A running sandbox's RAM size.";
   auto& disk = gauges["space_sandbox_disk_used_bytes"];
   disk.help = "Host disk blocks a running sandbox's disk overlay holds.";
+  auto& net_sent = gauges["space_sandbox_network_sent_bytes_total"];
+  net_sent.help = "Bytes a running sandbox's guest sent through its NIC since its network was made or resumed.";
+  net_sent.type = "counter";
+  auto& net_received = gauges["space_sandbox_network_received_bytes_total"];
+  net_received.help = "Bytes a running sandbox's guest received through its NIC since its network was made or resumed.";
+  net_received.type = "counter";
   for (const auto& usage : manager_.latestMetrics()) {
     const std::string labels = "tenant=\"" + labelValue(usage.tenant) + "\",sandbox=\"" + labelValue(usage.id) + "\"";
     cpu.values[labels] = usage.sample.cpu_used_pct;
     mem.values[labels] = static_cast<double>(usage.sample.mem_used_bytes);
     mem_total.values[labels] = static_cast<double>(usage.sample.mem_total_bytes);
     disk.values[labels] = static_cast<double>(usage.sample.disk_used_bytes);
+    if (usage.sample.has_nic) {
+      net_sent.values[labels] = static_cast<double>(usage.sample.net_sent_bytes);
+      net_received.values[labels] = static_cast<double>(usage.sample.net_received_bytes);
+    }
   }
   (void)c.res.send(200, "text/plain; version=0.0.4", metrics_.render(gauges));
 }
@@ -1374,7 +1384,9 @@ void ApiService::sandboxMetrics(Call& c) {
                        {"cpu_used_pct", std::round(m.cpu_used_pct * 100) / 100},
                        {"mem_used_bytes", m.mem_used_bytes},
                        {"mem_total_bytes", m.mem_total_bytes},
-                       {"disk_used_bytes", m.disk_used_bytes}});
+                       {"disk_used_bytes", m.disk_used_bytes},
+                       {"net_sent_bytes", m.net_sent_bytes},
+                       {"net_received_bytes", m.net_received_bytes}});
   }
   (void)c.res.send(200, "application/json", dumpJson(json{{"metrics", std::move(out)}}));
 }

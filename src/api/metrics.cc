@@ -73,7 +73,7 @@ std::string labelValue(std::string_view value) {
 std::string Metrics::render(const std::map<std::string, Gauge>& gauges) const {
   std::string out;
   for (const auto& [name, gauge] : gauges) {
-    out += "# HELP " + name + " " + gauge.help + "\n# TYPE " + name + " gauge\n";
+    out += "# HELP " + name + " " + gauge.help + "\n# TYPE " + name + " " + gauge.type + "\n";
     for (const auto& [labels, value] : gauge.values) {
       out += name + (labels.empty() ? "" : "{" + labels + "}") + " " + number(value) + "\n";
     }

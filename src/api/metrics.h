@@ -41,10 +41,12 @@ class Metrics {
   void countError(const std::string& code);
   void countRequest();
 
-  // `gauges`: name -> (help, {labels -> value}) rendered as gauges before the histograms.
+  // `gauges`: name -> (help, type, {labels -> value}) rendered before the histograms: gauges, and
+  // counters read from elsewhere (a tap's byte counts).
   struct Gauge {
     std::string help;
     std::map<std::string, double> values;  // label text ("" for none) -> value
+    std::string type = "gauge";            // or "counter" (its name ends in _total)
   };
   std::string render(const std::map<std::string, Gauge>& gauges) const;
 

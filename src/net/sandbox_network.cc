@@ -283,7 +283,10 @@ void SandboxNetwork::detach() {
 }
 
 Status SandboxNetwork::writeAttachment() const {
-  nlohmann::json a = {{"slot", slot_.index}, {"gateway_pid", gateway_ ? gateway_->pid() : -1}};
+  nlohmann::json a = {{"slot", slot_.index},
+                      {"gateway_pid", gateway_ ? gateway_->pid() : -1},
+                      {"tap_sent_at_attach", tap_baseline_.guest_sent},
+                      {"tap_received_at_attach", tap_baseline_.guest_received}};
   if (gateway_) {
     if (auto started = processStartTime(gateway_->pid()); started.ok()) a["gateway_start"] = started.value();
   }
@@ -549,6 +552,12 @@ Result<std::unique_ptr<SandboxNetwork>> NetworkPool::attach(const std::optional<
     return given.error();
   }
   std::unique_ptr<SandboxNetwork> network(new SandboxNetwork(shared_from_this(), std::move(slot.value()), state_dir));
+  // Figures only: a slot whose counters cannot be read counts from 0 (a reused one overstates).
+  if (auto counters = readTapBytes(network->slot()); counters.ok()) {
+    network->tap_baseline_ = counters.value();
+  } else {
+    spdlog::warn("network: slot {}: tap counters unread: {}", network->slot().name, counters.error().message);
+  }
   if (policy) {
     SPACE_TRY(network->setPolicy(*policy));
   } else if (auto kept = readPolicy(gatewayDir(state_dir)); !kept.ok() || !kept.value()) {
@@ -574,6 +583,10 @@ Result<std::unique_ptr<SandboxNetwork>> NetworkPool::adopt(const std::string& st
     used_.insert(slot.index);
   }
   std::unique_ptr<SandboxNetwork> network(new SandboxNetwork(shared_from_this(), slot, state_dir));
+  for (auto [field, into] : {std::pair{"tap_sent_at_attach", &network->tap_baseline_.guest_sent},
+                             std::pair{"tap_received_at_attach", &network->tap_baseline_.guest_received}}) {
+    if (auto it = a.find(field); it != a.end() && it->is_number_unsigned()) *into = it->get<uint64_t>();
+  }
   pid_t pid = a.value("gateway_pid", -1);
   std::string start = a.value("gateway_start", "");
   if (pid > 0 && !start.empty()) {

@@ -130,6 +130,9 @@ class SandboxNetwork {
   const Slot& slot() const { return slot_; }
   const std::string& stateDir() const { return state_dir_; }
   pid_t gatewayPid() const { return gateway_ ? gateway_->pid() : -1; }
+  // The slot's tap counters when this sandbox took it (kept in attachment.json across daemon
+  // restarts): its own traffic is the counters now minus these.
+  const TapBytes& tapBaseline() const { return tap_baseline_; }
 
   // Writes the policy the gateway applies from its next DNS answer or connection on. Not
   // `durable`: atomic but not yet on disk (persistPolicy() does that), for the create path,
@@ -169,6 +172,7 @@ class SandboxNetwork {
   std::string state_dir_;
   std::optional<ChildProcess> gateway_;
   bool detached_ = false;
+  TapBytes tap_baseline_;
   std::shared_ptr<GuestConnections> guest_connections_ = std::make_shared<GuestConnections>(kMaxGuestConnections);
 };
 

@@ -26,11 +26,13 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <sstream>
 #include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "common/fs.h"
 #include "common/unix_socket.h"
 #include "net/addressing.h"
 
@@ -431,6 +433,53 @@ Status runInNetns(const std::string& netns_path, const std::function<Status()>& 
     if (setns(fd.get(), CLONE_NEWNET) != 0) return sysError("enter namespace " + netns_path);
     return fn();
   });
+}
+
+Result<TapBytes> tapBytesFromNetDev(const std::string& net_dev, const std::string& tap) {
+  // Two header lines, then "<name>: rx_bytes rx_packets errs drop fifo frame compressed
+  // multicast tx_bytes ..." per interface (the kernel's dev_seq_show). Names are the host's
+  // (the slot's own tap and lo): nothing the guest writes reaches this text.
+  std::istringstream lines(net_dev);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const size_t name_at = line.find_first_not_of(' ');
+    if (name_at >= colon || line.substr(name_at, colon - name_at) != tap) continue;
+    std::istringstream fields(line.substr(colon + 1));
+    uint64_t values[9] = {};
+    for (auto& v : values) {
+      std::string field;
+      if (!(fields >> field) || field.size() > 20 || field.find_first_not_of("0123456789") != std::string::npos) {
+        return makeError(ErrorCode::kInternal, "unreadable net/dev line for " + tap);
+      }
+      errno = 0;
+      v = std::strtoull(field.c_str(), nullptr, 10);
+      if (errno == ERANGE) return makeError(ErrorCode::kInternal, "unreadable net/dev line for " + tap);
+    }
+    return TapBytes{/*guest_sent=*/values[0], /*guest_received=*/values[8]};
+  }
+  return makeError(ErrorCode::kNotFound, "no interface " + tap + " in net/dev");
+}
+
+Result<TapBytes> readTapBytes(pid_t pid) {
+  auto text = readSmallFile("/proc/" + std::to_string(pid) + "/net/dev", 64 * 1024);
+  if (!text.ok()) return text.error();
+  return tapBytesFromNetDev(text.value(), kTapName);
+}
+
+Result<TapBytes> readTapBytes(const Slot& slot) {
+  TapBytes bytes;
+  // thread-self, not self: setns moved this thread only.
+  SPACE_TRY(runInNetns(slot.netns_path, [&]() -> Status {
+    auto text = readSmallFile("/proc/thread-self/net/dev", 64 * 1024);
+    if (!text.ok()) return text.error();
+    auto read = tapBytesFromNetDev(text.value(), kTapName);
+    if (!read.ok()) return read.error();
+    bytes = read.value();
+    return okStatus();
+  }));
+  return bytes;
 }
 
 }  // namespace space::net

@@ -6,6 +6,9 @@
 // finds (and reclaims) the ones a previous run left.
 #pragma once
 
+#include <sys/types.h>
+
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -53,5 +56,19 @@ class SlotManager {
 // Runs `fn` on a short-lived thread that has entered the namespace at `netns_path` (setns
 // changes only the calling thread), and returns its result.
 Status runInNetns(const std::string& netns_path, const std::function<Status()>& fn);
+
+// A slot's tap byte counters, as the guest sees them: what the host's tap receives is what the
+// guest sent. They count from the tap's creation, and slots are reused (scrubbed), so a
+// sandbox's own figures are these minus what they were when it took the slot.
+struct TapBytes {
+  uint64_t guest_sent = 0;
+  uint64_t guest_received = 0;
+};
+// Parses /proc/<pid>/net/dev's text for interface `tap`.
+Result<TapBytes> tapBytesFromNetDev(const std::string& net_dev, const std::string& tap);
+// Read through a process in the slot (the sandbox's QEMU): no thread, no setns.
+Result<TapBytes> readTapBytes(pid_t pid);
+// Read from inside the slot.
+Result<TapBytes> readTapBytes(const Slot& slot);
 
 }  // namespace space::net

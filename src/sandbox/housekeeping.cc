@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "net/slot.h"
 #include "sandbox/manager_internal.h"
 
 namespace space::sandbox {
@@ -102,6 +103,16 @@ void SandboxManager::sampleMetrics(Live& live, int64_t now_ms) {
   if (now_ms - live.sampled_at_ms < kMetricsIntervalMs) return;
   const pid_t pid = live.vm().pid();
   auto usage = readProcessUsage(pid);
+  // QEMU runs in the sandbox's slot, so its /proc net/dev is the slot's: the tap's counters.
+  std::optional<net::TapBytes> nic;
+  if (live.runtime && live.runtime->network() != nullptr) {
+    auto read = net::readTapBytes(pid);
+    if (read.ok()) {
+      const auto& base = live.runtime->network()->tapBaseline();
+      auto since = [](uint64_t now, uint64_t then) { return now >= then ? now - then : now; };  // a new tap: from 0
+      nic = net::TapBytes{since(read->guest_sent, base.guest_sent), since(read->guest_received, base.guest_received)};
+    }
+  }
   // An adopted QEMU is reaped by someone else: if it exited just now, its pid may already be
   // another process's, whose figures must not become this sandbox's.
   if (usage.ok() && !live.vm().processRunning()) return;
@@ -121,6 +132,11 @@ void SandboxManager::sampleMetrics(Live& live, int64_t now_ms) {
     struct stat st {};
     if (::stat(live.vm().paths().disk.c_str(), &st) == 0)
       sample.disk_used_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+    if (nic) {
+      sample.net_sent_bytes = nic->guest_sent;
+      sample.net_received_bytes = nic->guest_received;
+      sample.has_nic = true;
+    }
     live.metrics.add(sample);
   }
   live.sampled_pid = pid;

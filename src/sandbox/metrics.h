@@ -24,6 +24,11 @@ struct MetricSample {
   uint64_t mem_used_bytes = 0;   // QEMU's resident memory (the guest's RAM it touched, and QEMU's own)
   uint64_t mem_total_bytes = 0;  // the guest's RAM size
   uint64_t disk_used_bytes = 0;  // blocks its disk overlay holds on the host
+  // Bytes through the guest's NIC (its tap) since the sandbox's network was made or last resumed,
+  // as the guest sees them: sent = out of the guest. 0 without a network.
+  uint64_t net_sent_bytes = 0;
+  uint64_t net_received_bytes = 0;
+  bool has_nic = false;  // the counters were read (the sandbox has a network)
 };
 
 // The newest samples, oldest first, at most `max` of them. Thread-safe.

@@ -3625,6 +3625,30 @@ TEST_F(SpacedNetworkTest, ASandboxReachesWhatItsPolicyAllowsAndNothingElse) {
   EXPECT_NE(udp_rc, 0) << udp_out;
   EXPECT_NE(udp_out.find("timed out"), std::string::npos) << udp_out;
 
+  // What crossed the guest's NIC shows in its metrics, as the guest sees it: what it sent counts
+  // even where the slot's rules then drop it (2 MB of UDP to nowhere); what it received includes
+  // a 3 MB download. Sampled every 5 s.
+  auto [moved_rc, moved_out] =
+      sh(d, id,
+         "python3 -c \"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+         "[s.sendto(b'x' * 1000, ('198.51.100.10', 7)) for _ in range(2000)]\" && "
+         "curl -sS -m 20 -o /dev/null -w 'got %{size_download}' http://allowed.test/bytes/3000000");
+  EXPECT_NE(moved_out.find("got 3000000"), std::string::npos) << moved_out;
+  json counted;
+  for (auto until = Clock::now() + seconds(15); Clock::now() < until; std::this_thread::sleep_for(milliseconds(500))) {
+    json series = d.callJson("GET", "/v1/sandboxes/" + id + "/metrics", json(), 200)["metrics"];
+    if (!series.is_array() || series.empty()) continue;
+    counted = series.back();
+    if (counted.value("net_sent_bytes", 0u) >= 2000000u && counted.value("net_received_bytes", 0u) >= 3000000u) break;
+  }
+  EXPECT_GE(counted.value("net_sent_bytes", 0u), 2000000u) << counted;
+  EXPECT_LT(counted.value("net_sent_bytes", 0u), 3000000u) << counted;  // its own bytes, not the slot's history
+  EXPECT_GE(counted.value("net_received_bytes", 0u), 3000000u) << counted;
+  EXPECT_LT(counted.value("net_received_bytes", 0u), 4000000u) << counted;
+  EXPECT_NE(d.call("GET", "/metrics")
+                .body.find("space_sandbox_network_received_bytes_total{tenant=\"default\",sandbox=\"" + id + "\"} "),
+            std::string::npos);
+
   json entries = auditLog(d, id);
   EXPECT_TRUE(logged(entries, "name", "denied.test", false)) << entries.dump(1);
   EXPECT_TRUE(logged(entries, "destination", "198.51.100.20", false)) << entries.dump(1);
