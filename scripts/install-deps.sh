@@ -22,8 +22,9 @@ packages=(
   qemu-system-x86 qemu-utils
   # tests and benchmarks
   python3 jq curl
-  # spacectl shell's test: a real terminal to type into and read from
-  tmux
+  # spacectl shell's test: a real terminal to type into and read from; script(1) for the
+  # progress line spacectl draws only on one
+  tmux bsdutils
   # network tests: the fake internet's namespaces, its servers' test CA
   iproute2 nftables openssl
   # storage tests: a data dir on a loop-mounted btrfs

@@ -2775,6 +2775,7 @@ TEST_F(SpacedTest, SpacectlCommandsAgainstTheDaemonFoundThroughItsDataDir) {
 
   const std::string id = firstLine(spacectl({"create", "--cpus", "1", "--memory", "256", "--metadata", "task=cli"}));
   ASSERT_EQ(id.substr(0, 3), "sb_") << id;
+  EXPECT_EQ(readSmallFile(dir_->path() + "/ctl1.err", 4096).value(), "") << "a progress line where no terminal is";
 
   // Completion in bash: commands and options at each level, and the tenant's sandbox ids.
   const std::string script = dir_->path() + "/completion.bash";
@@ -2843,7 +2844,18 @@ TEST_F(SpacedTest, SpacectlCommandsAgainstTheDaemonFoundThroughItsDataDir) {
   EXPECT_EQ(json::parse(spacectl({"get", id, "--json"}))["state"], "paused");
   spacectl({"resume", id});
   EXPECT_EQ(json::parse(spacectl({"get", id, "--json"}))["state"], "running");
-  spacectl({"suspend", id});
+  // On a terminal (script(1) gives it one) a long operation draws a progress line on stderr,
+  // erased before the answer.
+  const std::string typescript = dir_->path() + "/suspend.typescript";
+  ASSERT_EQ(runCommand({"script", "-qec",
+                        "env TERM=xterm " + std::string(SPACECTL_BIN) + " --data-dir " + data_dir_ + " suspend " + id,
+                        typescript},
+                       dir_->path() + "/script.out"),
+            0);
+  const std::string drawn = readSmallFile(typescript, 1 << 20).value();
+  const size_t line = drawn.find("| suspending " + id + "... 0.");
+  EXPECT_NE(line, std::string::npos) << drawn;
+  EXPECT_NE(drawn.find("\r\x1b[K" + id + " suspended", line), std::string::npos) << drawn;
   EXPECT_EQ(json::parse(spacectl({"get", id, "--json"}))["state"], "suspended");
   spacectl({"resume", id});
   EXPECT_EQ(json::parse(spacectl({"get", id, "--json"}))["state"], "running");

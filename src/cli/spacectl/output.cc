@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <iostream>
@@ -133,6 +135,39 @@ void printTable(const std::vector<std::vector<std::string>>& rows) {
     std::cout << line << "\n";
   }
   std::cout << std::flush;
+}
+
+Progress::Progress(std::string what, bool as_json) : what_(std::move(what)) {
+  const char* term = std::getenv("TERM");
+  if (as_json || !::isatty(STDERR_FILENO) || (term != nullptr && std::string_view(term) == "dumb")) return;
+  thread_ = std::thread([this] { run(); });
+}
+
+Progress::~Progress() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard lock(mu_);
+    done_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  (void)writeAll(STDERR_FILENO, "\r\x1b[K", "stderr");
+}
+
+void Progress::run() {
+  const auto started = std::chrono::steady_clock::now();
+  static constexpr char kFrames[] = {'|', '/', '-', '\\'};
+  std::unique_lock lock(mu_);
+  for (size_t frame = 0; !done_; ++frame) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    char elapsed[32];
+    std::snprintf(elapsed, sizeof elapsed, "%.1fs", seconds);
+    // \x1b[K erases what a longer earlier line left to the right.
+    (void)writeAll(STDERR_FILENO,
+                   std::string("\r") + kFrames[frame % std::size(kFrames)] + " " + what_ + "... " + elapsed + "\x1b[K",
+                   "stderr");
+    cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return done_; });
+  }
 }
 
 }  // namespace space::spacectl

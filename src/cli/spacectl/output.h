@@ -2,9 +2,12 @@
 // tables and units people read. Every command prints through these, so they all look alike.
 #pragma once
 
+#include <condition_variable>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "common/result.h"
@@ -61,5 +64,25 @@ std::string secondsText(const json& seconds);
 
 // Left-aligned columns; the last one is not padded, so long metadata does not pad every line.
 void printTable(const std::vector<std::vector<std::string>>& rows);
+
+// A line on stderr while a long request runs ("| creating a sandbox (2 vCPUs, 512 MB)... 2.4s"),
+// redrawn every 100 ms and erased when it ends, so the answer prints on a clean line. The API
+// answers these requests only when done, so elapsed time is what there is to show. Only on a
+// terminal and without --json: pipes, logs and scripts never see it.
+class Progress {
+ public:
+  Progress(std::string what, bool as_json);
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+ private:
+  void run();
+  std::string what_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
 
 }  // namespace space::spacectl

@@ -241,7 +241,10 @@ int cmdRun(const apiclient::Client& api, const CreateOptions& create, const Exec
 
   auto create_request = createRequest(create);
   if (!create_request.ok()) return fail(create_request.error());
-  auto created = api.call("POST", "/v1/sandboxes", create_request.value(), kCreateTimeout);
+  Result<json> created = [&] {
+    Progress progress("creating a sandbox", /*as_json=*/false);
+    return api.call("POST", "/v1/sandboxes", create_request.value(), kCreateTimeout);
+  }();
   if (!created.ok()) return interruptedBy() != 0 ? 128 + interruptedBy() : fail(created.error());
   const std::string id = text(field(*created, "id"));
   process.sandbox_id = id;

@@ -132,7 +132,10 @@ Result<json> createRequest(const CreateOptions& o) {
 int cmdCreate(const apiclient::Client& api, const CreateOptions& o, bool as_json) {
   auto request = createRequest(o);
   if (!request.ok()) return fail(request.error());
-  auto created = api.call("POST", "/v1/sandboxes", request.value(), kCreateTimeout);
+  Result<json> created = [&] {
+    Progress progress(o.snapshot.empty() ? "creating a sandbox" : "creating a sandbox from " + o.snapshot, as_json);
+    return api.call("POST", "/v1/sandboxes", request.value(), kCreateTimeout);
+  }();
   if (!created.ok()) return fail(created.error());
   if (as_json) {
     printJson(*created);
@@ -214,7 +217,13 @@ int cmdTimeout(const apiclient::Client& api, const std::string& id, int64_t seco
 }
 
 int cmdRunState(const apiclient::Client& api, const std::string& id, const char* action, bool as_json) {
-  auto sandbox = api.call("POST", sandboxPath(id) + "/" + action, json::object());
+  const std::string doing = std::string_view(action) == "pause"     ? "pausing "
+                            : std::string_view(action) == "suspend" ? "suspending "
+                                                                    : "resuming ";
+  Result<json> sandbox = [&] {
+    Progress progress(doing + id, as_json);
+    return api.call("POST", sandboxPath(id) + "/" + action, json::object());
+  }();
   if (!sandbox.ok()) return fail(sandbox.error());
   if (as_json) {
     printJson(*sandbox);

@@ -30,7 +30,10 @@ int cmdSnapshotCreate(const apiclient::Client& api, const std::string& sandbox_i
   json request = json::object();
   if (!o.name.empty()) request["name"] = o.name;
   if (!o.metadata.empty()) request["metadata"] = pairs(o.metadata);
-  auto snapshot = api.call("POST", sandboxPath(sandbox_id) + "/snapshots", request, kSnapshotTimeout);
+  Result<json> snapshot = [&] {
+    Progress progress("taking a snapshot of " + sandbox_id, as_json);
+    return api.call("POST", sandboxPath(sandbox_id) + "/snapshots", request, kSnapshotTimeout);
+  }();
   if (!snapshot.ok()) return fail(snapshot.error());
   if (as_json) {
     printJson(*snapshot);
@@ -103,8 +106,13 @@ int cmdBranch(const apiclient::Client& api, const std::string& snapshot_id, cons
     std::cerr << "\nspacectl: interrupted; sandboxes the branch started may be left behind (spacectl ls)\n";
     _exit(128 + sig);
   });
-  auto branched = api.call("POST", snapshotPath(snapshot_id) + "/branch", request,
-                           kCreateTimeout * ((o.count + kBranchParallel - 1) / kBranchParallel));
+  Result<json> branched = [&] {
+    Progress progress(
+        "branching " + snapshot_id + " into " + std::to_string(o.count) + (o.count == 1 ? " sandbox" : " sandboxes"),
+        as_json);
+    return api.call("POST", snapshotPath(snapshot_id) + "/branch", request,
+                    kCreateTimeout * ((o.count + kBranchParallel - 1) / kBranchParallel));
+  }();
   if (!branched.ok()) return fail(branched.error());
   if (as_json) {
     printJson(*branched);
