@@ -1,10 +1,12 @@
 // SandboxManager, snapshots and branches: taking, listing and deleting snapshots, branching children, and collecting
 // disk layers.
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <set>
 #include <thread>
 
 #include "common/fault.h"
@@ -145,6 +147,13 @@ Result<std::shared_ptr<void>> SandboxManager::claimSnapshotPlace(const std::stri
   std::lock_guard claims(quota_claims_mu_);
   auto usage = store_.snapshotUsage(tenant);
   if (!usage.ok()) return usage.error();
+  uint64_t stranded = 0;
+  if (quota.max_snapshot_bytes) {
+    auto bytes = strandedLayerBytes(tenant);
+    if (!bytes.ok()) return bytes.error();
+    stranded = bytes.value();
+    usage->bytes += stranded;
+  }
   std::lock_guard lock(mu_);
   auto it = snapshots_pending_.find(tenant);
   const PendingSnapshots taking = it == snapshots_pending_.end() ? PendingSnapshots{} : it->second;
@@ -161,7 +170,11 @@ Result<std::shared_ptr<void>> SandboxManager::claimSnapshotPlace(const std::stri
     return makeError(ErrorCode::kResourceExhausted,
                      "tenant " + tenant + " is at its quota of " + std::to_string(quota.max_snapshot_bytes >> 20) +
                          " MiB of snapshots (" + std::to_string((usage->bytes + taking.bytes) >> 20) +
-                         " MiB kept or being taken); delete one first",
+                         " MiB kept or being taken" +
+                         (stranded ? ", of which " + std::to_string(stranded >> 20) +
+                                         " MiB are disk layers of deleted snapshots that its sandboxes still stand on"
+                                   : std::string()) +
+                         "); delete one first",
                      "tenant_quota");
   }
   PendingSnapshots& mine = snapshots_pending_[tenant];
@@ -176,6 +189,40 @@ Result<std::shared_ptr<void>> SandboxManager::claimSnapshotPlace(const std::stri
     found->second.bytes -= estimate_bytes;
     if (found->second.count == 0) snapshots_pending_.erase(found);
   });
+}
+
+Result<uint64_t> SandboxManager::strandedLayerBytes(const std::string& tenant) {
+  auto snapshots = store_.allSnapshots();
+  if (!snapshots.ok()) return snapshots.error();
+  // Layers a recorded snapshot holds (their bytes count already), by identity: a backing name
+  // spelled another way is still the same file.
+  std::set<std::pair<dev_t, ino_t>> owned;
+  for (const auto& snap : snapshots.value()) {
+    struct stat st {};
+    if (::stat(snap.disk.c_str(), &st) == 0) owned.emplace(st.st_dev, st.st_ino);
+  }
+  auto sandboxes = store_.sandboxesInStates({"creating", "running", "paused", "suspended"});
+  if (!sandboxes.ok()) return sandboxes.error();
+  std::vector<std::string> roots;
+  for (const auto& sb : sandboxes.value()) {
+    if (sb.tenant != tenant || sb.run_dir.empty()) continue;
+    std::error_code ec;
+    for (const auto& file : std::filesystem::directory_iterator(sb.run_dir, ec)) {
+      if (file.path().extension() == ".qcow2") roots.push_back(file.path().string());
+    }
+  }
+  auto reachable = snapshot::reachableLayers(roots);
+  if (!reachable) return makeError(ErrorCode::kUnavailable, "a disk's backing chain could not be read; try again");
+  const std::string layers_dir = config_.data_dir + "/layers/";
+  uint64_t bytes = 0;
+  for (const auto& file : *reachable) {
+    struct stat st {};
+    if (file.rfind(layers_dir, 0) != 0 || ::stat(file.c_str(), &st) != 0 || owned.count({st.st_dev, st.st_ino})) {
+      continue;
+    }
+    bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
+  return bytes;
 }
 
 Result<store::SnapshotRecord> SandboxManager::getSnapshot(const std::string& tenant, const std::string& snapshot_id) {

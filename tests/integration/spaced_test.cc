@@ -1726,6 +1726,39 @@ TEST_F(SpacedTest, ATenantsSuspendedSandboxesTakeAtMostItsQuotaOfDisk) {
   d.callJson("DELETE", "/v1/sandboxes/" + b, json(), 204);
 }
 
+// A snapshot's disk layer outlives it while a sandbox branched from it stands on it. Such layers
+// count against the tenant's snapshot bytes, or a loop of write, snapshot, branch, delete would
+// pile up layers (each up to a disk of writes) that no quota sees.
+TEST_F(SpacedTest, LayersOfDeletedSnapshotsCountAgainstTheSnapshotQuota) {
+  daemon_ = Daemon::start(data_dir_, {"--tenant-max-snapshot-mb", "64"});
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string parent = d.create();
+  ASSERT_FALSE(parent.empty());
+  // 96 MiB written after the template: they land in the layer of the snapshot taken next.
+  EXPECT_EQ(execJson(d, parent,
+                     json{{"command", "head -c 96M /dev/zero | tr '\\0' x > /home/user/big && sync && echo written"},
+                          {"timeout_s", 120}})["stdout"],
+            "written\n");
+  const std::string snap = d.callJson("POST", "/v1/sandboxes/" + parent + "/snapshots", json::object(), 201)["id"];
+  json children = d.callJson("POST", "/v1/snapshots/" + snap + "/branch", json{{"count", 1}}, 201);
+  ASSERT_EQ(children["sandboxes"].size(), 1u) << children;
+  const std::string child = children["sandboxes"][0]["id"];
+  ASSERT_EQ(d.call("DELETE", "/v1/snapshots/" + snap).status, 204);
+  ASSERT_EQ(d.call("DELETE", "/v1/sandboxes/" + parent).status, 204);
+  // No snapshot is recorded any more, but the child stands on the layer: 96 of the 64 MiB.
+  json refused = d.callJson("POST", "/v1/sandboxes/" + child + "/snapshots", json::object(), 429);
+  EXPECT_EQ(refused["error"]["code"], "tenant_quota") << refused;
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("disk layers of deleted snapshots"), std::string::npos)
+      << refused;
+  EXPECT_EQ(execJson(d, child, json{{"command", "wc -c < /home/user/big"}})["stdout"], "100663296\n");
+  // Once the child goes, nothing stands on the layer: the quota is free again.
+  ASSERT_EQ(d.call("DELETE", "/v1/sandboxes/" + child).status, 204);
+  const std::string fresh = d.create();
+  ASSERT_FALSE(fresh.empty());
+  d.callJson("POST", "/v1/sandboxes/" + fresh + "/snapshots", json::object(), 201);
+}
+
 TEST_F(SpacedTest, IdleAndTimedOutSandboxesSuspendAndResumeOnDemand) {
   daemon_ = Daemon::start(data_dir_, {"--idle-suspend", "2"});
   ASSERT_TRUE(daemon_);
