@@ -461,7 +461,9 @@ Result<TenantQuotaReport> SandboxManager::quotaReport(const std::string& tenant)
   auto snapshots = store_.snapshotUsage(tenant);
   if (!snapshots.ok()) return snapshots.error();
   report.snapshots = static_cast<uint32_t>(snapshots->count);
-  report.snapshot_bytes = snapshots->bytes;
+  auto stranded = strandedLayerBytes(tenant);  // counted as the quota counts them
+  if (!stranded.ok()) return stranded.error();
+  report.snapshot_bytes = snapshots->bytes + stranded.value();
   auto suspended = store_.countInState(tenant, stateName(SandboxState::kSuspended));
   if (!suspended.ok()) return suspended.error();
   report.suspended = static_cast<uint32_t>(suspended.value());

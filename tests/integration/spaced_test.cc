@@ -1751,6 +1751,7 @@ TEST_F(SpacedTest, LayersOfDeletedSnapshotsCountAgainstTheSnapshotQuota) {
   EXPECT_EQ(refused["error"]["code"], "tenant_quota") << refused;
   EXPECT_NE(refused["error"]["message"].get<std::string>().find("disk layers of deleted snapshots"), std::string::npos)
       << refused;
+  EXPECT_GE(d.callJson("GET", "/v1/quota", json(), 200)["usage"]["snapshot_bytes"].get<uint64_t>(), 96u << 20);
   EXPECT_EQ(execJson(d, child, json{{"command", "wc -c < /home/user/big"}})["stdout"], "100663296\n");
   // Once the child goes, nothing stands on the layer: the quota is free again.
   ASSERT_EQ(d.call("DELETE", "/v1/sandboxes/" + child).status, 204);
