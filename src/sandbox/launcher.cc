@@ -73,6 +73,11 @@ Result<Launch> Launcher::fromTemplate(const Template& tpl, uint32_t cpus, uint64
     launch.how = "booted (no template kept for this size)";
     return launch;
   }
+  if (!snap.ok() && snap.error().reason == "template_damaged") {
+    // Until eviction has removed it (and the next create builds it again), creates boot.
+    launch.how = "booted (its template is damaged on this node)";
+    return launch;
+  }
   if (!snap.ok()) return snap.error();
   launch.spec.rootfs_path = snap->disk;
   launch.spec.rootfs_format = "qcow2";

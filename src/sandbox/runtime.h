@@ -42,7 +42,7 @@ struct Launch {
   // Set on nodes with networking: the VM starts in the slot it gets (spec.netns_path).
   std::optional<NetworkAttach> network;
   // From a template: keeps it from eviction until this Launch goes, by which time the VM's
-  // overlay stands on the template's disk (see TemplateCache::holdForEviction).
+  // overlay stands on the template's disk (see TemplateCache::evictUnused).
   std::shared_ptr<void> template_in_use;
 };
 

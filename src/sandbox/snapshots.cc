@@ -398,10 +398,9 @@ void SandboxManager::collectLayers(bool wait) {
     layers_dirty_ = true;  // busy starting VMs or taking a snapshot: next round
     return;
   }
-  // Before the listing: a create that found its template before this has its overlay on disk
-  // now, and one after waits until the eviction is done. Null if a create is between the two:
-  // templates wait for the next round, layers do not.
-  auto evicting = templates_->holdForEviction();
+  // Before the listing: templates that creates began to use after it are kept this round (their
+  // overlays may be missing from the listing); see TemplateCache::evictUnused.
+  const uint64_t mark = templates_->evictionMark();
   std::vector<std::string> roots;
   std::error_code ec;
   // Every sandbox directory's disk (running, paused, suspended, or being created).
@@ -411,10 +410,12 @@ void SandboxManager::collectLayers(bool wait) {
       if (file.path().extension() == ".qcow2") roots.push_back(file.path().string());
     }
   }
-  // Snapshots being built keep their layer (and its helper's overlay stands on it).
-  for (const auto& build : std::filesystem::directory_iterator(config_.data_dir + "/snapshots", ec)) {
-    const std::string name = build.path().filename().string();
-    if (name.rfind(".build-", 0) == 0) roots.push_back(config_.data_dir + "/layers/" + name.substr(7) + ".qcow2");
+  // Every snapshot directory keeps its layer (<id>.qcow2): one being built (its helper's overlay
+  // stands on it), one published but not yet recorded, one whose deletion is under way.
+  for (const auto& dir : std::filesystem::directory_iterator(config_.data_dir + "/snapshots", ec)) {
+    std::string id = dir.path().filename().string();
+    if (id.rfind(".build-", 0) == 0) id = id.substr(7);
+    if (!id.empty() && id[0] != '.') roots.push_back(config_.data_dir + "/layers/" + id + ".qcow2");
   }
   auto snapshots = store_.allSnapshots();
   if (!snapshots.ok()) {
@@ -427,24 +428,25 @@ void SandboxManager::collectLayers(bool wait) {
     spdlog::warn("layers: not collected: a disk's backing chain could not be read");
     return;
   }
-  int removed = snapshot::sweepLayers(config_.data_dir + "/layers", *keep);
-  if (removed > 0) spdlog::info("layers: removed {} disk layers nothing stands on", removed);
-  const bool templates_checked = evicting != nullptr;
-  if (!templates_checked) layers_dirty_ = true;  // templates next round, not in a minute
-  if (evicting) {
-    snapshot::EvictionRules rules;
-    rules.current_key = [this](const std::string& name, uint32_t vcpus,
-                               uint64_t memory_mib) -> std::optional<snapshot::TemplateKey> {
-      auto tpl = launcher_->findTemplate(name);
-      if (!tpl.ok()) return std::nullopt;
-      return launcher_->templateKey(*tpl.value(), vcpus, memory_mib);
-    };
-    rules.pinned_sizes = {std::to_string(config_.default_cpus) + "x" + std::to_string(config_.default_memory_mb)};
-    rules.idle = config_.template_idle;
-    templates_->evictUnused(*keep, rules, Clock::now(), std::move(evicting));
+  auto unreachable = snapshot::unreachableLayers(config_.data_dir + "/layers", *keep);
+  // Decided: nothing can come to stand on these any more (new disks stand on recorded
+  // snapshots' layers, on their own sandbox's chain, or on new layers), so snapshots and
+  // children need not wait for the unlinks, nor for the templates' eviction.
+  layers.unlock();
+  if (const int removed = snapshot::removeLayers(unreachable); removed > 0) {
+    spdlog::info("layers: removed {} disk layers nothing stands on", removed);
   }
-  spdlog::debug("layers: collected ({} disks stand on {} files; templates {})", roots.size(), keep->size(),
-                templates_checked ? "checked" : "next round: a create was under way");
+  snapshot::EvictionRules rules;
+  rules.current_key = [this](const std::string& name, uint32_t vcpus,
+                             uint64_t memory_mib) -> std::optional<snapshot::TemplateKey> {
+    auto tpl = launcher_->findTemplate(name);
+    if (!tpl.ok()) return std::nullopt;
+    return launcher_->templateKey(*tpl.value(), vcpus, memory_mib);
+  };
+  rules.pinned_sizes = {std::to_string(config_.default_cpus) + "x" + std::to_string(config_.default_memory_mb)};
+  rules.idle = config_.template_idle;
+  templates_->evictUnused(*keep, rules, Clock::now(), mark);
+  spdlog::debug("layers: collected ({} disks stand on {} files)", roots.size(), keep->size());
 }
 
 }  // namespace space::sandbox

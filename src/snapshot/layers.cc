@@ -70,14 +70,24 @@ std::optional<std::set<std::string>> reachableLayers(const std::vector<std::stri
   return seen;
 }
 
-int sweepLayers(const std::string& layers_dir, const std::set<std::string>& keep) {
-  int removed = 0;
+std::vector<std::string> unreachableLayers(const std::string& layers_dir, const std::set<std::string>& keep) {
+  std::vector<std::string> out;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(layers_dir, ec)) {
-    if (keep.count(entry.path().string())) continue;
-    if (std::filesystem::remove(entry.path(), ec)) ++removed;
+    if (!keep.count(entry.path().string())) out.push_back(entry.path().string());
   }
+  return out;
+}
+
+int removeLayers(const std::vector<std::string>& layers) {
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& layer : layers) removed += std::filesystem::remove(layer, ec);
   return removed;
+}
+
+int sweepLayers(const std::string& layers_dir, const std::set<std::string>& keep) {
+  return removeLayers(unreachableLayers(layers_dir, keep));
 }
 
 }  // namespace space::snapshot

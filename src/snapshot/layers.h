@@ -25,7 +25,12 @@ Result<std::string> qcow2BackingFile(const std::string& path);
 // other failure to read a header gives nullopt: then nothing is known to be unreferenced.
 std::optional<std::set<std::string>> reachableLayers(const std::vector<std::string>& roots);
 
-// Removes the files in `layers_dir` not in `keep`; returns how many.
+// The files in `layers_dir` not in `keep`.
+std::vector<std::string> unreachableLayers(const std::string& layers_dir, const std::set<std::string>& keep);
+// Removes them; returns how many. Apart from the listing on purpose: unlinking big layers takes
+// time that nothing which makes disks needs to wait for (see SandboxManager::collectLayers).
+int removeLayers(const std::vector<std::string>& layers);
+// Both at once.
 int sweepLayers(const std::string& layers_dir, const std::set<std::string>& keep);
 
 }  // namespace space::snapshot

@@ -94,15 +94,20 @@ Result<std::string> TemplateCache::dirName(const TemplateKey& key) {
 
 Result<TemplateSnapshot> TemplateCache::ensure(const TemplateKey& key, std::chrono::milliseconds boot_timeout,
                                                const vmm::NodeFacts* node, bool always) {
-  auto use = beginUse();  // before the look: an eviction cannot remove what this finds
   auto name = dirName(key);
   if (!name.ok()) return name.error();
+  uint64_t began = 0;
+  auto use = beginUse(name.value(), began);  // before the look: an eviction cannot remove what this finds
   const std::string dir = root_ + "/" + name.value();
   auto used = [&](Result<TemplateSnapshot> snap) {
     if (!snap.ok()) return snap;
     snap->in_use = use;
     std::lock_guard guard(mu_);
     last_used_[name.value()] = Clock::now();
+    // Only a use that returns a snapshot makes a disk over it (see evictUnused); set while the
+    // use still counts, so an eviction sees one or the other.
+    Use& counted = uses_[name.value()];
+    counted.last_begun = std::max(counted.last_begun, began);
     return snap;
   };
   std::shared_ptr<std::mutex> lock;
@@ -114,58 +119,60 @@ Result<TemplateSnapshot> TemplateCache::ensure(const TemplateKey& key, std::chro
   }
   std::lock_guard build_lock(*lock);
   // Published snapshots are complete (rename is the last step), so existing means usable.
-  if (auto meta = readSmallFile(dir + "/meta.json", 1 << 20); meta.ok()) {
+  auto meta = readSmallFile(dir + "/meta.json", 1 << 20);
+  if (meta.ok()) {
     auto bounded = parseJsonBounded(meta.value());
     json parsed = bounded.ok() ? std::move(bounded.value()) : json();
     if (parsed.is_object() && countField(parsed, "format_version") == static_cast<uint64_t>(kSnapshotFormatVersion)) {
       return used(snapshotIn(dir, std::move(parsed)));
     }
-    // Moved aside, not removed: disks of sandboxes and snapshot layers may stand on its disk.
-    const std::string aside = dir + ".broken-" + std::to_string(::time(nullptr));
-    spdlog::warn("templates: {} has an unreadable or old meta.json; moved to {}, rebuilding", dir, aside);
-    std::error_code ec;
-    fs::rename(dir, aside, ec);
-    if (ec) return makeError(ErrorCode::kInternal, "move aside " + dir + ": " + ec.message());
+  } else if (meta.error().code != ErrorCode::kNotFound) {
+    return makeError(ErrorCode::kUnavailable, "template " + key.name + ": " + meta.error().message);  // EMFILE, EIO
+  }
+  std::error_code ec;
+  if (meta.ok() || fs::exists(dir, ec) || ec) {
+    // Not replaced in place: overlays and snapshot layers name this disk by its path, and a
+    // rebuild there would put other bytes under them. The format version is part of the key,
+    // so only damage (or a hand) gets here.
+    spdlog::warn("templates: {} has a damaged or missing meta.json; not used, removed once nothing stands on it", dir);
+    return makeError(ErrorCode::kUnavailable, "template " + key.name + " is damaged on this node (" + dir + ")",
+                     "template_damaged");
   }
   auto place = claimBuild(key, always);
   if (!place.ok()) return place.error();
   return used(build(key, dir, boot_timeout, node));
 }
 
-std::shared_ptr<void> TemplateCache::beginUse() {
-  std::unique_lock guard(use_mu_);
-  use_cv_.wait(guard, [this] { return !evicting_; });  // an eviction lasts a listing and a few removals
-  ++users_;
-  return std::shared_ptr<void>(nullptr, [this](void*) {
-    std::lock_guard guard(use_mu_);
-    --users_;
+std::shared_ptr<void> TemplateCache::beginUse(const std::string& dir, uint64_t& began) {
+  std::lock_guard guard(mu_);
+  ++uses_[dir].now;
+  began = ++uses_begun_;
+  return std::shared_ptr<void>(nullptr, [this, dir](void*) {
+    std::lock_guard guard(mu_);
+    if (auto it = uses_.find(dir); it != uses_.end() && it->second.now > 0) --it->second.now;
   });
 }
 
-std::shared_ptr<void> TemplateCache::holdForEviction() {
-  std::lock_guard guard(use_mu_);
-  if (users_ > 0 || evicting_) return nullptr;
-  evicting_ = true;
-  return std::shared_ptr<void>(reinterpret_cast<void*>(1), [this](void*) {
-    {
-      std::lock_guard guard(use_mu_);
-      evicting_ = false;
-    }
-    use_cv_.notify_all();
-  });
+uint64_t TemplateCache::evictionMark() {
+  std::lock_guard guard(mu_);
+  return uses_begun_;
 }
 
 std::string TemplateCache::evictionReason(const std::string& dir, const EvictionRules& rules, Clock::time_point now) {
   auto text = readSmallFile(root_ + "/" + dir + "/meta.json", 1 << 20);
-  if (!text.ok()) return "no readable meta.json";
+  if (!text.ok() && text.error().code != ErrorCode::kNotFound) {
+    spdlog::warn("templates: {} kept this round: {}", dir, text.error().message);
+    return "";  // EMFILE, EIO: unknown, not damaged
+  }
+  if (!text.ok()) return "no meta.json";
   auto bounded = parseJsonBounded(text.value());
-  if (!bounded.ok() || !bounded->is_object()) return "no readable meta.json";
+  if (!bounded.ok() || !bounded->is_object()) return "damaged meta.json";
   const json& meta = bounded.value();
   auto it = meta.find("template");
   const std::string name = it != meta.end() && it->is_string() ? it->get<std::string>() : "";
   const uint64_t vcpus = countField(meta, "vcpus");
   const uint64_t memory_mib = countField(meta, "memory_mib");
-  if (vcpus == 0 || vcpus > UINT32_MAX || memory_mib == 0) return "no readable meta.json";
+  if (vcpus == 0 || vcpus > UINT32_MAX || memory_mib == 0) return "damaged meta.json";
   const std::string size = std::to_string(vcpus) + "x" + std::to_string(memory_mib);
   auto key = rules.current_key ? rules.current_key(name, static_cast<uint32_t>(vcpus), memory_mib) : std::nullopt;
   if (!key) return "template \"" + name + "\" is no longer configured";
@@ -188,13 +195,18 @@ std::string TemplateCache::evictionReason(const std::string& dir, const Eviction
 }
 
 std::vector<std::string> TemplateCache::evictUnused(const std::set<std::string>& reachable, const EvictionRules& rules,
-                                                    Clock::time_point now, std::shared_ptr<void> hold) {
+                                                    Clock::time_point now, uint64_t mark) {
   // By identity, not by name: a backing name spelled another way must still keep its file.
   std::set<std::pair<dev_t, ino_t>> stood_on;
   for (const auto& file : reachable) {
     struct stat st {};
     if (::stat(file.c_str(), &st) == 0) stood_on.emplace(st.st_dev, st.st_ino);
   }
+  // Used now, or first used since the mark (its overlay may have come after the listing).
+  auto inUse = [&](const std::string& dir) {
+    auto it = uses_.find(dir);
+    return it != uses_.end() && (it->second.now > 0 || it->second.last_begun > mark);
+  };
   std::vector<std::pair<std::string, std::string>> doomed;  // directory, why
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(root_, ec)) {
@@ -204,10 +216,15 @@ std::vector<std::string> TemplateCache::evictUnused(const std::set<std::string>&
       doomed.emplace_back(dir, "");  // an eviction cut short
       continue;
     }
+    {
+      std::lock_guard guard(mu_);
+      if (inUse(dir)) continue;
+    }
     struct stat disk {};
     if (::stat((entry.path() / "disk.qcow2").c_str(), &disk) == 0 && stood_on.count({disk.st_dev, disk.st_ino})) {
       continue;
     }
+    // (.broken-: moved aside by daemons before this one, which rebuilt in place.)
     std::string why =
         dir.find(".broken-") != std::string::npos ? "moved aside as broken" : evictionReason(dir, rules, now);
     if (!why.empty()) doomed.emplace_back(dir, std::move(why));
@@ -220,23 +237,32 @@ std::vector<std::string> TemplateCache::evictUnused(const std::set<std::string>&
       continue;
     }
     const std::string aside = root_ + "/.evict-" + dir;
-    fs::rename(root_ + "/" + dir, aside, ec);
-    if (ec) {
-      spdlog::warn("templates: cannot evict {}/{}: {}", root_, dir, ec.message());
-      continue;
-    }
-    spdlog::info("templates: evicting {} ({}; nothing stands on it)", dir, why);
     {
+      // Checked again and renamed under one lock: a create that finds the directory after this
+      // has begun its use before the rename, and one that begins after finds nothing there.
       std::lock_guard guard(mu_);
+      if (inUse(dir)) continue;
+      fs::rename(root_ + "/" + dir, aside, ec);
+      if (ec) {
+        spdlog::warn("templates: cannot evict {}/{}: {}", root_, dir, ec.message());
+        continue;
+      }
       last_used_.erase(dir);
       locks_.erase(dir);
     }
+    spdlog::info("templates: evicting {} ({}; nothing stands on it)", dir, why);
     removed.push_back(dir);
     to_remove.push_back(aside);
   }
   if (!removed.empty()) (void)fsyncPath(root_);
-  // Renamed: no create can find these any more, so creates need not wait for the removal.
-  hold.reset();
+  {
+    // Idle uses older than this mark can no longer keep anything: a later mark is newer still.
+    std::lock_guard guard(mu_);
+    std::erase_if(uses_, [&](const auto& use) { return use.second.now == 0 && use.second.last_begun <= mark; });
+    // Build locks of directories nobody uses (sizes that were refused, too): made again on need.
+    std::erase_if(locks_, [&](const auto& lock) { return !uses_.count(lock.first) && lock.second.use_count() == 1; });
+  }
+  // Renamed: no create can find these any more, and none waits for their removal.
   for (const auto& gone : to_remove) {
     fs::remove_all(gone, ec);
     if (ec) spdlog::warn("templates: cannot remove {}: {}", gone, ec.message());

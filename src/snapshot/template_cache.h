@@ -8,7 +8,6 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -58,7 +57,7 @@ struct TemplateSnapshot {
   std::string disk;         // qcow2; clones get an overlay over it
   std::string state_file;
   nlohmann::json meta;
-  // Keeps evictUnused away from every template until dropped: hold it until the VM's overlay
+  // Keeps evictUnused away from this directory until dropped: hold it until the VM's overlay
   // stands on `disk` (from then on the overlay's backing name keeps the snapshot).
   std::shared_ptr<void> in_use;
 };
@@ -85,7 +84,10 @@ class TemplateCache {
       : root_(std::move(root)), max_sizes_(max_sizes), allowed_sizes_(std::move(allowed_sizes)) {}
   // The snapshot for `key`, built first if missing (a cold boot: seconds). Concurrent callers
   // for one key wait for one build. `node`: the node's facts, so the build probes nothing.
-  // A build beyond max_sizes (see claimBuild) is refused, unless `always`.
+  // A build beyond max_sizes (see claimBuild) is refused, unless `always`. A published directory
+  // whose meta.json is damaged is neither used nor rebuilt in place, since disks made over its
+  // disk would then stand on other bytes: refused (reason template_damaged) until evictUnused has
+  // removed it once nothing stands on it; the next ensure() builds it again.
   Result<TemplateSnapshot> ensure(const TemplateKey& key, std::chrono::milliseconds boot_timeout,
                                   const vmm::NodeFacts* node = nullptr, bool always = false);
   // The directory name a key maps to: computed from the files' identities (stat, a PATH walk for
@@ -104,17 +106,18 @@ class TemplateCache {
   // Eviction. Templates take hundreds of MB each, and every new image, QEMU upgrade or size
   // leaves one behind. One goes when no disk stands on it any more and it is stale (never
   // restorable again), of a size the operator does not keep, or, for first-come sizes, unused
-  // for rules.idle. The caller takes holdForEviction() first (null: an ensure() is under way; try
-  // later), then lists what stands on templates (reachableLayers from every disk), then calls
-  // evictUnused with it: a create that found a template before the hold has its overlay on disk
-  // by then, and one after it waits for the hold to go.
-  std::shared_ptr<void> holdForEviction();
+  // for rules.idle. The caller takes evictionMark() first, then lists what stands on templates
+  // (reachableLayers from every disk), then calls evictUnused with both. A directory is kept
+  // if a create is using it (between ensure() and its overlay on disk) or began to after the
+  // mark: such a create's overlay may be missing from the listing. Uses are counted per
+  // directory, so creates never wait for an eviction and creates of other templates, however
+  // many, never hold one off.
+  uint64_t evictionMark();
   // `reachable`: files some disk stands on. Returns the directory names removed (each renamed to
   // .evict-<name> first, so a crash never leaves a half snapshot that looks published; leftovers
-  // of that go too). `hold` (from holdForEviction) is dropped once the renames are done: creates
-  // wait for the decisions, not for the deletion of hundreds of MB.
+  // of that go too).
   std::vector<std::string> evictUnused(const std::set<std::string>& reachable, const EvictionRules& rules,
-                                       Clock::time_point now, std::shared_ptr<void> hold);
+                                       Clock::time_point now, uint64_t mark);
 
  private:
   Result<TemplateSnapshot> build(const TemplateKey& key, const std::string& final_dir,
@@ -123,21 +126,26 @@ class TemplateCache {
   std::vector<std::pair<std::string, std::string>> builtSizes(const std::string& name);
   // Why the published `dir` may go once nothing stands on it ("" if it stays).
   std::string evictionReason(const std::string& dir, const EvictionRules& rules, Clock::time_point now);
-  std::shared_ptr<void> beginUse();
+  // Counts a use of `dir` until the returned handle goes; `began` is its number (see uses_).
+  std::shared_ptr<void> beginUse(const std::string& dir, uint64_t& began);
   static constexpr size_t kMaxRememberedKeys = 4096;
   std::string root_;
   size_t max_sizes_ = 0;
   std::set<std::string> allowed_sizes_;
-  std::mutex mu_;  // guards locks_ and dir_names_
+  std::mutex mu_;  // guards everything below
   std::map<std::string, std::shared_ptr<std::mutex>> locks_;
   std::map<std::string, std::string> dir_names_;        // memo of dirName, by the key's fields
   std::set<std::string> building_;                      // directory names being built now
   std::map<std::string, Clock::time_point> last_used_;  // by directory name: last ensure, or first seen
-  // Uses (ensure() until its TemplateSnapshot's in_use goes) against eviction: either, not both.
-  std::mutex use_mu_;
-  std::condition_variable use_cv_;
-  int users_ = 0;
-  bool evicting_ = false;
+  // Uses (ensure() until its TemplateSnapshot's in_use goes) by directory name: how many now, and
+  // the number (from uses_begun_) of the last that began and returned a snapshot, compared with
+  // an eviction's mark. Entries are dropped once idle and older than a round's mark.
+  struct Use {
+    uint32_t now = 0;
+    uint64_t last_begun = 0;
+  };
+  std::map<std::string, Use> uses_;
+  uint64_t uses_begun_ = 0;
   NetnsSource netns_source_;
 };
 

@@ -4,7 +4,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "common/bounded_json.h"
@@ -21,9 +23,24 @@ std::string NodeFacts::guestKernelArgs(Accelerator a) const {
   return "";
 }
 
+namespace {
+
+// Whether access() said "there is no such executable" (kNotFound) rather than "cannot tell now"
+// (EIO, ENOMEM, ELOOP...): callers evict templates keyed by a binary that is gone, so a
+// transient failure must not read as one.
+Error accessError(const std::string& path) {
+  const int err = errno;
+  if (err == ENOENT || err == ENOTDIR || err == EACCES) {
+    return makeError(ErrorCode::kNotFound, path + " is not executable");
+  }
+  return makeError(ErrorCode::kInternal, "cannot look at " + path + ": " + std::strerror(err));
+}
+
+}  // namespace
+
 Result<std::string> findExecutable(const std::string& binary) {
   if (binary.find('/') != std::string::npos) {
-    if (::access(binary.c_str(), X_OK) != 0) return makeError(ErrorCode::kNotFound, binary + " is not executable");
+    if (::access(binary.c_str(), X_OK) != 0) return accessError(binary);
     return binary;
   }
   const char* path = getenv("PATH");
@@ -36,6 +53,7 @@ Result<std::string> findExecutable(const std::string& binary) {
     if (!dir.empty() && dir[0] == '/') {
       std::string candidate = dir + "/" + binary;
       if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+      if (errno != ENOENT && errno != ENOTDIR && errno != EACCES) return accessError(candidate);
     }
     if (colon == std::string::npos) break;
     start = colon + 1;

@@ -103,7 +103,7 @@ TEST_F(TemplateAdmitAttack, AnAbandonedBuildLeavesNoPlaceBehind) {
   int still = 0;
   for (uint64_t mib = 300; mib < 350; ++mib) still += cache.claimBuild(key(1, mib)).ok();
   EXPECT_EQ(still, 0) << still << " sizes beyond the bound of 2 could still be built";
-  // A published size needs no place: rebuilding it (a broken meta.json) is not a new size.
+  // A published size needs no place: it is not a new size.
   EXPECT_TRUE(cache.claimBuild(key(2, 1024)).ok());
 }
 
@@ -113,7 +113,10 @@ class TemplateEvictionTest : public TemplateAdmitAttack {
   // A published snapshot as a build leaves it: meta.json and a disk.
   std::string publishFull(TemplateCache& cache, const TemplateKey& k) {
     auto name = cache.dirName(k);
-    EXPECT_TRUE(name.ok());
+    if (!name.ok()) {
+      ADD_FAILURE() << name.error().message;
+      return "";
+    }
     const std::string dir = root_ + "/" + name.value();
     std::filesystem::create_directory(dir);
     std::ofstream(dir + "/meta.json") << nlohmann::json{
@@ -150,15 +153,14 @@ TEST_F(TemplateEvictionTest, StaleTemplatesGoOnceNothingStandsOnThem) {
   const std::string now_default = publishFull(cache, key(2, 512));
   const auto now = Clock::now();
   // A clone of the old default still runs: its overlay names the old disk (spelled another way).
-  auto evicted =
-      cache.evictUnused({root_ + "/./" + old_default + "/disk.qcow2"}, rules(), now, cache.holdForEviction());
+  auto evicted = cache.evictUnused({root_ + "/./" + old_default + "/disk.qcow2"}, rules(), now, cache.evictionMark());
   EXPECT_EQ(evicted, std::vector<std::string>{old_other});
   EXPECT_TRUE(present(old_default)) << "a template a disk stands on was removed";
   EXPECT_TRUE(present(now_default));
   EXPECT_FALSE(present(old_other));
   EXPECT_FALSE(present(".evict-" + old_other));
   // The clone is gone: so is the old template; the current one stays, unused or not.
-  evicted = cache.evictUnused({}, rules(), now, cache.holdForEviction());
+  evicted = cache.evictUnused({}, rules(), now, cache.evictionMark());
   EXPECT_EQ(evicted, std::vector<std::string>{old_default});
   EXPECT_TRUE(present(now_default));
 }
@@ -171,7 +173,7 @@ TEST_F(TemplateEvictionTest, SizesTheOperatorDoesNotKeepGo) {
   const std::string unlisted = publishFull(cache, key(1, 384));
   auto r = rules();
   r.idle = std::chrono::seconds(1);
-  auto evicted = cache.evictUnused({}, r, Clock::now() + std::chrono::hours(1), cache.holdForEviction());
+  auto evicted = cache.evictUnused({}, r, Clock::now() + std::chrono::hours(1), cache.evictionMark());
   EXPECT_EQ(evicted, std::vector<std::string>{unlisted});
   EXPECT_TRUE(present(listed));
   EXPECT_TRUE(present(pinned));
@@ -186,43 +188,93 @@ TEST_F(TemplateEvictionTest, FirstComeSizesGoWhenUnusedForTheIdleTime) {
   auto r = rules();
   r.idle = std::chrono::seconds(60);
   const auto start = Clock::now();
-  EXPECT_TRUE(cache.evictUnused({}, r, start, cache.holdForEviction()).empty())
-      << "a restart aged what it had not seen";
-  EXPECT_TRUE(cache.evictUnused({}, r, start + std::chrono::seconds(59), cache.holdForEviction()).empty());
-  EXPECT_EQ(cache.evictUnused({}, r, start + std::chrono::seconds(61), cache.holdForEviction()),
+  EXPECT_TRUE(cache.evictUnused({}, r, start, cache.evictionMark()).empty()) << "a restart aged what it had not seen";
+  EXPECT_TRUE(cache.evictUnused({}, r, start + std::chrono::seconds(59), cache.evictionMark()).empty());
+  EXPECT_EQ(cache.evictUnused({}, r, start + std::chrono::seconds(61), cache.evictionMark()),
             std::vector<std::string>{first_come});
   EXPECT_TRUE(present(pinned));
   r.idle = std::chrono::seconds(0);  // 0: first-come sizes are kept
   publishFull(cache, key(1, 384));
-  EXPECT_TRUE(cache.evictUnused({}, r, start + std::chrono::hours(100), cache.holdForEviction()).empty());
+  EXPECT_TRUE(cache.evictUnused({}, r, start + std::chrono::hours(100), cache.evictionMark()).empty());
 }
 
-// A create between finding its template and standing on it holds eviction off; an eviction
-// under way makes the next create wait; leftovers of a cut-short eviction go, builds stay.
-TEST_F(TemplateEvictionTest, ACreateInFlightHoldsEvictionOff) {
-  TemplateCache cache(root_);
-  const std::string dir = publishFull(cache, key(1, 384));
+// A create between finding its template and standing on it keeps that template, and so does
+// one that found it after the round's mark (its overlay may be missing from the listing); it
+// keeps no other template, and waits for no eviction. Leftovers of a cut-short eviction go,
+// builds stay.
+TEST_F(TemplateEvictionTest, ACreateKeepsItsTemplateFromFindingItToTheNextRound) {
+  TemplateCache cache(root_, 0, {"1x512"});  // 1x384 and 1x448 go once nothing stands on them
+  const std::string used = publishFull(cache, key(1, 384));
+  const std::string other = publishFull(cache, key(1, 448));
   {
     auto found = cache.ensure(key(1, 384), std::chrono::seconds(1));
     ASSERT_TRUE(found.ok()) << found.error().message;
-    EXPECT_EQ(cache.holdForEviction(), nullptr) << "an eviction could remove a template a create is opening";
+    EXPECT_EQ(cache.evictUnused({}, rules(), Clock::now(), cache.evictionMark()), std::vector<std::string>{other})
+        << "a create in flight held off the eviction of a template it does not use";
+    EXPECT_TRUE(present(used)) << "an eviction removed a template a create is opening";
   }
-  auto hold = cache.holdForEviction();
-  ASSERT_NE(hold, nullptr);
-  EXPECT_EQ(cache.holdForEviction(), nullptr);
-  std::atomic<bool> found{false};
-  std::thread create([&] { found = cache.ensure(key(1, 384), std::chrono::seconds(1)).ok(); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_FALSE(found) << "a create went on during an eviction";
+  // The create is done (its overlay is on disk): a round marked before it began would not have
+  // listed that overlay, so the template stays for that round...
+  publishFull(cache, key(1, 448));
+  const uint64_t mark = cache.evictionMark();
+  ASSERT_TRUE(cache.ensure(key(1, 384), std::chrono::seconds(1)).ok());
   std::filesystem::create_directory(root_ + "/.evict-base-0123456789abcdef");
   std::filesystem::create_directory(root_ + "/.build-x");
-  // The eviction drops the hold itself once its renames are done: the create goes on.
-  EXPECT_TRUE(cache.evictUnused({}, rules(), Clock::now(), std::move(hold)).empty());
+  EXPECT_EQ(cache.evictUnused({}, rules(), Clock::now(), mark), std::vector<std::string>{other});
+  EXPECT_TRUE(present(used)) << "a template a create found after the listing began was evicted";
   EXPECT_FALSE(present(".evict-base-0123456789abcdef"));
   EXPECT_TRUE(present(".build-x"));
+  // ...and goes in the next, whose listing would have seen any disk on it.
+  EXPECT_EQ(cache.evictUnused({}, rules(), Clock::now(), cache.evictionMark()), std::vector<std::string>{used});
+}
+
+// A create never waits for an eviction: uses and rounds only meet for the instant of a rename.
+TEST_F(TemplateEvictionTest, CreatesGoOnWhileEvictionsRun) {
+  TemplateCache cache(root_, 0, {"1x512"});
+  const std::string kept = publishFull(cache, key(1, 512));
+  std::atomic<bool> stop{false};
+  std::atomic<int> found{0};
+  std::thread create([&] {
+    while (!stop) found += cache.ensure(key(1, 512), std::chrono::seconds(1)).ok();
+  });
+  int rounds = 0;
+  for (; rounds < 200; ++rounds) {
+    publishFull(cache, key(1, 384));
+    EXPECT_EQ(cache.evictUnused({}, rules(), Clock::now(), cache.evictionMark()).size(), 1u)
+        << "creates of another size held an eviction off";
+  }
+  stop = true;
   create.join();
-  EXPECT_TRUE(found);
-  EXPECT_TRUE(present(dir));
+  EXPECT_GT(found, 0);
+  EXPECT_TRUE(present(kept));
+}
+
+// A damaged meta.json is never rebuilt in place (overlays name the disk by path: a rebuild
+// would put other bytes under them); creates are told, and the directory goes once nothing
+// stands on it, so the next create builds it anew. A meta.json that cannot be read now (EISDIR
+// here; EMFILE or EIO in production) is neither: it stays, and nothing is built.
+TEST_F(TemplateEvictionTest, ADamagedTemplateIsNotRebuiltUnderTheDisksOnItAndGoesOnceFree) {
+  TemplateCache cache(root_);
+  const std::string dir = publishFull(cache, key(1, 384));
+  std::ofstream(root_ + "/" + dir + "/meta.json") << "{ damaged";
+  auto found = cache.ensure(key(1, 384), std::chrono::seconds(1));
+  ASSERT_FALSE(found.ok());
+  EXPECT_EQ(found.error().reason, "template_damaged") << found.error().message;
+  EXPECT_EQ(readSmallFile(root_ + "/" + dir + "/disk.qcow2", 64).value(), "disk") << "rebuilt in place";
+  // A disk stands on it: kept. (The refused create is no use: it keeps nothing.)
+  EXPECT_TRUE(cache.evictUnused({root_ + "/" + dir + "/disk.qcow2"}, rules(), Clock::now(), 0).empty());
+  EXPECT_EQ(cache.evictUnused({}, rules(), Clock::now(), 0), std::vector<std::string>{dir});
+
+  const std::string unreadable = publishFull(cache, key(1, 448));
+  std::filesystem::remove(root_ + "/" + unreadable + "/meta.json");
+  std::filesystem::create_directory(root_ + "/" + unreadable + "/meta.json");
+  auto later = cache.ensure(key(1, 448), std::chrono::seconds(1));
+  ASSERT_FALSE(later.ok());
+  EXPECT_EQ(later.error().code, ErrorCode::kUnavailable) << later.error().message;
+  EXPECT_NE(later.error().reason, "template_damaged");
+  EXPECT_TRUE(cache.evictUnused({}, rules(), Clock::now(), cache.evictionMark()).empty())
+      << "a meta.json that could not be read now evicted its template";
+  EXPECT_TRUE(present(unreadable));
 }
 
 // A recipe file that cannot be looked at now (ELOOP here; EMFILE or EIO in production) is not a
@@ -237,12 +289,12 @@ TEST_F(TemplateEvictionTest, ARecipeFileThatCannotBeReadNowKeepsItsTemplate) {
   std::filesystem::create_symlink(rootfs_, rootfs_);  // stat: ELOOP
   {
     TemplateCache cache(root_);
-    EXPECT_TRUE(cache.evictUnused({}, rules(), Clock::now(), cache.holdForEviction()).empty());
+    EXPECT_TRUE(cache.evictUnused({}, rules(), Clock::now(), cache.evictionMark()).empty());
     EXPECT_TRUE(present(dir)) << "a transient stat error evicted a template";
   }
   std::filesystem::remove(rootfs_);  // now really gone
   TemplateCache cache(root_);
-  EXPECT_EQ(cache.evictUnused({}, rules(), Clock::now(), cache.holdForEviction()), std::vector<std::string>{dir});
+  EXPECT_EQ(cache.evictUnused({}, rules(), Clock::now(), cache.evictionMark()), std::vector<std::string>{dir});
 }
 
 // A damaged meta.json (wrong types) neither throws nor keeps the directory forever.
@@ -250,7 +302,7 @@ TEST_F(TemplateEvictionTest, ADamagedMetaIsEvictedWithoutThrowing) {
   TemplateCache cache(root_);
   std::filesystem::create_directory(root_ + "/base-00000000000000ff");
   std::ofstream(root_ + "/base-00000000000000ff/meta.json") << R"({"format_version": "1", "vcpus": [], "template": 7})";
-  EXPECT_EQ(cache.evictUnused({}, rules(), Clock::now(), cache.holdForEviction()),
+  EXPECT_EQ(cache.evictUnused({}, rules(), Clock::now(), cache.evictionMark()),
             std::vector<std::string>{"base-00000000000000ff"});
 }
 
