@@ -360,9 +360,10 @@ class SandboxManager {
   // A place in the tenant's snapshot quota while one is taken (released with the guard), or
   // the refusal (tenant_quota).
   Result<std::shared_ptr<void>> claimSnapshotPlace(const std::string& tenant, uint64_t estimate_bytes);
-  // Bytes of disk layers whose snapshots are deleted but that `tenant`'s sandboxes still stand
-  // on (a child branched from a snapshot keeps its layer): counted with its snapshots' bytes, or a
-  // loop of snapshot, branch, delete would pile up layers no quota sees.
+  // Bytes of disk layers whose snapshots are deleted but that `tenant`'s sandboxes or snapshots
+  // still stand on (a child branched from a snapshot keeps its layer; a later snapshot keeps the
+  // one frozen before it): counted with its snapshots' bytes, or loops of snapshot, branch or
+  // snapshot again, delete would pile up layers no quota sees.
   Result<uint64_t> strandedLayerBytes(const std::string& tenant);
   void expireSuspended(int64_t now_ms);
   void expireOneSuspended(const store::SandboxRecord& row, int64_t now_ms);

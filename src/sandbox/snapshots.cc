@@ -47,7 +47,12 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
   // it is recorded or has failed). A snapshot's size is known only once taken: the bytes quota
   // refuses new ones once reached (those being taken count at their guest's memory), so the
   // last may go over it by what it holds beyond that.
-  auto pending = claimSnapshotPlace(request.tenant, rec->memory_mb << 20);
+  // Estimated at its memory and its disk as it is now (the layer it freezes holds what the guest
+  // wrote since the last one), so that several taken at once cannot all pass under the quota.
+  struct stat overlay {};
+  const uint64_t disk_bytes =
+      ::stat(sandbox.vm().paths().disk.c_str(), &overlay) == 0 ? static_cast<uint64_t>(overlay.st_blocks) * 512 : 0;
+  auto pending = claimSnapshotPlace(request.tenant, (rec->memory_mb << 20) + disk_bytes);
   if (!pending.ok()) return pending.error();
   store::SnapshotRecord snap;
   snap.id = newSnapshotId();
@@ -164,15 +169,16 @@ Result<std::shared_ptr<void>> SandboxManager::claimSnapshotPlace(const std::stri
                          " kept or being taken); delete one first",
                      "tenant_quota");
   }
-  // Those being taken count at an estimate of their size (the guest's memory), so that many
-  // taken at once cannot all pass under the quota.
+  // Those being taken count at an estimate of their size (the guest's memory and disk), so that
+  // many taken at once cannot all pass under the quota.
   if (quota.max_snapshot_bytes && usage->bytes + taking.bytes >= quota.max_snapshot_bytes) {
     return makeError(ErrorCode::kResourceExhausted,
                      "tenant " + tenant + " is at its quota of " + std::to_string(quota.max_snapshot_bytes >> 20) +
                          " MiB of snapshots (" + std::to_string((usage->bytes + taking.bytes) >> 20) +
                          " MiB kept or being taken" +
                          (stranded ? ", of which " + std::to_string(stranded >> 20) +
-                                         " MiB are disk layers of deleted snapshots that its sandboxes still stand on"
+                                         " MiB are disk layers of deleted snapshots that its sandboxes or "
+                                         "snapshots still stand on"
                                    : std::string()) +
                          "); delete one first",
                      "tenant_quota");
@@ -203,7 +209,13 @@ Result<uint64_t> SandboxManager::strandedLayerBytes(const std::string& tenant) {
   }
   auto sandboxes = store_.sandboxesInStates({"creating", "running", "paused", "suspended"});
   if (!sandboxes.ok()) return sandboxes.error();
+  // What its sandboxes and its snapshots stand on: a snapshot's disk names the layer frozen
+  // before it, which outlives that snapshot's deletion (snapshot, snapshot, delete the first
+  // and the sandbox: only the second's record counts, the first's layer hangs under it).
   std::vector<std::string> roots;
+  for (const auto& snap : snapshots.value()) {
+    if (snap.tenant == tenant) roots.push_back(snap.disk);
+  }
   for (const auto& sb : sandboxes.value()) {
     if (sb.tenant != tenant || sb.run_dir.empty()) continue;
     std::error_code ec;

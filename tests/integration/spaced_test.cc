@@ -1771,6 +1771,31 @@ TEST_F(SpacedTest, LayersOfDeletedSnapshotsCountAgainstTheSnapshotQuota) {
   const std::string fresh = d.create();
   ASSERT_FALSE(fresh.empty());
   d.callJson("POST", "/v1/sandboxes/" + fresh + "/snapshots", json::object(), 201);
+
+  // The same through a later snapshot: snapshot, snapshot again, delete the first and the
+  // sandbox. The second's disk names the first's layer, which holds the 96 MiB; only the
+  // second's record is left, and it holds none of them.
+  ASSERT_EQ(d.stop(SIGTERM).exit_code, 0);
+  daemon_ = Daemon::start(data_dir_, {"--tenant-max-snapshot-mb", "4096"});
+  ASSERT_TRUE(daemon_);
+  auto& again = *daemon_;
+  const std::string writer = again.create();
+  ASSERT_FALSE(writer.empty());
+  EXPECT_EQ(execJson(again, writer,
+                     json{{"command", "head -c 96M /dev/zero | tr '\\0' y > /home/user/big && sync && echo written"},
+                          {"timeout_s", 120}})["stdout"],
+            "written\n");
+  const std::string first = again.callJson("POST", "/v1/sandboxes/" + writer + "/snapshots", json::object(), 201)["id"];
+  again.callJson("POST", "/v1/sandboxes/" + writer + "/snapshots", json::object(), 201);
+  ASSERT_EQ(again.call("DELETE", "/v1/snapshots/" + first).status, 204);
+  ASSERT_EQ(again.call("DELETE", "/v1/sandboxes/" + writer).status, 204);
+  uint64_t recorded = 0;
+  const json kept = again.callJson("GET", "/v1/snapshots", json(), 200);
+  ASSERT_EQ(kept["snapshots"].size(), 2u) << kept;  // the first part's and the second here
+  for (const auto& one : kept["snapshots"]) recorded += one["size_bytes"].get<uint64_t>();
+  EXPECT_GE(again.callJson("GET", "/v1/quota", json(), 200)["usage"]["snapshot_bytes"].get<uint64_t>(),
+            recorded + (96u << 20))
+      << "a deleted snapshot's layer under a later snapshot counts against no quota";
 }
 
 TEST_F(SpacedTest, IdleAndTimedOutSandboxesSuspendAndResumeOnDemand) {
