@@ -252,17 +252,20 @@ std::vector<std::pair<std::string, std::string>> ApiService::routes() {
 }
 
 TenantGate::RateSource tenantRateSource(sandbox::SandboxManager& manager, TenantGate::Rate fallback) {
-  return [&manager, fallback](const std::string& tenant) -> std::optional<TenantGate::Rate> {
+  return [&manager, fallback](const std::string& tenant) -> Result<std::optional<TenantGate::Rate>> {
     auto own = manager.ownQuota(tenant);
     if (!own.ok()) {
-      // Not waived, not invented: the node's rate applies until it can be read.
+      // Not waived, not invented: the last rate known applies until it can be read.
       spdlog::warn("api: cannot read the request rate of tenant {}: {}", tenant, own.error().message);
-      return std::nullopt;
+      return own.error();
     }
-    if (!own.value() || (!own.value()->requests_per_s && !own.value()->request_burst)) return std::nullopt;
+    if (!own.value() || (!own.value()->requests_per_s && !own.value()->request_burst)) {
+      return std::optional<TenantGate::Rate>();
+    }
     const auto& q = *own.value();
-    return TenantGate::Rate{q.requests_per_s ? static_cast<double>(*q.requests_per_s) : fallback.rate_per_s,
-                            q.request_burst ? static_cast<double>(*q.request_burst) : fallback.burst};
+    return std::optional<TenantGate::Rate>(
+        TenantGate::Rate{q.requests_per_s ? static_cast<double>(*q.requests_per_s) : fallback.rate_per_s,
+                         q.request_burst ? static_cast<double>(*q.request_burst) : fallback.burst});
   };
 }
 
@@ -276,8 +279,12 @@ ApiService::ApiService(sandbox::SandboxManager& manager, KeyRing& keys, ApiLimit
       secrets_(secrets),
       tenant_gate_(TenantGate::Limits{limits.max_requests_per_tenant, limits.tenant_requests_per_s,
                                       limits.tenant_request_burst}) {
-  tenant_gate_.setRateSource(
-      tenantRateSource(manager_, TenantGate::Rate{limits.tenant_requests_per_s, limits.tenant_request_burst}));
+  if (limits.tenant_rates) {
+    tenant_gate_.shareRates(limits.tenant_rates);
+  } else {
+    tenant_gate_.setRateSource(
+        tenantRateSource(manager_, TenantGate::Rate{limits.tenant_requests_per_s, limits.tenant_request_burst}));
+  }
   // The router only matches; handle() runs the route's method with the authenticated tenant.
   for (const auto& r : routeTable()) router_.add(r.method, r.pattern, http::Handler());
 }

@@ -43,6 +43,9 @@ struct ApiLimits {
   // 429 with Retry-After. 0: no rate limit (spaced sets 100/s and 500 unless told otherwise).
   double tenant_requests_per_s = 0;
   double tenant_request_burst = 0;
+  // Buckets shared with the other front ends (one rate per tenant for the daemon); null: its own,
+  // at the two values above.
+  std::shared_ptr<TenantRates> tenant_rates;
 };
 
 // The served OpenAPI document (docs/openapi.json, embedded at build time).

@@ -3,18 +3,63 @@
 // without this, one tenant's long-running calls (streamed execs, uploads, branches) could hold
 // every connection thread and lock the other tenants out, and a tight loop of cheap calls could
 // take the daemon's time from everyone else. The rate is a token bucket per tenant: `burst`
-// requests at once, refilled at `rate_per_s`.
+// requests at once, refilled at `rate_per_s`; one bucket per tenant for the whole daemon
+// (TenantRates, shared by every front end's gates), so a tenant cannot multiply its rate by
+// spreading its requests over SPACE's API and E2B's.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 
+#include "common/result.h"
+
 namespace space::api {
+
+// Each tenant's token bucket and the rate that fills it: its own where the operator gave it
+// one, else the node's.
+class TenantRates {
+ public:
+  struct Rate {
+    double rate_per_s = 0;  // 0: no rate limit
+    double burst = 0;       // bucket size; below 1 means rate_per_s
+  };
+  // A tenant's own rate, where the operator gave it one (nullopt: the node's), or the error
+  // that kept it from being read. Asked at most once a second per tenant, never under a lock
+  // (it may read the state database): others use the last value meanwhile.
+  using RateSource = std::function<Result<std::optional<Rate>>(const std::string& tenant)>;
+
+  explicit TenantRates(Rate node) : node_(node) {}
+  // Set once, before the first take().
+  void setRateSource(RateSource source) { source_ = std::move(source); }
+  // The rate that applies to `tenant`: its own, else the node's. A read that fails keeps the
+  // last one known, so a tenant the operator throttled is not let go by a busy database.
+  Rate rateOf(const std::string& tenant);
+  // Spends one of `tenant`'s tokens: 0, or (none left) the seconds until one is back.
+  int take(const std::string& tenant, const Rate& rate);
+
+ private:
+  struct Bucket {
+    double tokens = 0;
+    std::chrono::steady_clock::time_point refilled;
+  };
+  struct KnownRate {
+    std::optional<Rate> own;
+    std::chrono::steady_clock::time_point asked;
+    bool asking = false;
+  };
+  const Rate node_;
+  RateSource source_;
+  std::mutex mutex_;
+  // Keys are tenants that authenticated: the operator's few, not what a client names.
+  std::map<std::string, Bucket> buckets_;
+  std::map<std::string, KnownRate> rates_;
+};
 
 class TenantGate {
  public:
@@ -23,7 +68,8 @@ class TenantGate {
     double rate_per_s = 0;  // 0: no rate limit
     double burst = 0;       // bucket size; below 1 means rate_per_s
   };
-  explicit TenantGate(Limits limits) : limits_(limits) {}
+  explicit TenantGate(Limits limits)
+      : limits_(limits), rates_(std::make_shared<TenantRates>(TenantRates::Rate{limits.rate_per_s, limits.burst})) {}
   explicit TenantGate(size_t max_in_flight) : TenantGate(Limits{max_in_flight, 0, 0}) {}
   TenantGate(const TenantGate&) = delete;
   TenantGate& operator=(const TenantGate&) = delete;
@@ -73,42 +119,27 @@ class TenantGate {
     int retry_after_s_ = 0;
   };
 
-  // A tenant's own request rate, where the operator gave it one: {rate_per_s, burst}, 0 rate
-  // meaning none. nullopt: the gate's own. Asked at most once a second per tenant (it may read
-  // the state database), so a change applies within a second.
-  struct Rate {
-    double rate_per_s = 0;
-    double burst = 0;
-  };
-  using RateSource = std::function<std::optional<Rate>(const std::string& tenant)>;
-  // Set once, before the first enter().
-  void setRateSource(RateSource source) { rate_source_ = std::move(source); }
+  using Rate = TenantRates::Rate;
+  using RateSource = TenantRates::RateSource;
+  // Its own buckets' source (see TenantRates). Set once, before the first enter().
+  void setRateSource(RateSource source) { rates_->setRateSource(std::move(source)); }
+  // Buckets shared with other gates instead of its own (Limits' rate is then unused). Set once,
+  // before the first enter().
+  void shareRates(std::shared_ptr<TenantRates> rates) { rates_ = std::move(rates); }
 
   Ticket enter(const std::string& tenant);
   size_t maxInFlight() const { return limits_.max_in_flight; }
-  double ratePerS() const { return limits_.rate_per_s; }
-  // The rate that applies to `tenant` (its own, else the gate's).
-  Rate rateOf(const std::string& tenant);
+  // The rate that applies to `tenant` (its own, else the node's).
+  Rate rateOf(const std::string& tenant) { return rates_->rateOf(tenant); }
   size_t inFlight(const std::string& tenant) const;
 
  private:
   void leave(const std::string& tenant);
 
-  struct Bucket {
-    double tokens = 0;
-    std::chrono::steady_clock::time_point refilled;
-  };
-  struct KnownRate {
-    std::optional<Rate> own;
-    std::chrono::steady_clock::time_point asked;
-  };
   const Limits limits_;
-  mutable std::mutex mutex_;
+  mutable std::mutex mutex_;                 // taken before rates_'s, never inside it
   std::map<std::string, size_t> in_flight_;  // only tenants with requests running
-  std::map<std::string, Bucket> buckets_;    // tenants authenticated since start (the operator's few)
-  RateSource rate_source_;
-  std::mutex rates_mutex_;                  // taken before mutex_, never inside it
-  std::map<std::string, KnownRate> rates_;  // guarded by rates_mutex_
+  std::shared_ptr<TenantRates> rates_;
 };
 
 }  // namespace space::api

@@ -721,6 +721,12 @@ int main(int argc, char** argv) {
     return fatal(ingress_key.error().message);
   }
   ingress.token_key = ingress_key.value();
+  // One token bucket per tenant for every front end: a tenant's rate is its rate, however it
+  // spreads its requests over SPACE's API, E2B's API and envd.
+  api_limits.tenant_rates = std::make_shared<api::TenantRates>(
+      api::TenantRates::Rate{api_limits.tenant_requests_per_s, api_limits.tenant_request_burst});
+  api_limits.tenant_rates->setRateSource(api::tenantRateSource(
+      *manager.value(), api::TenantRates::Rate{api_limits.tenant_requests_per_s, api_limits.tenant_request_burst}));
   api::ApiService service(*manager.value(), keys, api_limits, kDefaultTenant, ingress, &vault);
   auto server = http::Server::start(
       listen, [&](http::Request& rq, http::Response& rs) { service.handle(rq, rs); }, {}, tls);
@@ -734,6 +740,7 @@ int main(int argc, char** argv) {
   e2b_options.max_json_body = api_limits.max_json_body;
   e2b_options.tenant_gate = api::TenantGate::Limits{api_limits.max_requests_per_tenant,
                                                     api_limits.tenant_requests_per_s, api_limits.tenant_request_burst};
+  e2b_options.tenant_rates = api_limits.tenant_rates;
   if (auto size = std::filesystem::file_size(base.rootfs_path, ec); !ec) e2b_options.disk_size_mb = size >> 20;
   // E2B's traffic token is SPACE's ingress token: it opens a sandbox's ports, never its envd.
   if (config.network) e2b_options.traffic_token_key = ingress.token_key;
@@ -741,6 +748,7 @@ int main(int argc, char** argv) {
   e2b::EnvdOptions envd_options;
   envd_options.tenant_calls.rate_per_s = api_limits.tenant_requests_per_s;
   envd_options.tenant_calls.burst = api_limits.tenant_request_burst;
+  envd_options.tenant_rates = api_limits.tenant_rates;
   envd_options.ports = ingress;  // the operator's ingress timeouts, caps and token key
   e2b::EnvdFront e2b_envd(*manager.value(), vault, envd_options);
   std::unique_ptr<http::Server> e2b_api_server, e2b_envd_server;

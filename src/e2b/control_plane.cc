@@ -270,7 +270,11 @@ ControlPlane::ControlPlane(sandbox::SandboxManager& manager, api::KeyRing& keys,
                            ControlPlaneOptions options)
     : manager_(manager), keys_(keys), vault_(vault), options_(options), gate_(options.tenant_gate) {
   // A tenant's own request rate applies here as on SPACE's API.
-  gate_.setRateSource(api::tenantRateSource(manager_, {options.tenant_gate.rate_per_s, options.tenant_gate.burst}));
+  if (options.tenant_rates) {
+    gate_.shareRates(options.tenant_rates);
+  } else {
+    gate_.setRateSource(api::tenantRateSource(manager_, {options.tenant_gate.rate_per_s, options.tenant_gate.burst}));
+  }
   auto connect = [](ControlPlane& self, Call& c) { self.connectSandbox(c, false); };
   routes_ = {
       {"POST", "/sandboxes", [](ControlPlane& s, Call& c) { s.createSandbox(c); }},

@@ -32,7 +32,8 @@ inline constexpr const char* kClientId = "6532622b";
 struct ControlPlaneOptions {
   size_t max_json_body = 1 << 20;
   api::TenantGate::Limits tenant_gate;
-  uint64_t disk_size_mb = 0;  // what a sandbox's disk holds, as reported (diskSizeMB)
+  std::shared_ptr<api::TenantRates> tenant_rates;  // shared buckets (see api::ApiLimits); null: its own
+  uint64_t disk_size_mb = 0;                       // what a sandbox's disk holds, as reported (diskSizeMB)
   // The ingress token key (api::accessToken): a sandbox's trafficAccessToken opens its ports
   // only. Empty (no network): trafficAccessToken is null.
   std::string traffic_token_key;

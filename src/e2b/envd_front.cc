@@ -137,7 +137,13 @@ EnvdFront::EnvdFront(sandbox::SandboxManager& manager, secrets::SecretVault& vau
       calls_(options.tenant_calls),
       ports_(api::TenantGate::Limits{std::max<size_t>(1, options.ports.max_connections / 4), 0, 0}),
       watchers_(options.watchers) {
-  calls_.setRateSource(api::tenantRateSource(manager_, {options.tenant_calls.rate_per_s, options.tenant_calls.burst}));
+  if (options.tenant_rates) {
+    calls_.shareRates(options.tenant_rates);
+    streams_.shareRates(options.tenant_rates);
+  } else {
+    calls_.setRateSource(
+        api::tenantRateSource(manager_, {options.tenant_calls.rate_per_s, options.tenant_calls.burst}));
+  }
 }
 
 std::string EnvdFront::sandboxForSignature(http::Request& req, const std::string& operation) {
@@ -282,13 +288,20 @@ void EnvdFront::handle(http::Request& req, http::Response& res) {
   api::TenantGate& gate = is_port ? ports_ : is_stream ? streams_ : calls_;
   auto ticket = gate.enter(tenant.value());
   if (!ticket.admitted()) {
-    res.setHeader("Retry-After", std::to_string(std::max(1, ticket.retryAfterS())));
+    // A refusal keeps no connection (and its server thread) for the next request to reuse.
+    res.closeConnection();
+    const int retry_s = std::max(1, ticket.retryAfterS());
+    res.setHeader("Retry-After", std::to_string(retry_s));
     (void)sendJsonError(res, 429,
-                        "this tenant already has " + std::to_string(gate.maxInFlight()) +
-                            (is_port     ? " connections to its sandboxes' ports"
-                             : is_stream ? " envd streams"
-                                         : " envd calls") +
-                            " open; retry when one has finished");
+                        ticket.refusal() == api::TenantGate::Refusal::kRateLimited
+                            ? "this tenant is over its rate of " +
+                                  fmt::format("{:g}", gate.rateOf(tenant.value()).rate_per_s) +
+                                  " requests per second; retry after " + std::to_string(retry_s) + " s"
+                            : "this tenant already has " + std::to_string(gate.maxInFlight()) +
+                                  (is_port     ? " connections to its sandboxes' ports"
+                                   : is_stream ? " envd streams"
+                                               : " envd calls") +
+                                  " open; retry when one has finished");
     return;
   }
   Call call{req, res, id, tenant.value(), "", may_resume};

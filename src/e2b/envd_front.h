@@ -38,6 +38,9 @@ struct EnvdOptions {
   // which hold memory instead; neither lets one tenant fill the listener's 4096.
   api::TenantGate::Limits tenant_streams{1024, 0, 0};
   api::TenantGate::Limits tenant_calls{64, 0, 0};
+  // Shared buckets (see api::ApiLimits): calls and stream starts both spend the tenant's tokens.
+  // Null: the calls have their own, at tenant_calls' rate, and streams none.
+  std::shared_ptr<api::TenantRates> tenant_rates;
   std::chrono::milliseconds unary_timeout{30000};
   // Requests for other guest ports (E2b-Sandbox-Port: N): proxied as SPACE's ingress does, with
   // its timeouts, its token (e2b-traffic-access-token) and its cap: `max_connections` for the

@@ -851,6 +851,16 @@ TEST_F(SpacedTest, ATenantsOwnQuotaAppliesAtOnceAndOnlyToIt) {
   EXPECT_EQ(limited.status, 429) << limited.body;
   EXPECT_LE(answered, 4) << "a burst of 3 at 1/s let " << answered << " through";
   EXPECT_NE(limited.body.find("rate of 1 requests per second"), std::string::npos) << limited.body;
+  // One bucket for every front end: E2B's API, with the same key, has nothing left to spend.
+  {
+    auto endpoint = readSmallFile(data_dir_ + "/spaced.json", 4096);
+    ASSERT_TRUE(endpoint.ok());
+    auto e2b = http::Client::create(json::parse(endpoint.value()).value("e2b_api_url", ""));
+    ASSERT_TRUE(e2b.ok()) << e2b.error().message;
+    auto via_e2b = e2b->request("GET", "/sandboxes", {{"X-API-Key", bob}});
+    ASSERT_TRUE(via_e2b.ok()) << via_e2b.error().message;
+    EXPECT_EQ(via_e2b->status, 429) << "E2B's API had a rate of its own: " << via_e2b->body;
+  }
   for (int i = 0; i < 10; ++i) ASSERT_EQ(d.call("GET", "/v1/quota").status, 200) << i;
   std::this_thread::sleep_for(milliseconds(1100));
   json bobs_rate = d.callJson("GET", "/v1/quota", json(), 200, bob);

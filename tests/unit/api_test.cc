@@ -111,6 +111,51 @@ TEST(TenantGate, ATenantsOwnRateAppliesToItAlone) {
   EXPECT_EQ(asked, 2) << "asked for every request, not once a second";
 }
 
+// Gates that share buckets (SPACE's API, E2B's API, envd's calls and streams) spend one rate per
+// tenant: spreading requests over the front ends does not multiply it.
+TEST(TenantGate, GatesThatShareBucketsSpendOneRate) {
+  auto rates = std::make_shared<TenantRates>(TenantRates::Rate{5, 5});
+  TenantGate api(TenantGate::Limits{64, 0, 0});
+  TenantGate e2b(TenantGate::Limits{64, 0, 0});
+  TenantGate envd_streams(TenantGate::Limits{1024, 0, 0});
+  for (auto* gate : {&api, &e2b, &envd_streams}) gate->shareRates(rates);
+  int admitted = 0;
+  for (int i = 0; i < 10; ++i) {
+    for (auto* gate : {&api, &e2b, &envd_streams}) admitted += gate->enter("t").admitted();
+  }
+  EXPECT_EQ(admitted, 5) << "a burst of 5 let " << admitted << " requests in over three front ends";
+  EXPECT_TRUE(api.enter("other").admitted()) << "one tenant's requests spent another's tokens";
+}
+
+// The rate's source may read the state database: a slow read for one tenant holds up no other
+// tenant's requests, nor that tenant's own beyond its first (the last rate known serves), and a
+// read that fails keeps the rate known rather than the node's (which may be higher).
+TEST(TenantGate, ASlowOrFailingRateReadHoldsNobodyUpAndLetsNobodyGo) {
+  TenantGate gate(TenantGate::Limits{64, 100, 100});  // the node's rate: 100/s
+  std::atomic<bool> slow{false}, failing{false};
+  gate.setRateSource([&](const std::string& tenant) -> Result<std::optional<TenantGate::Rate>> {
+    if (tenant == "throttled" && failing) return makeError(ErrorCode::kUnavailable, "database is locked");
+    if (tenant == "throttled" && slow) std::this_thread::sleep_for(std::chrono::seconds(2));
+    if (tenant == "throttled") return std::optional<TenantGate::Rate>(TenantGate::Rate{1, 1});
+    return std::optional<TenantGate::Rate>();
+  });
+  EXPECT_EQ(gate.rateOf("throttled").rate_per_s, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // its rate is to be asked again
+  slow = true;
+  std::thread asking([&] { (void)gate.rateOf("throttled"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the slow read is under way
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_TRUE(gate.enter("fast").admitted());
+  EXPECT_EQ(gate.rateOf("throttled").rate_per_s, 1) << "not the last rate known";
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(500))
+      << "waited for another tenant's read";
+  asking.join();
+  slow = false;
+  failing = true;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  EXPECT_EQ(gate.rateOf("throttled").rate_per_s, 1) << "a failed read let a throttled tenant go at the node's rate";
+}
+
 TEST(JsonInput, TypesRangesAndUnknownFields) {
   json body = json::parse(R"({"cpus": 2, "memory_mb": "512", "flag": true, "extra": 1})");
   ObjectReader in(body);
