@@ -631,12 +631,13 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  // The API server holds up to 4096 connections (idle ones cost a descriptor, not a thread), and
-  // each sandbox holds a few descriptors of its own; a default soft limit of 1024 would fail
-  // accept() first. Raised within the hard limit, which only the administrator sets.
+  // The listeners hold up to 4096 + 4096 + 8192 connections (idle ones cost descriptors, not
+  // threads; 4 each, 10 over TLS), and each sandbox holds a few descriptors of its own; a default
+  // soft limit of 1024 would fail accept() first. Raised within the hard limit, which only the
+  // administrator sets; the listeners shrink to what it allows (see ServerLimits).
   rlimit nofile{};
-  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < 65536) {
-    nofile.rlim_cur = std::min<rlim_t>(65536, nofile.rlim_max);
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < 262144) {
+    nofile.rlim_cur = std::min<rlim_t>(262144, nofile.rlim_max);
     setrlimit(RLIMIT_NOFILE, &nofile);
   }
 
@@ -728,8 +729,12 @@ int main(int argc, char** argv) {
   api_limits.tenant_rates->setRateSource(api::tenantRateSource(
       *manager.value(), api::TenantRates::Rate{api_limits.tenant_requests_per_s, api_limits.tenant_request_burst}));
   api::ApiService service(*manager.value(), keys, api_limits, kDefaultTenant, ingress, &vault);
+  // The listeners split the process's descriptors: half for SPACE's API, a quarter for each of
+  // E2B's (so that filling them all still leaves descriptors for VMs, files and the database).
+  http::ServerLimits api_server_limits;
+  api_server_limits.descriptor_share = 0.5;
   auto server = http::Server::start(
-      listen, [&](http::Request& rq, http::Response& rs) { service.handle(rq, rs); }, {}, tls);
+      listen, [&](http::Request& rq, http::Response& rs) { service.handle(rq, rs); }, api_server_limits, tls);
   if (!server.ok()) {
     manager.value()->shutdown(sandbox::ShutdownMode::kKeepRunning);
     return fatal(server.error().message);
@@ -770,6 +775,7 @@ int main(int argc, char** argv) {
     }
     limits.max_running_requests_per_client = limits.max_running_requests;
     limits.max_connections_per_client = limits.max_connections;
+    limits.descriptor_share = 0.25;
     auto started = http::Server::start(*listen_at, std::move(handler), limits, tls);
     if (!started.ok()) {
       server.value()->stop(std::chrono::seconds(0));

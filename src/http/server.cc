@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/read.hpp>
@@ -119,11 +120,15 @@ Result<std::unique_ptr<Server>> Server::start(const std::string& listen, Handler
   }
   // Each connection holds two descriptors (its socket and an eventfd; over TLS two more, the
   // client's socket and the relay's end of the pair), and twice the limit may be open while
-  // evicted ones close; the process needs others besides (files, VMs).
-  const size_t per_connection = tls ? 8 : 4;
+  // evicted ones close; over TLS a handshake under way (one per connection at most) holds one
+  // more, and so does a relay closing. The process needs others besides (files, VMs).
+  const size_t per_connection = tls ? 10 : 4;
   rlimit nofile{};
   if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
-    size_t fit = nofile.rlim_cur > 1024 ? static_cast<size_t>(nofile.rlim_cur - 512) / per_connection : 64;
+    const double share = std::clamp(limits.descriptor_share, 0.01, 1.0);
+    size_t fit = nofile.rlim_cur > 1024
+                     ? static_cast<size_t>(static_cast<double>(nofile.rlim_cur - 512) * share) / per_connection
+                     : 64;
     if (limits.max_connections > fit) {
       spdlog::warn("http: at most {} connections instead of {}: the descriptor limit is {}", fit,
                    limits.max_connections, nofile.rlim_cur);

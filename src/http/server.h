@@ -57,6 +57,10 @@ struct ServerLimits {
   // Open connections. Each costs a descriptor and its buffer, and a thread only while it runs
   // a request (see max_running_requests).
   size_t max_connections = 4096;
+  // The part of the process's descriptors (RLIMIT_NOFILE, less a reserve) this server's
+  // connections may take: max_connections is lowered to fit it. Several servers in one process
+  // split it, or together they could use every descriptor and starve the rest of the process.
+  double descriptor_share = 1.0;
   // Open connections of one client address. A new connection over either limit takes the place
   // of the one that has waited longest for its next request (sent nothing, or a header still
   // incomplete); when every connection is running a request, the new one gets 503. Idle
@@ -95,6 +99,8 @@ class Server {
   // "https://host:port" or "http://host:port" for clients on this node (loopback for a wildcard).
   std::string url() const;
   uint16_t port() const { return port_; }
+  // The limits in force: as given, max_connections lowered to the descriptors it may use.
+  const ServerLimits& limits() const { return limits_; }
 
   // Stops accepting and closes idle keep-alive connections at once; running handlers get up to
   // `grace` to finish their response, then their sockets fail every operation. Returns when all

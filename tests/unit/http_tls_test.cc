@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -140,6 +141,44 @@ TEST_F(HttpsServer, ServesTheSameHttpOverTlsAndNothingInClear) {
   sendRaw(plain.get(), "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
   EXPECT_EQ(readUntilClosed(plain.get()).find("hello"), std::string::npos);
   EXPECT_TRUE(https.request("GET", "/").ok());
+}
+
+// Key exchange is elliptic-curve only: a client that offers only a finite-field group (8192-bit
+// DH took the event loop ~0.1 s per ClientHello) gets no handshake; X25519 does.
+TEST_F(HttpsServer, OnlyEllipticCurveKeyExchangeIsOffered) {
+  auto server = start([](Request&, Response& response) { (void)response.send(200, "text/plain", "ok"); });
+  ASSERT_TRUE(server);
+  auto handshake = [&](const std::string& options) {
+    const std::string command = "timeout 20 openssl s_client -connect 127.0.0.1:" + std::to_string(server->port()) +
+                                " " + options + " </dev/null >/dev/null 2>&1";
+    return std::system(command.c_str());
+  };
+  EXPECT_NE(handshake("-tls1_3 -groups ffdhe8192"), 0) << "an 8192-bit DH handshake was accepted";
+  EXPECT_NE(handshake("-tls1_3 -groups ffdhe2048"), 0);
+  EXPECT_EQ(handshake("-tls1_3 -groups X25519"), 0);
+  EXPECT_EQ(handshake("-tls1_2 -groups P-256"), 0);
+  EXPECT_TRUE(client(*server).request("GET", "/").ok());
+}
+
+// Servers in one process split its descriptors: each takes its share, counted at 10 per TLS
+// connection (socket, relay pair, eventfd, a handshake's and a closing relay's, twice over while
+// evicted ones close), so all of them full still leave descriptors for the rest of the process.
+TEST_F(HttpsServer, ServersTakeTheirShareOfTheProcesssDescriptors) {
+  rlimit before{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &before), 0);
+  rlimit lowered = before;
+  lowered.rlim_cur = std::min<rlim_t>(4096 + 512, before.rlim_max);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &lowered), 0);
+  const size_t budget = lowered.rlim_cur - 512;
+  ServerLimits quarter;
+  quarter.descriptor_share = 0.25;
+  auto small = start([](Request&, Response& response) { (void)response.send(200, "text/plain", "ok"); }, quarter);
+  auto whole = start([](Request&, Response& response) { (void)response.send(200, "text/plain", "ok"); });
+  setrlimit(RLIMIT_NOFILE, &before);
+  ASSERT_TRUE(small && whole);
+  EXPECT_EQ(small->limits().max_connections, budget / 4 / 10);
+  EXPECT_EQ(whole->limits().max_connections, budget / 10);
+  EXPECT_TRUE(client(*small).request("GET", "/").ok());
 }
 
 TEST_F(HttpsServer, AClientTrustsOnlyItsCaAndTheNameItConnectedTo) {
