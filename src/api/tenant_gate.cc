@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 
 namespace space::api {
 
@@ -16,7 +17,12 @@ TenantRates::Rate TenantRates::rateOf(const std::string& tenant) {
     }
     if (it != rates_.end()) it->second.asking = true;  // the others use what is known meanwhile
   }
-  auto answer = source_(tenant);
+  Result<std::optional<Rate>> answer = makeError(ErrorCode::kInternal, "not asked");
+  try {
+    answer = source_(tenant);
+  } catch (const std::exception& e) {  // bad_alloc: the flag below must not stay set
+    answer = makeError(ErrorCode::kInternal, e.what());
+  }
   std::lock_guard lock(mutex_);
   KnownRate& known = rates_[tenant];
   known.asking = false;

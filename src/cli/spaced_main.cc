@@ -729,10 +729,10 @@ int main(int argc, char** argv) {
   api_limits.tenant_rates->setRateSource(api::tenantRateSource(
       *manager.value(), api::TenantRates::Rate{api_limits.tenant_requests_per_s, api_limits.tenant_request_burst}));
   api::ApiService service(*manager.value(), keys, api_limits, kDefaultTenant, ingress, &vault);
-  // The listeners split the process's descriptors: half for SPACE's API, a quarter for each of
-  // E2B's (so that filling them all still leaves descriptors for VMs, files and the database).
+  // The listeners split the process's descriptors: 30% for SPACE's API, 15% for each of E2B's,
+  // so that filling them all still leaves 40% for VMs, gateways, files and the database.
   http::ServerLimits api_server_limits;
-  api_server_limits.descriptor_share = 0.5;
+  api_server_limits.descriptor_share = 0.3;
   auto server = http::Server::start(
       listen, [&](http::Request& rq, http::Response& rs) { service.handle(rq, rs); }, api_server_limits, tls);
   if (!server.ok()) {
@@ -775,7 +775,7 @@ int main(int argc, char** argv) {
     }
     limits.max_running_requests_per_client = limits.max_running_requests;
     limits.max_connections_per_client = limits.max_connections;
-    limits.descriptor_share = 0.25;
+    limits.descriptor_share = 0.15;
     auto started = http::Server::start(*listen_at, std::move(handler), limits, tls);
     if (!started.ok()) {
       server.value()->stop(std::chrono::seconds(0));

@@ -112,6 +112,33 @@ uint64_t allocatedBytesUnder(const std::string& path) {
   return bytes;
 }
 
+Result<uint64_t> chargeableBytesUnder(const std::string& path,
+                                      const std::set<std::pair<dev_t, ino_t>>& counted_elsewhere) {
+  std::set<std::pair<dev_t, ino_t>> seen;
+  uint64_t bytes = 0;
+  auto charge = [&](const std::string& p) -> Status {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0) {
+      if (errno == ENOENT) return okStatus();  // removed meanwhile
+      return sysError("stat", p);
+    }
+    const std::pair<dev_t, ino_t> id{st.st_dev, st.st_ino};
+    if (counted_elsewhere.count(id) || !seen.insert(id).second) return okStatus();
+    bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+    return okStatus();
+  };
+  SPACE_TRY(charge(path));
+  std::error_code ec;
+  const auto status = std::filesystem::symlink_status(path, ec);
+  if (ec || !std::filesystem::is_directory(status)) return bytes;
+  std::filesystem::recursive_directory_iterator it(path, ec), end;
+  for (; !ec && it != end; it.increment(ec)) SPACE_TRY(charge(it->path().string()));
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    return makeError(ErrorCode::kInternal, "cannot list " + path + ": " + ec.message());
+  }
+  return bytes;
+}
+
 Result<std::string> readSmallFile(const std::string& path, size_t max_bytes) {
   Fd f{open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (f.fd < 0) {

@@ -136,7 +136,10 @@ EnvdFront::EnvdFront(sandbox::SandboxManager& manager, secrets::SecretVault& vau
       streams_(options.tenant_streams),
       calls_(options.tenant_calls),
       ports_(api::TenantGate::Limits{std::max<size_t>(1, options.ports.max_connections / 4), 0, 0}),
+      signed_files_(options.tenant_calls),
       watchers_(options.watchers) {
+  signed_files_.setRateSource(
+      api::tenantRateSource(manager_, {options.tenant_calls.rate_per_s, options.tenant_calls.burst}));
   if (options.tenant_rates) {
     calls_.shareRates(options.tenant_rates);
     streams_.shareRates(options.tenant_rates);
@@ -217,6 +220,7 @@ void EnvdFront::handle(http::Request& req, http::Response& res) {
   // they wake a sandbox SPACE suspended for idleness; a traffic token or public ports wake one
   // whose owner asked for that (autoResume), as E2B's traffic does.
   bool owner_credentials = authorized;
+  bool signed_url = false;  // authorized by a signed file URL (handed out, to browsers perhaps)
   if (presented && !authorized) {
     res.closeConnection();
     (void)sendJsonError(res, 401, kUnauthorized);
@@ -262,6 +266,7 @@ void EnvdFront::handle(http::Request& req, http::Response& res) {
       }
       authorized = true;
       owner_credentials = true;
+      signed_url = true;
     }
   }
   if (!authorized && !health) {
@@ -285,7 +290,9 @@ void EnvdFront::handle(http::Request& req, http::Response& res) {
   // anonymous) cannot use up its owner's streams, nor streams the calls.
   const bool is_port = port != kEnvdPort;
   const bool is_stream = !is_port && !files && isStreamMethod(req.path());
-  api::TenantGate& gate = is_port ? ports_ : is_stream ? streams_ : calls_;
+  // Signed file URLs are handed out (to browsers, perhaps without an expiry): whoever holds one
+  // spends a bucket of their own, never the tenant's, so they cannot lock its API out.
+  api::TenantGate& gate = is_port ? ports_ : signed_url ? signed_files_ : is_stream ? streams_ : calls_;
   auto ticket = gate.enter(tenant.value());
   if (!ticket.admitted()) {
     // A refusal keeps no connection (and its server thread) for the next request to reuse.

@@ -79,6 +79,7 @@ class EnvdFront {
   api::TenantGate streams_;
   api::TenantGate calls_;
   api::TenantGate ports_;
+  api::TenantGate signed_files_;       // requests by signed file URL: their own bucket (see handle)
   std::atomic<size_t> ports_open_{0};  // proxied connections of the whole node
   WatcherTable watchers_;
   std::mutex tokens_mu_;

@@ -120,9 +120,10 @@ Result<std::unique_ptr<Server>> Server::start(const std::string& listen, Handler
   }
   // Each connection holds two descriptors (its socket and an eventfd; over TLS two more, the
   // client's socket and the relay's end of the pair), and twice the limit may be open while
-  // evicted ones close; over TLS a handshake under way (one per connection at most) holds one
-  // more, and so does a relay closing. The process needs others besides (files, VMs).
-  const size_t per_connection = tls ? 10 : 4;
+  // evicted ones close; a request may hold one upstream (a proxied port); over TLS a handshake
+  // under way (one per connection at most) holds one more, and so does a relay closing. The
+  // process needs others besides (files, VMs).
+  const size_t per_connection = tls ? 11 : 5;
   rlimit nofile{};
   if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
     const double share = std::clamp(limits.descriptor_share, 0.01, 1.0);

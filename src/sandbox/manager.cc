@@ -1,6 +1,7 @@
 #include "sandbox/manager.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -443,12 +444,36 @@ Result<std::optional<store::TenantQuotaRecord>> SandboxManager::ownQuota(const s
   return own.error();
 }
 
+std::shared_ptr<std::mutex> SandboxManager::quotaClaimsLock(const std::string& tenant) {
+  std::lock_guard guard(quota_claims_mu_);
+  auto& slot = quota_claims_[tenant];
+  auto lock = slot.lock();
+  if (!lock) {
+    lock = std::make_shared<std::mutex>();
+    slot = lock;
+  }
+  // Tenants that hold none any more go (keys are authenticated tenants, but they come and go).
+  std::erase_if(quota_claims_, [](const auto& entry) { return entry.second.expired(); });
+  return lock;
+}
+
 Result<uint64_t> SandboxManager::suspendedBytes(const std::string& tenant) {
   auto suspended = store_.sandboxesInStates({stateName(SandboxState::kSuspended)});
   if (!suspended.ok()) return suspended.error();
+  // A run dir keeps its earlier overlays, which are hard links of snapshot layers: those count
+  // against the snapshot bytes (as a snapshot's, or as stranded layers), not twice.
+  std::set<std::pair<dev_t, ino_t>> layers;
+  std::error_code ec;
+  for (const auto& layer : std::filesystem::directory_iterator(config_.data_dir + "/layers", ec)) {
+    struct stat st {};
+    if (::stat(layer.path().c_str(), &st) == 0) layers.emplace(st.st_dev, st.st_ino);
+  }
   uint64_t bytes = 0;
   for (const auto& rec : suspended.value()) {
-    if (rec.tenant == tenant) bytes += allocatedBytesUnder(rec.run_dir);
+    if (rec.tenant != tenant) continue;
+    auto held = chargeableBytesUnder(rec.run_dir, layers);
+    if (!held.ok()) return held.error();
+    bytes += held.value();
   }
   return bytes;
 }
@@ -488,11 +513,6 @@ Status SandboxManager::reserve(const std::shared_ptr<Live>& live) {
   if (live_.count(live->id)) {
     return makeError(ErrorCode::kUnavailable, "sandbox " + live->id + " is changing state; retry");
   }
-  if (live_.size() >= config_.max_sandboxes) {
-    return makeError(ErrorCode::kResourceExhausted,
-                     "this node already runs its maximum of " + std::to_string(config_.max_sandboxes) + " sandboxes",
-                     "too_many_sandboxes");
-  }
   // The tenant's quota first: a tenant at its quota is told so, whatever the node has free.
   const TenantQuota& quota = tenant_quota.value();
   const auto usage = tenant_usage_.find(live->tenant);
@@ -511,6 +531,11 @@ Status SandboxManager::reserve(const std::shared_ptr<Live>& live) {
   }
   if (quota.max_memory_mb && used.memory_mb + live->memory_mb > quota.max_memory_mb) {
     return overQuota("memory", used.memory_mb, live->memory_mb, quota.max_memory_mb, " MB of");
+  }
+  if (live_.size() >= config_.max_sandboxes) {
+    return makeError(ErrorCode::kResourceExhausted,
+                     "this node already runs its maximum of " + std::to_string(config_.max_sandboxes) + " sandboxes",
+                     "too_many_sandboxes");
   }
   if (reserved_vcpus_ + live->cpus > config_.max_total_vcpus) {
     return makeError(ErrorCode::kResourceExhausted,
@@ -945,7 +970,8 @@ Result<store::SandboxRecord> SandboxManager::suspendLocked(const std::shared_ptr
   const uint64_t estimate = (sandbox.memory_mb << 20) + allocatedBytesUnder(rec->run_dir);
   const bool claimed = max_suspended != 0 || max_suspended_bytes != 0;
   if (claimed) {
-    std::lock_guard claims(quota_claims_mu_);
+    auto claims_lock = quotaClaimsLock(sandbox.tenant);
+    std::lock_guard claims(*claims_lock);
     auto suspended = store_.countInState(sandbox.tenant, stateName(SandboxState::kSuspended));
     if (!suspended.ok()) return suspended.error();
     uint64_t bytes = 0;
@@ -982,7 +1008,8 @@ Result<store::SandboxRecord> SandboxManager::suspendLocked(const std::shared_ptr
     uint64_t bytes;
     ~ReleaseSuspending() {
       if (!held) return;
-      std::lock_guard claims(manager->quota_claims_mu_);
+      auto claims_lock = manager->quotaClaimsLock(tenant);
+      std::lock_guard claims(*claims_lock);
       std::lock_guard lock(manager->mu_);
       auto it = manager->suspending_.find(tenant);
       if (it == manager->suspending_.end()) return;

@@ -403,14 +403,19 @@ class SandboxManager {
     uint64_t bytes = 0;  // estimated: their guests' memory
   };
   std::map<std::string, PendingSnapshots> snapshots_pending_;  // snapshots being taken, per tenant
-  // One quota claim (a snapshot's or a suspend's place) decided or released at a time: a place
-  // released between a claim's read of the store and its check would make the read stale.
-  std::mutex quota_claims_mu_;
+  // One quota claim (a snapshot's or a suspend's place) of a tenant decided or released at a
+  // time: a place released between a claim's read of the store and its check would make the
+  // read stale. Per tenant, since the reads walk the tenant's own files (as many as it made):
+  // one tenant's claims never wait for another's.
+  std::shared_ptr<std::mutex> quotaClaimsLock(const std::string& tenant);
+  std::mutex quota_claims_mu_;  // guards the map below
+  std::map<std::string, std::weak_ptr<std::mutex>> quota_claims_;
 
   // Disk layers: shared while one is being made or a new disk made over one (a snapshot's
   // capture, a child's overlay), exclusive to sweep them. Only the sweep takes it exclusively,
   // and while spaced runs only with try_lock, so no request ever waits behind a capture for it.
   std::shared_mutex layers_mu_;
+  std::mutex collect_mu_;  // one collectLayers round at a time (taken before layers_mu_)
   std::atomic<bool> layers_dirty_{false};
   // Children opening a snapshot's files (QEMU starting, the state loading), per snapshot, and
   // snapshots being deleted. Deleting one waits only for its own children to have opened its

@@ -149,7 +149,8 @@ Result<std::shared_ptr<void>> SandboxManager::claimSnapshotPlace(const std::stri
   if (!quota.max_snapshots && !quota.max_snapshot_bytes) return std::shared_ptr<void>();
   // One lock over reading the usage, checking and counting the new one in: a snapshot recorded
   // (and its place released) between a read and the check cannot make the read stale.
-  std::lock_guard claims(quota_claims_mu_);
+  auto claims_lock = quotaClaimsLock(tenant);
+  std::lock_guard claims(*claims_lock);
   auto usage = store_.snapshotUsage(tenant);
   if (!usage.ok()) return usage.error();
   uint64_t stranded = 0;
@@ -187,7 +188,8 @@ Result<std::shared_ptr<void>> SandboxManager::claimSnapshotPlace(const std::stri
   ++mine.count;
   mine.bytes += estimate_bytes;
   return std::shared_ptr<void>(nullptr, [this, tenant, estimate_bytes](void*) {
-    std::lock_guard claims_released(quota_claims_mu_);  // its record is in the store by now
+    auto claims_lock = quotaClaimsLock(tenant);
+    std::lock_guard claims_released(*claims_lock);  // its record is in the store by now
     std::lock_guard lock(mu_);
     auto found = snapshots_pending_.find(tenant);
     if (found == snapshots_pending_.end()) return;
@@ -326,15 +328,16 @@ Result<std::vector<store::SandboxRecord>> SandboxManager::branch(const CreateReq
                            " sandboxes does not fit: " + what + " (none started)",
                        reason);
     };
-    if (live_.size() + count > config_.max_sandboxes) {
-      return refuse("this node runs at most " + std::to_string(config_.max_sandboxes) + " sandboxes, " +
-                        std::to_string(live_.size()) + " now",
-                    "too_many_sandboxes");
-    }
+    // The tenant's quota first, as for a create; and the node's count of sandboxes is other
+    // tenants' business: the refusal names only the limit.
     if ((quota.max_sandboxes && used.sandboxes + count > quota.max_sandboxes) ||
         (quota.max_vcpus && used.vcpus + vcpus > quota.max_vcpus) ||
         (quota.max_memory_mb && used.memory_mb + memory_mb > quota.max_memory_mb)) {
       return refuse("tenant " + request.tenant + " would exceed its quota", "tenant_quota");
+    }
+    if (live_.size() + count > config_.max_sandboxes) {
+      return refuse("this node runs at most " + std::to_string(config_.max_sandboxes) + " sandboxes",
+                    "too_many_sandboxes");
     }
     if (reserved_vcpus_ + vcpus > config_.max_total_vcpus ||
         reserved_memory_mb_ + memory_mb > config_.max_total_memory_mb) {
@@ -403,31 +406,52 @@ Result<std::vector<store::SandboxRecord>> SandboxManager::branch(const CreateReq
 }
 
 void SandboxManager::collectLayers(bool wait) {
+  // One round at a time, from the templates' mark to their eviction (see evictUnused).
+  std::unique_lock round(collect_mu_, std::defer_lock);
   std::unique_lock layers(layers_mu_, std::defer_lock);
   if (wait) {
+    round.lock();
     layers.lock();
-  } else if (!layers.try_lock()) {
-    layers_dirty_ = true;  // busy starting VMs or taking a snapshot: next round
+  } else if (!round.try_lock() || !layers.try_lock()) {
+    layers_dirty_ = true;  // busy starting VMs, taking a snapshot or collecting: next round
     return;
   }
   // Before the listing: templates that creates began to use after it are kept this round (their
   // overlays may be missing from the listing); see TemplateCache::evictUnused.
   const uint64_t mark = templates_->evictionMark();
   std::vector<std::string> roots;
-  std::error_code ec;
-  // Every sandbox directory's disk (running, paused, suspended, or being created).
-  for (const auto& sandbox : std::filesystem::directory_iterator(config_.data_dir + "/sandboxes", ec)) {
-    std::error_code inner;
-    for (const auto& file : std::filesystem::directory_iterator(sandbox.path(), inner)) {
-      if (file.path().extension() == ".qcow2") roots.push_back(file.path().string());
+  // The listing must be complete: a disk it missed (EMFILE, EIO) would have its layers unlinked.
+  // Only a directory that is gone (a sandbox deleted meanwhile) is no error.
+  auto list = [](const std::string& dir, const std::function<void(const std::filesystem::path&)>& each) -> Status {
+    std::error_code ec;
+    std::filesystem::directory_iterator it(dir, ec), end;
+    for (; !ec && it != end; it.increment(ec)) each(it->path());
+    if (ec && ec != std::errc::no_such_file_or_directory) {
+      return makeError(ErrorCode::kInternal, "cannot list " + dir + ": " + ec.message());
     }
+    return okStatus();
+  };
+  std::vector<std::filesystem::path> sandbox_dirs;
+  // Every sandbox directory's disk (running, paused, suspended, or being created).
+  Status listed = list(config_.data_dir + "/sandboxes", [&](const auto& p) { sandbox_dirs.push_back(p); });
+  for (const auto& sandbox : sandbox_dirs) {
+    if (!listed.ok()) break;
+    listed = list(sandbox.string(), [&](const auto& file) {
+      if (file.extension() == ".qcow2") roots.push_back(file.string());
+    });
   }
   // Every snapshot directory keeps its layer (<id>.qcow2): one being built (its helper's overlay
   // stands on it), one published but not yet recorded, one whose deletion is under way.
-  for (const auto& dir : std::filesystem::directory_iterator(config_.data_dir + "/snapshots", ec)) {
-    std::string id = dir.path().filename().string();
-    if (id.rfind(".build-", 0) == 0) id = id.substr(7);
-    if (!id.empty() && id[0] != '.') roots.push_back(config_.data_dir + "/layers/" + id + ".qcow2");
+  if (listed.ok()) {
+    listed = list(config_.data_dir + "/snapshots", [&](const auto& dir) {
+      std::string id = dir.filename().string();
+      if (id.rfind(".build-", 0) == 0) id = id.substr(7);
+      if (!id.empty() && id[0] != '.') roots.push_back(config_.data_dir + "/layers/" + id + ".qcow2");
+    });
+  }
+  if (!listed.ok()) {
+    spdlog::warn("layers: not collected: {}", listed.error().message);  // again within a minute
+    return;
   }
   auto snapshots = store_.allSnapshots();
   if (!snapshots.ok()) {

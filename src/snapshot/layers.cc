@@ -73,8 +73,10 @@ std::optional<std::set<std::string>> reachableLayers(const std::vector<std::stri
 std::vector<std::string> unreachableLayers(const std::string& layers_dir, const std::set<std::string>& keep) {
   std::vector<std::string> out;
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(layers_dir, ec)) {
-    if (!keep.count(entry.path().string())) out.push_back(entry.path().string());
+  // increment(ec): a listing cut short removes less, and never throws on a housekeeping thread.
+  std::filesystem::directory_iterator it(layers_dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    if (!keep.count(it->path().string())) out.push_back(it->path().string());
   }
   return out;
 }

@@ -96,18 +96,15 @@ Result<TemplateSnapshot> TemplateCache::ensure(const TemplateKey& key, std::chro
                                                const vmm::NodeFacts* node, bool always) {
   auto name = dirName(key);
   if (!name.ok()) return name.error();
-  uint64_t began = 0;
-  auto use = beginUse(name.value(), began);  // before the look: an eviction cannot remove what this finds
+  auto made_disk = std::make_shared<bool>(false);
+  auto use = beginUse(name.value(), made_disk);  // before the look: an eviction cannot remove what this finds
   const std::string dir = root_ + "/" + name.value();
   auto used = [&](Result<TemplateSnapshot> snap) {
     if (!snap.ok()) return snap;
     snap->in_use = use;
     std::lock_guard guard(mu_);
     last_used_[name.value()] = Clock::now();
-    // Only a use that returns a snapshot makes a disk over it (see evictUnused); set while the
-    // use still counts, so an eviction sees one or the other.
-    Use& counted = uses_[name.value()];
-    counted.last_begun = std::max(counted.last_begun, began);
+    *made_disk = true;  // only a use that returns a snapshot makes a disk over it (see evictUnused)
     return snap;
   };
   std::shared_ptr<std::mutex> lock;
@@ -143,19 +140,23 @@ Result<TemplateSnapshot> TemplateCache::ensure(const TemplateKey& key, std::chro
   return used(build(key, dir, boot_timeout, node));
 }
 
-std::shared_ptr<void> TemplateCache::beginUse(const std::string& dir, uint64_t& began) {
+std::shared_ptr<void> TemplateCache::beginUse(const std::string& dir, std::shared_ptr<bool> made_disk) {
   std::lock_guard guard(mu_);
   ++uses_[dir].now;
-  began = ++uses_begun_;
-  return std::shared_ptr<void>(nullptr, [this, dir](void*) {
+  return std::shared_ptr<void>(nullptr, [this, dir, made_disk = std::move(made_disk)](void*) {
     std::lock_guard guard(mu_);
-    if (auto it = uses_.find(dir); it != uses_.end() && it->second.now > 0) --it->second.now;
+    auto it = uses_.find(dir);
+    if (it == uses_.end()) return;
+    if (it->second.now > 0) --it->second.now;
+    // Numbered when it ends: a round whose mark is older may have listed before its disk was
+    // made, so it keeps the directory (see evictUnused).
+    if (*made_disk) it->second.last_ended = ++uses_ended_;
   });
 }
 
 uint64_t TemplateCache::evictionMark() {
   std::lock_guard guard(mu_);
-  return uses_begun_;
+  return uses_ended_;
 }
 
 std::string TemplateCache::evictionReason(const std::string& dir, const EvictionRules& rules, Clock::time_point now) {
@@ -202,14 +203,19 @@ std::vector<std::string> TemplateCache::evictUnused(const std::set<std::string>&
     struct stat st {};
     if (::stat(file.c_str(), &st) == 0) stood_on.emplace(st.st_dev, st.st_ino);
   }
-  // Used now, or first used since the mark (its overlay may have come after the listing).
+  // Used now, or a use that made a disk ended after the mark: the listing, which began after the
+  // mark, may have missed that disk. (A use that ended before the mark had its disk made before
+  // the listing began.)
   auto inUse = [&](const std::string& dir) {
     auto it = uses_.find(dir);
-    return it != uses_.end() && (it->second.now > 0 || it->second.last_begun > mark);
+    return it != uses_.end() && (it->second.now > 0 || it->second.last_ended > mark);
   };
   std::vector<std::pair<std::string, std::string>> doomed;  // directory, why
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(root_, ec)) {
+  // increment(ec): a listing cut short evicts less, and never throws on a housekeeping thread.
+  fs::directory_iterator it(root_, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const fs::directory_entry& entry = *it;
     const std::string dir = entry.path().filename().string();
     if (dir.rfind(".build-", 0) == 0) continue;  // a build under way, or recovery's to remove
     if (dir.rfind(".evict-", 0) == 0) {
@@ -258,7 +264,7 @@ std::vector<std::string> TemplateCache::evictUnused(const std::set<std::string>&
   {
     // Idle uses older than this mark can no longer keep anything: a later mark is newer still.
     std::lock_guard guard(mu_);
-    std::erase_if(uses_, [&](const auto& use) { return use.second.now == 0 && use.second.last_begun <= mark; });
+    std::erase_if(uses_, [&](const auto& use) { return use.second.now == 0 && use.second.last_ended <= mark; });
     // Build locks of directories nobody uses (sizes that were refused, too): made again on need.
     std::erase_if(locks_, [&](const auto& lock) { return !uses_.count(lock.first) && lock.second.use_count() == 1; });
   }
@@ -302,7 +308,9 @@ Result<std::shared_ptr<void>> TemplateCache::claimBuild(const TemplateKey& key, 
 std::vector<std::pair<std::string, std::string>> TemplateCache::builtSizes(const std::string& name) {
   std::vector<std::pair<std::string, std::string>> sizes;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(root_, ec)) {
+  fs::directory_iterator it(root_, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const fs::directory_entry& entry = *it;
     const std::string dir = entry.path().filename().string();
     // <name>-<16 hex digits>: published ones only (not .build-, not .broken-).
     if (dir.size() != name.size() + 17 || dir.rfind(name + "-", 0) != 0) continue;

@@ -107,9 +107,9 @@ class TemplateCache {
   // leaves one behind. One goes when no disk stands on it any more and it is stale (never
   // restorable again), of a size the operator does not keep, or, for first-come sizes, unused
   // for rules.idle. The caller takes evictionMark() first, then lists what stands on templates
-  // (reachableLayers from every disk), then calls evictUnused with both. A directory is kept
-  // if a create is using it (between ensure() and its overlay on disk) or began to after the
-  // mark: such a create's overlay may be missing from the listing. Uses are counted per
+  // (reachableLayers from every disk), then calls evictUnused with both, one round at a time. A
+  // directory is kept if a create is using it (between ensure() and its overlay on disk) or
+  // finished using it after the mark: such a create's overlay may be missing from the listing. Uses are counted per
   // directory, so creates never wait for an eviction and creates of other templates, however
   // many, never hold one off.
   uint64_t evictionMark();
@@ -126,8 +126,9 @@ class TemplateCache {
   std::vector<std::pair<std::string, std::string>> builtSizes(const std::string& name);
   // Why the published `dir` may go once nothing stands on it ("" if it stays).
   std::string evictionReason(const std::string& dir, const EvictionRules& rules, Clock::time_point now);
-  // Counts a use of `dir` until the returned handle goes; `began` is its number (see uses_).
-  std::shared_ptr<void> beginUse(const std::string& dir, uint64_t& began);
+  // Counts a use of `dir` until the returned handle goes; `made_disk`, set by then if the use
+  // returned a snapshot, says whether its end is numbered (see uses_).
+  std::shared_ptr<void> beginUse(const std::string& dir, std::shared_ptr<bool> made_disk);
   static constexpr size_t kMaxRememberedKeys = 4096;
   std::string root_;
   size_t max_sizes_ = 0;
@@ -137,15 +138,16 @@ class TemplateCache {
   std::map<std::string, std::string> dir_names_;        // memo of dirName, by the key's fields
   std::set<std::string> building_;                      // directory names being built now
   std::map<std::string, Clock::time_point> last_used_;  // by directory name: last ensure, or first seen
-  // Uses (ensure() until its TemplateSnapshot's in_use goes) by directory name: how many now, and
-  // the number (from uses_begun_) of the last that began and returned a snapshot, compared with
-  // an eviction's mark. Entries are dropped once idle and older than a round's mark.
+  // Uses (ensure() until its TemplateSnapshot's in_use goes) by directory name: how many now,
+  // and the number (from uses_ended_) of the last that returned a snapshot, given when it ended,
+  // compared with an eviction's mark. Entries are dropped once idle and older than a round's
+  // mark; rounds do not overlap (the caller runs one at a time), so no older mark needs them.
   struct Use {
     uint32_t now = 0;
-    uint64_t last_begun = 0;
+    uint64_t last_ended = 0;
   };
   std::map<std::string, Use> uses_;
-  uint64_t uses_begun_ = 0;
+  uint64_t uses_ended_ = 0;
   NetnsSource netns_source_;
 };
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "common/bounded_json.h"
 #include "common/fs.h"
@@ -46,6 +47,7 @@ Result<std::string> findExecutable(const std::string& binary) {
   const char* path = getenv("PATH");
   std::string dirs = path ? path : "/usr/bin:/bin";
   size_t start = 0;
+  std::optional<Error> unknown;
   while (start <= dirs.size()) {
     size_t colon = dirs.find(':', start);
     std::string dir = dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
@@ -53,11 +55,13 @@ Result<std::string> findExecutable(const std::string& binary) {
     if (!dir.empty() && dir[0] == '/') {
       std::string candidate = dir + "/" + binary;
       if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-      if (errno != ENOENT && errno != ENOTDIR && errno != EACCES) return accessError(candidate);
+      // Not there, or cannot tell: a later entry may still have it; "cannot tell" is said if none does.
+      if (errno != ENOENT && errno != ENOTDIR && errno != EACCES && !unknown) unknown = accessError(candidate);
     }
     if (colon == std::string::npos) break;
     start = colon + 1;
   }
+  if (unknown) return *unknown;
   return makeError(ErrorCode::kNotFound, binary + " not found in PATH");
 }
 

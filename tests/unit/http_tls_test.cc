@@ -160,7 +160,7 @@ TEST_F(HttpsServer, OnlyEllipticCurveKeyExchangeIsOffered) {
   EXPECT_TRUE(client(*server).request("GET", "/").ok());
 }
 
-// Servers in one process split its descriptors: each takes its share, counted at 10 per TLS
+// Servers in one process split its descriptors: each takes its share, counted at 11 per TLS
 // connection (socket, relay pair, eventfd, a handshake's and a closing relay's, twice over while
 // evicted ones close), so all of them full still leave descriptors for the rest of the process.
 TEST_F(HttpsServer, ServersTakeTheirShareOfTheProcesssDescriptors) {
@@ -176,8 +176,8 @@ TEST_F(HttpsServer, ServersTakeTheirShareOfTheProcesssDescriptors) {
   auto whole = start([](Request&, Response& response) { (void)response.send(200, "text/plain", "ok"); });
   setrlimit(RLIMIT_NOFILE, &before);
   ASSERT_TRUE(small && whole);
-  EXPECT_EQ(small->limits().max_connections, budget / 4 / 10);
-  EXPECT_EQ(whole->limits().max_connections, budget / 10);
+  EXPECT_EQ(small->limits().max_connections, budget / 4 / 11);
+  EXPECT_EQ(whole->limits().max_connections, budget / 11);
   EXPECT_TRUE(client(*small).request("GET", "/").ok());
 }
 

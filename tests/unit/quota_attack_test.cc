@@ -228,6 +228,22 @@ TEST_F(TemplateEvictionTest, ACreateKeepsItsTemplateFromFindingItToTheNextRound)
   EXPECT_EQ(cache.evictUnused({}, rules(), Clock::now(), cache.evictionMark()), std::vector<std::string>{used});
 }
 
+// A create that found its template before a round's mark and made its disk after the listing
+// (the listing missed it) keeps the template: its end, after the mark, is what counts.
+TEST_F(TemplateEvictionTest, ACreateThatEndsAfterTheMarkKeepsItsTemplate) {
+  TemplateCache cache(root_, 0, {"1x512"});
+  const std::string used = publishFull(cache, key(1, 384));
+  auto found = cache.ensure(key(1, 384), std::chrono::seconds(1));
+  ASSERT_TRUE(found.ok()) << found.error().message;
+  const uint64_t mark = cache.evictionMark();
+  // (the round lists here, before the create's overlay exists)
+  found->in_use.reset();  // the overlay is made: the create lets go
+  EXPECT_TRUE(cache.evictUnused({}, rules(), Clock::now(), mark).empty())
+      << "a template was evicted under a disk the listing missed";
+  EXPECT_TRUE(present(used));
+  EXPECT_EQ(cache.evictUnused({}, rules(), Clock::now(), cache.evictionMark()), std::vector<std::string>{used});
+}
+
 // A create never waits for an eviction: uses and rounds only meet for the instant of a rename.
 TEST_F(TemplateEvictionTest, CreatesGoOnWhileEvictionsRun) {
   TemplateCache cache(root_, 0, {"1x512"});
