@@ -129,18 +129,29 @@ void TlsRelays::disarm(Relay& relay) {
 }
 
 TlsRelays::RelayPtr TlsRelays::track(tcp::socket socket, const std::string& remote, const std::string& client) {
-  // At a limit, the oldest handshake under way makes room (this client's own when it is at its
-  // limit): refusing the newest instead would let a client that opens connections and never
-  // completes them lock everyone else out for a handshake timeout at a time.
+  // At a limit, the oldest handshake under way makes room: this client's own when it is at its
+  // limit, else the oldest of the client with the most under way (a flood from a few addresses
+  // pays for itself, not the slow handshakes of others). Refusing the newest instead would let
+  // a client that opens connections and never completes them lock everyone else out for a
+  // handshake timeout at a time.
   auto atClientLimit = [&] {
     auto it = handshakes_by_client_.find(client);
     return it != handshakes_by_client_.end() && it->second >= limits_.max_handshakes_per_client;
   };
   while (handshakes_ >= limits_.max_handshakes || atClientLimit()) {
-    const bool own = atClientLimit();
+    std::string victim = client;
+    if (!atClientLimit()) {
+      size_t most = 0;
+      for (const auto& [name, count] : handshakes_by_client_) {
+        if (count > most) {
+          most = count;
+          victim = name;
+        }
+      }
+    }
     RelayPtr oldest;
     for (auto it = relays_.rbegin(); it != relays_.rend(); ++it) {
-      if ((*it)->in_handshake && (!own || (*it)->client == client)) {
+      if ((*it)->in_handshake && (*it)->client == victim) {
         oldest = *it;
         break;
       }

@@ -51,7 +51,8 @@ struct TlsRelayLimits {
   // Each write to the client must finish within this; a client that stops reading is dropped.
   std::chrono::milliseconds write_timeout{30000};
   // Handshakes under way at once, in all and from one client (as the server counts clients);
-  // at either limit the oldest one (of that client, at its own limit) is dropped for the new.
+  // at either limit the oldest one is dropped for the new: that client's at its own limit, else
+  // that of the client with the most under way.
   size_t max_handshakes = 1024;
   size_t max_handshakes_per_client = 256;
 };

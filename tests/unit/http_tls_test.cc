@@ -251,6 +251,38 @@ TEST_F(HttpsServer, HandshakesThatNeverCompleteCannotLockOthersOut) {
   EXPECT_LT(Clock::now() - started, 2s);
 }
 
+// At the limit of handshakes, the client with the most under way makes room: a flood from a few
+// addresses drops its own, not the one slow handshake of someone else (which it used to, as the
+// oldest of all).
+TEST_F(HttpsServer, AtTheHandshakeLimitTheClientWithTheMostMakesRoom) {
+  boost::asio::io_context io;
+  auto context = serverTlsContext(files_);
+  ASSERT_TRUE(context.ok()) << context.error().message;
+  TlsRelayLimits limits;
+  limits.max_handshakes = 4;
+  limits.max_handshakes_per_client = 3;
+  TlsRelays relays(io, context.value(), limits);
+  boost::asio::ip::tcp::acceptor acceptor(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  std::vector<UniqueFd> peers;
+  auto admit = [&](const std::string& client) {
+    peers.push_back(connectRaw(acceptor.local_endpoint().port()));
+    relays.accept(acceptor.accept(), "127.0.0.1", client, [](UniqueFd, const std::string&) {});
+  };
+  auto closed = [](int fd) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 200) != 1) return false;
+    char c;
+    return ::recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
+  };
+  admit("slow");
+  for (int i = 0; i < 3; ++i) admit("flood-a");
+  admit("flood-b");  // the fifth: over the limit of 4
+  EXPECT_FALSE(closed(peers[0].get())) << "a slow client's handshake was dropped for a flood's";
+  EXPECT_TRUE(closed(peers[1].get())) << "the flood's oldest handshake was kept";
+  EXPECT_FALSE(closed(peers[4].get()));
+  relays.closeAll();
+}
+
 // Listening on every address, the server's URL is one a client on the node can connect to and
 // verify (the certificate names 127.0.0.1, not 0.0.0.0).
 TEST_F(HttpsServer, AWildcardListenerGivesALoopbackUrl) {
