@@ -458,7 +458,7 @@ std::shared_ptr<std::mutex> SandboxManager::quotaClaimsLock(const std::string& t
 }
 
 Result<uint64_t> SandboxManager::suspendedBytes(const std::string& tenant) {
-  auto suspended = store_.sandboxesInStates({stateName(SandboxState::kSuspended)});
+  auto suspended = store_.sandboxesInStates({stateName(SandboxState::kSuspended)}, tenant);
   if (!suspended.ok()) return suspended.error();
   // A run dir keeps its earlier overlays, which are hard links of snapshot layers: those count
   // against the snapshot bytes (as a snapshot's, or as stranded layers), not twice.

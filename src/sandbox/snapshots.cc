@@ -200,7 +200,8 @@ Result<std::shared_ptr<void>> SandboxManager::claimSnapshotPlace(const std::stri
 }
 
 Result<uint64_t> SandboxManager::strandedLayerBytes(const std::string& tenant) {
-  auto snapshots = store_.allSnapshots();
+  // Its own rows only: chains never cross tenants (a child stands on its own tenant's snapshot).
+  auto snapshots = store_.allSnapshots(tenant);
   if (!snapshots.ok()) return snapshots.error();
   // Layers a recorded snapshot holds (their bytes count already), by identity: a backing name
   // spelled another way is still the same file.
@@ -209,7 +210,7 @@ Result<uint64_t> SandboxManager::strandedLayerBytes(const std::string& tenant) {
     struct stat st {};
     if (::stat(snap.disk.c_str(), &st) == 0) owned.emplace(st.st_dev, st.st_ino);
   }
-  auto sandboxes = store_.sandboxesInStates({"creating", "running", "paused", "suspended"});
+  auto sandboxes = store_.sandboxesInStates({"creating", "running", "paused", "suspended"}, tenant);
   if (!sandboxes.ok()) return sandboxes.error();
   // What its sandboxes and its snapshots stand on: a snapshot's disk names the layer frozen
   // before it, which outlives that snapshot's deletion (snapshot, snapshot, delete the first
@@ -221,8 +222,9 @@ Result<uint64_t> SandboxManager::strandedLayerBytes(const std::string& tenant) {
   for (const auto& sb : sandboxes.value()) {
     if (sb.tenant != tenant || sb.run_dir.empty()) continue;
     std::error_code ec;
-    for (const auto& file : std::filesystem::directory_iterator(sb.run_dir, ec)) {
-      if (file.path().extension() == ".qcow2") roots.push_back(file.path().string());
+    std::filesystem::directory_iterator it(sb.run_dir, ec), end;
+    for (; !ec && it != end; it.increment(ec)) {
+      if (it->path().extension() == ".qcow2") roots.push_back(it->path().string());
     }
   }
   auto reachable = snapshot::reachableLayers(roots);

@@ -740,7 +740,8 @@ Result<SandboxPage> StateStore::listSandboxes(const ListFilter& filter) {
   return page;
 }
 
-Result<std::vector<SandboxRecord>> StateStore::sandboxesInStates(const std::vector<std::string>& states) {
+Result<std::vector<SandboxRecord>> StateStore::sandboxesInStates(const std::vector<std::string>& states,
+                                                                 const std::string& tenant) {
   if (states.empty()) return std::vector<SandboxRecord>{};
   auto states_json = jsonText(nlohmann::json(states), "state filter");
   if (!states_json.ok()) return states_json.error();
@@ -748,11 +749,12 @@ Result<std::vector<SandboxRecord>> StateStore::sandboxesInStates(const std::vect
   const std::string op = "listing sandboxes by state";
   auto stmt = Stmt::prepare(db_,
                             std::string("SELECT ") + kSandboxColumns +
-                                " FROM sandboxes WHERE state IN (SELECT value FROM json_each(:states))"
-                                " ORDER BY created_at_ms, id",
+                                " FROM sandboxes WHERE state IN (SELECT value FROM json_each(:states))" +
+                                (tenant.empty() ? "" : " AND tenant = :tenant") + " ORDER BY created_at_ms, id",
                             op);
   if (!stmt.ok()) return stmt.error();
   stmt->bind(":states", states_json.value());
+  if (!tenant.empty()) stmt->bind(":tenant", tenant);
   return readSandboxes(db_, stmt.value(), op);
 }
 
@@ -912,12 +914,15 @@ Result<SnapshotPage> StateStore::listSnapshots(const SnapshotFilter& filter) {
   return page;
 }
 
-Result<std::vector<SnapshotRecord>> StateStore::allSnapshots() {
+Result<std::vector<SnapshotRecord>> StateStore::allSnapshots(const std::string& tenant) {
   std::lock_guard lock(mu_);
-  const std::string op = "listing all snapshots";
-  auto stmt =
-      Stmt::prepare(db_, std::string("SELECT ") + kSnapshotColumns + " FROM snapshots ORDER BY created_at_ms, id", op);
+  const std::string op = tenant.empty() ? "listing all snapshots" : "listing the snapshots of tenant " + tenant;
+  auto stmt = Stmt::prepare(db_,
+                            std::string("SELECT ") + kSnapshotColumns + " FROM snapshots" +
+                                (tenant.empty() ? "" : " WHERE tenant = :tenant") + " ORDER BY created_at_ms, id",
+                            op);
   if (!stmt.ok()) return stmt.error();
+  if (!tenant.empty()) stmt->bind(":tenant", tenant);
   return readSnapshots(db_, stmt.value(), op);
 }
 

@@ -172,7 +172,9 @@ class StateStore {
   // tenant (including one purged since the previous page).
   Result<SandboxPage> listSandboxes(const ListFilter& filter);
   // All tenants, same order; for start-up re-adoption and the expiry reaper.
-  Result<std::vector<SandboxRecord>> sandboxesInStates(const std::vector<std::string>& states);
+  // Every tenant's, or `tenant`'s only.
+  Result<std::vector<SandboxRecord>> sandboxesInStates(const std::vector<std::string>& states,
+                                                       const std::string& tenant = "");
   Result<std::map<std::string, int64_t>> countByState();                              // all tenants, for metrics
   Result<int64_t> countInState(const std::string& tenant, const std::string& state);  // one tenant's
   // Retention of deleted and failed rows; answers the ids of the failed ones it purged (their
@@ -186,7 +188,8 @@ class StateStore {
   // How many snapshots a tenant has and their bytes (for its quota).
   Result<SnapshotUsage> snapshotUsage(const std::string& tenant);
   // All tenants, same order; for start-up recovery (which files and layers are still owned).
-  Result<std::vector<SnapshotRecord>> allSnapshots();
+  // With `tenant`, that tenant's only (its quota's walks: never node-sized work for one tenant).
+  Result<std::vector<SnapshotRecord>> allSnapshots(const std::string& tenant = "");
   Status deleteSnapshot(const std::string& id);  // kNotFound if absent
 
   Status addApiKey(const ApiKeyRecord& key);        // kAlreadyExists if the digest exists

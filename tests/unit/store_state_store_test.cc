@@ -476,6 +476,10 @@ TEST_F(StateStoreTest, SandboxesInStatesSpansTenants) {
   ASSERT_TRUE(live.ok()) << live.error().message;
   EXPECT_EQ(ids(live.value()), (std::vector<std::string>{sbId(2), sbId(1), sbId(4)}));
   EXPECT_TRUE(store_->sandboxesInStates({})->empty());
+  // One tenant's only (a quota's walk is the size of that tenant, not of the node).
+  EXPECT_EQ(ids(store_->sandboxesInStates({"running", "paused", "creating", "deleted"}, "acme").value()),
+            (std::vector<std::string>{sbId(3), sbId(1)}));
+  EXPECT_TRUE(store_->sandboxesInStates({"running"}, "nobody")->empty());
 }
 
 TEST_F(StateStoreTest, CountsByStateAcrossTenants) {
@@ -864,6 +868,8 @@ TEST_F(StateStoreTest, AllSnapshotsSpansTenantsInOrder) {
   ASSERT_TRUE(all.ok()) << all.error().message;
   EXPECT_EQ(ids(all.value()), (std::vector<std::string>{snapId(2), snapId(4), snapId(1), snapId(3)}));
   EXPECT_EQ(all->front(), snapshot(snapId(2), "globex", sbId(2), 1));
+  EXPECT_EQ(ids(store_->allSnapshots("acme").value()), (std::vector<std::string>{snapId(4), snapId(1)}));
+  EXPECT_TRUE(store_->allSnapshots("nobody")->empty());
 }
 
 TEST_F(StateStoreTest, RejectsBadSnapshotInput) {
