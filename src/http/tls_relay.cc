@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <boost/asio/ip/address.hpp>
@@ -139,19 +140,14 @@ TlsRelays::RelayPtr TlsRelays::track(tcp::socket socket, const std::string& remo
     return it != handshakes_by_client_.end() && it->second >= limits_.max_handshakes_per_client;
   };
   while (handshakes_ >= limits_.max_handshakes || atClientLimit()) {
-    std::string victim = client;
-    if (!atClientLimit()) {
-      size_t most = 0;
-      for (const auto& [name, count] : handshakes_by_client_) {
-        if (count > most) {
-          most = count;
-          victim = name;
-        }
-      }
-    }
+    const bool own = atClientLimit();
+    size_t most = 0;
+    for (const auto& entry : handshakes_by_client_) most = std::max(most, entry.second);
+    // The oldest handshake among the clients with the most: by age, not by name, so that many
+    // addresses with one handshake each cannot aim the eviction at one client by how they sort.
     RelayPtr oldest;
     for (auto it = relays_.rbegin(); it != relays_.rend(); ++it) {
-      if ((*it)->in_handshake && (*it)->client == victim) {
+      if ((*it)->in_handshake && (own ? (*it)->client == client : handshakesOf((*it)->client) == most)) {
         oldest = *it;
         break;
       }

@@ -464,9 +464,13 @@ Result<uint64_t> SandboxManager::suspendedBytes(const std::string& tenant) {
   // against the snapshot bytes (as a snapshot's, or as stranded layers), not twice.
   std::set<std::pair<dev_t, ino_t>> layers;
   std::error_code ec;
-  for (const auto& layer : std::filesystem::directory_iterator(config_.data_dir + "/layers", ec)) {
+  std::filesystem::directory_iterator it(config_.data_dir + "/layers", ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
     struct stat st {};
-    if (::stat(layer.path().c_str(), &st) == 0) layers.emplace(st.st_dev, st.st_ino);
+    if (::stat(it->path().c_str(), &st) == 0) layers.emplace(st.st_dev, st.st_ino);
+  }
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    return makeError(ErrorCode::kUnavailable, "cannot list the disk layers: " + ec.message() + "; try again");
   }
   uint64_t bytes = 0;
   for (const auto& rec : suspended.value()) {

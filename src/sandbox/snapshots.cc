@@ -226,6 +226,10 @@ Result<uint64_t> SandboxManager::strandedLayerBytes(const std::string& tenant) {
     for (; !ec && it != end; it.increment(ec)) {
       if (it->path().extension() == ".qcow2") roots.push_back(it->path().string());
     }
+    // A disk missed would be layers uncounted: fail closed (a sandbox deleted meanwhile is not).
+    if (ec && ec != std::errc::no_such_file_or_directory) {
+      return makeError(ErrorCode::kUnavailable, "cannot list " + sb.run_dir + ": " + ec.message() + "; try again");
+    }
   }
   auto reachable = snapshot::reachableLayers(roots);
   if (!reachable) return makeError(ErrorCode::kUnavailable, "a disk's backing chain could not be read; try again");
@@ -435,7 +439,13 @@ void SandboxManager::collectLayers(bool wait) {
   };
   std::vector<std::filesystem::path> sandbox_dirs;
   // Every sandbox directory's disk (running, paused, suspended, or being created).
-  Status listed = list(config_.data_dir + "/sandboxes", [&](const auto& p) { sandbox_dirs.push_back(p); });
+  // (A stray plain file there holds no disk: skipped, or it would stop every round.)
+  Status listed = list(config_.data_dir + "/sandboxes", [&](const auto& p) {
+    std::error_code type_ec;
+    if (std::filesystem::symlink_status(p, type_ec).type() != std::filesystem::file_type::regular) {
+      sandbox_dirs.push_back(p);
+    }
+  });
   for (const auto& sandbox : sandbox_dirs) {
     if (!listed.ok()) break;
     listed = list(sandbox.string(), [&](const auto& file) {
