@@ -632,7 +632,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
   // The listeners hold up to 4096 + 4096 + 8192 connections (idle ones cost descriptors, not
-  // threads; 4 each, 10 over TLS), and each sandbox holds a few descriptors of its own; a default
+  // threads; 5 each, 11 over TLS), and each sandbox holds a few descriptors of its own; a default
   // soft limit of 1024 would fail accept() first. Raised within the hard limit, which only the
   // administrator sets; the listeners shrink to what it allows (see ServerLimits).
   rlimit nofile{};

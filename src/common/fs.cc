@@ -98,20 +98,6 @@ Result<std::string> readFileTail(const std::string& path, size_t max_bytes) {
   return out;
 }
 
-uint64_t allocatedBytesUnder(const std::string& path) {
-  auto allocated = [](const std::string& p) -> uint64_t {
-    struct stat st {};
-    return ::lstat(p.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
-  };
-  uint64_t bytes = allocated(path);
-  std::error_code ec;
-  if (!std::filesystem::is_directory(std::filesystem::symlink_status(path, ec))) return bytes;
-  for (std::filesystem::recursive_directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
-    bytes += allocated(it->path().string());
-  }
-  return bytes;
-}
-
 Result<uint64_t> chargeableBytesUnder(const std::string& path,
                                       const std::set<std::pair<dev_t, ino_t>>& counted_elsewhere) {
   std::set<std::pair<dev_t, ino_t>> seen;
@@ -137,6 +123,11 @@ Result<uint64_t> chargeableBytesUnder(const std::string& path,
     return makeError(ErrorCode::kInternal, "cannot list " + path + ": " + ec.message());
   }
   return bytes;
+}
+
+uint64_t allocatedBytesUnder(const std::string& path) {
+  auto bytes = chargeableBytesUnder(path, {});
+  return bytes.ok() ? bytes.value() : 0;
 }
 
 Result<std::string> readSmallFile(const std::string& path, size_t max_bytes) {

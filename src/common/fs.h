@@ -31,11 +31,12 @@ Result<std::string> readFileTail(const std::string& path, size_t max_bytes);
 Result<std::string> readSmallFile(const std::string& path, size_t max_bytes);
 
 // The disk that `path` and everything under it take (allocated blocks, so a sparse file counts
-// what it holds, not its size); symbolic links are not followed, what cannot be read counts 0.
+// what it holds, not its size; hard links once); symbolic links are not followed; 0 if any of
+// it cannot be read (an estimate: see chargeableBytesUnder for a charge).
 uint64_t allocatedBytesUnder(const std::string& path);
-// The same for charging a tenant: each file once (hard links share their blocks), none whose
-// identity (device, inode) is in `counted_elsewhere`, and an error for what cannot be read
-// rather than 0, so a quota check fails closed. A path that is gone holds 0 bytes.
+// The same for charging a tenant: none whose identity (device, inode) is in
+// `counted_elsewhere`, and an error for what cannot be read rather than 0, so a quota check
+// fails closed. A path that is gone holds 0 bytes.
 Result<uint64_t> chargeableBytesUnder(const std::string& path,
                                       const std::set<std::pair<dev_t, ino_t>>& counted_elsewhere);
 

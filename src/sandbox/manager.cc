@@ -474,7 +474,6 @@ Result<uint64_t> SandboxManager::suspendedBytes(const std::string& tenant) {
   }
   uint64_t bytes = 0;
   for (const auto& rec : suspended.value()) {
-    if (rec.tenant != tenant) continue;
     auto held = chargeableBytesUnder(rec.run_dir, layers);
     if (!held.ok()) return held.error();
     bytes += held.value();

@@ -216,11 +216,9 @@ Result<uint64_t> SandboxManager::strandedLayerBytes(const std::string& tenant) {
   // before it, which outlives that snapshot's deletion (snapshot, snapshot, delete the first
   // and the sandbox: only the second's record counts, the first's layer hangs under it).
   std::vector<std::string> roots;
-  for (const auto& snap : snapshots.value()) {
-    if (snap.tenant == tenant) roots.push_back(snap.disk);
-  }
+  for (const auto& snap : snapshots.value()) roots.push_back(snap.disk);
   for (const auto& sb : sandboxes.value()) {
-    if (sb.tenant != tenant || sb.run_dir.empty()) continue;
+    if (sb.run_dir.empty()) continue;
     std::error_code ec;
     std::filesystem::directory_iterator it(sb.run_dir, ec), end;
     for (; !ec && it != end; it.increment(ec)) {

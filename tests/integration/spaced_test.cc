@@ -1768,13 +1768,16 @@ TEST_F(SpacedTest, LayersOfDeletedSnapshotsCountAgainstTheSnapshotQuota) {
   daemon_ = Daemon::start(data_dir_, {"--tenant-max-snapshot-mb", "64"});
   ASSERT_TRUE(daemon_);
   auto& d = *daemon_;
+  // 96 MiB written after the template: they land in the layer of the snapshot taken next.
+  auto write96MiB = [](Daemon& daemon, const std::string& id) {
+    EXPECT_EQ(execJson(daemon, id,
+                       json{{"command", "head -c 96M /dev/zero | tr '\\0' x > /home/user/big && sync && echo written"},
+                            {"timeout_s", 120}})["stdout"],
+              "written\n");
+  };
   const std::string parent = d.create();
   ASSERT_FALSE(parent.empty());
-  // 96 MiB written after the template: they land in the layer of the snapshot taken next.
-  EXPECT_EQ(execJson(d, parent,
-                     json{{"command", "head -c 96M /dev/zero | tr '\\0' x > /home/user/big && sync && echo written"},
-                          {"timeout_s", 120}})["stdout"],
-            "written\n");
+  write96MiB(d, parent);
   const std::string snap = d.callJson("POST", "/v1/sandboxes/" + parent + "/snapshots", json::object(), 201)["id"];
   json children = d.callJson("POST", "/v1/snapshots/" + snap + "/branch", json{{"count", 1}}, 201);
   ASSERT_EQ(children["sandboxes"].size(), 1u) << children;
@@ -1803,10 +1806,7 @@ TEST_F(SpacedTest, LayersOfDeletedSnapshotsCountAgainstTheSnapshotQuota) {
   auto& again = *daemon_;
   const std::string writer = again.create();
   ASSERT_FALSE(writer.empty());
-  EXPECT_EQ(execJson(again, writer,
-                     json{{"command", "head -c 96M /dev/zero | tr '\\0' y > /home/user/big && sync && echo written"},
-                          {"timeout_s", 120}})["stdout"],
-            "written\n");
+  write96MiB(again, writer);
   const std::string first = again.callJson("POST", "/v1/sandboxes/" + writer + "/snapshots", json::object(), 201)["id"];
   again.callJson("POST", "/v1/sandboxes/" + writer + "/snapshots", json::object(), 201);
   // Suspended, its run dir keeps its earlier overlays: hard links of the snapshots' layers, whose
