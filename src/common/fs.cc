@@ -80,10 +80,13 @@ Status replaceFile(const std::string& path, const std::string& data, int mode) {
 }
 
 Result<std::string> readFileTail(const std::string& path, size_t max_bytes) {
-  Fd f{open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  // Never through a link, never blocked on a FIFO: callers read files in directories a jailed
+  // QEMU can write (its run directory), and must not be pointed at the host's files.
+  Fd f{open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)};
   if (f.fd < 0) return sysError("open", path);
   struct stat st {};
   if (fstat(f.fd, &st) != 0) return sysError("stat", path);
+  if (!S_ISREG(st.st_mode)) return makeError(ErrorCode::kInvalidArgument, path + " is not a regular file");
   off_t start = st.st_size > static_cast<off_t>(max_bytes) ? st.st_size - static_cast<off_t>(max_bytes) : 0;
   std::string out(static_cast<size_t>(st.st_size - start), '\0');
   size_t got = 0;

@@ -24,7 +24,8 @@ Status replaceFile(const std::string& path, const std::string& data, int mode = 
 // kResourceExhausted.
 Status fsyncPath(const std::string& path);
 
-// Reads at most the last `max_bytes` of a file (the whole file if smaller).
+// Reads at most the last `max_bytes` of a file (the whole file if smaller). A regular file
+// only, not through a symbolic link at its last component (kInvalidArgument / ELOOP).
 Result<std::string> readFileTail(const std::string& path, size_t max_bytes);
 
 // Reads a whole small file, refusing files larger than `max_bytes`.

@@ -2,7 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/close_range.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
@@ -18,6 +20,11 @@
 #include <thread>
 
 #include "common/fs.h"
+#include "common/unix_socket.h"
+
+#ifndef CLONE_PIDFD
+#define CLONE_PIDFD 0x00001000  // linux/sched.h; not in every libc's <sched.h>
+#endif
 
 extern char** environ;
 
@@ -44,19 +51,138 @@ ExitStatus decode(int status) {
 
 }  // namespace
 
+namespace {
+
+// The child's side of spawnInNewPidNamespace: between clone and exec, in a copy of a
+// multithreaded process, so only async-signal-safe calls, and nothing allocates. Never returns:
+// an error is reported through `report` (the errno) before _exit(127).
+[[noreturn]] void childFailed(int report) {
+  const int e = errno;
+  [[maybe_unused]] ssize_t n = ::write(report, &e, sizeof e);
+  ::_exit(127);
+}
+
+[[noreturn]] void becomeChild(const char* path, char* const* argv, const char* out, const char* err, bool new_session,
+                              const std::vector<std::pair<int, int>>& pass_fds, int first_unpassed, int report) {
+  auto fail = [report]() { childFailed(report); };
+  const int in = ::open("/dev/null", O_RDONLY);
+  if (in < 0 || ::dup2(in, 0) < 0) fail();
+  const int o = ::open(out, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW, 0640);
+  if (o < 0 || ::dup2(o, 1) < 0) fail();
+  if (err == nullptr) {
+    if (::dup2(1, 2) < 0) fail();
+  } else {
+    const int e = ::open(err, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW, 0640);
+    if (e < 0 || ::dup2(e, 2) < 0) fail();
+  }
+  for (const auto& [ours, theirs] : pass_fds) {
+    if (::dup2(ours, theirs) < 0) fail();
+  }
+  // CLOEXEC rather than closed: `report` (above first_unpassed) must last until exec.
+  if (::syscall(SYS_close_range, first_unpassed, ~0U, CLOSE_RANGE_CLOEXEC) != 0) fail();
+  if (new_session && ::setsid() < 0) fail();
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) (void)::sigaction(sig, &dfl, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::execve(path, argv, environ);
+  childFailed(report);
+}
+
+// posix_spawn cannot start a child in a new PID namespace: it shares our memory (CLONE_VM),
+// which the kernel refuses across PID namespaces. So: a thread of its own enters the slot's
+// network namespace if asked, unshares the PID namespace for its children, and clones without
+// CLONE_VM (a fork); the child only moves descriptors and executes.
+Result<std::pair<pid_t, int>> spawnInNewPidNamespace(const std::vector<std::string>& argv,
+                                                     const SpawnOptions& options) {
+  if (argv[0].find('/') == std::string::npos) {
+    return makeError(ErrorCode::kInvalidArgument, "spawn in a new PID namespace needs a path, not " + argv[0]);
+  }
+  std::vector<char*> cargv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  const std::string out = options.stdout_path.empty() ? "/dev/null" : options.stdout_path;
+  int first_unpassed = 3;
+  for (const auto& [ours, theirs] : options.pass_fds) first_unpassed = std::max(first_unpassed, theirs + 1);
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0)
+    return makeError(ErrorCode::kInternal, std::string("pipe: ") + strerror(errno));
+  UniqueFd read_end(pipe_fds[0]);
+  // Above every descriptor the child is given, so no dup2 there replaces it.
+  UniqueFd write_end(::fcntl(pipe_fds[1], F_DUPFD_CLOEXEC, first_unpassed));
+  ::close(pipe_fds[1]);
+  if (!write_end.valid()) return makeError(ErrorCode::kInternal, std::string("dup: ") + strerror(errno));
+
+  pid_t pid = -1;
+  int pidfd = -1;
+  std::string failure;
+  std::thread spawner([&] {
+    // No signal handler of ours may run in the child before it resets them.
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, nullptr);
+    if (!options.netns_path.empty()) {
+      UniqueFd ns(::open(options.netns_path.c_str(), O_RDONLY | O_CLOEXEC));
+      if (!ns.valid() || ::setns(ns.get(), CLONE_NEWNET) != 0) {
+        failure = "enter " + options.netns_path + ": " + strerror(errno);
+        return;
+      }
+    }
+    if (::unshare(CLONE_NEWPID) != 0) {
+      failure = std::string("unshare(CLONE_NEWPID): ") + strerror(errno);
+      return;
+    }
+    const long rc = ::syscall(SYS_clone, CLONE_PIDFD | SIGCHLD, nullptr, &pidfd, nullptr, nullptr);
+    if (rc == 0) {
+      becomeChild(cargv[0], cargv.data(), out.c_str(),
+                  options.stderr_path.empty() ? nullptr : options.stderr_path.c_str(), options.new_session,
+                  options.pass_fds, first_unpassed, write_end.get());
+    }
+    if (rc < 0) {
+      failure = std::string("clone: ") + strerror(errno);
+      return;
+    }
+    pid = static_cast<pid_t>(rc);
+  });
+  spawner.join();
+  write_end.reset();
+  if (!failure.empty()) return makeError(ErrorCode::kInternal, "cannot start " + argv[0] + ": " + failure);
+  int child_errno = 0;
+  ssize_t n;
+  do {
+    n = ::read(read_end.get(), &child_errno, sizeof child_errno);
+  } while (n < 0 && errno == EINTR);
+  if (n > 0) {  // it never executed
+    waitpid(pid, nullptr, 0);
+    ::close(pidfd);
+    return makeError(ErrorCode::kInternal, "cannot start " + argv[0] + ": " + strerror(child_errno));
+  }
+  return std::make_pair(pid, pidfd);
+}
+
+}  // namespace
+
 Result<ChildProcess> ChildProcess::spawn(const std::vector<std::string>& argv, const SpawnOptions& options) {
   if (argv.empty()) return makeError(ErrorCode::kInvalidArgument, "spawn: empty argv");
+  if (options.new_pid_namespace) {
+    auto started = spawnInNewPidNamespace(argv, options);
+    if (!started.ok()) return started.error();
+    return ChildProcess(started->first, started->second, false);
+  }
   posix_spawn_file_actions_t actions;
   posix_spawnattr_t attr;
   posix_spawn_file_actions_init(&actions);
   posix_spawnattr_init(&attr);
   const std::string out = options.stdout_path.empty() ? "/dev/null" : options.stdout_path;
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0640);
+  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW, 0640);
   if (options.stderr_path.empty()) {
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
   } else {
-    posix_spawn_file_actions_addopen(&actions, 2, options.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0640);
+    posix_spawn_file_actions_addopen(&actions, 2, options.stderr_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW, 0640);
   }
   // The child starts with default signal dispositions and an empty mask, whatever ours are.
   sigset_t all;

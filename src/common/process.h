@@ -16,6 +16,8 @@
 namespace space {
 
 struct SpawnOptions {
+  // Opened for appending, never through a symbolic link (logs live in run directories that a
+  // jailed QEMU can write).
   std::string stdout_path;  // empty: /dev/null
   std::string stderr_path;  // empty: same as stdout
   bool new_session = true;  // detach from our terminal and process group
@@ -23,6 +25,9 @@ struct SpawnOptions {
   std::string netns_path;
   // Descriptors the child gets: {ours, its number}; everything else is closed (CLOEXEC).
   std::vector<std::pair<int, int>> pass_fds;
+  // The child is pid 1 of a new PID namespace (it sees only itself and what it starts); its
+  // pid here is the one returned. argv[0] must then be a path (no PATH search).
+  bool new_pid_namespace = false;
 };
 
 struct ExitStatus {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -39,13 +40,28 @@ Result<UniqueFd> connectUnix(const std::string& path, Clock::time_point deadline
                                                       " bytes, limit " + std::to_string(sizeof(addr.sun_path) - 1) +
                                                       "): " + path);
   }
-  addr.sun_family = AF_UNIX;
-  memcpy(addr.sun_path, path.c_str(), path.size());
   while (true) {
-    UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!fd.valid()) return makeError(ErrorCode::kInternal, std::string("socket: ") + strerror(errno));
-    if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+    // The socket itself, never a link: these sockets live in run directories that a jailed
+    // QEMU can write, and a link there could point us at another VM's monitor or agent. So
+    // the path is opened without following (O_PATH), checked to be a socket, and connected
+    // through that descriptor's /proc name, which names exactly that inode.
+    UniqueFd node(::open(path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
     int err = errno;
+    if (node.valid()) {
+      struct stat st {};
+      if (::fstat(node.get(), &st) != 0 || !S_ISSOCK(st.st_mode)) {  // O_PATH|O_NOFOLLOW opens a link itself
+        return makeError(ErrorCode::kUnavailable,
+                         "connect " + path + (S_ISLNK(st.st_mode) ? ": a symbolic link, refused" : ": not a socket"));
+      }
+      const std::string via = "/proc/self/fd/" + std::to_string(node.get());
+      addr = sockaddr_un{};
+      addr.sun_family = AF_UNIX;
+      memcpy(addr.sun_path, via.c_str(), via.size());
+      UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+      if (!fd.valid()) return makeError(ErrorCode::kInternal, std::string("socket: ") + strerror(errno));
+      if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+      err = errno;
+    }
     if (err != ENOENT && err != ECONNREFUSED && err != EAGAIN) {
       return makeError(ErrorCode::kUnavailable, "connect " + path + ": " + strerror(err));
     }

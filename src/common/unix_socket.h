@@ -36,7 +36,8 @@ class UniqueFd {
 };
 
 // Connects to the socket at `path` (non-blocking fd). Retries while the socket does not exist
-// yet or refuses, until `deadline` (a peer we just started may not be listening yet).
+// yet or refuses, until `deadline` (a peer we just started may not be listening yet). A path
+// that is a symbolic link or not a socket is refused (kUnavailable), not followed.
 Result<UniqueFd> connectUnix(const std::string& path, Clock::time_point deadline);
 
 // Reads newline-terminated lines from a non-blocking fd. Lines longer than the limit are an

@@ -1,22 +1,40 @@
 // space-jail: confines one program (a VM's QEMU) and becomes it.
 //
-//   space-jail [--cgroup-procs FILE]... [--nofile N] -- PROGRAM [ARG]...
+//   space-jail [--cgroup-procs FILE]... [--nofile N]
+//              [--view [--ro PATH]... [--rw PATH]... [--dev PATH]...] [--no-caps] -- PROGRAM [ARG]...
 //
 // In order: joins each cgroup (writes its own pid to each FILE, a group's cgroup.procs), so
 // that everything the program allocates from its first instruction counts against its group;
 // sets its resource limits (no core dumps: a QEMU's core holds its guest's memory, a tenant's
-// data; at most N descriptors); sets no_new_privs, so nothing it executes can gain privileges;
-// then executes PROGRAM in its own place (same pid: the caller's handle, pidfd and recorded
-// identity stay valid). Any failure exits 125 before PROGRAM runs, with the reason on stderr.
+// data; at most N descriptors); with --view, replaces its whole filesystem with a private one
+// (below); with --no-caps, gives up every capability for good; sets no_new_privs, so nothing it
+// executes can gain privileges; then executes PROGRAM in its own place (same pid: the caller's
+// handle, pidfd and recorded identity stay valid). Any failure exits 125 before PROGRAM runs,
+// with the reason on stderr.
 //
-// A separate program rather than code between fork and exec in spaced: spaced starts children
-// with posix_spawn (a multithreaded process must not run arbitrary code after fork), and the
-// jail will grow (a uid of its own, namespaces) in one small place that is easy to audit.
-// Arguments are read by hand: everything after "--" is PROGRAM's, untouched.
+// The view: a mount namespace of its own whose root is an empty, read-only tmpfs holding only
+// the system's programs and libraries (/usr and the merged-/usr links, read-only), the device
+// nodes named by --dev, a /proc of its own PID namespace, and each --ro/--rw PATH bound at the
+// same path (so the program's arguments name its files unchanged). Nothing else of the host
+// exists there: not the state database, not other sandboxes' files, not host processes. --view
+// requires being pid 1 of a new PID namespace (the caller spawns it so), so that /proc shows
+// the program alone.
+//
+// A separate program rather than code between fork and exec in spaced: spaced is
+// multithreaded (only async-signal-safe calls after fork), and the jail is one small place that
+// is easy to audit. Arguments are read by hand: everything after "--" is PROGRAM's, untouched.
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/securebits.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -35,9 +53,14 @@ constexpr int kFailed = 125;
 
 void usage() {
   std::fprintf(stderr,
-               "usage: space-jail [--cgroup-procs FILE]... [--nofile N] -- PROGRAM [ARG]...\n"
-               "Joins the cgroups, limits resources (no core dumps, N descriptors), sets no_new_privs,\n"
-               "then executes PROGRAM as the same process. Exits 125 if any step fails.\n");
+               "usage: space-jail [--cgroup-procs FILE]... [--nofile N]\n"
+               "                  [--view [--ro PATH]... [--rw PATH]... [--dev PATH]...] [--no-caps]\n"
+               "                  -- PROGRAM [ARG]...\n"
+               "Joins the cgroups, limits resources (no core dumps, N descriptors), with --view sees only\n"
+               "the system's programs, the devices and the PATHs given (read-only or read-write, at the same\n"
+               "paths) and a /proc of its own PID namespace (it must be pid 1 of one), with --no-caps drops\n"
+               "every capability, sets no_new_privs, then executes PROGRAM as the same process.\n"
+               "Exits 125 if any step fails.\n");
 }
 
 void joinCgroup(const std::string& procs_file) {
@@ -53,11 +76,183 @@ void limit(int resource, rlim_t value, const char* name) {
   if (setrlimit(resource, &r) != 0) die(std::string("setrlimit ") + name + ": " + std::strerror(errno));
 }
 
+enum class Access { kReadOnly, kReadWrite, kDevice };
+
+struct Bind {
+  std::string path;
+  Access access;
+};
+
+// Absolute, no "." or ".." component, no empty one: named at the same path in the view.
+bool plainAbsolutePath(const std::string& path) {
+  if (path.size() < 2 || path[0] != '/' || path.back() == '/') return false;
+  for (size_t at = 1; at <= path.size();) {
+    const size_t end = std::min(path.find('/', at), path.size());
+    const std::string part = path.substr(at, end - at);
+    if (part.empty() || part == "." || part == "..") return false;
+    at = end + 1;
+  }
+  return true;
+}
+
+bool isUnder(const std::string& path, const std::string& dir) {
+  return path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/';
+}
+
+// A detached copy of what is mounted at `path` (its submounts too), with `attributes` set on
+// all of it; taken before anything is hidden, so a path under the staging directory works too.
+struct Source {
+  std::string path;
+  bool directory = false;
+  std::string link;  // a symbolic link (the merged-/usr ones) is made again, not bound
+  int fd = -1;
+};
+
+Source takeSource(const std::string& path, uint64_t attributes) {
+  Source source{path};
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) die("cannot look at " + path + ": " + std::strerror(errno));
+  if (S_ISLNK(st.st_mode)) {
+    char target[4096];
+    const ssize_t n = ::readlink(path.c_str(), target, sizeof target - 1);
+    if (n <= 0) die("cannot read the link " + path + ": " + std::strerror(errno));
+    source.link.assign(target, static_cast<size_t>(n));
+    return source;
+  }
+  source.directory = S_ISDIR(st.st_mode);
+  const unsigned recursive = source.directory ? AT_RECURSIVE : 0;
+  source.fd =
+      ::open_tree(AT_FDCWD, path.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW | recursive);
+  if (source.fd < 0) die("cannot take " + path + ": " + std::strerror(errno));
+  mount_attr attr{};
+  attr.attr_set = attributes;
+  if (::mount_setattr(source.fd, "", AT_EMPTY_PATH | recursive, &attr, sizeof attr) != 0) {
+    die("cannot restrict " + path + ": " + std::strerror(errno));
+  }
+  return source;
+}
+
+// Creates `path`'s missing parent directories (the view's own, on its tmpfs).
+void makeParents(const std::string& path) {
+  for (size_t at = path.find('/', 1); at != std::string::npos; at = path.find('/', at + 1)) {
+    const std::string dir = path.substr(0, at);
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) die("cannot make " + dir + ": " + std::strerror(errno));
+  }
+}
+
+void place(const Source& source, const std::string& root) {
+  const std::string target = root + source.path;
+  makeParents(target);
+  if (!source.link.empty()) {
+    if (::symlink(source.link.c_str(), target.c_str()) != 0) die("cannot link " + target + ": " + std::strerror(errno));
+    return;
+  }
+  if (source.directory) {
+    if (::mkdir(target.c_str(), 0755) != 0 && errno != EEXIST)
+      die("cannot make " + target + ": " + std::strerror(errno));
+  } else {
+    const int fd = ::open(target.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) die("cannot make " + target + ": " + std::strerror(errno));
+    ::close(fd);
+  }
+  if (::move_mount(source.fd, "", AT_FDCWD, target.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0) {
+    die("cannot bind " + source.path + ": " + std::strerror(errno));
+  }
+  ::close(source.fd);
+}
+
+// See the header comment: the private filesystem the program sees from now on.
+void enterView(std::vector<Bind> binds) {
+  if (getpid() != 1) die("--view needs a PID namespace of its own (start space-jail as its pid 1)");
+  if (::unshare(CLONE_NEWNS) != 0) die(std::string("unshare(CLONE_NEWNS): ") + std::strerror(errno));
+  // Nothing done here may reach the host's mount table.
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    die(std::string("cannot make the mounts private: ") + std::strerror(errno));
+  }
+  constexpr uint64_t kData = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+  std::vector<Source> sources;
+  sources.push_back(takeSource("/usr", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
+  for (const char* top : {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}) {
+    struct stat st {};
+    if (::lstat(top, &st) == 0)
+      sources.push_back(takeSource(top, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
+  }
+  if (::access("/etc/ld.so.cache", F_OK) == 0)
+    sources.push_back(takeSource("/etc/ld.so.cache", MOUNT_ATTR_RDONLY | kData));
+  // A path that is a symbolic link (an image in a cache elsewhere) is made as a link, and
+  // what it resolves to is bound too, with the same access.
+  for (size_t i = 0, n = binds.size(); i < n; ++i) {
+    struct stat st {};
+    if (::lstat(binds[i].path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) continue;
+    char* resolved = ::realpath(binds[i].path.c_str(), nullptr);
+    if (resolved == nullptr) die("cannot resolve " + binds[i].path + ": " + std::strerror(errno));
+    binds.push_back({resolved, binds[i].access});
+    std::free(resolved);
+  }
+  // Shortest first, so that a path inside a directory already bound is seen to be covered:
+  // it then has that directory's access (its own bind would land inside the directory).
+  std::sort(binds.begin(), binds.end(), [](const Bind& a, const Bind& b) { return a.path.size() < b.path.size(); });
+  std::vector<std::string> covered = {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"};
+  for (const auto& bind : binds) {
+    bool inside = false;
+    for (const auto& dir : covered) inside = inside || bind.path == dir || isUnder(bind.path, dir);
+    if (inside) continue;
+    uint64_t attributes = kData;
+    if (bind.access == Access::kReadOnly) attributes |= MOUNT_ATTR_RDONLY;
+    if (bind.access == Access::kDevice) attributes = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC;
+    sources.push_back(takeSource(bind.path, attributes));
+    if (sources.back().directory) covered.push_back(bind.path);
+  }
+  // Everything is taken: the staging directory can be covered now.
+  const std::string root = "/tmp";
+  if (::mount("space-jail", root.c_str(), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=1m") != 0) {
+    die(std::string("cannot mount the view's root: ") + std::strerror(errno));
+  }
+  for (const auto& source : sources) place(source, root);
+  if (::mkdir((root + "/proc").c_str(), 0555) != 0 ||
+      ::mount("proc", (root + "/proc").c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+    die(std::string("cannot mount /proc: ") + std::strerror(errno));
+  }
+  if (::mount(nullptr, root.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              nullptr) != 0) {
+    die(std::string("cannot make the view's root read-only: ") + std::strerror(errno));
+  }
+  if (::chdir(root.c_str()) != 0 || ::syscall(SYS_pivot_root, ".", ".") != 0 || ::umount2(".", MNT_DETACH) != 0 ||
+      ::chdir("/") != 0) {
+    die(std::string("cannot enter the view: ") + std::strerror(errno));
+  }
+}
+
+// Gives up every capability for good: none held, none that an exec could grant (the bounding
+// set is empty, and uid 0 no longer means privileged: SECBIT_NOROOT), none ambient, and the
+// bits locked. By hand: libcap would add a library for four system calls.
+void dropCapabilities() {
+  const unsigned long bits = SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
+                             SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED | SECBIT_NO_CAP_AMBIENT_RAISE |
+                             SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED;
+  if (prctl(PR_SET_SECUREBITS, bits, 0, 0, 0) != 0) die(std::string("securebits: ") + std::strerror(errno));
+  for (int cap = 0; cap <= 63; ++cap) {
+    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0) {
+      if (errno == EINVAL) break;  // past the kernel's last capability
+      die("cannot drop capability " + std::to_string(cap) + ": " + std::strerror(errno));
+    }
+  }
+  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) {
+    die(std::string("cannot clear ambient capabilities: ") + std::strerror(errno));
+  }
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
+  if (::syscall(SYS_capset, &header, data) != 0) die(std::string("capset: ") + std::strerror(errno));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> cgroups;
   rlim_t nofile = 0;
+  bool view = false;
+  bool no_caps = false;
+  std::vector<Bind> binds;
   int i = 1;
   for (; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -68,6 +263,10 @@ int main(int argc, char** argv) {
     if (arg == "--help" || arg == "-h") {
       usage();
       return 0;
+    }
+    if (arg == "--view" || arg == "--no-caps") {
+      (arg == "--view" ? view : no_caps) = true;
+      continue;
     }
     if (i + 1 >= argc) {
       usage();
@@ -84,6 +283,11 @@ int main(int argc, char** argv) {
         die("--nofile wants 64..1048576, not " + value);
       }
       nofile = static_cast<rlim_t>(n);
+    } else if (arg == "--ro" || arg == "--rw" || arg == "--dev") {
+      if (!plainAbsolutePath(value)) die(arg + " wants an absolute path without . or .. parts, not " + value);
+      binds.push_back({value, arg == "--ro"   ? Access::kReadOnly
+                              : arg == "--rw" ? Access::kReadWrite
+                                              : Access::kDevice});
     } else {
       usage();
       die("unknown option " + arg);
@@ -96,6 +300,9 @@ int main(int argc, char** argv) {
   for (const auto& c : cgroups) joinCgroup(c);
   limit(RLIMIT_CORE, 0, "RLIMIT_CORE");
   if (nofile != 0) limit(RLIMIT_NOFILE, nofile, "RLIMIT_NOFILE");
+  if (!binds.empty() && !view) die("--ro, --rw and --dev need --view");
+  if (view) enterView(binds);
+  if (no_caps) dropCapabilities();
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) die(std::string("no_new_privs: ") + std::strerror(errno));
   execvp(argv[i], argv + i);
   die(std::string("cannot execute ") + argv[i] + ": " + std::strerror(errno));

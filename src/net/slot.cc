@@ -159,8 +159,10 @@ Status addAddress(Netlink& nl, int ifindex) {
   return nl.request(nlh, std::string("add address ") + kGatewayIp + " to " + kTapName);
 }
 
-// Creates the persistent tap. IFF_VNET_HDR here is only the initial state: whoever attaches
-// (QEMU) sets its own flags, but a process handed an fd probes vnet_hdr support from them.
+// Creates the persistent tap (or attaches to it), owned by uid 0: a jailed QEMU has no
+// capabilities, and the kernel lets a process without CAP_NET_ADMIN attach to a tap only as
+// its owner. IFF_VNET_HDR here is only the initial state: whoever attaches (QEMU) sets its own
+// flags, but a process handed an fd probes vnet_hdr support from them.
 Status createTap() {
   UniqueFd fd(::open("/dev/net/tun", O_RDWR | O_CLOEXEC));
   if (!fd.valid()) return sysError("open /dev/net/tun");
@@ -168,6 +170,7 @@ Status createTap() {
   strncpy(ifr.ifr_name, kTapName, IFNAMSIZ - 1);
   ifr.ifr_flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR;
   if (ioctl(fd.get(), TUNSETIFF, &ifr) != 0) return sysError(std::string("create tap ") + kTapName);
+  if (ioctl(fd.get(), TUNSETOWNER, 0) != 0) return sysError(std::string("give tap ") + kTapName + " an owner");
   if (ioctl(fd.get(), TUNSETPERSIST, 1) != 0) return sysError(std::string("make tap persistent ") + kTapName);
   return okStatus();
 }
@@ -394,7 +397,9 @@ Status SlotManager::scrub(const Slot& slot) {
     // Rules first, so no connection is admitted under the old ones after conntrack forgets.
     SPACE_TRY(restoreRuleset());
     SPACE_TRY(flushConntrack());
-    return flushNeighbours();
+    SPACE_TRY(flushNeighbours());
+    // A slot made by an older daemon has a tap with no owner; the next QEMU (jailed) needs one.
+    return createTap();
   });
   if (!st.ok()) {
     Error e = st.error();

@@ -289,6 +289,12 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
   facts->tsc_khz = vmm::rememberedTscKhz(config.data_dir + "/node-tsc.json", facts->tsc_khz);
   if (!config.jailer.empty()) {
     facts->jailer = config.jailer;
+    facts->disk_roots = {config.data_dir + "/layers", config.data_dir + "/templates"};
+    for (const auto& [name, tpl] : config.templates) {
+      std::error_code ec;
+      auto image = std::filesystem::canonical(tpl.rootfs_path, ec);
+      if (!ec) facts->disk_roots.push_back(image.parent_path().string());
+    }
     // Named by data dir, like network slots: two daemons on one host never sweep each other's.
     auto cgroups = jail::setUpCgroups("spaced-" + sha256Hex(config.data_dir).substr(0, 8));
     if (cgroups.ok()) {

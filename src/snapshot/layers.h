@@ -12,13 +12,12 @@
 #include <vector>
 
 #include "common/result.h"
+#include "vmm/disk_overlay.h"
 
 namespace space::snapshot {
 
-// The backing file named in a qcow2 header ("" if none). Reads only the header (bounded):
-// these are files our own QEMU wrote, but a guest can never make the name exceed 1023 bytes
-// (QEMU's own limit) without it being refused here.
-Result<std::string> qcow2BackingFile(const std::string& path);
+// The backing file named in a qcow2 header (vmm/disk_overlay.h).
+using vmm::qcow2BackingFile;
 
 // Every file reachable from `roots` by following backing-file names (roots included).
 // Missing files and cycles end a chain; they are not errors (a root may be mid-removal). Any

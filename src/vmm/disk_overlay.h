@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "common/result.h"
 
@@ -12,6 +13,16 @@ namespace space::vmm {
 // "qcow2"). `log` gets qemu-img's output when it runs.
 Status createDiskOverlay(const std::string& base, const std::string& format, const std::string& overlay,
                          const std::string& log);
+
+// The backing file named in a qcow2 header ("" if none). Reads only the header (bounded):
+// these are files our own QEMU wrote, but a guest can never make the name exceed 1023 bytes
+// (QEMU's own limit) without it being refused here. kInvalidArgument: not a qcow2 image.
+Result<std::string> qcow2BackingFile(const std::string& path);
+
+// `top` and every file below it by backing-file names, top first; a raw image ends the chain.
+// What a VM over `top` opens. At most kMaxDiskChain files.
+constexpr size_t kMaxDiskChain = 4096;
+Result<std::vector<std::string>> diskChain(const std::string& top);
 
 // How many overlays createDiskOverlay wrote from memory, without qemu-img (for tests).
 size_t diskOverlaysWrittenFromMemory();

@@ -32,6 +32,10 @@ struct NodeFacts {
   // layer that do not ask for a jail).
   std::string jailer;
   jail::CgroupLayout cgroups;
+  // Where a jailed VM's disk layers may be (canonical directories: images, templates, snapshot
+  // layers). A layer's name comes from a qcow2 header, which a hostile QEMU can rewrite in its
+  // own overlay; a name outside these is refused, never put in a jail's view.
+  std::vector<std::string> disk_roots;
 
   // The kernel arguments every guest of this node gets under `accelerator`, after SPACE's own.
   std::string guestKernelArgs(Accelerator accelerator) const;

@@ -212,8 +212,62 @@ Status Vm::jailArgv(const VmSpec& spec, const NodeFacts& node, std::vector<std::
     cgroup_.emplace(std::move(group.value()));
     for (const auto& procs : cgroup_->procsFiles()) jailed.insert(jailed.end(), {"--cgroup-procs", procs});
   }
+  SPACE_TRY(addJailView(spec, node, jailed));
   jailed.push_back("--");
   argv.insert(argv.begin(), jailed.begin(), jailed.end());
+  return okStatus();
+}
+
+// What this QEMU may see of the host (space-jail --view): its run directory, read-write; its
+// kernel and every disk layer below its overlay, read-only; its memory file; the devices it
+// opens. Not the state database, other sandboxes' files or layers, nor host processes.
+Status Vm::addJailView(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& jailed) const {
+  auto add = [&jailed](const char* access, const std::string& path) { jailed.insert(jailed.end(), {access, path}); };
+  jailed.push_back("--view");
+  add("--rw", paths_.run_dir);
+  add("--ro", spec.kernel_path);
+  if (spec.qemu_binary.find('/') != std::string::npos) add("--ro", spec.qemu_binary);
+  if (spec.disk_mode == DiskMode::kOverlay) {
+    // The names come from qcow2 headers, which an earlier QEMU of this run directory could have
+    // rewritten: each layer must be in the run directory (covered by it) or, resolved, under
+    // one of the node's disk roots. Anything else (the state database, another sandbox's files)
+    // is refused.
+    auto chain = diskChain(paths_.disk);
+    if (!chain.ok()) return makeError(chain.error().code, "jail: the disk's layers: " + chain.error().message);
+    std::error_code ec;
+    const auto run_dir = std::filesystem::canonical(paths_.run_dir, ec);
+    for (const auto& layer : chain.value()) {
+      const auto real = std::filesystem::canonical(layer, ec);
+      if (ec) return makeError(ErrorCode::kFailedPrecondition, "jail: disk layer " + layer + ": " + ec.message());
+      if (real.parent_path() == run_dir) continue;
+      bool allowed = false;
+      for (const auto& root : node.disk_roots) {
+        const std::string r = root + "/";
+        allowed = allowed || real.string().compare(0, r.size(), r) == 0;
+      }
+      if (!allowed) {
+        return makeError(ErrorCode::kFailedPrecondition,
+                         "jail: disk layer " + layer + " is outside the node's disk directories; refused");
+      }
+      add("--ro", layer);
+    }
+  } else {
+    add("--rw", spec.rootfs_path);  // kDirect: the VM owns the image
+  }
+  if (!spec.memory_file.empty()) {
+    if (spec.memory_private) {
+      // Read-write although the guest's writes never reach it (a private mapping): QEMU 7.2
+      // opens a memory-backend file read-write whatever the mapping (docs/threat-model.md).
+      add("--rw", spec.memory_file);
+    } else {
+      add("--rw", std::filesystem::path(spec.memory_file).parent_path().string());  // QEMU creates it
+    }
+  }
+  add("--dev", "/dev/null");
+  add("--dev", "/dev/urandom");
+  if (accelerator_ == Accelerator::kKvm) add("--dev", "/dev/kvm");
+  if (!spec.netns_path.empty()) add("--dev", "/dev/net/tun");
+  jailed.push_back("--no-caps");
   return okStatus();
 }
 
@@ -255,6 +309,8 @@ Status Vm::boot(const VmSpec& spec, const VmStartOptions& options, bool defer_st
   auto deadline = spawned_at + spec.boot_timeout;
   SpawnOptions spawn_options{qemu_log, "", true};
   spawn_options.netns_path = spec.netns_path;
+  // Jailed: pid 1 of a PID namespace of its own (space-jail --view), so it sees no other process.
+  spawn_options.new_pid_namespace = options.node != nullptr && !options.node->jailer.empty();
   auto child = ChildProcess::spawn(argv, spawn_options);
   if (!child.ok()) return child.error();
   process_.emplace(std::move(child.value()));
@@ -416,14 +472,15 @@ std::string Vm::consoleTail(size_t max_bytes) const {
 
 void Vm::trimConsole(size_t max_bytes, size_t keep_bytes) {
   struct stat st {};
-  if (paths_.console_log.empty() || ::stat(paths_.console_log.c_str(), &st) != 0) return;
+  if (paths_.console_log.empty() || ::lstat(paths_.console_log.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;
   if (static_cast<size_t>(st.st_size) <= max_bytes) return;
   auto tail = readFileTail(paths_.console_log, keep_bytes);
   if (!tail.ok()) return;
   // QEMU appends (O_APPEND): after the truncation its next write lands after our copy of the
   // tail, at worst between truncate and our write (a few bytes out of order, nothing lost).
-  UniqueFd fd(::open(paths_.console_log.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC));
-  if (!fd.valid() || ::ftruncate(fd.get(), 0) != 0) return;
+  // Not through a link: the run directory is QEMU's to write, and QEMU may be hostile.
+  UniqueFd fd(::open(paths_.console_log.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || ::ftruncate(fd.get(), 0) != 0) return;
   const std::string note = "\n[space: console trimmed to its last " + std::to_string(keep_bytes) + " bytes]\n";
   (void)!::write(fd.get(), note.data(), note.size());
   (void)!::write(fd.get(), tail->data(), tail->size());
@@ -581,7 +638,10 @@ Status Vm::saveState(const std::string& state_file, milliseconds timeout, bool i
   ::unlink(sock.c_str());
   if (!conn.valid()) return makeError(ErrorCode::kInternal, std::string("accept: ") + strerror(errno));
   const std::string tmp = state_file + ".tmp";
-  UniqueFd out(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  // A new file, never through a link: a suspend writes into the run directory, which QEMU can
+  // write (and a hostile one could plant a link there to a host file for us to overwrite).
+  ::unlink(tmp.c_str());
+  UniqueFd out(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!out.valid()) return makeError(ErrorCode::kInternal, "create " + tmp + ": " + strerror(errno));
   auto fail = [&](Error e) {
     ::unlink(tmp.c_str());
@@ -630,7 +690,7 @@ Status Vm::saveState(const std::string& state_file, milliseconds timeout, bool i
 }
 
 Status Vm::loadState(const std::string& state_file, Clock::time_point deadline, bool start, bool ignore_shared) {
-  UniqueFd in(::open(state_file.c_str(), O_RDONLY | O_CLOEXEC));
+  UniqueFd in(::open(state_file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   if (!in.valid()) return makeError(ErrorCode::kNotFound, "open " + state_file + ": " + strerror(errno));
   SPACE_TRY(qmp_->execute("migrate-set-capabilities", ignoreSharedCapability(ignore_shared)));
   const std::string sock = paths_.run_dir + "/incoming.sock";
@@ -685,10 +745,15 @@ Status Vm::freezeDisk(const std::string& layer_path) {
   }
   if (top_node.empty() || virtual_size == 0) return makeError(ErrorCode::kInternal, "QEMU reports no root disk");
 
-  // 1. The current overlay becomes the layer: a second name for the same file, no copy.
+  // 1. The current overlay becomes the layer: a second name for the same file, no copy. (link
+  // does not follow a symbolic link; one there, QEMU's doing, is refused just below.)
   if (::link(paths_.disk.c_str(), layer_path.c_str()) != 0) {
     return makeError(errno == ENOSPC ? ErrorCode::kResourceExhausted : ErrorCode::kInternal,
                      "link " + paths_.disk + " -> " + layer_path + ": " + strerror(errno));
+  }
+  if (struct stat st{}; ::lstat(layer_path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::unlink(layer_path.c_str());
+    return makeError(ErrorCode::kInternal, paths_.disk + " is not a regular file; not frozen");
   }
   const std::string next =
       paths_.run_dir + "/" + diskName(diskNumber(std::filesystem::path(paths_.disk).filename().string()) + 1);
@@ -699,11 +764,18 @@ Status Vm::freezeDisk(const std::string& layer_path) {
   };
   // 2. A new, empty overlay naming the layer as its backing file. -u: the layer is still
   // QEMU's open, writable image, so qemu-img must not open it (it would fail on QEMU's lock).
+  // qemu-img (unconfined) writes the file we created, through its descriptor: a name in the run
+  // directory, QEMU's to write, could be made a link to a host file before qemu-img opens it.
   {
+    ::unlink(next.c_str());
+    UniqueFd created(::open(next.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+    if (!created.valid()) return undo(makeError(ErrorCode::kInternal, "create " + next + ": " + strerror(errno)));
     const std::string log = paths_.run_dir + "/qemu.log";
+    SpawnOptions spawn_options{log, "", true};
+    spawn_options.pass_fds = {{created.get(), 3}};
     auto img = ChildProcess::spawn({"qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", layer_path, "-u",
-                                    next, std::to_string(virtual_size)},
-                                   SpawnOptions{log, "", true});
+                                    "/proc/self/fd/3", std::to_string(virtual_size)},
+                                   spawn_options);
     if (!img.ok()) return undo(img.error());
     auto exited = img->waitFor(std::chrono::seconds(30));
     if (!exited || exited->signaled || exited->exit_code != 0) {

@@ -178,6 +178,7 @@ class Vm {
   Error bootFailure(const std::string& what);
   // Puts space-jail (and, where the node has cgroups, the VM's new group) in front of argv.
   Status jailArgv(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& argv);
+  Status addJailView(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& jailed) const;
   void removeCgroup();
   void destroy();
 

@@ -2491,6 +2491,22 @@ TEST_F(SpacedTest, RestartReadoptsRunningSandboxes) {
   ASSERT_NE(kept_group.find("/space/spaced-"), std::string::npos) << kept_group;
   ASSERT_NE(lost_group, kept_group);
   EXPECT_TRUE(std::filesystem::exists(kept_group) && std::filesystem::exists(lost_group));
+  // ... and sees only its own files (space-jail --view): seen through its root, the state
+  // database and the other sandbox's directory do not exist.
+  auto viewOf = [](const std::vector<pid_t>& pids) {
+    return pids.size() == 1 ? "/proc/" + std::to_string(pids[0]) + "/root" : std::string("/nonexistent");
+  };
+  const std::string kept_view = viewOf(qemuProcessesUnder(sandboxDir(kept)));
+  EXPECT_TRUE(std::filesystem::exists(kept_view + sandboxDir(kept)));
+  EXPECT_FALSE(std::filesystem::exists(kept_view + sandboxDir(lost)));
+  EXPECT_FALSE(std::filesystem::exists(kept_view + data_dir_ + "/state.db"));
+  std::vector<std::string> processes;  // its /proc lists the processes of its PID namespace
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(kept_view + "/proc", ec)) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") == std::string::npos) processes.push_back(name);
+  }
+  EXPECT_EQ(processes, std::vector<std::string>{"1"});
 
   // Graceful stop: VMs keep running.
   EXPECT_EQ(daemon_->stop(SIGTERM).exit_code, 0);
@@ -2504,6 +2520,7 @@ TEST_F(SpacedTest, RestartReadoptsRunningSandboxes) {
   EXPECT_EQ(after["state"], "running");
   EXPECT_EQ(after["expires_at"], before["expires_at"]);  // the timeout survived
   EXPECT_EQ(execJson(*daemon_, kept, json{{"command", "cat /tmp/mark"}})["stdout"], "state\n");
+  EXPECT_TRUE(std::filesystem::exists(kept_view + sandboxDir(kept)));  // the same jailed QEMU
   json failed = daemon_->callJson("GET", "/v1/sandboxes/" + lost, nullptr, 200);
   EXPECT_EQ(failed["state"], "failed");
   EXPECT_NE(failed.value("state_reason", "").find("lost"), std::string::npos) << failed;

@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/utsname.h>
 
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <future>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "common/fs.h"
@@ -255,6 +257,7 @@ class JailTest : public VmTest {
     node_ = facts.value();
     node_.jailer = SPACE_JAIL_BIN;
     node_.cgroups = layout_;
+    node_.disk_roots = {std::filesystem::canonical(spec_.rootfs_path).parent_path().string()};
     options_.node = &node_;
   }
   void TearDown() override {
@@ -274,7 +277,10 @@ class JailTest : public VmTest {
   }
   // Runs `command` (sh -c) through space-jail in a new group with `limits`; its exit status
   // and output.
-  std::pair<ExitStatus, std::string> runJailed(const std::string& command, const jail::CgroupLimits& limits) {
+  // `view`: space-jail's --view arguments (and more); the jail is then pid 1 of a PID namespace
+  // of its own, as QEMU's is.
+  std::pair<ExitStatus, std::string> runJailed(const std::string& command, const jail::CgroupLimits& limits,
+                                               const std::vector<std::string>& view = {}) {
     static int runs = 0;
     auto group =
         jail::VmCgroup::create(layout_, "jailtest-" + std::to_string(getpid()) + "-" + std::to_string(++runs), limits);
@@ -282,9 +288,12 @@ class JailTest : public VmTest {
     if (!group.ok()) return {ExitStatus{}, ""};
     std::vector<std::string> argv = {SPACE_JAIL_BIN};
     for (const auto& procs : group->procsFiles()) argv.insert(argv.end(), {"--cgroup-procs", procs});
+    argv.insert(argv.end(), view.begin(), view.end());
     argv.insert(argv.end(), {"--", "/bin/sh", "-c", command});
     const std::string out = run_root_->path() + "/jailed.out";
-    auto child = ChildProcess::spawn(argv, SpawnOptions{out, "", true});
+    SpawnOptions options{out, "", true};
+    options.new_pid_namespace = !view.empty();
+    auto child = ChildProcess::spawn(argv, options);
     EXPECT_TRUE(child.ok());
     ExitStatus status;
     if (child.ok()) {
@@ -332,7 +341,23 @@ TEST_F(JailTest, QemuRunsInAGroupOfItsOwnSizedByItsVmWithoutCoreDumpsOrNewPrivil
   const std::string proc_limits = readText("/proc/" + std::to_string(pid) + "/limits");
   EXPECT_TRUE(std::regex_search(proc_limits, std::regex(R"(Max core file size +0 +0 )"))) << proc_limits;
   EXPECT_TRUE(std::regex_search(proc_limits, std::regex(R"(Max open files +4096 +4096 )"))) << proc_limits;
-  EXPECT_NE(readText("/proc/" + std::to_string(pid) + "/status").find("NoNewPrivs:\t1"), std::string::npos);
+  const std::string status = readText("/proc/" + std::to_string(pid) + "/status");
+  EXPECT_NE(status.find("NoNewPrivs:\t1"), std::string::npos);
+  // No capability, and none to gain; pid 1 of a PID namespace of its own.
+  for (const char* set : {"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"}) {
+    EXPECT_NE(status.find(std::string(set) + ":\t0000000000000000"), std::string::npos) << set << "\n" << status;
+  }
+  EXPECT_NE(status.find("NSpid:\t" + std::to_string(pid) + "\t1\n"), std::string::npos) << status;
+  // Its filesystem, seen through its root: the system's programs, its devices, its own files.
+  const std::string root = "/proc/" + std::to_string(pid) + "/root";
+  std::set<std::string> devices;
+  for (const auto& e : std::filesystem::directory_iterator(root + "/dev")) devices.insert(e.path().filename());
+  EXPECT_EQ(devices, (std::set<std::string>{"null", "urandom"}));
+  EXPECT_TRUE(std::filesystem::exists(root + vm->paths().qmp_socket));
+  EXPECT_TRUE(std::filesystem::exists(root + spec_.kernel_path));
+  EXPECT_FALSE(std::filesystem::exists(root + "/etc/passwd"));
+  EXPECT_FALSE(std::filesystem::exists(root + "/root"));
+  EXPECT_FALSE(std::filesystem::exists(root + "/sys/fs/cgroup"));
   EXPECT_EQ(run(*vm, "echo jailed"), "jailed\n");  // and the guest works as ever
   const std::string dir = groupFile(name, "memory", "");
   EXPECT_TRUE(std::filesystem::exists(dir));
@@ -358,6 +383,95 @@ TEST_F(JailTest, AProcessInTheJailCannotExceedItsMemoryOrTasks) {
   auto [fine, fine_out] = runJailed("x=$(head -c 8000000 /dev/zero | tr '\\0' a); echo fine ${#x}", limits);
   EXPECT_EQ(fine.exit_code, 0) << fine.describe() << fine_out;
   EXPECT_EQ(fine_out, "fine 8000000\n");
+}
+
+// The view QEMU gets, shown with a helper in the same jail (what an escaped QEMU starts with):
+// its own files, nothing of another sandbox or of the state database, no base image it can
+// write, no other process, no capability.
+TEST_F(JailTest, AProcessInTheJailSeesOnlyItsOwnFilesNoOtherProcessAndHoldsNoCapability) {
+  const std::string dir = run_root_->path();
+  std::filesystem::create_directories(dir + "/own");
+  std::filesystem::create_directories(dir + "/other");
+  ASSERT_TRUE(writeFileAtomic(dir + "/other/secret", "tenant B's file\n").ok());
+  ASSERT_TRUE(writeFileAtomic(dir + "/state.db", "every tenant's rows\n").ok());
+  ASSERT_TRUE(writeFileAtomic(dir + "/base.img", "base image\n").ok());
+  const std::string script =
+      "cat " + dir + "/other/secret; cat " + dir + "/state.db; echo listing: $(ls " + dir + "); echo overwritten > " +
+      dir + "/base.img; echo base: $(cat " + dir + "/base.img); echo mine > " + dir + "/own/f && echo own: $(cat " +
+      dir + "/own/f); echo processes: $(ls /proc | grep -c '^[0-9]'); kill -0 " + std::to_string(getpid()) +
+      "; grep -E '^Cap(Eff|Bnd)' /proc/self/status; echo etc: $(ls /etc); mount -t tmpfs x " + dir + "/own";
+  jail::CgroupLimits limits;
+  limits.memory_bytes = 64 << 20;
+  limits.pids = 16;
+  auto [status, out] = runJailed(
+      script, limits, {"--view", "--rw", dir + "/own", "--ro", dir + "/base.img", "--dev", "/dev/null", "--no-caps"});
+  std::filesystem::remove_all(dir + "/own");
+  std::filesystem::remove_all(dir + "/other");
+  std::filesystem::remove(dir + "/state.db");
+  std::filesystem::remove(dir + "/base.img");
+  EXPECT_NE(out.find(dir + "/other/secret: No such file or directory"), std::string::npos) << out;
+  EXPECT_NE(out.find(dir + "/state.db: No such file or directory"), std::string::npos) << out;
+  EXPECT_NE(out.find("listing: base.img own\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("Read-only file system"), std::string::npos) << out;
+  EXPECT_NE(out.find("base: base image\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("own: mine\n"), std::string::npos) << out;
+  // The shell, and the ls and grep of the pipeline (and its subshell): nothing of the host.
+  EXPECT_TRUE(std::regex_search(out, std::regex("processes: [1-4]\n"))) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("kill: .*No such process"))) << out;
+  EXPECT_NE(out.find("CapEff:\t0000000000000000"), std::string::npos) << out;
+  EXPECT_NE(out.find("CapBnd:\t0000000000000000"), std::string::npos) << out;
+  EXPECT_NE(out.find("etc: ld.so.cache\n"), std::string::npos) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("mount: .*(permission denied|must be superuser)"))) << out;
+  EXPECT_NE(status.exit_code, 0) << status.describe();  // mount failed, last
+}
+
+// A jailed QEMU can write its run directory, so what it plants there must never lead spaced
+// (unconfined) to the host's files: links are not followed when spaced reads, trims or writes
+// there, and a disk layer named outside the node's disk directories never enters a view.
+TEST_F(JailTest, WhatAHostileQemuPlantsInItsRunDirectoryLeadsNowhere) {
+  auto vm = boot();
+  ASSERT_TRUE(vm);
+  const std::string run_dir = vm->paths().run_dir;
+  const std::string host_file = run_root_->path() + "/host-file";
+  ASSERT_TRUE(writeFileAtomic(host_file, std::string(200, 'h')).ok());
+  // The console log replaced by a link: neither read (it would reach a tenant) nor truncated.
+  std::filesystem::rename(vm->paths().console_log, run_dir + "/console.real");
+  ASSERT_EQ(::symlink(host_file.c_str(), vm->paths().console_log.c_str()), 0);
+  EXPECT_EQ(vm->consoleTail(4096).find("hhh"), std::string::npos);
+  vm->trimConsole(10, 5);
+  // A link where a suspend writes its state: replaced, not written through.
+  ASSERT_EQ(::symlink(host_file.c_str(), (run_dir + "/suspended.state.tmp").c_str()), 0);
+  ASSERT_TRUE(vm->pause().ok());
+  auto saved = vm->saveState(run_dir + "/suspended.state", seconds(60));
+  EXPECT_TRUE(saved.ok()) << saved.error().message;
+  struct stat st {};
+  ASSERT_EQ(::lstat((run_dir + "/suspended.state").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(readText(host_file), std::string(200, 'h'));
+  vm.reset();
+
+  // A layer whose name (from a qcow2 header QEMU can rewrite) is outside the disk directories.
+  VmSpec hostile = spec_;
+  hostile.rootfs_path = host_file;
+  auto refused = Vm::start(hostile, options_);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("outside the node's disk directories"), std::string::npos)
+      << refused.error().message;
+  std::filesystem::remove(host_file);
+}
+
+// --view without a PID namespace of its own would show host processes: refused.
+TEST_F(JailTest, AViewOutsideAPidNamespaceOfItsOwnStartsNothing) {
+  const std::string out = run_root_->path() + "/jail.out";
+  auto child = ChildProcess::spawn({SPACE_JAIL_BIN, "--view", "--", "/bin/echo", "ran"}, SpawnOptions{out, "", true});
+  ASSERT_TRUE(child.ok());
+  auto done = child->waitFor(seconds(10));
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->exit_code, 125);
+  const std::string text = readText(out);
+  EXPECT_EQ(text.find("ran"), std::string::npos) << text;
+  EXPECT_NE(text.find("--view needs a PID namespace of its own"), std::string::npos) << text;
+  std::filesystem::remove(out);
 }
 
 TEST_F(JailTest, AJailThatCannotJoinItsGroupStartsNothing) {

@@ -3,10 +3,13 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -146,6 +149,61 @@ TEST(Fs, ReadFileTailAndLimits) {
   EXPECT_EQ(readSmallFile(dir->path() + "/missing", 5).error().code, ErrorCode::kNotFound);
 }
 
+// A run directory is a jailed QEMU's to write: a link or a FIFO planted there is never read
+// through (the host file stays unread; the reader does not block).
+TEST(Fs, ReadFileTailRefusesLinksAndFifos) {
+  auto dir = TempDir::create(testing::TempDir(), "fs-");
+  ASSERT_TRUE(dir.ok());
+  ASSERT_TRUE(writeFileAtomic(dir->path() + "/host-secret", "secret").ok());
+  ASSERT_EQ(::symlink((dir->path() + "/host-secret").c_str(), (dir->path() + "/console.log").c_str()), 0);
+  auto linked = readFileTail(dir->path() + "/console.log", 100);
+  ASSERT_FALSE(linked.ok());
+  EXPECT_EQ(linked.error().message.find("secret\n"), std::string::npos);
+  ASSERT_EQ(::mkfifo((dir->path() + "/fifo").c_str(), 0600), 0);
+  EXPECT_FALSE(readFileTail(dir->path() + "/fifo", 100).ok());
+}
+
+// A spawned child's log is never opened through a link (it would append to the host file).
+TEST(ChildProcess, OutputIsNeverWrittenThroughALink) {
+  auto dir = TempDir::create(testing::TempDir(), "proc-");
+  ASSERT_TRUE(dir.ok());
+  ASSERT_TRUE(writeFileAtomic(dir->path() + "/host-file", "untouched").ok());
+  ASSERT_EQ(::symlink((dir->path() + "/host-file").c_str(), (dir->path() + "/qemu.log").c_str()), 0);
+  for (bool pid_namespace : {false, true}) {
+    SpawnOptions options{dir->path() + "/qemu.log", "", true};
+    options.new_pid_namespace = pid_namespace;
+    auto child = ChildProcess::spawn({"/bin/echo", "written"}, options);
+    if (child.ok()) {
+      auto done = child->waitFor(milliseconds(5000));
+      ASSERT_TRUE(done.has_value());
+      EXPECT_NE(done->exit_code, 0);
+    }
+    EXPECT_EQ(readSmallFile(dir->path() + "/host-file", 100).value(), "untouched");
+  }
+}
+
+// In a PID namespace of its own, the child is pid 1 there and sees no other process; here it
+// has its ordinary pid, which the handle holds.
+TEST(ChildProcess, ANewPidNamespaceShowsTheChildAsPidOne) {
+  auto dir = TempDir::create(testing::TempDir(), "proc-");
+  ASSERT_TRUE(dir.ok());
+  SpawnOptions options{dir->path() + "/out", "", true};
+  options.new_pid_namespace = true;
+  auto child = ChildProcess::spawn({"/bin/sh", "-c", "echo $$; kill -0 " + std::to_string(getpid())}, options);
+  ASSERT_TRUE(child.ok()) << child.error().message;
+  EXPECT_GT(child->pid(), 1);
+  auto done = child->waitFor(milliseconds(5000));
+  ASSERT_TRUE(done.has_value());
+  EXPECT_NE(done->exit_code, 0);  // kill -0 of our pid: no such process there
+  auto out = readSmallFile(dir->path() + "/out", 4096);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->substr(0, 2), "1\n") << out.value();
+  auto missing = ChildProcess::spawn({"/no/such/program"}, options);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().message.find("No such file"), std::string::npos) << missing.error().message;
+  EXPECT_FALSE(ChildProcess::spawn({"sh", "-c", "true"}, options).ok());  // a path, not a name
+}
+
 // Allocated bytes, not sizes: a sparse file counts what it holds; links are not followed.
 TEST(Fs, AllocatedBytesUnderCountsBlocksNotSizes) {
   auto dir = TempDir::create(testing::TempDir(), "fs-");
@@ -229,6 +287,27 @@ TEST(UnixSocket, ConnectTimesOutWhenNobodyListens) {
   auto fd = connectUnix(testing::TempDir() + "/no-such.sock", Clock::now() + milliseconds(50));
   ASSERT_FALSE(fd.ok());
   EXPECT_EQ(fd.error().code, ErrorCode::kDeadlineExceeded);
+}
+
+// A link to a listening socket is refused, not followed: it could point at another VM's
+// monitor or agent.
+TEST(UnixSocket, ALinkToASocketIsRefused) {
+  auto dir = TempDir::create(testing::TempDir(), "sock-");
+  ASSERT_TRUE(dir.ok());
+  const std::string real = dir->path() + "/real.sock";
+  UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, real.c_str());
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener.get(), 4), 0);
+  EXPECT_TRUE(connectUnix(real, Clock::now() + milliseconds(500)).ok());  // the socket itself: fine
+  ASSERT_EQ(::symlink(real.c_str(), (dir->path() + "/qmp.sock").c_str()), 0);
+  auto linked = connectUnix(dir->path() + "/qmp.sock", Clock::now() + milliseconds(500));
+  ASSERT_FALSE(linked.ok());
+  EXPECT_NE(linked.error().message.find("symbolic link"), std::string::npos) << linked.error().message;
+  ASSERT_TRUE(writeFileAtomic(dir->path() + "/plain", "x").ok());
+  EXPECT_FALSE(connectUnix(dir->path() + "/plain", Clock::now() + milliseconds(500)).ok());
 }
 
 TEST(UnixSocket, OverlongPathIsRefused) {
