@@ -14,6 +14,7 @@
 // `--network off`. The in-process restore baseline needs a template without a NIC, so
 // --network skips it: compare with a run without --network right before or after.
 // Usage: space-api-bench [--creates N] [--execs N] [--warm-pool N] [--drain N] [--no-snapshots] [--network]
+//                        [--jail auto|off]
 //                        [--json]
 #include <signal.h>
 #include <unistd.h>
@@ -90,6 +91,10 @@ int main(int argc, char** argv) {
   app.add_flag("--network", network,
                "spaced --network on, gateways' upstream in an empty namespace of this benchmark (nothing leaves "
                "the machine); skips the in-process restore baseline");
+  std::string jail = "auto";
+  app.add_option("--jail", jail, "spaced --jail: auto confines each QEMU (space-jail), off starts it directly")
+      ->check(CLI::IsMember({"auto", "off"}))
+      ->capture_default_str();
   app.add_flag("--json", as_json, "one JSON object on stdout instead of a table");
   CLI11_PARSE(app, argc, argv);
   const std::string images = SPACE_IMAGES_DIR;
@@ -156,7 +161,7 @@ int main(int argc, char** argv) {
       // upstream is the host's network.
       "--network", "off",
       // The drain holds --drain sandboxes at once: the node limit must not be what is measured.
-      "--max-vcpus", "256"};
+      "--max-vcpus", "256", "--jail", jail};
   if (no_snapshots) daemon_argv.push_back("--no-snapshots");
   if (network) {
     // An upstream namespace with only a loopback: gateways start and serve the guest, and
@@ -300,6 +305,7 @@ int main(int argc, char** argv) {
              {"execs", execs},
              {"warm_pool", warm_pool},
              {"network", network},
+             {"jail", jail},
              {"baseline_qemu_start_floor_ms", statsJson(qf)},
              {"api_create_first_exec_shell_ms", statsJson(afes)},
              {"api_exec_shell_true_ms", statsJson(aes)},
@@ -315,8 +321,8 @@ int main(int argc, char** argv) {
              {"api_exec_true_ms", statsJson(ae)}};
     printf("%s\n", out.dump().c_str());
   } else {
-    printf("accelerator %s, %d creates (1 vCPU, 256 MB), %d execs, spaced --warm-pool %d --network %s\n",
-           accelerator.c_str(), creates, execs, warm_pool, network ? "on" : "off");
+    printf("accelerator %s, %d creates (1 vCPU, 256 MB), %d execs, spaced --warm-pool %d --network %s --jail %s\n",
+           accelerator.c_str(), creates, execs, warm_pool, network ? "on" : "off", jail.c_str());
     printRow("baseline: bare QEMU spawn -> QMP answering", qf);
     printRow("baseline: cold boot, Vm::start in-process", dc);
     if (!network) {

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # What the jail costs a QEMU start: spawn -> QMP socket listening, for a bare
-# `qemu-system-x86_64 -machine microvm -nodefaults -S`, started directly and through space-jail
-# (no core dumps, no_new_privs, and a cgroup of its own in each v1 hierarchy or the v2 one),
-# alternating, N times each. Needs root (cgroups). Prints p50 / p90 / max in ms.
+# `qemu-system-x86_64 -machine microvm -nodefaults -S`, started directly, through space-jail
+# (no core dumps, no_new_privs, and a cgroup of its own in each v1 hierarchy or the v2 one), and
+# through space-jail with its view (pid 1 of a new PID namespace, made by `unshare --pid --fork`
+# here as spaced's clone does; a private mount namespace; no capabilities), alternating, N times
+# each. Needs root (cgroups, namespaces). Prints p50 / p90 / max in ms.
 #   bench/jail_bench.sh [N] [BUILD_DIR]
 set -euo pipefail
 n=${1:-30}
@@ -49,6 +51,9 @@ start_once() {  # $1: direct|jailed; prints microseconds from spawn to the QMP s
   t0=$(now_us)
   if [ "$1" = jailed ]; then
     "$jail" "${jail_args[@]}" -- "${qemu[@]}" >/dev/null 2>&1 &
+  elif [ "$1" = view ]; then
+    unshare --pid --fork --kill-child "$jail" "${jail_args[@]}" --view --rw "$work" --dev /dev/null \
+      --dev /dev/urandom --no-caps -- "${qemu[@]}" >/dev/null 2>&1 &
   else
     "${qemu[@]}" >/dev/null 2>&1 &
   fi
@@ -62,10 +67,12 @@ start_once() {  # $1: direct|jailed; prints microseconds from spawn to the QMP s
 
 direct=()
 jailed=()
+viewed=()
 start_once direct >/dev/null  # warm the page cache
 for _ in $(seq "$n"); do
   direct+=("$(start_once direct)")
   jailed+=("$(start_once jailed)")
+  viewed+=("$(start_once view)")
 done
 summary() {
   sort -n | awk '{v[NR] = $1} END {
@@ -75,3 +82,4 @@ summary() {
 echo "cgroups: ${groups[*]}"
 echo "QEMU start -> QMP socket, direct:            $(printf '%s\n' "${direct[@]}" | summary)"
 echo "QEMU start -> QMP socket, through space-jail: $(printf '%s\n' "${jailed[@]}" | summary)"
+echo "QEMU start -> QMP socket, jail with its view: $(printf '%s\n' "${viewed[@]}" | summary)"

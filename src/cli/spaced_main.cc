@@ -476,9 +476,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   std::string jail_mode = "auto";
   app.add_option("--jail", jail_mode,
-                 "confine each QEMU: space-jail (next to spaced) starts it in a cgroup of its own limited by the "
-                 "sandbox's size, without core dumps, with no_new_privs. auto: cgroups where the host allows (else a "
-                 "warning); on: refuse to start without them; off: QEMU unconfined (docs/threat-model.md)")
+                 "confine each QEMU: space-jail (next to spaced) starts it as pid 1 of a PID namespace of its own, "
+                 "seeing only its own files (a private mount namespace), without capabilities, core dumps or new "
+                 "privileges, in a cgroup of its own limited by the sandbox's size. auto: cgroups where the host "
+                 "allows (else a warning); on: refuse to start without them; off: QEMU unconfined "
+                 "(docs/threat-model.md)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   app.add_option("--gateway-binary", network_options.gateway_binary,

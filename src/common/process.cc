@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -53,6 +54,41 @@ ExitStatus decode(int status) {
 
 namespace {
 
+// The child's standard descriptors, opened here rather than between fork and exec: a log path
+// in a run directory (QEMU's to write) may have become a link or a FIFO, which must neither be
+// followed nor block the spawn. A log must be a regular file (or /dev/null).
+struct ChildIo {
+  UniqueFd in, out, err;
+};
+
+Result<UniqueFd> openLog(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0640));
+  if (!fd.valid()) return makeError(ErrorCode::kInternal, "open " + path + ": " + strerror(errno));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || !(S_ISREG(st.st_mode) || (S_ISCHR(st.st_mode) && path == "/dev/null"))) {
+    return makeError(ErrorCode::kInvalidArgument, path + " is not a regular file; refused as a log");
+  }
+  return fd;
+}
+
+Result<ChildIo> openChildIo(const SpawnOptions& options) {
+  ChildIo io;
+  io.in = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!io.in.valid()) return makeError(ErrorCode::kInternal, std::string("open /dev/null: ") + strerror(errno));
+  auto out = openLog(options.stdout_path.empty() ? "/dev/null" : options.stdout_path);
+  if (!out.ok()) return out.error();
+  io.out = std::move(out.value());
+  if (options.stderr_path.empty()) {
+    io.err = UniqueFd(::fcntl(io.out.get(), F_DUPFD_CLOEXEC, 0));
+    if (!io.err.valid()) return makeError(ErrorCode::kInternal, std::string("dup: ") + strerror(errno));
+  } else {
+    auto err = openLog(options.stderr_path);
+    if (!err.ok()) return err.error();
+    io.err = std::move(err.value());
+  }
+  return io;
+}
+
 // The child's side of spawnInNewPidNamespace: between clone and exec, in a copy of a
 // multithreaded process, so only async-signal-safe calls, and nothing allocates. Never returns:
 // an error is reported through `report` (the errno) before _exit(127).
@@ -62,21 +98,14 @@ namespace {
   ::_exit(127);
 }
 
-[[noreturn]] void becomeChild(const char* path, char* const* argv, const char* out, const char* err, bool new_session,
+[[noreturn]] void becomeChild(const char* path, char* const* argv, int in, int out, int err, bool new_session,
                               const std::vector<std::pair<int, int>>& pass_fds, int first_unpassed, int report) {
   auto fail = [report]() { childFailed(report); };
-  const int in = ::open("/dev/null", O_RDONLY);
-  if (in < 0 || ::dup2(in, 0) < 0) fail();
-  const int o = ::open(out, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW, 0640);
-  if (o < 0 || ::dup2(o, 1) < 0) fail();
-  if (err == nullptr) {
-    if (::dup2(1, 2) < 0) fail();
-  } else {
-    const int e = ::open(err, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW, 0640);
-    if (e < 0 || ::dup2(e, 2) < 0) fail();
-  }
+  // dup2 onto itself leaves FD_CLOEXEC set: cleared by hand, as posix_spawn does.
+  auto move = [](int from, int to) { return from == to ? ::fcntl(from, F_SETFD, 0) : ::dup2(from, to); };
+  if (move(in, 0) < 0 || move(out, 1) < 0 || move(err, 2) < 0) fail();
   for (const auto& [ours, theirs] : pass_fds) {
-    if (::dup2(ours, theirs) < 0) fail();
+    if (move(ours, theirs) < 0) fail();
   }
   // CLOEXEC rather than closed: `report` (above first_unpassed) must last until exec.
   if (::syscall(SYS_close_range, first_unpassed, ~0U, CLOSE_RANGE_CLOEXEC) != 0) fail();
@@ -103,7 +132,8 @@ Result<std::pair<pid_t, int>> spawnInNewPidNamespace(const std::vector<std::stri
   std::vector<char*> cargv;
   for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
-  const std::string out = options.stdout_path.empty() ? "/dev/null" : options.stdout_path;
+  auto io = openChildIo(options);
+  if (!io.ok()) return io.error();
   int first_unpassed = 3;
   for (const auto& [ours, theirs] : options.pass_fds) first_unpassed = std::max(first_unpassed, theirs + 1);
   int pipe_fds[2];
@@ -136,8 +166,7 @@ Result<std::pair<pid_t, int>> spawnInNewPidNamespace(const std::vector<std::stri
     }
     const long rc = ::syscall(SYS_clone, CLONE_PIDFD | SIGCHLD, nullptr, &pidfd, nullptr, nullptr);
     if (rc == 0) {
-      becomeChild(cargv[0], cargv.data(), out.c_str(),
-                  options.stderr_path.empty() ? nullptr : options.stderr_path.c_str(), options.new_session,
+      becomeChild(cargv[0], cargv.data(), io->in.get(), io->out.get(), io->err.get(), options.new_session,
                   options.pass_fds, first_unpassed, write_end.get());
     }
     if (rc < 0) {
@@ -171,19 +200,15 @@ Result<ChildProcess> ChildProcess::spawn(const std::vector<std::string>& argv, c
     if (!started.ok()) return started.error();
     return ChildProcess(started->first, started->second, false);
   }
+  auto io = openChildIo(options);
+  if (!io.ok()) return io.error();
   posix_spawn_file_actions_t actions;
   posix_spawnattr_t attr;
   posix_spawn_file_actions_init(&actions);
   posix_spawnattr_init(&attr);
-  const std::string out = options.stdout_path.empty() ? "/dev/null" : options.stdout_path;
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW, 0640);
-  if (options.stderr_path.empty()) {
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  } else {
-    posix_spawn_file_actions_addopen(&actions, 2, options.stderr_path.c_str(),
-                                     O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW, 0640);
-  }
+  posix_spawn_file_actions_adddup2(&actions, io->in.get(), 0);
+  posix_spawn_file_actions_adddup2(&actions, io->out.get(), 1);
+  posix_spawn_file_actions_adddup2(&actions, io->err.get(), 2);
   // The child starts with default signal dispositions and an empty mask, whatever ours are.
   sigset_t all;
   sigfillset(&all);

@@ -1,7 +1,8 @@
 // space-jail: confines one program (a VM's QEMU) and becomes it.
 //
 //   space-jail [--cgroup-procs FILE]... [--nofile N]
-//              [--view [--ro PATH]... [--rw PATH]... [--dev PATH]...] [--no-caps] -- PROGRAM [ARG]...
+//              [--view [--ro PATH]... [--rw PATH]... [--dev PATH]... [--new-network]] [--no-caps]
+//              -- PROGRAM [ARG]...
 //
 // In order: joins each cgroup (writes its own pid to each FILE, a group's cgroup.procs), so
 // that everything the program allocates from its first instruction counts against its group;
@@ -14,8 +15,11 @@
 //
 // The view: a mount namespace of its own whose root is an empty, read-only tmpfs holding only
 // the system's programs and libraries (/usr and the merged-/usr links, read-only), the device
-// nodes named by --dev, a /proc of its own PID namespace, and each --ro/--rw PATH bound at the
-// same path (so the program's arguments name its files unchanged). Nothing else of the host
+// nodes named by --dev (on read-only mounts), a /proc of its own PID namespace holding only
+// processes (subset=pid: no /proc/sys, whose files uid 0 may write without any capability), and
+// each --ro/--rw PATH bound at the same path (so the program's arguments name its files
+// unchanged; only a --ro PATH may be a symbolic link). IPC and hostname namespaces of its own;
+// with --new-network, an empty network namespace too (for a VM without a network slot). Nothing else of the host
 // exists there: not the state database, not other sandboxes' files, not host processes. --view
 // requires being pid 1 of a new PID namespace (the caller spawns it so), so that /proc shows
 // the program alone.
@@ -54,11 +58,12 @@ constexpr int kFailed = 125;
 void usage() {
   std::fprintf(stderr,
                "usage: space-jail [--cgroup-procs FILE]... [--nofile N]\n"
-               "                  [--view [--ro PATH]... [--rw PATH]... [--dev PATH]...] [--no-caps]\n"
+               "                  [--view [--ro PATH]... [--rw PATH]... [--dev PATH]... [--new-network]] [--no-caps]\n"
                "                  -- PROGRAM [ARG]...\n"
                "Joins the cgroups, limits resources (no core dumps, N descriptors), with --view sees only\n"
                "the system's programs, the devices and the PATHs given (read-only or read-write, at the same\n"
-               "paths) and a /proc of its own PID namespace (it must be pid 1 of one), with --no-caps drops\n"
+               "paths) and a /proc of its own PID namespace (it must be pid 1 of one), with --new-network an\n"
+               "empty network namespace, with --no-caps drops\n"
                "every capability, sets no_new_privs, then executes PROGRAM as the same process.\n"
                "Exits 125 if any step fails.\n");
 }
@@ -132,11 +137,17 @@ Source takeSource(const std::string& path, uint64_t attributes) {
   return source;
 }
 
-// Creates `path`'s missing parent directories (the view's own, on its tmpfs).
+// Creates `path`'s missing parent directories (the view's own, on its tmpfs). Never through a
+// link placed earlier (its target would be resolved on the host: this runs before the pivot).
 void makeParents(const std::string& path) {
   for (size_t at = path.find('/', 1); at != std::string::npos; at = path.find('/', at + 1)) {
     const std::string dir = path.substr(0, at);
-    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) die("cannot make " + dir + ": " + std::strerror(errno));
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) die("cannot place a path under " + dir + ": not a directory of the view");
+      continue;
+    }
+    if (::mkdir(dir.c_str(), 0755) != 0) die("cannot make " + dir + ": " + std::strerror(errno));
   }
 }
 
@@ -151,7 +162,7 @@ void place(const Source& source, const std::string& root) {
     if (::mkdir(target.c_str(), 0755) != 0 && errno != EEXIST)
       die("cannot make " + target + ": " + std::strerror(errno));
   } else {
-    const int fd = ::open(target.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    const int fd = ::open(target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) die("cannot make " + target + ": " + std::strerror(errno));
     ::close(fd);
   }
@@ -162,9 +173,11 @@ void place(const Source& source, const std::string& root) {
 }
 
 // See the header comment: the private filesystem the program sees from now on.
-void enterView(std::vector<Bind> binds) {
+void enterView(std::vector<Bind> binds, bool new_network) {
   if (getpid() != 1) die("--view needs a PID namespace of its own (start space-jail as its pid 1)");
-  if (::unshare(CLONE_NEWNS) != 0) die(std::string("unshare(CLONE_NEWNS): ") + std::strerror(errno));
+  // IPC and hostname namespaces of its own too: the host's System V objects are uid 0's.
+  const int namespaces = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | (new_network ? CLONE_NEWNET : 0);
+  if (::unshare(namespaces) != 0) die(std::string("unshare: ") + std::strerror(errno));
   // Nothing done here may reach the host's mount table.
   if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
     die(std::string("cannot make the mounts private: ") + std::strerror(errno));
@@ -179,11 +192,13 @@ void enterView(std::vector<Bind> binds) {
   }
   if (::access("/etc/ld.so.cache", F_OK) == 0)
     sources.push_back(takeSource("/etc/ld.so.cache", MOUNT_ATTR_RDONLY | kData));
-  // A path that is a symbolic link (an image in a cache elsewhere) is made as a link, and
-  // what it resolves to is bound too, with the same access.
+  // A read-only path that is a symbolic link (an image in a cache elsewhere) is made as a link,
+  // and what it resolves to is bound read-only too. A writable or device path must not be a
+  // link: whoever could plant one would choose what becomes writable here.
   for (size_t i = 0, n = binds.size(); i < n; ++i) {
     struct stat st {};
     if (::lstat(binds[i].path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) continue;
+    if (binds[i].access != Access::kReadOnly) die(binds[i].path + " is a symbolic link; refused");
     char* resolved = ::realpath(binds[i].path.c_str(), nullptr);
     if (resolved == nullptr) die("cannot resolve " + binds[i].path + ": " + std::strerror(errno));
     binds.push_back({resolved, binds[i].access});
@@ -193,13 +208,18 @@ void enterView(std::vector<Bind> binds) {
   // it then has that directory's access (its own bind would land inside the directory).
   std::sort(binds.begin(), binds.end(), [](const Bind& a, const Bind& b) { return a.path.size() < b.path.size(); });
   std::vector<std::string> covered = {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"};
+  std::vector<std::string> placed;
   for (const auto& bind : binds) {
+    if (std::find(placed.begin(), placed.end(), bind.path) != placed.end()) continue;  // named twice
+    placed.push_back(bind.path);
     bool inside = false;
     for (const auto& dir : covered) inside = inside || bind.path == dir || isUnder(bind.path, dir);
     if (inside) continue;
     uint64_t attributes = kData;
     if (bind.access == Access::kReadOnly) attributes |= MOUNT_ATTR_RDONLY;
-    if (bind.access == Access::kDevice) attributes = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC;
+    // Read-only mounts of the device nodes: reading and writing a device still work, but its
+    // mode and times (the host's node) cannot be changed.
+    if (bind.access == Access::kDevice) attributes = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC;
     sources.push_back(takeSource(bind.path, attributes));
     if (sources.back().directory) covered.push_back(bind.path);
   }
@@ -209,8 +229,11 @@ void enterView(std::vector<Bind> binds) {
     die(std::string("cannot mount the view's root: ") + std::strerror(errno));
   }
   for (const auto& source : sources) place(source, root);
+  // Processes only (subset=pid): /proc/sys and the other kernel files are not there, since
+  // writing them needs uid 0, not a capability (core_pattern would run a program as root).
   if (::mkdir((root + "/proc").c_str(), 0555) != 0 ||
-      ::mount("proc", (root + "/proc").c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+      ::mount("proc", (root + "/proc").c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              "subset=pid,hidepid=invisible") != 0) {
     die(std::string("cannot mount /proc: ") + std::strerror(errno));
   }
   if (::mount(nullptr, root.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
@@ -252,6 +275,7 @@ int main(int argc, char** argv) {
   rlim_t nofile = 0;
   bool view = false;
   bool no_caps = false;
+  bool new_network = false;
   std::vector<Bind> binds;
   int i = 1;
   for (; i < argc; ++i) {
@@ -264,8 +288,8 @@ int main(int argc, char** argv) {
       usage();
       return 0;
     }
-    if (arg == "--view" || arg == "--no-caps") {
-      (arg == "--view" ? view : no_caps) = true;
+    if (arg == "--view" || arg == "--no-caps" || arg == "--new-network") {
+      (arg == "--view" ? view : arg == "--no-caps" ? no_caps : new_network) = true;
       continue;
     }
     if (i + 1 >= argc) {
@@ -301,7 +325,8 @@ int main(int argc, char** argv) {
   limit(RLIMIT_CORE, 0, "RLIMIT_CORE");
   if (nofile != 0) limit(RLIMIT_NOFILE, nofile, "RLIMIT_NOFILE");
   if (!binds.empty() && !view) die("--ro, --rw and --dev need --view");
-  if (view) enterView(binds);
+  if (new_network && !view) die("--new-network needs --view");
+  if (view) enterView(binds, new_network);
   if (no_caps) dropCapabilities();
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) die(std::string("no_new_privs: ") + std::strerror(errno));
   execvp(argv[i], argv + i);

@@ -83,6 +83,11 @@ Result<Launch> Launcher::fromTemplate(const Template& tpl, uint32_t cpus, uint64
   launch.spec.rootfs_format = "qcow2";
   launch.spec.memory_file = snap->memory_file;
   launch.spec.memory_private = true;
+  if (!facts_.jailer.empty()) {
+    auto sealed = sealed_memory_.get(snap->memory_file);
+    if (!sealed.ok()) return makeError(sealed.error().code, "the template's memory: " + sealed.error().message);
+    launch.options.sealed_memory = sealed.value();
+  }
   launch.state_file = snap->state_file;
   launch.template_in_use = snap->in_use;
   launch.how = "restored";

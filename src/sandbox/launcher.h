@@ -88,6 +88,9 @@ class Launcher {
   const Config config_;
   const vmm::NodeFacts facts_;
   snapshot::TemplateCache& templates_;
+  // Jailed VMs restore from sealed copies of the templates' memory files: every tenant's
+  // sandboxes start from a template, so no QEMU may be able to write one.
+  vmm::SealedMemoryCache sealed_memory_;
 };
 
 }  // namespace space::sandbox

@@ -292,8 +292,8 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
     facts->disk_roots = {config.data_dir + "/layers", config.data_dir + "/templates"};
     for (const auto& [name, tpl] : config.templates) {
       std::error_code ec;
-      auto image = std::filesystem::canonical(tpl.rootfs_path, ec);
-      if (!ec) facts->disk_roots.push_back(image.parent_path().string());
+      facts->disk_images.push_back(std::filesystem::absolute(tpl.rootfs_path, ec).string());
+      if (auto image = std::filesystem::canonical(tpl.rootfs_path, ec); !ec) facts->disk_images.push_back(image);
     }
     // Named by data dir, like network slots: two daemons on one host never sweep each other's.
     auto cgroups = jail::setUpCgroups("spaced-" + sha256Hex(config.data_dir).substr(0, 8));

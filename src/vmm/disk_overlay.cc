@@ -27,6 +27,45 @@ uint64_t bigEndian(const unsigned char* p, int bytes) {
   return v;
 }
 
+// A name may come from a header a hostile QEMU wrote: it is looked at (O_PATH, no link
+// followed) before it is opened, so no device is opened and no FIFO blocks the reader.
+// kInvalidArgument: not a regular file (a link included).
+Result<UniqueFd> openRegularFile(const std::string& path) {
+  UniqueFd node(::open(path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+  if (!node.valid()) {
+    return makeError(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kInternal,
+                     "open " + path + ": " + strerror(errno));
+  }
+  struct stat st {};
+  if (::fstat(node.get(), &st) != 0) return makeError(ErrorCode::kInternal, "stat " + path + ": " + strerror(errno));
+  if (!S_ISREG(st.st_mode)) return makeError(ErrorCode::kInvalidArgument, path + " is not a regular file");
+  UniqueFd fd(::open(("/proc/self/fd/" + std::to_string(node.get())).c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return makeError(ErrorCode::kInternal, "open " + path + ": " + strerror(errno));
+  return fd;
+}
+
+// The size a new overlay over `base` gets: a qcow2 image's virtual size (its header, offset 24),
+// a raw image's length. Read here so that qemu-img never opens the base (-u): a layer's header
+// is its sandbox's to rewrite, and qemu-img, unconfined, would follow any backing it names.
+constexpr uint64_t kMaxVirtualSize = uint64_t{16} << 40;
+Result<uint64_t> baseVirtualSize(const std::string& base, const std::string& format) {
+  if (format == "raw") {
+    struct stat st {};
+    if (::stat(base.c_str(), &st) != 0) return makeError(ErrorCode::kNotFound, "stat " + base + ": " + strerror(errno));
+    return static_cast<uint64_t>(st.st_size);
+  }
+  auto fd = openRegularFile(base);
+  if (!fd.ok()) return fd.error();
+  unsigned char header[32];
+  if (::pread(fd->get(), header, sizeof header, 0) != static_cast<ssize_t>(sizeof header) ||
+      memcmp(header, "QFI\xfb", 4) != 0) {
+    return makeError(ErrorCode::kInvalidArgument, base + " is not a qcow2 image");
+  }
+  const uint64_t size = bigEndian(header + 24, 8);
+  if (size == 0 || size > kMaxVirtualSize) return makeError(ErrorCode::kInvalidArgument, base + ": implausible size");
+  return size;
+}
+
 // A new overlay is the same bytes for every VM over one base: its header names the base and its
 // format, and its empty tables are sized by the base's virtual size. qemu-img, a process that
 // links QEMU's block layer and fdatasyncs the file five times, took ~20-25 ms of each restore's
@@ -96,8 +135,11 @@ Status createDiskOverlay(const std::string& base, const std::string& format, con
       return writeOverlay(overlay, *kept);
     }
   }
-  auto img = ChildProcess::spawn({"qemu-img", "create", "-q", "-f", "qcow2", "-F", format, "-b", abs_base, overlay},
-                                 SpawnOptions{log, "", true});
+  auto size = baseVirtualSize(abs_base, format);
+  if (!size.ok()) return size.error();
+  auto img = ChildProcess::spawn(
+      {"qemu-img", "create", "-q", "-f", "qcow2", "-F", format, "-b", abs_base, "-u", overlay, std::to_string(*size)},
+      SpawnOptions{log, "", true});
   if (!img.ok()) return img.error();
   auto status = img->waitFor(std::chrono::seconds(30));
   if (!status) {
@@ -125,11 +167,9 @@ size_t diskOverlaysWrittenFromMemory() { return g_from_memory.load(); }
 Result<std::string> qcow2BackingFile(const std::string& path) {
   // qcow2 header: magic "QFI\xfb" at 0, version at 4, backing_file_offset (u64) at 8,
   // backing_file_size (u32) at 16, all big-endian (QEMU's docs/interop/qcow2.txt).
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) {
-    return makeError(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kInternal,
-                     "open " + path + ": " + strerror(errno));
-  }
+  auto opened = openRegularFile(path);
+  if (!opened.ok()) return opened.error();
+  const UniqueFd& fd = opened.value();
   unsigned char header[20];
   ssize_t got = ::pread(fd.get(), header, sizeof header, 0);
   if (got < 0) return makeError(ErrorCode::kInternal, "read " + path + ": " + strerror(errno));
@@ -153,12 +193,14 @@ Result<std::string> qcow2BackingFile(const std::string& path) {
   return name;
 }
 
-Result<std::vector<std::string>> diskChain(const std::string& top) {
+Result<std::vector<std::string>> diskChain(const std::string& top,
+                                           const std::function<Status(const std::string&)>& admit) {
   std::vector<std::string> chain;
   for (std::string at = top; !at.empty();) {
     if (chain.size() >= kMaxDiskChain) {
       return makeError(ErrorCode::kInvalidArgument, top + ": more than " + std::to_string(kMaxDiskChain) + " layers");
     }
+    SPACE_TRY(admit(at));
     chain.push_back(at);
     auto next = qcow2BackingFile(at);
     if (!next.ok()) {

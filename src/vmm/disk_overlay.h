@@ -2,6 +2,7 @@
 // a snapshot's disk). Made by qemu-img the first time for a base, then from memory.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,10 +20,12 @@ Status createDiskOverlay(const std::string& base, const std::string& format, con
 // (QEMU's own limit) without it being refused here. kInvalidArgument: not a qcow2 image.
 Result<std::string> qcow2BackingFile(const std::string& path);
 
-// `top` and every file below it by backing-file names, top first; a raw image ends the chain.
-// What a VM over `top` opens. At most kMaxDiskChain files.
+// `top` and every file below it by backing-file names, top first; a raw image (or anything not
+// a regular file) ends the chain. What a VM over `top` opens. At most kMaxDiskChain files.
+// `admit` sees each name before anything opens it; its error ends the walk with that error.
 constexpr size_t kMaxDiskChain = 4096;
-Result<std::vector<std::string>> diskChain(const std::string& top);
+Result<std::vector<std::string>> diskChain(const std::string& top,
+                                           const std::function<Status(const std::string&)>& admit);
 
 // How many overlays createDiskOverlay wrote from memory, without qemu-img (for tests).
 size_t diskOverlaysWrittenFromMemory();

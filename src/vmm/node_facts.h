@@ -32,10 +32,12 @@ struct NodeFacts {
   // layer that do not ask for a jail).
   std::string jailer;
   jail::CgroupLayout cgroups;
-  // Where a jailed VM's disk layers may be (canonical directories: images, templates, snapshot
-  // layers). A layer's name comes from a qcow2 header, which a hostile QEMU can rewrite in its
-  // own overlay; a name outside these is refused, never put in a jail's view.
+  // Where a jailed VM's disk layers may be: canonical directories where only spaced makes names
+  // (snapshot layers, templates), and the exact image files (as configured, maybe links, and
+  // what they resolve to). A layer's name comes from a qcow2 header, which a hostile QEMU can
+  // rewrite; a name elsewhere is refused, never opened or put in a jail's view.
   std::vector<std::string> disk_roots;
+  std::vector<std::string> disk_images;
 
   // The kernel arguments every guest of this node gets under `accelerator`, after SPACE's own.
   std::string guestKernelArgs(Accelerator accelerator) const;

@@ -221,6 +221,27 @@ Status Vm::jailArgv(const VmSpec& spec, const NodeFacts& node, std::vector<std::
 // What this QEMU may see of the host (space-jail --view): its run directory, read-write; its
 // kernel and every disk layer below its overlay, read-only; its memory file; the devices it
 // opens. Not the state database, other sandboxes' files or layers, nor host processes.
+namespace {
+
+// Whether `path` is `dir` itself or below it, by name alone (nothing is opened or resolved).
+bool lexicallyUnder(const std::string& path, const std::string& dir) {
+  if (path.find("/./") != std::string::npos || path.find("/../") != std::string::npos) return false;
+  return path.size() > dir.size() + 1 && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/';
+}
+
+// A regular file (not a link) at `path`, made if missing: what a QEMU that writes a memory file
+// of its own gets bound, rather than the whole directory it is in.
+Status ensureRegularFile(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600));
+  struct stat st {};
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return makeError(ErrorCode::kFailedPrecondition, "jail: " + path + " is not a regular file; refused");
+  }
+  return okStatus();
+}
+
+}  // namespace
+
 Status Vm::addJailView(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& jailed) const {
   auto add = [&jailed](const char* access, const std::string& path) { jailed.insert(jailed.end(), {access, path}); };
   jailed.push_back("--view");
@@ -228,45 +249,51 @@ Status Vm::addJailView(const VmSpec& spec, const NodeFacts& node, std::vector<st
   add("--ro", spec.kernel_path);
   if (spec.qemu_binary.find('/') != std::string::npos) add("--ro", spec.qemu_binary);
   if (spec.disk_mode == DiskMode::kOverlay) {
-    // The names come from qcow2 headers, which an earlier QEMU of this run directory could have
-    // rewritten: each layer must be in the run directory (covered by it) or, resolved, under
-    // one of the node's disk roots. Anything else (the state database, another sandbox's files)
-    // is refused.
-    auto chain = diskChain(paths_.disk);
-    if (!chain.ok()) return makeError(chain.error().code, "jail: the disk's layers: " + chain.error().message);
-    std::error_code ec;
-    const auto run_dir = std::filesystem::canonical(paths_.run_dir, ec);
-    for (const auto& layer : chain.value()) {
-      const auto real = std::filesystem::canonical(layer, ec);
-      if (ec) return makeError(ErrorCode::kFailedPrecondition, "jail: disk layer " + layer + ": " + ec.message());
-      if (real.parent_path() == run_dir) continue;
-      bool allowed = false;
-      for (const auto& root : node.disk_roots) {
-        const std::string r = root + "/";
-        allowed = allowed || real.string().compare(0, r.size(), r) == 0;
+    // The names come from qcow2 headers, which a QEMU of this run directory (or of the sandbox
+    // a layer was frozen from) could have rewritten. Each is judged before anything opens it:
+    // a file directly in the run directory (covered by it), one of the node's images exactly,
+    // or a path without links in the node's own disk directories (layers, templates), where
+    // only spaced makes names. Anything else (the state database, another sandbox's files, a
+    // device) is refused.
+    auto admit = [&](const std::string& layer) -> Status {
+      if (std::filesystem::path(layer).parent_path() == paths_.run_dir && lexicallyUnder(layer, paths_.run_dir)) {
+        return okStatus();
       }
-      if (!allowed) {
-        return makeError(ErrorCode::kFailedPrecondition,
-                         "jail: disk layer " + layer + " is outside the node's disk directories; refused");
+      if (std::find(node.disk_images.begin(), node.disk_images.end(), layer) != node.disk_images.end()) {
+        add("--ro", layer);
+        return okStatus();
       }
-      add("--ro", layer);
-    }
+      for (const auto& dir : node.disk_roots) {
+        if (!lexicallyUnder(layer, dir)) continue;
+        std::error_code ec;
+        if (std::filesystem::canonical(layer, ec).string() != layer) break;  // a link on the way
+        add("--ro", layer);
+        return okStatus();
+      }
+      return makeError(ErrorCode::kFailedPrecondition,
+                       "jail: disk layer " + layer + " is outside the node's disk directories; refused");
+    };
+    auto chain = diskChain(paths_.disk, admit);
+    if (!chain.ok()) return makeError(chain.error().code, "the disk's layers: " + chain.error().message);
   } else {
     add("--rw", spec.rootfs_path);  // kDirect: the VM owns the image
   }
-  if (!spec.memory_file.empty()) {
-    if (spec.memory_private) {
-      // Read-write although the guest's writes never reach it (a private mapping): QEMU 7.2
-      // opens a memory-backend file read-write whatever the mapping (docs/threat-model.md).
-      add("--rw", spec.memory_file);
-    } else {
-      add("--rw", std::filesystem::path(spec.memory_file).parent_path().string());  // QEMU creates it
-    }
+  if (!spec.memory_file.empty() && spec.memory_file != "/proc/self/fd/" + std::to_string(kSealedMemoryFd)) {
+    // The file alone, never its directory, and never a link (space-jail refuses one too).
+    // Read-write even when mapped privately: QEMU 7.2 opens a memory-backend file read-write
+    // whatever the mapping. A tenant's own snapshot, or a memory file a VM writes; templates,
+    // shared by all tenants, come sealed instead (docs/threat-model.md).
+    SPACE_TRY(ensureRegularFile(spec.memory_file));
+    add("--rw", spec.memory_file);
   }
   add("--dev", "/dev/null");
   add("--dev", "/dev/urandom");
   if (accelerator_ == Accelerator::kKvm) add("--dev", "/dev/kvm");
-  if (!spec.netns_path.empty()) add("--dev", "/dev/net/tun");
+  if (spec.netns_path.empty()) {
+    jailed.push_back("--new-network");  // no slot: an empty network namespace, not the host's
+  } else {
+    add("--dev", "/dev/net/tun");
+  }
   jailed.push_back("--no-caps");
   return okStatus();
 }
@@ -303,12 +330,17 @@ Status Vm::boot(const VmSpec& spec, const VmStartOptions& options, bool defer_st
     if (options.restore_from.empty()) return makeError(ErrorCode::kInvalidArgument, "stay_paused needs restore_from");
     effective.start_paused = true;
   }
+  if (options.sealed_memory) {
+    if (!spec.memory_private) return makeError(ErrorCode::kInvalidArgument, "sealed memory is mapped privately only");
+    effective.memory_file = "/proc/self/fd/" + std::to_string(kSealedMemoryFd);
+  }
   auto argv = buildQemuArgv(effective, paths_, accelerator_);
   if (options.node != nullptr && !options.node->jailer.empty()) SPACE_TRY(jailArgv(effective, *options.node, argv));
   auto spawned_at = Clock::now();
   auto deadline = spawned_at + spec.boot_timeout;
   SpawnOptions spawn_options{qemu_log, "", true};
   spawn_options.netns_path = spec.netns_path;
+  if (options.sealed_memory) spawn_options.pass_fds.push_back({options.sealed_memory->get(), kSealedMemoryFd});
   // Jailed: pid 1 of a PID namespace of its own (space-jail --view), so it sees no other process.
   spawn_options.new_pid_namespace = options.node != nullptr && !options.node->jailer.empty();
   auto child = ChildProcess::spawn(argv, spawn_options);

@@ -17,6 +17,7 @@
 #include "vmm/node_facts.h"
 #include "vmm/qemu_command.h"
 #include "vmm/qmp_client.h"
+#include "vmm/sealed_memory.h"
 #include "vmm/vm_spec.h"
 
 namespace space::vmm {
@@ -44,6 +45,9 @@ struct VmStartOptions {
   // The node's facts, resolved by the owner at its start (must outlive the call): the VM then
   // probes nothing but the host's free memory. Unset: probed now (one-off tools, tests).
   const NodeFacts* node = nullptr;
+  // The spec's memory file as a sealed copy (vmm/sealed_memory.h): QEMU gets it as descriptor
+  // kSealedMemoryFd and maps /proc/self/fd/<it> privately; the file itself never enters its view.
+  std::shared_ptr<const UniqueFd> sealed_memory;
 };
 
 struct BootTiming {

@@ -2507,6 +2507,18 @@ TEST_F(SpacedTest, RestartReadoptsRunningSandboxes) {
     if (name.find_first_not_of("0123456789") == std::string::npos) processes.push_back(name);
   }
   EXPECT_EQ(processes, std::vector<std::string>{"1"});
+  // The template's memory, shared by every tenant's clones, is not in its view: QEMU maps a
+  // sealed copy (descriptor 3), which nothing can write.
+  for (const auto& e : std::filesystem::directory_iterator(data_dir_ + "/templates", ec)) {
+    if (std::filesystem::exists(e.path() / "memory")) {
+      EXPECT_FALSE(std::filesystem::exists(kept_view + (e.path() / "memory").string())) << e.path();
+    }
+  }
+  std::error_code link_ec;
+  const auto pids = qemuProcessesUnder(sandboxDir(kept));
+  const std::string mapped =
+      pids.empty() ? "" : std::filesystem::read_symlink("/proc/" + std::to_string(pids[0]) + "/fd/3", link_ec).string();
+  EXPECT_EQ(mapped.rfind("/memfd:space-template-memory", 0), 0u) << mapped;
 
   // Graceful stop: VMs keep running.
   EXPECT_EQ(daemon_->stop(SIGTERM).exit_code, 0);

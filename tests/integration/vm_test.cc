@@ -257,7 +257,7 @@ class JailTest : public VmTest {
     node_ = facts.value();
     node_.jailer = SPACE_JAIL_BIN;
     node_.cgroups = layout_;
-    node_.disk_roots = {std::filesystem::canonical(spec_.rootfs_path).parent_path().string()};
+    node_.disk_images = {spec_.rootfs_path, std::filesystem::canonical(spec_.rootfs_path).string()};
     options_.node = &node_;
   }
   void TearDown() override {
@@ -399,7 +399,8 @@ TEST_F(JailTest, AProcessInTheJailSeesOnlyItsOwnFilesNoOtherProcessAndHoldsNoCap
       "cat " + dir + "/other/secret; cat " + dir + "/state.db; echo listing: $(ls " + dir + "); echo overwritten > " +
       dir + "/base.img; echo base: $(cat " + dir + "/base.img); echo mine > " + dir + "/own/f && echo own: $(cat " +
       dir + "/own/f); echo processes: $(ls /proc | grep -c '^[0-9]'); kill -0 " + std::to_string(getpid()) +
-      "; grep -E '^Cap(Eff|Bnd)' /proc/self/status; echo etc: $(ls /etc); mount -t tmpfs x " + dir + "/own";
+      "; grep -E '^Cap(Eff|Bnd)' /proc/self/status; echo etc: $(ls /etc); " +
+      "echo '|/bin/true' > /proc/sys/kernel/core_pattern; touch /dev/null; mount -t tmpfs x " + dir + "/own";
   jail::CgroupLimits limits;
   limits.memory_bytes = 64 << 20;
   limits.pids = 16;
@@ -421,6 +422,9 @@ TEST_F(JailTest, AProcessInTheJailSeesOnlyItsOwnFilesNoOtherProcessAndHoldsNoCap
   EXPECT_NE(out.find("CapEff:\t0000000000000000"), std::string::npos) << out;
   EXPECT_NE(out.find("CapBnd:\t0000000000000000"), std::string::npos) << out;
   EXPECT_NE(out.find("etc: ld.so.cache\n"), std::string::npos) << out;
+  // No kernel setting to write (/proc holds processes only), no host device node to change.
+  EXPECT_TRUE(std::regex_search(out, std::regex("core_pattern: (Directory nonexistent|No such file)"))) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("touch: .*/dev/null.*Read-only file system"))) << out;
   EXPECT_TRUE(std::regex_search(out, std::regex("mount: .*(permission denied|must be superuser)"))) << out;
   EXPECT_NE(status.exit_code, 0) << status.describe();  // mount failed, last
 }
@@ -458,6 +462,18 @@ TEST_F(JailTest, WhatAHostileQemuPlantsInItsRunDirectoryLeadsNowhere) {
   EXPECT_NE(refused.error().message.find("outside the node's disk directories"), std::string::npos)
       << refused.error().message;
   std::filesystem::remove(host_file);
+}
+
+// A writable path that is a link would let whoever planted it choose what becomes writable.
+TEST_F(JailTest, AWritablePathThatIsALinkIsRefused) {
+  const std::string dir = run_root_->path();
+  ASSERT_EQ(::symlink("/etc", (dir + "/memory").c_str()), 0);
+  jail::CgroupLimits limits;
+  auto [status, out] = runJailed("echo ran", limits, {"--view", "--rw", dir + "/memory", "--no-caps"});
+  std::filesystem::remove(dir + "/memory");
+  EXPECT_EQ(status.exit_code, 125) << status.describe();
+  EXPECT_NE(out.find("is a symbolic link; refused"), std::string::npos) << out;
+  EXPECT_EQ(out.find("ran"), std::string::npos) << out;
 }
 
 // --view without a PID namespace of its own would show host processes: refused.

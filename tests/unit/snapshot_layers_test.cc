@@ -1,6 +1,7 @@
 // Disk layers: reading backing-file names from qcow2 headers (real images made by qemu-img,
 // and hand-made hostile ones) and sweeping the layers nothing stands on.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -98,12 +99,28 @@ TEST_F(LayersTest, ACycleOfBackingNamesEndsTheWalk) {
 }
 
 TEST_F(LayersTest, AnUnreadableLayerSweepsNothing) {
-  auto l1 = image(layers() + "/l1.qcow2");
-  auto disk = image(dir_->path() + "/disk.qcow2", l1);
-  // A directory in its place opens but fails to read (EISDIR): neither "gone" nor "not qcow2".
-  std::filesystem::remove(l1);
-  std::filesystem::create_directory(l1);
+  // A name that cannot be looked at (ENOTDIR): neither "gone" nor "not qcow2".
+  ASSERT_TRUE(writeFileAtomic(layers() + "/blocker", "x").ok());
+  const std::string below = layers() + "/blocker/l1.qcow2";
+  auto disk = craft(dir_->path() + "/disk.qcow2", below, 72, static_cast<uint32_t>(below.size()));
   EXPECT_FALSE(reachableLayers({disk}).has_value());
+}
+
+// A name in a header is QEMU's to write: a FIFO, a device, a directory or a link there ends the
+// chain without being opened (nothing blocks, no device is opened) and is not followed.
+TEST_F(LayersTest, ANameThatIsNotARegularFileEndsTheChainUnopened) {
+  const std::string fifo = layers() + "/fifo.qcow2";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto l1 = image(layers() + "/l1.qcow2");
+  const std::string link = layers() + "/link.qcow2";
+  ASSERT_EQ(::symlink(l1.c_str(), link.c_str()), 0);
+  for (const std::string& name : {fifo, std::string("/dev/null"), layers(), link}) {
+    auto disk = craft(dir_->path() + "/disk.qcow2", name, 72, static_cast<uint32_t>(name.size()));
+    auto keep = reachableLayers({disk});
+    ASSERT_TRUE(keep.has_value()) << name;
+    EXPECT_EQ(keep->count(l1), 0u) << name;  // the link is not followed
+    EXPECT_EQ(qcow2BackingFile(name).error().code, ErrorCode::kInvalidArgument) << name;
+  }
 }
 
 // The template key is computed (stat, PATH walk, SHA-256) once per key and process, not on
