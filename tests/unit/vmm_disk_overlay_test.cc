@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -82,6 +85,25 @@ TEST(DiskOverlay, AMissingBaseFails) {
   ASSERT_TRUE(dir.ok());
   auto made = createDiskOverlay(dir->path() + "/nothing.img", "raw", dir->path() + "/a.qcow2", dir->path() + "/log");
   EXPECT_FALSE(made.ok());
+}
+
+// A layer's header is its sandbox's QEMU's to rewrite: the chain it names (here a FIFO, which
+// would block whoever opened it) is never opened by qemu-img, which runs unconfined. The new
+// overlay gets the base's size from the base's own header.
+TEST(DiskOverlay, ABaseWhoseHeaderNamesAFifoIsNeverOpenedByQemuImg) {
+  auto dir = TempDir::create("/tmp", "overlay-test-");
+  ASSERT_TRUE(dir.ok());
+  const std::string fifo = dir->path() + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string base = dir->path() + "/layer.qcow2";
+  ASSERT_EQ(std::system(("qemu-img create -q -f qcow2 -F raw -b " + fifo + " -u " + base + " 3M").c_str()), 0);
+  const auto started = std::chrono::steady_clock::now();
+  auto made = createDiskOverlay(base, "qcow2", dir->path() + "/disk.qcow2", dir->path() + "/log");
+  ASSERT_TRUE(made.ok()) << made.error().message;
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
+  const Header header = readHeader(dir->path() + "/disk.qcow2");
+  EXPECT_EQ(header.virtual_size, uint64_t{3} << 20);
+  EXPECT_EQ(header.backing, base);
 }
 
 }  // namespace
