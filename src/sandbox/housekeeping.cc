@@ -130,7 +130,7 @@ void SandboxManager::sampleMetrics(Live& live, int64_t now_ms) {
     sample.mem_used_bytes = usage->rss_bytes;
     sample.mem_total_bytes = live.memory_mb << 20;
     struct stat st {};
-    if (::stat(live.vm().paths().disk.c_str(), &st) == 0)
+    if (::lstat(live.vm().paths().disk.c_str(), &st) == 0)
       sample.disk_used_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
     if (nic) {
       sample.net_sent_bytes = nic->guest_sent;

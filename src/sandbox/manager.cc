@@ -287,14 +287,15 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
   auto facts = vmm::probeNodeFacts(config.accelerator);
   if (!facts.ok()) return facts.error();
   facts->tsc_khz = vmm::rememberedTscKhz(config.data_dir + "/node-tsc.json", facts->tsc_khz);
+  // The node's own disks: what layer walks follow and what a jail's view may hold.
+  facts->disk_roots = {config.data_dir + "/layers", config.data_dir + "/templates"};
+  for (const auto& [name, tpl] : config.templates) {
+    std::error_code ec;
+    facts->disk_images.push_back(std::filesystem::absolute(tpl.rootfs_path, ec).string());
+    if (auto image = std::filesystem::canonical(tpl.rootfs_path, ec); !ec) facts->disk_images.push_back(image);
+  }
   if (!config.jailer.empty()) {
     facts->jailer = config.jailer;
-    facts->disk_roots = {config.data_dir + "/layers", config.data_dir + "/templates"};
-    for (const auto& [name, tpl] : config.templates) {
-      std::error_code ec;
-      facts->disk_images.push_back(std::filesystem::absolute(tpl.rootfs_path, ec).string());
-      if (auto image = std::filesystem::canonical(tpl.rootfs_path, ec); !ec) facts->disk_images.push_back(image);
-    }
     // Named by data dir, like network slots: two daemons on one host never sweep each other's.
     auto cgroups = jail::setUpCgroups("spaced-" + sha256Hex(config.data_dir).substr(0, 8));
     if (cgroups.ok()) {

@@ -415,6 +415,9 @@ class SandboxManager {
   // capture, a child's overlay), exclusive to sweep them. Only the sweep takes it exclusively,
   // and while spaced runs only with try_lock, so no request ever waits behind a capture for it.
   std::shared_mutex layers_mu_;
+  // Which backing names a layer walk follows: the node's own disks only (a QEMU can write any
+  // name into its overlay's header; vmm::isNodeDiskPath).
+  std::function<bool(const std::string&)> nodeDisk() const;
   std::mutex collect_mu_;  // one collectLayers round at a time (taken before layers_mu_)
   std::atomic<bool> layers_dirty_{false};
   // Children opening a snapshot's files (QEMU starting, the state loading), per snapshot, and

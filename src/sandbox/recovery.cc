@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <future>
 #include <set>
+#include <sstream>
 #include <string_view>
 #include <system_error>
 #include <vector>
@@ -35,7 +36,9 @@ Status SandboxManager::recover() {
   for (size_t i = 0; i < rows->size(); ++i) {
     const auto& row = rows.value()[i];
     if (row.state == "creating" || row.vm_pid <= 0 || row.run_dir.empty()) continue;
-    if (std::filesystem::exists(row.run_dir + kSuspendedState)) continue;  // a suspend cut short
+    if (std::filesystem::is_regular_file(std::filesystem::symlink_status(row.run_dir + kSuspendedState))) {
+      continue;  // a suspend cut short
+    }
     vmm::VmAdoptSpec spec = launcher_->adoption(row);
     auto network = launcher_->networkFor(row.run_dir, std::nullopt);
     try {
@@ -51,7 +54,8 @@ Status SandboxManager::recover() {
     std::string reason;
     std::unique_ptr<SandboxRuntime> runtime;
     std::optional<std::string> disk_error;
-    if (row.state != "creating" && !row.run_dir.empty() && std::filesystem::exists(row.run_dir + kSuspendedState)) {
+    if (row.state != "creating" && !row.run_dir.empty() &&
+        std::filesystem::is_regular_file(std::filesystem::symlink_status(row.run_dir + kSuspendedState))) {
       // The guest was saved but the suspension not recorded: finish it. Its QEMU, if still
       // there, is stopped by the orphan sweep below.
       row.state = stateName(SandboxState::kSuspended);
@@ -187,6 +191,26 @@ Status SandboxManager::recover() {
       ++killed;
     }
     closedir(proc);
+  }
+  // A QEMU can rewrite its command line, so VMs are found by their cgroup too: every process in
+  // a VM group that holds no adopted VM is one no sandbox owns.
+  for (const auto& root : launcher_->facts().cgroups.roots) {
+    std::error_code ec;
+    for (const auto& group : std::filesystem::directory_iterator(root.dir, ec)) {
+      auto procs = readSmallFile(group.path().string() + "/cgroup.procs", 1 << 20);
+      if (!procs.ok()) continue;
+      std::vector<pid_t> pids;
+      std::istringstream lines(procs.value());
+      for (long pid; lines >> pid;) pids.push_back(static_cast<pid_t>(pid));
+      if (std::any_of(pids.begin(), pids.end(), [&](pid_t p) { return owned.count(p) != 0; })) continue;
+      for (pid_t pid : pids) {
+        if (pid == getpid()) continue;
+        if (auto orphan = ChildProcess::adopt(pid); orphan.ok()) {
+          orphan->kill();
+          ++killed;
+        }
+      }
+    }
   }
   int removed = 0;
   std::error_code ec;

@@ -199,6 +199,12 @@ Result<std::shared_ptr<void>> SandboxManager::claimSnapshotPlace(const std::stri
   });
 }
 
+std::function<bool(const std::string&)> SandboxManager::nodeDisk() const {
+  return [facts = &launcher_->facts()](const std::string& name) {
+    return vmm::isNodeDiskPath(name, facts->disk_roots, facts->disk_images);
+  };
+}
+
 Result<uint64_t> SandboxManager::strandedLayerBytes(const std::string& tenant) {
   // Its own rows only: chains never cross tenants (a child stands on its own tenant's snapshot).
   auto snapshots = store_.allSnapshots(tenant);
@@ -229,7 +235,7 @@ Result<uint64_t> SandboxManager::strandedLayerBytes(const std::string& tenant) {
       return makeError(ErrorCode::kUnavailable, "cannot list " + sb.run_dir + ": " + ec.message() + "; try again");
     }
   }
-  auto reachable = snapshot::reachableLayers(roots);
+  auto reachable = snapshot::reachableLayers(roots, nodeDisk());
   if (!reachable) return makeError(ErrorCode::kUnavailable, "a disk's backing chain could not be read; try again");
   const std::string layers_dir = config_.data_dir + "/layers/";
   uint64_t bytes = 0;
@@ -469,7 +475,7 @@ void SandboxManager::collectLayers(bool wait) {
     return;
   }
   for (const auto& snap : snapshots.value()) roots.push_back(snap.disk);
-  auto keep = snapshot::reachableLayers(roots);
+  auto keep = snapshot::reachableLayers(roots, nodeDisk());
   if (!keep) {
     spdlog::warn("layers: not collected: a disk's backing chain could not be read");
     return;

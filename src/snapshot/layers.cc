@@ -10,7 +10,8 @@
 
 namespace space::snapshot {
 
-std::optional<std::set<std::string>> reachableLayers(const std::vector<std::string>& roots) {
+std::optional<std::set<std::string>> reachableLayers(const std::vector<std::string>& roots,
+                                                     const std::function<bool(const std::string&)>& followable) {
   std::set<std::string> seen;
   for (const auto& root : roots) {
     std::string at = root;
@@ -24,6 +25,7 @@ std::optional<std::set<std::string>> reachableLayers(const std::vector<std::stri
         return std::nullopt;
       }
       at = next.value();
+      if (!at.empty() && !followable(at)) break;  // not one of the node's disks: never opened
     }
   }
   return seen;

@@ -6,6 +6,7 @@
 // still stands on it.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -22,7 +23,10 @@ using vmm::qcow2BackingFile;
 // Every file reachable from `roots` by following backing-file names (roots included).
 // Missing files and cycles end a chain; they are not errors (a root may be mid-removal). Any
 // other failure to read a header gives nullopt: then nothing is known to be unreferenced.
-std::optional<std::set<std::string>> reachableLayers(const std::vector<std::string>& roots);
+// Only names `followable` accepts are followed (the node's own disks, vmm::isNodeDiskName):
+// another name ends its chain unopened, since a QEMU can write any name into its overlay.
+std::optional<std::set<std::string>> reachableLayers(const std::vector<std::string>& roots,
+                                                     const std::function<bool(const std::string&)>& followable);
 
 // The files in `layers_dir` not in `keep`.
 std::vector<std::string> unreachableLayers(const std::string& layers_dir, const std::set<std::string>& keep);

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -39,8 +40,11 @@ Result<UniqueFd> openRegularFile(const std::string& path) {
   struct stat st {};
   if (::fstat(node.get(), &st) != 0) return makeError(ErrorCode::kInternal, "stat " + path + ": " + strerror(errno));
   if (!S_ISREG(st.st_mode)) return makeError(ErrorCode::kInvalidArgument, path + " is not a regular file");
-  UniqueFd fd(::open(("/proc/self/fd/" + std::to_string(node.get())).c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return makeError(ErrorCode::kInternal, "open " + path + ": " + strerror(errno));
+  // O_NONBLOCK: a lease on the file (its QEMU may take one) fails the open instead of holding
+  // it for the lease-break time; a special regular file (/proc/kmsg) does not block a read.
+  UniqueFd fd(
+      ::open(("/proc/self/fd/" + std::to_string(node.get())).c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  if (!fd.valid()) return makeError(ErrorCode::kUnavailable, "open " + path + ": " + strerror(errno));
   return fd;
 }
 
@@ -191,6 +195,29 @@ Result<std::string> qcow2BackingFile(const std::string& path) {
   // Relative names are relative to the image's directory (we always write absolute ones).
   if (!name.empty() && name[0] != '/') name = std::filesystem::path(path).parent_path().string() + "/" + name;
   return name;
+}
+
+bool isNodeDiskPath(const std::string& name, const std::vector<std::string>& dirs,
+                    const std::vector<std::string>& images) {
+  if (std::find(images.begin(), images.end(), name) != images.end()) return true;
+  if (name.find("/./") != std::string::npos || name.find("/../") != std::string::npos ||
+      name.find("//") != std::string::npos) {
+    return false;
+  }
+  for (const auto& dir : dirs) {
+    if (name.size() > dir.size() + 1 && name.compare(0, dir.size(), dir) == 0 && name[dir.size()] == '/') return true;
+  }
+  return false;
+}
+
+bool isNodeDiskName(const std::string& name, const std::vector<std::string>& dirs,
+                    const std::vector<std::string>& images) {
+  if (!isNodeDiskPath(name, dirs, images)) return false;
+  if (std::find(images.begin(), images.end(), name) != images.end()) return true;
+  std::error_code ec;
+  if (std::filesystem::canonical(name, ec).string() != name) return false;  // a link on the way
+  struct stat st {};
+  return ::lstat(name.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
 Result<std::vector<std::string>> diskChain(const std::string& top,

@@ -20,6 +20,16 @@ Status createDiskOverlay(const std::string& base, const std::string& format, con
 // (QEMU's own limit) without it being refused here. kInvalidArgument: not a qcow2 image.
 Result<std::string> qcow2BackingFile(const std::string& path);
 
+// Whether `name` (from a qcow2 header) names one of the node's own disks, by name alone (nothing
+// is looked at): exactly one of `images`, or a path under one of `dirs` (where only spaced makes
+// names) without "." or ".." parts.
+bool isNodeDiskPath(const std::string& name, const std::vector<std::string>& dirs,
+                    const std::vector<std::string>& images);
+// That, and (for a path under `dirs`) a regular file reached without links: what may enter a
+// jail's view.
+bool isNodeDiskName(const std::string& name, const std::vector<std::string>& dirs,
+                    const std::vector<std::string>& images);
+
 // `top` and every file below it by backing-file names, top first; a raw image (or anything not
 // a regular file) ends the chain. What a VM over `top` opens. At most kMaxDiskChain files.
 // `admit` sees each name before anything opens it; its error ends the walk with that error.

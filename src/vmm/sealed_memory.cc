@@ -59,25 +59,35 @@ Result<UniqueFd> sealedCopy(const std::string& path) {
 }
 
 Result<std::shared_ptr<const UniqueFd>> SealedMemoryCache::get(const std::string& path) {
-  std::lock_guard lock(mu_);
-  // Copies of files that are gone or replaced (an evicted or rebuilt template) go first.
-  for (auto it = entries_.begin(); it != entries_.end();) {
-    struct stat now {};
-    const bool same = ::stat(it->first.c_str(), &now) == 0 && now.st_dev == it->second.dev &&
-                      now.st_ino == it->second.ino && now.st_size == it->second.size &&
-                      mtimeNs(now) == it->second.mtime_ns;
-    it = same ? std::next(it) : entries_.erase(it);
+  {
+    std::lock_guard lock(mu_);
+    // Copies of files that are gone or replaced (an evicted or rebuilt template) go first, and
+    // so does a copy that has grown: the seals keep its content, but a QEMU may fill its holes
+    // (fallocate), which pins memory. VMs that have it keep it; new ones get a fresh copy.
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      struct stat now {};
+      struct stat held {};
+      const bool same = ::stat(it->first.c_str(), &now) == 0 && now.st_dev == it->second.dev &&
+                        now.st_ino == it->second.ino && now.st_size == it->second.size &&
+                        mtimeNs(now) == it->second.mtime_ns && ::fstat(it->second.fd->get(), &held) == 0 &&
+                        held.st_blocks <= it->second.blocks;
+      it = same ? std::next(it) : entries_.erase(it);
+    }
+    if (auto it = entries_.find(path); it != entries_.end()) return it->second.fd;
   }
-  if (auto it = entries_.find(path); it != entries_.end()) return it->second.fd;
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return sysError("stat " + path);
-  // Made under the lock: one copy per file even when creates of one template come together
-  // (a fraction of a second, once per template per daemon).
+  // Copied outside the lock (a fraction of a second, once per template): creates of other
+  // templates do not wait for it. Two creates of a new template may both copy; one copy stays.
   auto copy = sealedCopy(path);
   if (!copy.ok()) return copy.error();
+  struct stat made {};
+  if (::fstat(copy->get(), &made) != 0) return sysError("stat the sealed copy of " + path);
   auto fd = std::make_shared<const UniqueFd>(std::move(copy.value()));
-  entries_[path] = Entry{st.st_dev, st.st_ino, st.st_size, mtimeNs(st), fd};
-  return fd;
+  std::lock_guard lock(mu_);
+  auto [it, added] =
+      entries_.try_emplace(path, Entry{st.st_dev, st.st_ino, st.st_size, mtimeNs(st), made.st_blocks, fd});
+  return it->second.fd;
 }
 
 size_t SealedMemoryCache::size() const {

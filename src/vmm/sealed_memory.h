@@ -40,6 +40,7 @@ class SealedMemoryCache {
     ino_t ino = 0;
     off_t size = 0;
     int64_t mtime_ns = 0;
+    blkcnt_t blocks = 0;  // what the copy held when made
     std::shared_ptr<const UniqueFd> fd;
   };
   mutable std::mutex mu_;

@@ -164,10 +164,13 @@ Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
   // between is caught by the check instead of being signalled later. A stranger is never touched.
   auto process = ChildProcess::adopt(spec.pid);
   if (!process.ok()) return gone();
+  // The kernel's start time names the process we spawned (with its pid) for good; its command
+  // line is only asked for where no start time was recorded, since a QEMU can rewrite its own.
   auto started = processStartTime(spec.pid);
-  auto cmdline = processCmdline(spec.pid);
-  if (!started.ok() || started.value() != spec.identity || !cmdline.ok() ||
-      cmdline->find(vm->paths_.qmp_socket) == std::string::npos || process->tryWait()) {
+  auto cmdline = spec.identity.empty() ? processCmdline(spec.pid) : Result<std::string>(std::string());
+  if (!started.ok() || started.value() != spec.identity ||
+      (spec.identity.empty() && (!cmdline.ok() || cmdline->find(vm->paths_.qmp_socket) == std::string::npos)) ||
+      process->tryWait()) {
     process->disown();
     return gone();
   }
@@ -259,14 +262,7 @@ Status Vm::addJailView(const VmSpec& spec, const NodeFacts& node, std::vector<st
       if (std::filesystem::path(layer).parent_path() == paths_.run_dir && lexicallyUnder(layer, paths_.run_dir)) {
         return okStatus();
       }
-      if (std::find(node.disk_images.begin(), node.disk_images.end(), layer) != node.disk_images.end()) {
-        add("--ro", layer);
-        return okStatus();
-      }
-      for (const auto& dir : node.disk_roots) {
-        if (!lexicallyUnder(layer, dir)) continue;
-        std::error_code ec;
-        if (std::filesystem::canonical(layer, ec).string() != layer) break;  // a link on the way
+      if (isNodeDiskName(layer, node.disk_roots, node.disk_images)) {
         add("--ro", layer);
         return okStatus();
       }

@@ -169,7 +169,7 @@ TEST_F(SnapshotTest, ASnapshotOfARunningGuestBranchesIntoIndependentChildren) {
   // Every layer is reachable from the disks standing on it; none from nothing.
   std::vector<std::string> roots{(*parent)->paths().disk};
   for (auto& c : children) roots.push_back(c->paths().disk);
-  auto reached = snapshot::reachableLayers(roots);
+  auto reached = snapshot::reachableLayers(roots, [](const std::string&) { return true; });
   ASSERT_TRUE(reached.has_value());
   auto keep = *reached;
   EXPECT_TRUE(keep.count(snap->disk));

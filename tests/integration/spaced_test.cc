@@ -2523,6 +2523,15 @@ TEST_F(SpacedTest, RestartReadoptsRunningSandboxes) {
   // Graceful stop: VMs keep running.
   EXPECT_EQ(daemon_->stop(SIGTERM).exit_code, 0);
   EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 2u);
+  // A process in a VM group that holds no sandbox's VM (what a QEMU that rewrote its command
+  // line looks like) is stopped at the next start, whatever its command line says.
+  const std::string stray_group = (std::filesystem::path(kept_group).parent_path() / "vm-stray").string();
+  ASSERT_TRUE(std::filesystem::create_directory(stray_group));
+  auto stray = ChildProcess::spawn({"/bin/sleep", "600"}, SpawnOptions{});
+  ASSERT_TRUE(stray.ok());
+  { std::ofstream(stray_group + "/cgroup.procs") << stray->pid() << "\n"; }
+  auto members = readSmallFile(stray_group + "/cgroup.procs", 4096);
+  ASSERT_TRUE(members.ok() && members->find(std::to_string(stray->pid())) != std::string::npos);
   // One VM dies while no daemon watches.
   for (pid_t pid : qemuProcessesUnder(sandboxDir(lost))) ::kill(pid, SIGKILL);
 
@@ -2533,6 +2542,8 @@ TEST_F(SpacedTest, RestartReadoptsRunningSandboxes) {
   EXPECT_EQ(after["expires_at"], before["expires_at"]);  // the timeout survived
   EXPECT_EQ(execJson(*daemon_, kept, json{{"command", "cat /tmp/mark"}})["stdout"], "state\n");
   EXPECT_TRUE(std::filesystem::exists(kept_view + sandboxDir(kept)));  // the same jailed QEMU
+  EXPECT_TRUE(stray->waitFor(std::chrono::seconds(5)).has_value()) << "the stray process in a VM group survived";
+  ::rmdir(stray_group.c_str());
   json failed = daemon_->callJson("GET", "/v1/sandboxes/" + lost, nullptr, 200);
   EXPECT_EQ(failed["state"], "failed");
   EXPECT_NE(failed.value("state_reason", "").find("lost"), std::string::npos) << failed;

@@ -14,6 +14,9 @@
 namespace space::snapshot {
 namespace {
 
+// Every name is followable here: these tests are about the walk itself.
+bool any(const std::string&) { return true; }
+
 class LayersTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -77,7 +80,7 @@ TEST_F(LayersTest, SweepKeepsEveryLayerSomeDiskStandsOnAndNothingElse) {
   auto l3 = image(layers() + "/l3.qcow2", l2);
   auto orphan = image(layers() + "/orphan.qcow2", l1);
   auto disk = image(dir_->path() + "/disk.qcow2", l3);
-  auto reached = reachableLayers({disk, dir_->path() + "/gone.qcow2"});
+  auto reached = reachableLayers({disk, dir_->path() + "/gone.qcow2"}, any);
   ASSERT_TRUE(reached.has_value());
   auto keep = *reached;
   EXPECT_TRUE(keep.count(l1) && keep.count(l2) && keep.count(l3));
@@ -87,13 +90,13 @@ TEST_F(LayersTest, SweepKeepsEveryLayerSomeDiskStandsOnAndNothingElse) {
   EXPECT_TRUE(std::filesystem::exists(l1));
   // Once the disk is gone, the whole chain goes.
   std::filesystem::remove(disk);
-  EXPECT_EQ(sweepLayers(layers(), *reachableLayers({disk})), 3);
+  EXPECT_EQ(sweepLayers(layers(), *reachableLayers({disk}, any)), 3);
 }
 
 TEST_F(LayersTest, ACycleOfBackingNamesEndsTheWalk) {
   auto a = craft(layers() + "/a", layers() + "/b", 72, static_cast<uint32_t>((layers() + "/b").size()));
   auto b = craft(layers() + "/b", layers() + "/a", 72, static_cast<uint32_t>((layers() + "/a").size()));
-  auto keep = reachableLayers({a});
+  auto keep = reachableLayers({a}, any);
   ASSERT_TRUE(keep.has_value());
   EXPECT_EQ(keep->size(), 2u);
 }
@@ -103,7 +106,21 @@ TEST_F(LayersTest, AnUnreadableLayerSweepsNothing) {
   ASSERT_TRUE(writeFileAtomic(layers() + "/blocker", "x").ok());
   const std::string below = layers() + "/blocker/l1.qcow2";
   auto disk = craft(dir_->path() + "/disk.qcow2", below, 72, static_cast<uint32_t>(below.size()));
-  EXPECT_FALSE(reachableLayers({disk}).has_value());
+  EXPECT_FALSE(reachableLayers({disk}, any).has_value());
+}
+
+// A name that is not one of the node's disks ends its chain unopened, so a planted header
+// cannot make the walk read a host file (a FIFO, /proc/kmsg) or fail it (ENOTDIR).
+TEST_F(LayersTest, OnlyTheNodesOwnDisksAreFollowed) {
+  auto l1 = image(layers() + "/l1.qcow2");
+  for (const std::string& name : {std::string("/etc/passwd/x"), std::string("/proc/kmsg"), l1}) {
+    auto disk = craft(dir_->path() + "/disk.qcow2", name, 72, static_cast<uint32_t>(name.size()));
+    auto keep = reachableLayers({disk}, [&](const std::string& n) { return vmm::isNodeDiskPath(n, {layers()}, {}); });
+    ASSERT_TRUE(keep.has_value()) << name;
+    EXPECT_EQ(keep->count(name), name == l1 ? 1u : 0u) << name;
+  }
+  EXPECT_FALSE(vmm::isNodeDiskPath(layers() + "/../state.db", {layers()}, {}));
+  EXPECT_FALSE(vmm::isNodeDiskPath(layers(), {layers()}, {}));
 }
 
 // A name in a header is QEMU's to write: a FIFO, a device, a directory or a link there ends the
@@ -116,7 +133,7 @@ TEST_F(LayersTest, ANameThatIsNotARegularFileEndsTheChainUnopened) {
   ASSERT_EQ(::symlink(l1.c_str(), link.c_str()), 0);
   for (const std::string& name : {fifo, std::string("/dev/null"), layers(), link}) {
     auto disk = craft(dir_->path() + "/disk.qcow2", name, 72, static_cast<uint32_t>(name.size()));
-    auto keep = reachableLayers({disk});
+    auto keep = reachableLayers({disk}, any);
     ASSERT_TRUE(keep.has_value()) << name;
     EXPECT_EQ(keep->count(l1), 0u) << name;  // the link is not followed
     EXPECT_EQ(qcow2BackingFile(name).error().code, ErrorCode::kInvalidArgument) << name;
