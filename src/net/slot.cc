@@ -175,21 +175,6 @@ Status createTap() {
   return okStatus();
 }
 
-// A slot made by an older daemon has a tap with no owner, which the next QEMU (jailed: no
-// capabilities) could not attach to. Given one here, best effort: a tap someone holds now (or
-// holds with other flags) is left as it is, and a QEMU that then cannot attach says so.
-Status giveTapAnOwner() {
-  UniqueFd fd(::open("/dev/net/tun", O_RDWR | O_CLOEXEC));
-  if (!fd.valid()) return sysError("open /dev/net/tun");
-  ifreq ifr{};
-  strncpy(ifr.ifr_name, kTapName, IFNAMSIZ - 1);
-  ifr.ifr_flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR;
-  if (ioctl(fd.get(), TUNSETIFF, &ifr) != 0)
-    return errno == EBUSY ? okStatus() : sysError("attach to " + std::string(kTapName));
-  if (ioctl(fd.get(), TUNSETOWNER, 0) != 0) return sysError(std::string("give tap ") + kTapName + " an owner");
-  return okStatus();
-}
-
 Result<int> tapIndex() {
   unsigned index = if_nametoindex(kTapName);
   if (index == 0) return sysError(std::string("find ") + kTapName);
@@ -413,7 +398,10 @@ Status SlotManager::scrub(const Slot& slot) {
     SPACE_TRY(restoreRuleset());
     SPACE_TRY(flushConntrack());
     SPACE_TRY(flushNeighbours());
-    (void)giveTapAnOwner();
+    // A slot made by an older daemon has a tap with no owner, which the next QEMU (jailed: no
+    // capabilities) could not attach to: given one here, best effort. A tap someone holds now
+    // is left as it is (EBUSY), and a QEMU that then cannot attach says so.
+    (void)createTap();
     return okStatus();
   });
   if (!st.ok()) {

@@ -27,8 +27,8 @@ constexpr int kSealedMemoryFd = 3;
 Result<UniqueFd> sealedCopy(const std::string& path);
 
 // One sealed copy per memory file, made on first use and kept while the file is the same
-// (device, inode, size, modification time); copies of files that are gone or replaced are
-// dropped at the next use. Thread-safe.
+// (device, inode, size, modification time) and the copy has not grown (a QEMU can fill its
+// holes); other copies are dropped at the next use, and new VMs get a fresh one. Thread-safe.
 class SealedMemoryCache {
  public:
   Result<std::shared_ptr<const UniqueFd>> get(const std::string& path);

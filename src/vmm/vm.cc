@@ -226,12 +226,6 @@ Status Vm::jailArgv(const VmSpec& spec, const NodeFacts& node, std::vector<std::
 // opens. Not the state database, other sandboxes' files or layers, nor host processes.
 namespace {
 
-// Whether `path` is `dir` itself or below it, by name alone (nothing is opened or resolved).
-bool lexicallyUnder(const std::string& path, const std::string& dir) {
-  if (path.find("/./") != std::string::npos || path.find("/../") != std::string::npos) return false;
-  return path.size() > dir.size() + 1 && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/';
-}
-
 // A regular file (not a link) at `path`, made if missing: what a QEMU that writes a memory file
 // of its own gets bound, rather than the whole directory it is in.
 Status ensureRegularFile(const std::string& path) {
@@ -259,7 +253,7 @@ Status Vm::addJailView(const VmSpec& spec, const NodeFacts& node, std::vector<st
     // only spaced makes names. Anything else (the state database, another sandbox's files, a
     // device) is refused.
     auto admit = [&](const std::string& layer) -> Status {
-      if (std::filesystem::path(layer).parent_path() == paths_.run_dir && lexicallyUnder(layer, paths_.run_dir)) {
+      if (std::filesystem::path(layer).parent_path() == paths_.run_dir && isNodeDiskPath(layer, {paths_.run_dir}, {})) {
         return okStatus();
       }
       if (isNodeDiskName(layer, node.disk_roots, node.disk_images)) {

@@ -476,33 +476,32 @@ TEST_F(JailTest, AWritablePathThatIsALinkIsRefused) {
   EXPECT_EQ(out.find("ran"), std::string::npos) << out;
 }
 
-// --view without a PID namespace of its own would show host processes: refused.
-TEST_F(JailTest, AViewOutsideAPidNamespaceOfItsOwnStartsNothing) {
-  const std::string out = run_root_->path() + "/jail.out";
-  auto child = ChildProcess::spawn({SPACE_JAIL_BIN, "--view", "--", "/bin/echo", "ran"}, SpawnOptions{out, "", true});
+// space-jail with `options`, in front of `echo ran` (spawned plainly, not as pid 1 of a PID
+// namespace): it must exit 125 before running it, saying `why`.
+void expectJailRefuses(const std::string& dir, const std::vector<std::string>& options, const std::string& why) {
+  const std::string out = dir + "/jail.out";
+  std::vector<std::string> argv = {SPACE_JAIL_BIN};
+  argv.insert(argv.end(), options.begin(), options.end());
+  argv.insert(argv.end(), {"--", "/bin/echo", "ran"});
+  auto child = ChildProcess::spawn(argv, SpawnOptions{out, "", true});
   ASSERT_TRUE(child.ok());
   auto done = child->waitFor(seconds(10));
   ASSERT_TRUE(done.has_value());
   EXPECT_EQ(done->exit_code, 125);
   const std::string text = readText(out);
   EXPECT_EQ(text.find("ran"), std::string::npos) << text;
-  EXPECT_NE(text.find("--view needs a PID namespace of its own"), std::string::npos) << text;
+  EXPECT_NE(text.find(why), std::string::npos) << text;
   std::filesystem::remove(out);
 }
 
+// --view without a PID namespace of its own would show host processes: refused.
+TEST_F(JailTest, AViewOutsideAPidNamespaceOfItsOwnStartsNothing) {
+  expectJailRefuses(run_root_->path(), {"--view"}, "--view needs a PID namespace of its own");
+}
+
 TEST_F(JailTest, AJailThatCannotJoinItsGroupStartsNothing) {
-  const std::string out = run_root_->path() + "/jail.out";
-  auto child = ChildProcess::spawn(
-      {SPACE_JAIL_BIN, "--cgroup-procs", run_root_->path() + "/missing/cgroup.procs", "--", "/bin/echo", "ran"},
-      SpawnOptions{out, "", true});
-  ASSERT_TRUE(child.ok());
-  auto done = child->waitFor(seconds(10));
-  ASSERT_TRUE(done.has_value());
-  EXPECT_EQ(done->exit_code, 125);
-  const std::string text = readText(out);
-  EXPECT_EQ(text.find("ran"), std::string::npos) << text;
-  EXPECT_NE(text.find("space-jail: cannot open"), std::string::npos) << text;
-  std::filesystem::remove(out);
+  expectJailRefuses(run_root_->path(), {"--cgroup-procs", run_root_->path() + "/missing/cgroup.procs"},
+                    "space-jail: cannot open");
 }
 
 }  // namespace
