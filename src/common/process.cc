@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -107,6 +108,13 @@ Result<ChildIo> openChildIo(const SpawnOptions& options) {
   for (const auto& [ours, theirs] : pass_fds) {
     if (move(ours, theirs) < 0) fail();
   }
+  // Below first_unpassed, what is not passed is closed: a number between two passed ones is
+  // not the child's either.
+  for (int fd = 3; fd < first_unpassed; ++fd) {
+    bool passed = false;
+    for (const auto& pass : pass_fds) passed = passed || pass.second == fd;
+    if (!passed) ::close(fd);
+  }
   // CLOEXEC rather than closed: `report` (above first_unpassed) must last until exec.
   if (::syscall(SYS_close_range, first_unpassed, ~0U, CLOSE_RANGE_CLOEXEC) != 0) fail();
   if (new_session && ::setsid() < 0) fail();
@@ -193,8 +201,20 @@ Result<std::pair<pid_t, int>> spawnInNewPidNamespace(const std::vector<std::stri
 
 }  // namespace
 
-Result<ChildProcess> ChildProcess::spawn(const std::vector<std::string>& argv, const SpawnOptions& options) {
+Result<ChildProcess> ChildProcess::spawn(const std::vector<std::string>& argv, const SpawnOptions& given) {
   if (argv.empty()) return makeError(ErrorCode::kInvalidArgument, "spawn: empty argv");
+  // Each passed descriptor is first copied above every number the child gets, so that moving
+  // one onto its number never replaces another not yet moved (ours 3 -> 4 after 5 -> 3 would
+  // pass the wrong file).
+  SpawnOptions options = given;
+  int first_unpassed = 3;
+  for (const auto& pass : given.pass_fds) first_unpassed = std::max(first_unpassed, pass.second + 1);
+  std::vector<UniqueFd> lifted;
+  for (auto& pass : options.pass_fds) {
+    lifted.emplace_back(::fcntl(pass.first, F_DUPFD_CLOEXEC, first_unpassed));
+    if (!lifted.back().valid()) return makeError(ErrorCode::kInternal, std::string("dup: ") + strerror(errno));
+    pass.first = lifted.back().get();
+  }
   if (options.new_pid_namespace) {
     auto started = spawnInNewPidNamespace(argv, options);
     if (!started.ok()) return started.error();
@@ -216,10 +236,11 @@ Result<ChildProcess> ChildProcess::spawn(const std::vector<std::string>& argv, c
   sigset_t none;
   sigemptyset(&none);
   posix_spawnattr_setsigmask(&attr, &none);
-  int first_unpassed = 3;
-  for (const auto& [ours, theirs] : options.pass_fds) {
-    posix_spawn_file_actions_adddup2(&actions, ours, theirs);
-    first_unpassed = std::max(first_unpassed, theirs + 1);
+  for (const auto& [ours, theirs] : options.pass_fds) posix_spawn_file_actions_adddup2(&actions, ours, theirs);
+  for (int fd = 3; fd < first_unpassed; ++fd) {  // numbers between passed ones: closed too
+    bool passed = false;
+    for (const auto& pass : options.pass_fds) passed = passed || pass.second == fd;
+    if (!passed) posix_spawn_file_actions_addclose(&actions, fd);
   }
   // Every other descriptor is closed, CLOEXEC or not: libraries we use (libnftables) open
   // sockets without it, and a child must never inherit one from another sandbox's slot.
@@ -403,6 +424,17 @@ Result<std::string> processStartTime(pid_t pid) {
   }
   auto end = stat->find(' ', pos);
   return stat->substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+}
+
+Result<uid_t> processUid(pid_t pid) {
+  auto status = readSmallFile("/proc/" + std::to_string(pid) + "/status", 1 << 16);
+  if (!status.ok()) return makeError(ErrorCode::kNotFound, "process " + std::to_string(pid) + " is gone");
+  const auto at = status->find("\nUid:");
+  unsigned long uid = 0;
+  if (at == std::string::npos || std::sscanf(status->c_str() + at + 5, "%lu", &uid) != 1) {
+    return makeError(ErrorCode::kInternal, "unreadable /proc status of " + std::to_string(pid));
+  }
+  return static_cast<uid_t>(uid);
 }
 
 Status setProcessNice(pid_t pid, int nice) {

@@ -85,6 +85,8 @@ class ChildProcess {
 Result<std::string> processStartTime(pid_t pid);
 // The process's argv, NUL-separated as in /proc/<pid>/cmdline.
 Result<std::string> processCmdline(pid_t pid);
+// The real uid of process `pid` (its /proc status).
+Result<uid_t> processUid(pid_t pid);
 // Sets the nice value of every thread of `pid` (nice is per thread on Linux, and a thread that
 // is created later inherits its creator's). Lowering it needs CAP_SYS_NICE.
 Status setProcessNice(pid_t pid, int nice);

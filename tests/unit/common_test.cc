@@ -204,6 +204,39 @@ TEST(ChildProcess, ANewPidNamespaceShowsTheChildAsPidOne) {
   EXPECT_FALSE(ChildProcess::spawn({"sh", "-c", "true"}, options).ok());  // a path, not a name
 }
 
+// Descriptors passed onto each other's numbers arrive as asked (each moved from a copy above
+// every number passed), and a number between passed ones is not inherited.
+TEST(ChildProcess, PassedDescriptorsArriveAtTheirNumbersAndNothingBetween) {
+  auto dir = TempDir::create(testing::TempDir(), "proc-");
+  ASSERT_TRUE(dir.ok());
+  ASSERT_TRUE(writeFileAtomic(dir->path() + "/a", "A").ok());
+  ASSERT_TRUE(writeFileAtomic(dir->path() + "/b", "B").ok());
+  ASSERT_TRUE(writeFileAtomic(dir->path() + "/gap", "gap").ok());
+  // "a" at 41 goes to 40 and "b" at 40 goes to 41: moved in order, 41 would be "a" twice.
+  UniqueFd a(::open((dir->path() + "/a").c_str(), O_RDONLY | O_CLOEXEC));
+  UniqueFd b(::open((dir->path() + "/b").c_str(), O_RDONLY | O_CLOEXEC));
+  UniqueFd gap(::open((dir->path() + "/gap").c_str(), O_RDONLY));  // not CLOEXEC, at 42
+  ASSERT_TRUE(a.valid() && b.valid() && gap.valid());
+  ASSERT_EQ(::dup3(a.get(), 41, O_CLOEXEC), 41);
+  ASSERT_EQ(::dup3(b.get(), 40, O_CLOEXEC), 40);
+  ASSERT_EQ(::dup2(gap.get(), 42), 42);
+  for (bool pid_namespace : {false, true}) {
+    SpawnOptions options{dir->path() + "/out", "", true};
+    options.new_pid_namespace = pid_namespace;
+    options.pass_fds = {{41, 40}, {40, 41}, {40, 43}};
+    auto child = ChildProcess::spawn(
+        {"/bin/sh", "-c", "cd /proc/self/fd && cat 40 41 43; cat 42 2>/dev/null || echo ' no 42'"}, options);
+    ASSERT_TRUE(child.ok()) << child.error().message;
+    ASSERT_TRUE(child->waitFor(milliseconds(5000)).has_value());
+    auto out = readSmallFile(dir->path() + "/out", 4096);
+    ASSERT_TRUE(out.ok());
+    EXPECT_EQ(out->substr(0, 3), "ABB") << pid_namespace << ": " << out.value();
+    EXPECT_NE(out->find(" no 42"), std::string::npos) << pid_namespace << ": " << out.value();
+    std::filesystem::remove(dir->path() + "/out");
+  }
+  for (int fd : {40, 41, 42}) ::close(fd);
+}
+
 // Allocated bytes, not sizes: a sparse file counts what it holds; links are not followed.
 TEST(Fs, AllocatedBytesUnderCountsBlocksNotSizes) {
   auto dir = TempDir::create(testing::TempDir(), "fs-");
