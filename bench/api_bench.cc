@@ -14,7 +14,7 @@
 // `--network off`. The in-process restore baseline needs a template without a NIC, so
 // --network skips it: compare with a run without --network right before or after.
 // Usage: space-api-bench [--creates N] [--execs N] [--warm-pool N] [--drain N] [--no-snapshots] [--network]
-//                        [--jail auto|off]
+//                        [--jail auto|off] [--vm-uid-base N]
 //                        [--json]
 #include <signal.h>
 #include <unistd.h>
@@ -95,6 +95,10 @@ int main(int argc, char** argv) {
   app.add_option("--jail", jail, "spaced --jail: auto confines each QEMU (space-jail), off starts it directly")
       ->check(CLI::IsMember({"auto", "off"}))
       ->capture_default_str();
+  std::string vm_uid_base = "1600000000";
+  app.add_option("--vm-uid-base", vm_uid_base,
+                 "spaced --vm-uid-base: jailed QEMUs run as uids above it, one each; 0: as uid 0 without capabilities")
+      ->capture_default_str();
   app.add_flag("--json", as_json, "one JSON object on stdout instead of a table");
   CLI11_PARSE(app, argc, argv);
   const std::string images = SPACE_IMAGES_DIR;
@@ -161,7 +165,7 @@ int main(int argc, char** argv) {
       // upstream is the host's network.
       "--network", "off",
       // The drain holds --drain sandboxes at once: the node limit must not be what is measured.
-      "--max-vcpus", "256", "--jail", jail};
+      "--max-vcpus", "256", "--jail", jail, "--vm-uid-base", vm_uid_base};
   if (no_snapshots) daemon_argv.push_back("--no-snapshots");
   if (network) {
     // An upstream namespace with only a loopback: gateways start and serve the guest, and
@@ -306,6 +310,7 @@ int main(int argc, char** argv) {
              {"warm_pool", warm_pool},
              {"network", network},
              {"jail", jail},
+             {"vm_uid_base", vm_uid_base},
              {"baseline_qemu_start_floor_ms", statsJson(qf)},
              {"api_create_first_exec_shell_ms", statsJson(afes)},
              {"api_exec_shell_true_ms", statsJson(aes)},
@@ -321,8 +326,10 @@ int main(int argc, char** argv) {
              {"api_exec_true_ms", statsJson(ae)}};
     printf("%s\n", out.dump().c_str());
   } else {
-    printf("accelerator %s, %d creates (1 vCPU, 256 MB), %d execs, spaced --warm-pool %d --network %s --jail %s\n",
-           accelerator.c_str(), creates, execs, warm_pool, network ? "on" : "off", jail.c_str());
+    printf(
+        "accelerator %s, %d creates (1 vCPU, 256 MB), %d execs, spaced --warm-pool %d --network %s --jail %s "
+        "--vm-uid-base %s\n",
+        accelerator.c_str(), creates, execs, warm_pool, network ? "on" : "off", jail.c_str(), vm_uid_base.c_str());
     printRow("baseline: bare QEMU spawn -> QMP answering", qf);
     printRow("baseline: cold boot, Vm::start in-process", dc);
     if (!network) {

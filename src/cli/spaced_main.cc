@@ -483,6 +483,13 @@ int main(int argc, char** argv) {
                  "(docs/threat-model.md)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  uint32_t vm_uid_base = 1600000000;
+  app.add_option("--vm-uid-base", vm_uid_base,
+                 "jailed QEMUs run as uids BASE+1..BASE+" + std::to_string(sandbox::kVmUidCount) +
+                     ", a uid of its own each, with gid BASE; ids no account or group of this host may have. 0: QEMUs "
+                     "run as uid 0 without capabilities")
+      ->check(CLI::Range(uint32_t{0}, uint32_t{2147483647u - sandbox::kVmUidCount}))
+      ->capture_default_str();
   app.add_option("--gateway-binary", network_options.gateway_binary,
                  "the space-gateway program (default: next to spaced)");
   app.add_option("--gateway-upstream-netns", network_options.upstream_netns,
@@ -677,6 +684,7 @@ int main(int argc, char** argv) {
                    "QEMU unconfined");
     }
     config.require_cgroups = jail_mode == "on";
+    config.vm_uid_base = vm_uid_base;
   }
   auto policy_json = parseJsonBounded(egress_policy);
   if (!policy_json.ok()) return fatal("--egress-policy: " + policy_json.error().message);

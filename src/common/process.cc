@@ -66,8 +66,11 @@ Result<UniqueFd> openLog(const std::string& path) {
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0640));
   if (!fd.valid()) return makeError(ErrorCode::kInternal, "open " + path + ": " + strerror(errno));
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || !(S_ISREG(st.st_mode) || (S_ISCHR(st.st_mode) && path == "/dev/null"))) {
-    return makeError(ErrorCode::kInvalidArgument, path + " is not a regular file; refused as a log");
+  // One name only, too: in a run directory a jailed QEMU could rename a second name of a file
+  // others depend on (a frozen disk layer) to a log's name, for us to hand its successor.
+  if (::fstat(fd.get(), &st) != 0 ||
+      !((S_ISREG(st.st_mode) && st.st_nlink == 1) || (S_ISCHR(st.st_mode) && path == "/dev/null"))) {
+    return makeError(ErrorCode::kInvalidArgument, path + " is not a regular file of one name; refused as a log");
   }
   return fd;
 }

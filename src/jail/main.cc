@@ -1,14 +1,16 @@
 // space-jail: confines one program (a VM's QEMU) and becomes it.
 //
 //   space-jail [--cgroup-procs FILE]... [--nofile N]
-//              [--view [--ro PATH]... [--rw PATH]... [--dev PATH]... [--new-network]] [--no-caps]
-//              -- PROGRAM [ARG]...
+//              [--view [--ro PATH]... [--rw PATH]... [--dev PATH]... [--new-network]]
+//              [--no-caps] [--user UID:GID [--group GID]...] -- PROGRAM [ARG]...
 //
 // In order: joins each cgroup (writes its own pid to each FILE, a group's cgroup.procs), so
 // that everything the program allocates from its first instruction counts against its group;
 // sets its resource limits (no core dumps: a QEMU's core holds its guest's memory, a tenant's
 // data; at most N descriptors); with --view, replaces its whole filesystem with a private one
-// (below); with --no-caps, gives up every capability for good; sets no_new_privs, so nothing it
+// (below); with --no-caps, gives up every capability for good; with --user, becomes that uid and
+// gid (real, effective, saved, filesystem), with the --group gids as its only supplementary
+// groups (a VM's own uid: docs/threat-model.md); sets no_new_privs, so nothing it
 // executes can gain privileges; then executes PROGRAM in its own place (same pid: the caller's
 // handle, pidfd and recorded identity stay valid). Any failure exits 125 before PROGRAM runs,
 // with the reason on stderr.
@@ -28,6 +30,7 @@
 // multithreaded (only async-signal-safe calls after fork), and the jail is one small place that
 // is easy to audit. Arguments are read by hand: everything after "--" is PROGRAM's, untouched.
 #include <fcntl.h>
+#include <grp.h>
 #include <linux/capability.h>
 #include <linux/securebits.h>
 #include <sched.h>
@@ -58,13 +61,14 @@ constexpr int kFailed = 125;
 void usage() {
   std::fprintf(stderr,
                "usage: space-jail [--cgroup-procs FILE]... [--nofile N]\n"
-               "                  [--view [--ro PATH]... [--rw PATH]... [--dev PATH]... [--new-network]] [--no-caps]\n"
-               "                  -- PROGRAM [ARG]...\n"
+               "                  [--view [--ro PATH]... [--rw PATH]... [--dev PATH]... [--new-network]]\n"
+               "                  [--no-caps] [--user UID:GID [--group GID]...] -- PROGRAM [ARG]...\n"
                "Joins the cgroups, limits resources (no core dumps, N descriptors), with --view sees only\n"
                "the system's programs, the devices and the PATHs given (read-only or read-write, at the same\n"
                "paths) and a /proc of its own PID namespace (it must be pid 1 of one), with --new-network an\n"
-               "empty network namespace, with --no-caps drops\n"
-               "every capability, sets no_new_privs, then executes PROGRAM as the same process.\n"
+               "empty network namespace, with --no-caps drops every capability, with --user becomes UID:GID\n"
+               "(supplementary groups: the --group GIDs only), sets no_new_privs, then executes PROGRAM as\n"
+               "the same process.\n"
                "Exits 125 if any step fails.\n");
 }
 
@@ -98,6 +102,13 @@ bool plainAbsolutePath(const std::string& path) {
     at = end + 1;
   }
   return true;
+}
+
+// 1..2^31-1 in plain decimal digits (no sign, space or wrap-around), else -1.
+long positiveId(const std::string& text) {
+  if (text.empty() || text.size() > 10 || text.find_first_not_of("0123456789") != std::string::npos) return -1;
+  const long long n = std::stoll(text);
+  return n >= 1 && n <= 0x7fffffffLL ? static_cast<long>(n) : -1;
 }
 
 bool isUnder(const std::string& path, const std::string& dir) {
@@ -246,10 +257,34 @@ void enterView(std::vector<Bind> binds, bool new_network) {
   }
 }
 
+struct Identity {
+  bool set = false;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;
+};
+
+// Becomes `who` for good: every uid and gid (real, effective, saved; filesystem ones follow),
+// and no supplementary group but those named. Checked afterwards, since a half-done switch
+// (groups changed, uid not) must never run PROGRAM.
+void switchIdentity(const Identity& who) {
+  if (::setgroups(who.groups.size(), who.groups.data()) != 0) die(std::string("setgroups: ") + std::strerror(errno));
+  if (::setresgid(who.gid, who.gid, who.gid) != 0) die(std::string("setresgid: ") + std::strerror(errno));
+  if (::setresuid(who.uid, who.uid, who.uid) != 0) die(std::string("setresuid: ") + std::strerror(errno));
+  uid_t r = 0, e = 0, s = 0;
+  gid_t gr = 0, ge = 0, gs = 0;
+  if (::getresuid(&r, &e, &s) != 0 || r != who.uid || e != who.uid || s != who.uid || ::getresgid(&gr, &ge, &gs) != 0 ||
+      gr != who.gid || ge != who.gid || gs != who.gid) {
+    die("the uid and gid did not change as asked");
+  }
+}
+
 // Gives up every capability for good: none held, none that an exec could grant (the bounding
 // set is empty, and uid 0 no longer means privileged: SECBIT_NOROOT), none ambient, and the
-// bits locked. By hand: libcap would add a library for four system calls.
-void dropCapabilities() {
+// bits locked. By hand: libcap would add a library for four system calls. The identity changes
+// in between: the bits and the bounding set need CAP_SETPCAP, the change CAP_SETUID/SETGID
+// (kept through it: SECBIT_NO_SETUID_FIXUP), and the last step clears what is left.
+void dropCapabilities(const Identity& who) {
   const unsigned long bits = SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
                              SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED | SECBIT_NO_CAP_AMBIENT_RAISE |
                              SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED;
@@ -263,6 +298,7 @@ void dropCapabilities() {
   if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) {
     die(std::string("cannot clear ambient capabilities: ") + std::strerror(errno));
   }
+  if (who.set) switchIdentity(who);
   __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
   __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
   if (::syscall(SYS_capset, &header, data) != 0) die(std::string("capset: ") + std::strerror(errno));
@@ -277,6 +313,8 @@ int main(int argc, char** argv) {
   bool no_caps = false;
   bool new_network = false;
   std::vector<Bind> binds;
+  Identity who;
+  std::vector<gid_t> groups;
   int i = 1;
   for (; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -307,6 +345,18 @@ int main(int argc, char** argv) {
         die("--nofile wants 64..1048576, not " + value);
       }
       nofile = static_cast<rlim_t>(n);
+    } else if (arg == "--user") {
+      const size_t colon = value.find(':');
+      const long uid = colon == std::string::npos ? -1 : positiveId(value.substr(0, colon));
+      const long gid = colon == std::string::npos ? -1 : positiveId(value.substr(colon + 1));
+      if (uid < 0 || gid < 0) die("--user wants UID:GID, both 1..2147483647, not " + value);
+      who.set = true;
+      who.uid = static_cast<uid_t>(uid);
+      who.gid = static_cast<gid_t>(gid);
+    } else if (arg == "--group") {
+      const long gid = positiveId(value);  // never 0: root's group is not a VM's
+      if (gid < 0) die("--group wants a gid 1..2147483647, not " + value);
+      groups.push_back(static_cast<gid_t>(gid));
     } else if (arg == "--ro" || arg == "--rw" || arg == "--dev") {
       if (!plainAbsolutePath(value)) die(arg + " wants an absolute path without . or .. parts, not " + value);
       binds.push_back({value, arg == "--ro"   ? Access::kReadOnly
@@ -326,8 +376,14 @@ int main(int argc, char** argv) {
   if (nofile != 0) limit(RLIMIT_NOFILE, nofile, "RLIMIT_NOFILE");
   if (!binds.empty() && !view) die("--ro, --rw and --dev need --view");
   if (new_network && !view) die("--new-network needs --view");
+  if (!groups.empty() && !who.set) die("--group needs --user");
+  who.groups = groups;
   if (view) enterView(binds, new_network);
-  if (no_caps) dropCapabilities();
+  if (no_caps) {
+    dropCapabilities(who);
+  } else if (who.set) {
+    switchIdentity(who);  // leaving uid 0 clears every capability anyway
+  }
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) die(std::string("no_new_privs: ") + std::strerror(errno));
   execvp(argv[i], argv + i);
   die(std::string("cannot execute ") + argv[i] + ": " + std::strerror(errno));

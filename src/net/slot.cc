@@ -159,10 +159,11 @@ Status addAddress(Netlink& nl, int ifindex) {
   return nl.request(nlh, std::string("add address ") + kGatewayIp + " to " + kTapName);
 }
 
-// Creates the persistent tap (or attaches to it), owned by uid 0: a jailed QEMU has no
-// capabilities, and the kernel lets a process without CAP_NET_ADMIN attach to a tap only as
-// its owner. IFF_VNET_HDR here is only the initial state: whoever attaches (QEMU) sets its own
-// flags, but a process handed an fd probes vnet_hdr support from them.
+// Creates the persistent tap (or attaches to it), owned by uid 0. spaced attaches to it for each
+// VM and hands QEMU the descriptor (vmm::Vm), so no QEMU needs a right to attach; the owner is
+// for QEMUs an older spaced started, which opened the tap by name as uid 0 without
+// capabilities. IFF_VNET_HDR here is only the initial state: whoever attaches sets its own
+// flags, and QEMU, handed a descriptor, probes vnet_hdr support from them.
 Status createTap() {
   UniqueFd fd(::open("/dev/net/tun", O_RDWR | O_CLOEXEC));
   if (!fd.valid()) return sysError("open /dev/net/tun");

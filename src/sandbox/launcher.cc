@@ -151,7 +151,8 @@ vmm::VmAdoptSpec Launcher::adoption(const store::SandboxRecord& rec) const {
                           recorded.ok() ? recorded.value() : vmm::Accelerator::kTcg,
                           std::chrono::seconds(10),
                           rec.memory_mb,
-                          facts_.cgroups};
+                          facts_.cgroups,
+                          facts_.vm_users};
 }
 
 vmm::VmSpec Launcher::snapshotHelperSpec(const Template& tpl, uint32_t cpus, uint64_t memory_mb,

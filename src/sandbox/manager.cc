@@ -296,6 +296,23 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
   }
   if (!config.jailer.empty()) {
     facts->jailer = config.jailer;
+    if (config.vm_uid_base != 0) {
+      auto users = vmm::VmUsers::create(config.vm_uid_base, kVmUidCount);
+      if (!users.ok()) return users.error();
+      SPACE_TRY(users.value()->checkNoAccount());
+      // Said now rather than as every VM's failure to boot: its uid reads the images.
+      for (const auto& [name, tpl] : config.templates) {
+        for (const std::string& path : {tpl.kernel_path, tpl.rootfs_path}) {
+          struct stat st {};
+          if (::stat(path.c_str(), &st) == 0 && (st.st_mode & S_IROTH) == 0) {
+            return makeError(ErrorCode::kFailedPrecondition,
+                             path + " (template " + name + ") is not readable by other users, and each QEMU runs as " +
+                                 "a uid of its own (--vm-uid-base): chmod o+r it");
+          }
+        }
+      }
+      facts->vm_users = users.value();
+    }
     // Named by data dir, like network slots: two daemons on one host never sweep each other's.
     auto cgroups = jail::setUpCgroups("spaced-" + sha256Hex(config.data_dir).substr(0, 8));
     if (cgroups.ok()) {

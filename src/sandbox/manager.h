@@ -67,6 +67,8 @@ struct TenantQuotaReport {
   uint64_t suspended_bytes = 0;
 };
 
+constexpr uint32_t kVmUidCount = 65535;
+
 struct ManagerConfig {
   std::string data_dir;  // sandboxes/<id>/ holds each VM's files
   // Every QEMU starts through this space-jail program ("": directly), in a cgroup of its own
@@ -74,6 +76,9 @@ struct ManagerConfig {
   // not is an error at start rather than a warning.
   std::string jailer;
   bool require_cgroups = false;
+  // Jailed QEMUs run as uids vm_uid_base+1 .. +kVmUidCount, one each, with gid vm_uid_base
+  // (vmm/vm_users.h); no account may have one. 0: as uid 0 without capabilities.
+  uint32_t vm_uid_base = 0;
   std::map<std::string, Template> templates;
   vmm::Accelerator accelerator = vmm::Accelerator::kAuto;
   std::chrono::milliseconds boot_timeout{60000};

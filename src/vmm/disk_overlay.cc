@@ -106,7 +106,8 @@ std::optional<Key> keyOf(const std::string& abs_base, const std::string& format)
 Status writeOverlay(const std::string& overlay, const std::string& bytes) {
   UniqueFd fd(::open(overlay.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   int err = 0;
-  if (!fd.valid()) {
+  // 0644 whatever the umask: once frozen into a layer, VMs of other uids read it.
+  if (!fd.valid() || ::fchmod(fd.get(), 0644) != 0) {
     err = errno;
   } else {
     for (size_t done = 0; done < bytes.size() && err == 0;) {
@@ -154,6 +155,11 @@ Status createDiskOverlay(const std::string& base, const std::string& format, con
     auto tail = readFileTail(log, 2048);
     return makeError(ErrorCode::kInternal,
                      "qemu-img create " + status->describe() + ": " + (tail.ok() ? tail.value() : std::string()));
+  }
+  // 0644 whatever the umask: once frozen into a layer, VMs of other uids read it.
+  if (UniqueFd made(::open(overlay.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+      !made.valid() || ::fchmod(made.get(), 0644) != 0) {
+    return makeError(ErrorCode::kInternal, "chmod " + overlay + ": " + strerror(errno));
   }
   // Kept only if the base is still the file qemu-img read.
   if (key && keyOf(abs_base, format) == key) {

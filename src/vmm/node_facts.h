@@ -6,12 +6,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "common/result.h"
 #include "jail/cgroup.h"
 #include "vmm/accelerator.h"
 #include "vmm/vm_spec.h"
+#include "vmm/vm_users.h"
 
 namespace space::vmm {
 
@@ -38,6 +40,8 @@ struct NodeFacts {
   // rewrite; a name elsewhere is refused, never opened or put in a jail's view.
   std::vector<std::string> disk_roots;
   std::vector<std::string> disk_images;
+  // The uids jailed QEMUs run as, one each (vmm/vm_users.h). Null: uid 0 without capabilities.
+  std::shared_ptr<VmUsers> vm_users;
 
   // The kernel arguments every guest of this node gets under `accelerator`, after SPACE's own.
   std::string guestKernelArgs(Accelerator accelerator) const;

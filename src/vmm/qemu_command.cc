@@ -84,11 +84,12 @@ std::vector<std::string> buildQemuArgv(const VmSpec& spec, const VmPaths& paths,
            ",period=" + std::to_string(kRngPeriodMs)});
 
   // Last, so the other devices keep their virtio-mmio slots with or without it. Every guest has
-  // the same MAC (net/addressing.h): clones of one snapshot land in any slot unchanged. QEMU
-  // opens the slot's tap by name, which works because it runs in the slot's namespace.
+  // the same MAC (net/addressing.h): clones of one snapshot land in any slot unchanged. The
+  // slot's tap comes as a descriptor (kTapFd); QEMU takes its vnet header from the descriptor's
+  // flags (and refuses vnet_hdr= with fd=).
   if (!spec.netns_path.empty()) {
-    add({"-netdev", std::string("tap,id=net0,ifname=") + net::kTapName + ",script=no,downscript=no,vnet_hdr=on",
-         "-device", std::string("virtio-net-device,netdev=net0,mac=") + net::kGuestMac});
+    add({"-netdev", "tap,id=net0,fd=" + std::to_string(kTapFd), "-device",
+         std::string("virtio-net-device,netdev=net0,mac=") + net::kGuestMac});
   }
 
   add({"-qmp", "unix:" + paths.qmp_socket + ",server=on,wait=off"});

@@ -28,6 +28,11 @@ inline constexpr const char* kAgentPortName = "space.agent";
 inline constexpr int kRngBytesPerPeriod = 65536;
 inline constexpr int kRngPeriodMs = 1000;
 
+// The descriptor QEMU gets its network slot's tap on (a VM with spec.netns_path): its owner
+// opens the tap in the slot and passes it, so QEMU needs neither /dev/net/tun nor a right to
+// attach.
+inline constexpr int kTapFd = 4;
+
 // Kernel arguments SPACE always passes; spec.extra_cmdline follows them.
 std::string kernelCmdline(const VmSpec& spec);
 

@@ -1,6 +1,10 @@
 #include "vmm/qmp_client.h"
 
 #include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "common/bounded_json.h"
 
@@ -68,11 +72,46 @@ Result<std::optional<QmpClient::Message>> QmpClient::handleLine(const std::strin
 }
 
 Result<json> QmpClient::execute(const std::string& command, const json& arguments, std::chrono::milliseconds timeout) {
+  return executeWithFd(command, arguments, -1, timeout);
+}
+
+Result<json> QmpClient::executeWithFd(const std::string& command, const json& arguments, int pass_fd,
+                                      std::chrono::milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
   uint64_t id = next_id_++;
   json request{{"execute", command}, {"id", id}};
   if (!arguments.is_null()) request["arguments"] = arguments;
-  SPACE_TRY(writeAll(fd_.get(), request.dump() + "\n", deadline));
+  const std::string text = request.dump() + "\n";
+  size_t sent = 0;
+  if (pass_fd >= 0) {
+    // QEMU takes the descriptor with the bytes it arrives with: both in one sendmsg.
+    iovec iov{const_cast<char*>(text.data()), text.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cmsg), &pass_fd, sizeof(int));
+    ssize_t n;
+    while (true) {
+      n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
+      if (n >= 0 || (errno != EINTR && errno != EAGAIN)) break;
+      pollfd out{fd_.get(), POLLOUT, 0};
+      if (errno == EAGAIN && ::poll(&out, 1, pollTimeoutMs(deadline)) <= 0) {
+        return makeError(ErrorCode::kDeadlineExceeded, "QMP " + command + ": timed out");
+      }
+    }
+    if (n <= 0) {
+      return makeError(ErrorCode::kUnavailable, "QMP " + command + ": send: " + std::string(std::strerror(errno)));
+    }
+    sent = static_cast<size_t>(n);
+  }
+  SPACE_TRY(writeAll(fd_.get(), text.substr(sent), deadline));
   while (true) {
     // Checked here too: a QEMU that keeps sending events must not stretch the call.
     if (Clock::now() > deadline) return makeError(ErrorCode::kDeadlineExceeded, "QMP " + command + ": timed out");

@@ -34,6 +34,10 @@ class QmpClient {
   // Runs one command; returns its "return" value or the error QEMU gave.
   Result<nlohmann::json> execute(const std::string& command, const nlohmann::json& arguments = nullptr,
                                  std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  // The same, with descriptor `fd` sent along (SCM_RIGHTS, with the command's first bytes): what
+  // QMP's getfd names, so that QEMU is given a file or socket instead of opening a path.
+  Result<nlohmann::json> executeWithFd(const std::string& command, const nlohmann::json& arguments, int fd,
+                                       std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
   // Reads whatever QEMU has sent without blocking and queues events. Returns false once QEMU
   // closed the socket.

@@ -1,8 +1,13 @@
 #include "vmm/vm.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <linux/if_tun.h>
+#include <net/if.h>
 #include <poll.h>
+#include <sched.h>
 #include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -16,6 +21,7 @@
 #include <thread>
 
 #include "common/digest.h"
+#include "net/addressing.h"
 #include "vmm/accelerator.h"
 #include "vmm/disk_overlay.h"
 
@@ -181,6 +187,14 @@ Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
   if (spec.cgroups.usable()) {
     vm->cgroup_.emplace(jail::VmCgroup::existing(spec.cgroups, cgroupName(spec.run_dir)));
   }
+  if (auto uid = processUid(spec.pid); spec.users && uid.ok() && spec.users->contains(uid.value())) {
+    auto claimed = spec.users->claim(uid.value());
+    if (claimed.ok()) {
+      vm->user_ = std::move(claimed.value());
+    } else {
+      spdlog::warn("vmm: QEMU pid {}: {}", spec.pid, claimed.error().message);
+    }
+  }
   vm->identity_ = spec.identity;
   vm->memory_mib_ = spec.memory_mib;
 
@@ -207,8 +221,93 @@ Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
   return vm;
 }
 
+namespace {
+
+// Hands the run directory and the regular files directly in it (disk overlays, the console log,
+// a resumed VM's files made by the QEMU before it) to the VM's uid, mode 0700 for the directory:
+// its QEMU makes sockets there and writes its disk. Never through a link; nothing deeper. A file
+// with another name is a frozen layer (Vm::freezeDisk), which other VMs stand on: it stays
+// root's, which the VM may read (its disk's backing file) but not write.
+Status giveRunDirTo(const std::string& dir, uid_t uid, gid_t gid) {
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid() || ::fchown(fd.get(), uid, gid) != 0 || ::fchmod(fd.get(), 0700) != 0) {
+    return makeError(ErrorCode::kInternal,
+                     "jail: cannot give " + dir + " to uid " + std::to_string(uid) + ": " + strerror(errno));
+  }
+  DIR* listing = ::fdopendir(::dup(fd.get()));
+  if (listing == nullptr) return makeError(ErrorCode::kInternal, "jail: cannot list " + dir + ": " + strerror(errno));
+  Status result = okStatus();
+  while (dirent* entry = ::readdir(listing)) {
+    struct stat st {};
+    if (::fstatat(fd.get(), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) || st.st_nlink > 1) {
+      continue;
+    }
+    if (::fchownat(fd.get(), entry->d_name, uid, gid, AT_SYMLINK_NOFOLLOW) != 0) {
+      result = makeError(ErrorCode::kInternal, "jail: cannot give " + dir + "/" + entry->d_name + " to uid " +
+                                                   std::to_string(uid) + ": " + strerror(errno));
+      break;
+    }
+  }
+  ::closedir(listing);
+  return result;
+}
+
+// Attaches to the tap of the slot at `netns_path` (net/slot.cc made it: persistent, IFF_TAP |
+// IFF_NO_PI | IFF_VNET_HDR, named kTapName), for its QEMU to use as a descriptor: so a QEMU
+// without capabilities, as a uid of its own, needs no right to attach. On a thread of its own:
+// a tap belongs to the namespace of whoever attaches, and setns moves only the calling thread.
+// Never uses a tap it made: a slot without its own is an error.
+Result<UniqueFd> openSlotTap(const std::string& netns_path) {
+  UniqueFd tap;
+  std::string failure;
+  std::thread opener([&] {
+    UniqueFd ns(::open(netns_path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!ns.valid() || ::setns(ns.get(), CLONE_NEWNET) != 0) {
+      failure = "enter " + netns_path + ": " + strerror(errno);
+      return;
+    }
+    if (::if_nametoindex(net::kTapName) == 0) {
+      failure = std::string("the slot has no ") + net::kTapName;
+      return;
+    }
+    UniqueFd fd(::open("/dev/net/tun", O_RDWR | O_CLOEXEC));
+    ifreq ifr{};
+    std::strncpy(ifr.ifr_name, net::kTapName, IFNAMSIZ - 1);
+    ifr.ifr_flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR;
+    if (!fd.valid() || ::ioctl(fd.get(), TUNSETIFF, &ifr) != 0) {
+      failure = std::string("attach to ") + net::kTapName + ": " + strerror(errno);
+      return;
+    }
+    // The slot's own tap is persistent. One that is not was made just now (the slot's vanished
+    // after the check: a QEMU holding a tap can turn persistence off) and goes with this
+    // descriptor: refused, so the slot is not used as if it were whole.
+    ifreq got{};
+    if (::ioctl(fd.get(), TUNGETIFF, &got) != 0 || (got.ifr_flags & IFF_PERSIST) == 0) {
+      failure = std::string("the slot's ") + net::kTapName + " is not persistent (gone)";
+      return;
+    }
+    tap = std::move(fd);
+  });
+  opener.join();
+  if (!failure.empty()) return makeError(ErrorCode::kUnavailable, "the network slot's tap: " + failure);
+  return tap;
+}
+
+}  // namespace
+
 Status Vm::jailArgv(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& argv) {
   std::vector<std::string> jailed = {node.jailer, "--nofile", "4096"};
+  if (node.vm_users) {
+    auto lease = node.vm_users->acquire();
+    if (!lease.ok()) return lease.error();
+    user_ = std::move(lease.value());
+    jailed.insert(jailed.end(), {"--user", std::to_string(user_.uid()) + ":" + std::to_string(user_.gid())});
+    // /dev/kvm is root's and the kvm group's (mode 0660 on Debian): the group comes along.
+    if (struct stat kvm{}; accelerator_ == Accelerator::kKvm && ::stat("/dev/kvm", &kvm) == 0 && kvm.st_gid != 0) {
+      jailed.insert(jailed.end(), {"--group", std::to_string(kvm.st_gid)});
+    }
+    SPACE_TRY(giveRunDirTo(paths_.run_dir, user_.uid(), user_.gid()));
+  }
   if (node.cgroups.usable()) {
     auto group = jail::VmCgroup::create(node.cgroups, cgroupName(paths_.run_dir), vmCgroupLimits(spec, accelerator_));
     if (!group.ok()) return makeError(ErrorCode::kUnavailable, "jail: " + group.error().message);
@@ -226,20 +325,36 @@ Status Vm::jailArgv(const VmSpec& spec, const NodeFacts& node, std::vector<std::
 // opens. Not the state database, other sandboxes' files or layers, nor host processes.
 namespace {
 
+// Who may open a file a jailed QEMU is given, when it runs as a uid of its own (QEMU 7.2 opens
+// a memory file read-write even to map it privately).
+enum class FileUse {
+  kOwn,     // this VM's alone (a memory file it writes, an image it owns): its uid, mode 0600
+  kShared,  // mapped privately by several VMs at once (a snapshot's memory, by every child of a
+            // branch): root and the VMs' group, mode 0660; only a VM whose view holds it sees it
+};
+
 // A regular file (not a link) at `path`, made if missing: what a QEMU that writes a memory file
 // of its own gets bound, rather than the whole directory it is in.
-Status ensureRegularFile(const std::string& path) {
+Status ensureRegularFile(const std::string& path, const VmUsers::Lease& user, FileUse use,
+                         std::vector<std::string>& owned) {
   UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600));
   struct stat st {};
   if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
     return makeError(ErrorCode::kFailedPrecondition, "jail: " + path + " is not a regular file; refused");
+  }
+  if (!user.held()) return okStatus();
+  const uid_t owner = use == FileUse::kOwn ? user.uid() : 0;
+  if (use == FileUse::kOwn) owned.push_back(path);  // given back when the VM ends
+  if (::fchown(fd.get(), owner, user.gid()) != 0 || ::fchmod(fd.get(), use == FileUse::kOwn ? 0600 : 0660) != 0) {
+    return makeError(ErrorCode::kInternal, "jail: cannot give " + path + " to uid " + std::to_string(owner) + ", gid " +
+                                               std::to_string(user.gid()) + ": " + strerror(errno));
   }
   return okStatus();
 }
 
 }  // namespace
 
-Status Vm::addJailView(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& jailed) const {
+Status Vm::addJailView(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& jailed) {
   auto add = [&jailed](const char* access, const std::string& path) { jailed.insert(jailed.end(), {access, path}); };
   jailed.push_back("--view");
   add("--rw", paths_.run_dir);
@@ -266,14 +381,17 @@ Status Vm::addJailView(const VmSpec& spec, const NodeFacts& node, std::vector<st
     auto chain = diskChain(paths_.disk, admit);
     if (!chain.ok()) return makeError(chain.error().code, "the disk's layers: " + chain.error().message);
   } else {
-    add("--rw", spec.rootfs_path);  // kDirect: the VM owns the image
+    SPACE_TRY(
+        ensureRegularFile(spec.rootfs_path, user_, FileUse::kOwn, owned_files_));  // kDirect: the VM owns the image
+    add("--rw", spec.rootfs_path);
   }
   if (!spec.memory_file.empty() && spec.memory_file != "/proc/self/fd/" + std::to_string(kSealedMemoryFd)) {
     // The file alone, never its directory, and never a link (space-jail refuses one too).
     // Read-write even when mapped privately: QEMU 7.2 opens a memory-backend file read-write
     // whatever the mapping. A tenant's own snapshot, or a memory file a VM writes; templates,
     // shared by all tenants, come sealed instead (docs/threat-model.md).
-    SPACE_TRY(ensureRegularFile(spec.memory_file));
+    SPACE_TRY(ensureRegularFile(spec.memory_file, user_, spec.memory_private ? FileUse::kShared : FileUse::kOwn,
+                                owned_files_));
     add("--rw", spec.memory_file);
   }
   add("--dev", "/dev/null");
@@ -281,11 +399,41 @@ Status Vm::addJailView(const VmSpec& spec, const NodeFacts& node, std::vector<st
   if (accelerator_ == Accelerator::kKvm) add("--dev", "/dev/kvm");
   if (spec.netns_path.empty()) {
     jailed.push_back("--new-network");  // no slot: an empty network namespace, not the host's
-  } else {
-    add("--dev", "/dev/net/tun");
   }
   jailed.push_back("--no-caps");
   return okStatus();
+}
+
+namespace {
+
+// `path` back to root, if it is still a regular file of `uid`'s with no other name.
+void takeBack(const std::string& path, uid_t uid) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  struct stat st {};
+  if (fd.valid() && ::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 && st.st_uid == uid &&
+      ::fchown(fd.get(), 0, 0) != 0) {
+    spdlog::warn("vmm: cannot give {} back to root: {}", path, strerror(errno));
+  }
+}
+
+}  // namespace
+
+void Vm::releaseJail(bool qemu_gone, bool run_dir_stays) {
+  removeCgroup();
+  if (!user_.held()) return;
+  if (!qemu_gone) {
+    user_.keep();  // a QEMU that would not die keeps its uid: never handed to another VM
+    return;
+  }
+  // What it owned goes back to root before its uid goes to another VM (of any tenant): a run
+  // directory that stays (a suspended guest's, a template's disk about to be kept) and the files
+  // outside it that it wrote.
+  if (run_dir_stays && !paths_.run_dir.empty()) {
+    if (auto taken = giveRunDirTo(paths_.run_dir, 0, 0); !taken.ok()) spdlog::warn("vmm: {}", taken.error().message);
+  }
+  for (const auto& path : owned_files_) takeBack(path, user_.uid());
+  owned_files_.clear();
+  user_ = VmUsers::Lease();  // nothing runs as that uid any more: free for another VM
 }
 
 void Vm::removeCgroup() {
@@ -331,6 +479,13 @@ Status Vm::boot(const VmSpec& spec, const VmStartOptions& options, bool defer_st
   SpawnOptions spawn_options{qemu_log, "", true};
   spawn_options.netns_path = spec.netns_path;
   if (options.sealed_memory) spawn_options.pass_fds.push_back({options.sealed_memory->get(), kSealedMemoryFd});
+  UniqueFd tap;
+  if (!spec.netns_path.empty()) {
+    auto opened = openSlotTap(spec.netns_path);
+    if (!opened.ok()) return opened.error();
+    tap = std::move(opened.value());
+    spawn_options.pass_fds.push_back({tap.get(), kTapFd});
+  }
   // Jailed: pid 1 of a PID namespace of its own (space-jail --view), so it sees no other process.
   spawn_options.new_pid_namespace = options.node != nullptr && !options.node->jailer.empty();
   auto child = ChildProcess::spawn(argv, spawn_options);
@@ -502,7 +657,11 @@ void Vm::trimConsole(size_t max_bytes, size_t keep_bytes) {
   // tail, at worst between truncate and our write (a few bytes out of order, nothing lost).
   // Not through a link: the run directory is QEMU's to write, and QEMU may be hostile.
   UniqueFd fd(::open(paths_.console_log.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
-  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || ::ftruncate(fd.get(), 0) != 0) return;
+  // One name only: a frozen layer's run-directory name renamed here must not be cut.
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1 ||
+      ::ftruncate(fd.get(), 0) != 0) {
+    return;
+  }
   const std::string note = "\n[space: console trimmed to its last " + std::to_string(keep_bytes) + " bytes]\n";
   (void)!::write(fd.get(), note.data(), note.size());
   (void)!::write(fd.get(), tail->data(), tail->size());
@@ -604,25 +763,13 @@ Status Vm::shutdown(milliseconds timeout) {
 
 namespace {
 
+// The name the save stream's descriptor has in QEMU's monitor (getfd), for `migrate fd:`.
+constexpr const char* kSaveFdName = "space-save";
+
 json ignoreSharedCapability(bool on) {
   // x-ignore-shared: RAM in a shared memory-backend file is not streamed (the file is the RAM).
   // Both ends must agree: it changes the stream's format.
   return json{{"capabilities", json::array({json{{"capability", "x-ignore-shared"}, {"state", on}}})}};
-}
-
-Result<UniqueFd> listenUnix(const std::string& path) {
-  if (path.size() >= sizeof(sockaddr_un::sun_path))
-    return makeError(ErrorCode::kInvalidArgument, "path too long: " + path);
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return makeError(ErrorCode::kInternal, std::string("socket: ") + strerror(errno));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  ::unlink(path.c_str());
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd.get(), 1) != 0) {
-    return makeError(ErrorCode::kInternal, "listen on " + path + ": " + strerror(errno));
-  }
-  return fd;
 }
 
 // Polls query-migrate until the migration ends; its error if it failed.
@@ -648,17 +795,22 @@ Status Vm::saveState(const std::string& state_file, milliseconds timeout, bool i
   auto deadline = Clock::now() + timeout;
   SPACE_TRY(qmp_->execute("migrate-set-capabilities", ignoreSharedCapability(ignore_shared)));
   SPACE_TRY(qmp_->execute("stop"));
-  // QEMU may not exec (its seccomp sandbox), so the stream comes to us over a socket.
-  const std::string sock = paths_.run_dir + "/save.sock";
-  auto listener = listenUnix(sock);
-  if (!listener.ok()) return listener.error();
-  SPACE_TRY(qmp_->execute("migrate", json{{"uri", "unix:" + sock}}));
-  pollfd p{listener->get(), POLLIN, 0};
-  if (::poll(&p, 1, pollTimeoutMs(deadline)) <= 0)
-    return makeError(ErrorCode::kDeadlineExceeded, "QEMU did not connect to save its state");
-  UniqueFd conn(::accept4(listener->get(), nullptr, nullptr, SOCK_CLOEXEC));
-  ::unlink(sock.c_str());
-  if (!conn.valid()) return makeError(ErrorCode::kInternal, std::string("accept: ") + strerror(errno));
+  // QEMU may not exec (its seccomp sandbox), so the stream comes to us over a socket: one end of
+  // a pair, handed to QEMU over QMP (getfd). No path: nothing in the run directory (QEMU's to
+  // rename things in) is made, connected to or given to QEMU's uid.
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+    return makeError(ErrorCode::kInternal, std::string("socketpair: ") + strerror(errno));
+  }
+  UniqueFd conn(pair[0]);
+  {
+    UniqueFd theirs(pair[1]);  // ours closed once QEMU has it: its close then ends the stream
+    SPACE_TRY(qmp_->executeWithFd("getfd", json{{"fdname", kSaveFdName}}, theirs.get()));
+  }
+  if (auto started = qmp_->execute("migrate", json{{"uri", std::string("fd:") + kSaveFdName}}); !started.ok()) {
+    (void)qmp_->execute("closefd", json{{"fdname", kSaveFdName}});
+    return started.error();
+  }
   const std::string tmp = state_file + ".tmp";
   // A new file, never through a link: a suspend writes into the run directory, which QEMU can
   // write (and a hostile one could plant a link there to a host file for us to overwrite).
@@ -792,6 +944,11 @@ Status Vm::freezeDisk(const std::string& layer_path) {
     ::unlink(next.c_str());
     UniqueFd created(::open(next.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
     if (!created.valid()) return undo(makeError(ErrorCode::kInternal, "create " + next + ": " + strerror(errno)));
+    // QEMU writes it next; once frozen in turn, VMs of other uids read it (0644, whatever the umask).
+    if (::fchmod(created.get(), 0644) != 0 ||
+        (user_.held() && ::fchown(created.get(), user_.uid(), user_.gid()) != 0)) {
+      return undo(makeError(ErrorCode::kInternal, "chown " + next + ": " + strerror(errno)));
+    }
     const std::string log = paths_.run_dir + "/qemu.log";
     SpawnOptions spawn_options{log, "", true};
     spawn_options.pass_fds = {{created.get(), 3}};
@@ -820,6 +977,13 @@ Status Vm::freezeDisk(const std::string& layer_path) {
     return undo(switched.error());
   }
   // The old name stays: QEMU may reopen that image by it. It is a second name of the layer.
+  // Root's from now on (only once frozen, so a failed freeze leaves the disk the VM's): no later
+  // QEMU of this run directory (a resumed one, as a new uid) may write what other VMs stand on.
+  // This one reopened it read-only above; one that kept a descriptor is in docs/threat-model.md.
+  // (layer_path is in the node's own layers directory: no QEMU renames anything there.)
+  if (user_.held() && ::fchownat(AT_FDCWD, layer_path.c_str(), 0, 0, AT_SYMLINK_NOFOLLOW) != 0) {
+    spdlog::warn("vmm: cannot give the frozen layer {} to root: {}", layer_path, strerror(errno));
+  }
   paths_.disk = next;
   return okStatus();
 }
@@ -838,7 +1002,7 @@ void Vm::quit() {
     if (qmp_) (void)qmp_->execute("quit", nullptr, milliseconds(1000));
     if (!process_->waitFor(milliseconds(5000))) process_->kill();
   }
-  removeCgroup();  // QEMU is gone; a resume starts a new one in a new group
+  releaseJail(!processRunning(), /*run_dir_stays=*/true);  // a resume starts a new QEMU, group and uid
   disconnectAgent("the VM was stopped");
 }
 
@@ -850,6 +1014,7 @@ void Vm::detach() {
   process_.reset();
   if (cgroup_) cgroup_->release();  // QEMU runs on in it
   cgroup_.reset();
+  user_.keep();  // and as its uid: held until this daemon ends, never handed to another VM
   if (run_dir_) run_dir_->release();
   run_dir_.reset();
 }
@@ -859,12 +1024,13 @@ void Vm::destroy() {
     if (qmp_) (void)qmp_->execute("quit", nullptr, milliseconds(1000));
     if (!process_->waitFor(milliseconds(2000))) process_->kill();
   }
+  const bool qemu_gone = !processRunning();
   agent_.reset();
   agent_connection_.reset();
   qmp_.reset();
   process_.reset();
-  removeCgroup();    // QEMU is reaped (or, adopted, killed and gone): its group is empty
-  run_dir_.reset();  // removes sockets, console log, overlay
+  releaseJail(qemu_gone, /*run_dir_stays=*/false);  // QEMU is reaped (or, adopted, killed): its group is empty
+  run_dir_.reset();                                 // removes sockets, console log, overlay
 }
 
 Vm::~Vm() { destroy(); }

@@ -19,6 +19,7 @@
 #include "vmm/qmp_client.h"
 #include "vmm/sealed_memory.h"
 #include "vmm/vm_spec.h"
+#include "vmm/vm_users.h"
 
 namespace space::vmm {
 
@@ -69,6 +70,8 @@ struct VmAdoptSpec {
   uint64_t memory_mib = 0;  // the guest's RAM size: bounds what saveState accepts from QEMU
   // The node's cgroup layout: the VM's group (named after its run directory) goes with it.
   jail::CgroupLayout cgroups;
+  // The node's VM uids: the one the QEMU runs as is held again while the VM is this owner's.
+  std::shared_ptr<VmUsers> users;
 };
 
 class Vm {
@@ -182,8 +185,11 @@ class Vm {
   Error bootFailure(const std::string& what);
   // Puts space-jail (and, where the node has cgroups, the VM's new group) in front of argv.
   Status jailArgv(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& argv);
-  Status addJailView(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& jailed) const;
+  Status addJailView(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& jailed);
   void removeCgroup();
+  // Once QEMU is gone: its cgroup, what its uid owns back to root, its uid back to the node's
+  // range. A QEMU not gone keeps its uid.
+  void releaseJail(bool qemu_gone, bool run_dir_stays);
   void destroy();
 
   std::optional<TempDir> run_dir_;
@@ -191,6 +197,8 @@ class Vm {
   Accelerator accelerator_ = Accelerator::kTcg;
   std::optional<ChildProcess> process_;
   std::optional<jail::VmCgroup> cgroup_;  // QEMU's group; removed once QEMU is reaped
+  VmUsers::Lease user_;                   // the uid QEMU runs as; given back once it is reaped
+  std::vector<std::string> owned_files_;  // outside the run directory, given to user_ (memory file)
   std::optional<QmpClient> qmp_;
   std::shared_ptr<agentproto::AgentClient> agent_;
   // A second descriptor of agent_'s connection: holders of the client (leases) may keep it

@@ -504,5 +504,119 @@ TEST_F(JailTest, AJailThatCannotJoinItsGroupStartsNothing) {
                     "space-jail: cannot open");
 }
 
+// The uid of a QEMU's own (vmm/vm_users.h), shown with a helper in the same jail: a file of
+// root's is closed to it even where its view holds one, its own directory is open to it, and
+// it holds no capability to change back.
+TEST_F(JailTest, AProcessAsAVmUidOwnsOnlyWhatItIsGiven) {
+  const std::string dir = run_root_->path();
+  std::filesystem::create_directories(dir + "/own");
+  ASSERT_EQ(::chown((dir + "/own").c_str(), 1700000005, 1700000000), 0);
+  ASSERT_TRUE(writeFileAtomic(dir + "/roots", "root's alone\n", 0600).ok());
+  const std::string script = "echo ids: $(id -u) $(id -g) $(id -G); cat " + dir + "/roots; echo mine > " + dir +
+                             "/own/f && echo own: $(cat " + dir +
+                             "/own/f); grep -E '^Cap(Prm|Eff|Bnd)' /proc/self/status";
+  jail::CgroupLimits limits;
+  limits.memory_bytes = 64 << 20;
+  limits.pids = 16;
+  auto [status, out] = runJailed(
+      script, limits,
+      {"--view", "--rw", dir + "/own", "--ro", dir + "/roots", "--no-caps", "--user", "1700000005:1700000000"});
+  std::filesystem::remove_all(dir + "/own");
+  std::filesystem::remove(dir + "/roots");
+  EXPECT_NE(out.find("ids: 1700000005 1700000000 1700000000\n"), std::string::npos) << out;  // no other group
+  EXPECT_TRUE(std::regex_search(out, std::regex("roots: Permission denied"))) << out;
+  EXPECT_EQ(out.find("root's alone"), std::string::npos) << out;
+  EXPECT_NE(out.find("own: mine\n"), std::string::npos) << out;
+  for (const char* set : {"CapPrm", "CapEff", "CapBnd"}) {
+    EXPECT_NE(out.find(std::string(set) + ":\t0000000000000000"), std::string::npos) << set << "\n" << out;
+  }
+  // A uid of 0 (or none) is refused before anything runs.
+  expectJailRefuses(dir, {"--user", "0:0"}, "--user wants UID:GID");
+  expectJailRefuses(dir, {"--group", "5"}, "--group needs --user");
+}
+
+// Each QEMU as a uid of its own from the node's range, its run directory and disk its own; the
+// uid goes back when the VM ends and is claimed again by whoever adopts a running one.
+TEST_F(JailTest, EachQemuRunsAsAUidOfItsOwnThatGoesBackWhenItEnds) {
+  auto users = VmUsers::create(1700000000, 8);
+  ASSERT_TRUE(users.ok());
+  node_.vm_users = users.value();
+  auto a = boot();
+  auto b = boot();
+  ASSERT_TRUE(a && b);
+  auto ids = [](const Vm& vm) {
+    const std::string status = readText("/proc/" + std::to_string(vm.pid()) + "/status");
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(status, m, std::regex("Uid:\t(\\d+)\t\\1\t\\1\t\\1\nGid:\t(\\d+)\t\\2\t\\2\t\\2\n")))
+        << status;
+    EXPECT_TRUE(std::regex_search(status, std::regex("Groups:\\s*\n"))) << status;  // none
+    return m.size() == 3 ? std::make_pair(std::stoul(m[1]), std::stoul(m[2])) : std::make_pair(0ul, 0ul);
+  };
+  const auto [uid_a, gid_a] = ids(*a);
+  const auto [uid_b, gid_b] = ids(*b);
+  EXPECT_NE(uid_a, uid_b);
+  EXPECT_TRUE(users.value()->contains(uid_a) && users.value()->contains(uid_b)) << uid_a << " " << uid_b;
+  EXPECT_EQ(gid_a, 1700000000u);
+  EXPECT_EQ(gid_b, 1700000000u);
+  struct stat st {};
+  ASSERT_EQ(::stat(a->paths().run_dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, uid_a);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(::stat(a->paths().disk.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, uid_a);
+  EXPECT_EQ(run(*a, "echo works"), "works\n");
+  // A frozen layer, which other VMs may stand on, is root's; the new overlay above it is the VM's.
+  ASSERT_TRUE(a->pause().ok());
+  const std::string layer = run_root_->path() + "/layer.qcow2";
+  auto frozen = a->freezeDisk(layer);
+  ASSERT_TRUE(frozen.ok()) << frozen.error().message;
+  ASSERT_EQ(::stat(layer.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 0u);
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
+  ASSERT_EQ(::stat(a->paths().disk.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, uid_a);
+  ASSERT_TRUE(a->resume().ok());
+  EXPECT_EQ(run(*a, "echo still"), "still\n");
+  // Saving its state: QEMU connects to a socket spaced made, given to its uid.
+  ASSERT_TRUE(a->pause().ok());
+  auto saved = a->saveState(a->paths().run_dir + "/suspended.state", seconds(60));
+  EXPECT_TRUE(saved.ok()) << saved.error().message;
+  EXPECT_EQ(users.value()->held(), 2u);
+  // Once its QEMU is gone, a run directory that stays (a suspended guest's) is root's again,
+  // before the uid can go to another VM; the layer's second name there stays root's too.
+  const std::string a_dir = a->paths().run_dir;
+  a->quit();
+  EXPECT_EQ(users.value()->held(), 1u);
+  for (const auto& entry : std::filesystem::directory_iterator(a_dir)) {
+    ASSERT_EQ(::lstat(entry.path().c_str(), &st), 0);
+    if (S_ISREG(st.st_mode)) {
+      EXPECT_EQ(st.st_uid, 0u) << entry.path();
+    }
+  }
+  ASSERT_EQ(::stat(a_dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 0u);
+  a.reset();
+  std::filesystem::remove(layer);
+  EXPECT_EQ(users.value()->held(), 1u);
+
+  // A daemon that restarts (a range of its own, as a new process has) claims b's uid again.
+  const std::string run_dir = b->paths().run_dir;
+  const VmAdoptSpec adopt{run_dir,     b->pid(),         b->identity(), b->accelerator(),
+                          seconds(30), spec_.memory_mib, layout_,       nullptr};
+  b->detach();
+  EXPECT_EQ(users.value()->held(), 1u);  // left running unwatched: never handed out again here
+  auto restarted = VmUsers::create(1700000000, 8);
+  ASSERT_TRUE(restarted.ok());
+  VmAdoptSpec with_users = adopt;
+  with_users.users = restarted.value();
+  auto adopted = Vm::adopt(with_users);
+  ASSERT_TRUE(adopted.ok()) << adopted.error().message;
+  EXPECT_EQ(restarted.value()->held(), 1u);
+  EXPECT_FALSE(restarted.value()->claim(static_cast<uid_t>(uid_b)).ok());
+  EXPECT_EQ(run(*adopted.value(), "echo adopted"), "adopted\n");
+  adopted.value().reset();
+  EXPECT_EQ(restarted.value()->held(), 0u);
+}
+
 }  // namespace
 }  // namespace space::vmm

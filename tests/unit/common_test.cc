@@ -204,6 +204,18 @@ TEST(ChildProcess, ANewPidNamespaceShowsTheChildAsPidOne) {
   EXPECT_FALSE(ChildProcess::spawn({"sh", "-c", "true"}, options).ok());  // a path, not a name
 }
 
+// A log with a second name (in a run directory: a frozen disk layer renamed there) is refused.
+TEST(ChildProcess, OutputIsNeverWrittenIntoAFileWithAnotherName) {
+  auto dir = TempDir::create(testing::TempDir(), "proc-");
+  ASSERT_TRUE(dir.ok());
+  ASSERT_TRUE(writeFileAtomic(dir->path() + "/layer", "layer bytes").ok());
+  ASSERT_EQ(::link((dir->path() + "/layer").c_str(), (dir->path() + "/qemu.log").c_str()), 0);
+  auto child = ChildProcess::spawn({"/bin/echo", "written"}, SpawnOptions{dir->path() + "/qemu.log", "", true});
+  ASSERT_FALSE(child.ok());
+  EXPECT_NE(child.error().message.find("of one name"), std::string::npos) << child.error().message;
+  EXPECT_EQ(readSmallFile(dir->path() + "/layer", 64).value(), "layer bytes");
+}
+
 // Descriptors passed onto each other's numbers arrive as asked (each moved from a copy above
 // every number passed), and a number between passed ones is not inherited.
 TEST(ChildProcess, PassedDescriptorsArriveAtTheirNumbersAndNothingBetween) {
