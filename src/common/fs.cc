@@ -14,7 +14,8 @@ namespace space {
 Status fsyncPath(const std::string& path) {
   // O_RDONLY opens directories too; O_NONBLOCK: a lease on the file fails the open instead of
   // holding it (a layer is a hard link of a disk its QEMU may lease).
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  // O_NOFOLLOW: some of these names are in run directories, which a jailed QEMU can write.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
   if (fd < 0) return makeError(ErrorCode::kInternal, "open " + path + ": " + strerror(errno));
   int rc = ::fsync(fd);
   int err = errno;

@@ -356,6 +356,11 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
       std::move(facts.value()), *manager->templates_);
   manager->templates_->setNetnsSource([l = manager->launcher_.get()] { return l->helperNetns(); });
   SPACE_TRY(manager->recover());
+  if (const auto& users = manager->launcher_->facts().vm_users) {
+    if (size_t n = users->killStrangers(manager->config_.data_dir); n > 0) {
+      spdlog::warn("spaced: killed {} process(es) running as VM uids that no adopted VM holds", n);
+    }
+  }
   // Recovery killed the QEMUs it could not adopt: their groups are empty now.
   if (const auto& cgroups = manager->launcher_->facts().cgroups; cgroups.usable()) {
     if (int n = jail::removeEmptyVmGroups(cgroups); n > 0) spdlog::info("spaced: removed {} empty VM cgroup(s)", n);

@@ -101,10 +101,13 @@ Result<json> QmpClient::executeWithFd(const std::string& command, const json& ar
     while (true) {
       n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
       if (n >= 0 || (errno != EINTR && errno != EAGAIN)) break;
+      if (errno == EINTR) continue;
       pollfd out{fd_.get(), POLLOUT, 0};
-      if (errno == EAGAIN && ::poll(&out, 1, pollTimeoutMs(deadline)) <= 0) {
-        return makeError(ErrorCode::kDeadlineExceeded, "QMP " + command + ": timed out");
-      }
+      int ready;
+      do {
+        ready = ::poll(&out, 1, pollTimeoutMs(deadline));
+      } while (ready < 0 && errno == EINTR);
+      if (ready <= 0) return makeError(ErrorCode::kDeadlineExceeded, "QMP " + command + ": timed out");
     }
     if (n <= 0) {
       return makeError(ErrorCode::kUnavailable, "QMP " + command + ": send: " + std::string(std::strerror(errno)));

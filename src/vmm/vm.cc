@@ -223,11 +223,25 @@ Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
 
 namespace {
 
+// Who may use the file open as `fd`: `uid`/`gid` with mode 0644, or, if it has another name, root
+// with mode 0644: a frozen layer (Vm::freezeDisk), which other VMs stand on, which any VM may
+// read (as a backing file) and none write, whatever owner and mode a QEMU gave it before.
+Status settleFile(int fd, uid_t uid, gid_t gid, const std::string& what) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return okStatus();
+  const bool layer = st.st_nlink > 1;
+  if (::fchown(fd, layer ? 0 : uid, layer ? 0 : gid) != 0 || ::fchmod(fd, 0644) != 0) {
+    return makeError(ErrorCode::kInternal, "jail: cannot give " + what + " to uid " + std::to_string(layer ? 0 : uid) +
+                                               ": " + strerror(errno));
+  }
+  return okStatus();
+}
+
 // Hands the run directory and the regular files directly in it (disk overlays, the console log,
-// a resumed VM's files made by the QEMU before it) to the VM's uid, mode 0700 for the directory:
-// its QEMU makes sockets there and writes its disk. Never through a link; nothing deeper. A file
-// with another name is a frozen layer (Vm::freezeDisk), which other VMs stand on: it stays
-// root's, which the VM may read (its disk's backing file) but not write.
+// a resumed VM's files made by the QEMU before it) to `uid` (the VM's, or root once its QEMU is
+// gone), mode 0700 for the directory: its QEMU makes sockets there and writes its disk. Never
+// through a link, never opening anything but a regular file; nothing deeper. Each file is judged
+// through its descriptor, so a name swapped meanwhile changes nothing but that name's file.
 Status giveRunDirTo(const std::string& dir, uid_t uid, gid_t gid) {
   UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd.valid() || ::fchown(fd.get(), uid, gid) != 0 || ::fchmod(fd.get(), 0700) != 0) {
@@ -239,14 +253,11 @@ Status giveRunDirTo(const std::string& dir, uid_t uid, gid_t gid) {
   Status result = okStatus();
   while (dirent* entry = ::readdir(listing)) {
     struct stat st {};
-    if (::fstatat(fd.get(), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) || st.st_nlink > 1) {
-      continue;
-    }
-    if (::fchownat(fd.get(), entry->d_name, uid, gid, AT_SYMLINK_NOFOLLOW) != 0) {
-      result = makeError(ErrorCode::kInternal, "jail: cannot give " + dir + "/" + entry->d_name + " to uid " +
-                                                   std::to_string(uid) + ": " + strerror(errno));
-      break;
-    }
+    if (::fstatat(fd.get(), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+    UniqueFd file(::openat(fd.get(), entry->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    if (!file.valid()) continue;  // gone, or a lease on it: left as it is
+    result = settleFile(file.get(), uid, gid, dir + "/" + entry->d_name);
+    if (!result.ok()) break;
   }
   ::closedir(listing);
   return result;
@@ -411,7 +422,7 @@ void takeBack(const std::string& path, uid_t uid) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   struct stat st {};
   if (fd.valid() && ::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 && st.st_uid == uid &&
-      ::fchown(fd.get(), 0, 0) != 0) {
+      (::fchown(fd.get(), 0, 0) != 0 || ::fchmod(fd.get(), 0600) != 0)) {
     spdlog::warn("vmm: cannot give {} back to root: {}", path, strerror(errno));
   }
 }
@@ -981,7 +992,9 @@ Status Vm::freezeDisk(const std::string& layer_path) {
   // QEMU of this run directory (a resumed one, as a new uid) may write what other VMs stand on.
   // This one reopened it read-only above; one that kept a descriptor is in docs/threat-model.md.
   // (layer_path is in the node's own layers directory: no QEMU renames anything there.)
-  if (user_.held() && ::fchownat(AT_FDCWD, layer_path.c_str(), 0, 0, AT_SYMLINK_NOFOLLOW) != 0) {
+  // Its mode too: a QEMU may have made its disk writable by anyone before the freeze.
+  if (UniqueFd layer(::open(layer_path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+      !layer.valid() || !settleFile(layer.get(), 0, 0, layer_path).ok()) {
     spdlog::warn("vmm: cannot give the frozen layer {} to root: {}", layer_path, strerror(errno));
   }
   paths_.disk = next;
@@ -1029,8 +1042,10 @@ void Vm::destroy() {
   agent_connection_.reset();
   qmp_.reset();
   process_.reset();
-  releaseJail(qemu_gone, /*run_dir_stays=*/false);  // QEMU is reaped (or, adopted, killed): its group is empty
-  run_dir_.reset();                                 // removes sockets, console log, overlay
+  // A run directory this Vm does not own (a resume that failed) stays, and goes back to root.
+  const bool run_dir_stays = !run_dir_.has_value();
+  run_dir_.reset();  // removes sockets, console log, overlay: files of its uid, gone before the uid
+  releaseJail(qemu_gone, run_dir_stays);  // QEMU is reaped (or, adopted, killed): its group is empty
 }
 
 Vm::~Vm() { destroy(); }

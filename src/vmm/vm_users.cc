@@ -1,9 +1,15 @@
 #include "vmm/vm_users.h"
 
+#include <dirent.h>
 #include <grp.h>
 #include <pwd.h>
+#include <signal.h>
 
+#include <cstdlib>
 #include <string>
+
+#include "common/fs.h"
+#include "common/process.h"
 
 namespace space::vmm {
 
@@ -80,6 +86,30 @@ Status VmUsers::checkNoAccount() const {
   return makeError(ErrorCode::kFailedPrecondition, found + ", which is among the VM uids (" + std::to_string(base_) +
                                                        "+1.." + std::to_string(uint64_t{base_} + count_) +
                                                        "); choose another --vm-uid-base");
+}
+
+size_t VmUsers::killStrangers(const std::string& data_dir) const {
+  size_t killed = 0;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return 0;
+  while (dirent* entry = ::readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(entry->d_name, &end, 10);
+    if (pid <= 0 || *end != '\0') continue;
+    auto uid = processUid(static_cast<pid_t>(pid));
+    if (!uid.ok() || !contains(uid.value())) continue;
+    {
+      std::lock_guard lock(mu_);
+      if (in_use_[uid.value() - base_ - 1]) continue;
+    }
+    // Its mount table, which a process without capabilities cannot change, names its run
+    // directory (bound at its own path), whatever its command line says.
+    auto mounts = readSmallFile("/proc/" + std::to_string(pid) + "/mountinfo", 1 << 20);
+    if (!mounts.ok() || mounts->find(" " + data_dir + "/") == std::string::npos) continue;
+    if (::kill(static_cast<pid_t>(pid), SIGKILL) == 0) ++killed;
+  }
+  ::closedir(proc);
+  return killed;
 }
 
 size_t VmUsers::held() const {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "common/result.h"
@@ -60,6 +61,14 @@ class VmUsers {
   // kFailedPrecondition if an account of this host (passwd) has one of the uids, or a group
   // (group) the gid: a VM's QEMU would own its files.
   Status checkNoAccount() const;
+
+  // Kills (SIGKILL) every process whose real uid is one of the range's and not held, and whose
+  // mounts (its jail's view) hold a path under `data_dir`: a QEMU an earlier daemon of this data
+  // directory left that recovery did not adopt (one that rewrote its command line, on a node
+  // without cgroups), which would otherwise share its uid with the next VM given it. Another
+  // daemon's VMs (another data directory) are left alone. Run once, after adoption and before
+  // any VM starts. Returns how many.
+  size_t killStrangers(const std::string& data_dir) const;
 
   bool contains(uid_t uid) const { return uid > base_ && uid - base_ <= count_; }
   gid_t gid() const { return base_; }

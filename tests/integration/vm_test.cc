@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
+#include <sys/wait.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "common/fs.h"
 #include "jail/cgroup.h"
@@ -607,15 +609,45 @@ TEST_F(JailTest, EachQemuRunsAsAUidOfItsOwnThatGoesBackWhenItEnds) {
   EXPECT_EQ(users.value()->held(), 1u);  // left running unwatched: never handed out again here
   auto restarted = VmUsers::create(1700000000, 8);
   ASSERT_TRUE(restarted.ok());
+  EXPECT_EQ(restarted.value()->killStrangers("/another/data/dir"), 0u);  // not this daemon's to stop
   VmAdoptSpec with_users = adopt;
   with_users.users = restarted.value();
   auto adopted = Vm::adopt(with_users);
   ASSERT_TRUE(adopted.ok()) << adopted.error().message;
   EXPECT_EQ(restarted.value()->held(), 1u);
+  EXPECT_EQ(restarted.value()->killStrangers(run_root_->path()), 0u);  // held: adopted
   EXPECT_FALSE(restarted.value()->claim(static_cast<uid_t>(uid_b)).ok());
   EXPECT_EQ(run(*adopted.value(), "echo adopted"), "adopted\n");
   adopted.value().reset();
   EXPECT_EQ(restarted.value()->held(), 0u);
+
+  // A QEMU of this data directory that no one adopted (it could not be recognised) is stopped
+  // before its uid goes to a new VM.
+  auto stray = boot();
+  ASSERT_TRUE(stray);
+  const pid_t stray_pid = stray->pid();
+  const VmAdoptSpec stray_adopt{stray->paths().run_dir,
+                                stray_pid,
+                                stray->identity(),
+                                stray->accelerator(),
+                                seconds(30),
+                                spec_.memory_mib,
+                                layout_,
+                                nullptr};
+  stray->detach();
+  auto after_restart = VmUsers::create(1700000000, 8);
+  ASSERT_TRUE(after_restart.ok());
+  EXPECT_EQ(after_restart.value()->killStrangers(run_root_->path()), 1u);
+  // This test spawned it: reaped here (a daemon's recovery is not its parent).
+  bool reaped = false;
+  for (int i = 0; i < 250 && !reaped; ++i) {
+    reaped = ::waitpid(stray_pid, nullptr, WNOHANG) == stray_pid;
+    if (!reaped) std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_TRUE(reaped) << "the stray QEMU was not stopped";
+  // Gone (its files and group are cleaned up by adopting what is left, as recovery does).
+  auto cleanup = Vm::adopt(stray_adopt);
+  EXPECT_FALSE(cleanup.ok());
 }
 
 }  // namespace
