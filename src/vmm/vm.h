@@ -183,8 +183,11 @@ class Vm {
   Status loadState(const std::string& state_file, Clock::time_point deadline, bool start, bool ignore_shared);
   std::optional<Error> checkAlive();
   Error bootFailure(const std::string& what);
-  // Puts space-jail (and, where the node has cgroups, the VM's new group) in front of argv.
+  // Puts space-jail (and, where the node has cgroups, the VM's new group) in front of argv; where
+  // the node has VM uids, takes one (user_) and gives it the run directory.
   Status jailArgv(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& argv);
+  // The view's --ro/--rw/--dev paths; a memory file or image the VM owns is given to its uid
+  // and remembered in owned_files_.
   Status addJailView(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& jailed);
   void removeCgroup();
   // Once QEMU is gone: its cgroup, what its uid owns back to root, its uid back to the node's
