@@ -14,6 +14,8 @@ packages=(
   libboost1.81-dev libsqlite3-dev libnghttp2-dev zlib1g-dev
   # sandbox network: slots (netlink, nftables), the gateway's DNS parsing
   libnftables-dev libmnl-dev libldns-dev
+  # the jail's own seccomp filter (space-jail is linked statically with it)
+  libseccomp-dev
   # fuzzing: clang with libFuzzer and the sanitizer runtimes
   clang libclang-rt-14-dev
   # guest images: kernel build, debootstrap, ext4 images

@@ -11,8 +11,10 @@
 // (below); with --no-caps, gives up every capability for good; with --user, becomes that uid and
 // gid (real, effective, saved, filesystem), with the --group gids as its only supplementary
 // groups (a VM's own uid: docs/threat-model.md); sets no_new_privs, so nothing it
-// executes can gain privileges; then executes PROGRAM in its own place (same pid: the caller's
-// handle, pidfd and recorded identity stay valid). Any failure exits 125 before PROGRAM runs,
+// executes can gain privileges; installs a seccomp filter that refuses what no QEMU needs and a
+// compromised one could turn against the host or other VMs (denyWhatNoVmNeeds, below); then
+// executes PROGRAM in its own place (same pid: the caller's handle, pidfd and recorded identity
+// stay valid). Any failure exits 125 before PROGRAM runs,
 // with the reason on stderr.
 //
 // The view: a mount namespace of its own whose root is an empty, read-only tmpfs holding only
@@ -34,6 +36,7 @@
 #include <linux/capability.h>
 #include <linux/securebits.h>
 #include <sched.h>
+#include <seccomp.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -67,8 +70,8 @@ void usage() {
                "the system's programs, the devices and the PATHs given (read-only or read-write, at the same\n"
                "paths) and a /proc of its own PID namespace (it must be pid 1 of one), with --new-network an\n"
                "empty network namespace, with --no-caps drops every capability, with --user becomes UID:GID\n"
-               "(supplementary groups: the --group GIDs only), sets no_new_privs, then executes PROGRAM as\n"
-               "the same process.\n"
+               "(supplementary groups: the --group GIDs only), sets no_new_privs, refuses keyring, namespace,\n"
+               "mount and lease calls (seccomp), then executes PROGRAM as the same process.\n"
                "Exits 125 if any step fails.\n");
 }
 
@@ -304,6 +307,43 @@ void dropCapabilities(const Identity& who) {
   if (::syscall(SYS_capset, &header, data) != 0) die(std::string("capset: ") + std::strerror(errno));
 }
 
+// A seccomp filter of the jail's own, on top of the one QEMU installs itself (-sandbox), which
+// QEMU sets up late and a compromised QEMU's own code paths shape. It refuses, with EPERM:
+// - the key calls (add_key, keyctl, request_key): a uid's keyring outlives its QEMU and the uid
+//   goes to another VM next, so two compromised QEMUs could pass data through it;
+// - new namespaces (unshare, setns, clone with a CLONE_NEW* flag) and every mount call: in a
+//   user namespace of its own a QEMU would get mounts and a network of its own, and the kernel
+//   code that only privileged users reach otherwise;
+// - F_SETLEASE: a lease on its own disk would hold off the host's reads of it (layer
+//   collection reads disk headers);
+// and answers clone3 with ENOSYS, since its flags sit in memory that a filter cannot read: the C
+// library then creates its threads with clone, whose flags it can. Everything else is left to
+// QEMU's own filter. A call of another system call ABI (i386, x32) kills the process. libseccomp
+// (not a hand-built BPF program) knows each architecture's numbers and the x32 trap.
+void denyWhatNoVmNeeds() {
+  scmp_filter_ctx filter = seccomp_init(SCMP_ACT_ALLOW);
+  if (filter == nullptr) die("seccomp_init failed");
+  const uint32_t refuse = SCMP_ACT_ERRNO(EPERM);
+  int rc = seccomp_attr_set(filter, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
+  for (const int call :
+       {SCMP_SYS(add_key), SCMP_SYS(keyctl), SCMP_SYS(request_key), SCMP_SYS(unshare), SCMP_SYS(setns), SCMP_SYS(mount),
+        SCMP_SYS(umount2), SCMP_SYS(pivot_root), SCMP_SYS(chroot), SCMP_SYS(open_tree), SCMP_SYS(move_mount),
+        SCMP_SYS(fsopen), SCMP_SYS(fsconfig), SCMP_SYS(fsmount), SCMP_SYS(fspick), SCMP_SYS(mount_setattr)}) {
+    if (rc == 0) rc = seccomp_rule_add(filter, refuse, call, 0);
+  }
+  // One rule per flag: a rule's argument test is (flags & mask) == value, so "any of them" is
+  // several rules. CLONE_NEWTIME is left out: in clone's flags its bit is part of the exit signal.
+  for (const uint64_t flag :
+       {CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET}) {
+    if (rc == 0) rc = seccomp_rule_add(filter, refuse, SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, flag, flag));
+  }
+  if (rc == 0) rc = seccomp_rule_add(filter, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
+  if (rc == 0) rc = seccomp_rule_add(filter, refuse, SCMP_SYS(fcntl), 1, SCMP_A1(SCMP_CMP_EQ, F_SETLEASE));
+  if (rc == 0) rc = seccomp_load(filter);
+  seccomp_release(filter);
+  if (rc != 0) die(std::string("cannot install the seccomp filter: ") + std::strerror(-rc));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -385,6 +425,7 @@ int main(int argc, char** argv) {
     switchIdentity(who);  // leaving uid 0 clears every capability anyway
   }
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) die(std::string("no_new_privs: ") + std::strerror(errno));
+  denyWhatNoVmNeeds();
   execvp(argv[i], argv + i);
   die(std::string("cannot execute ") + argv[i] + ": " + std::strerror(errno));
 }

@@ -537,6 +537,89 @@ TEST_F(JailTest, AProcessAsAVmUidOwnsOnlyWhatItIsGiven) {
   expectJailRefuses(dir, {"--group", "5"}, "--group needs --user");
 }
 
+// The jail's own seccomp filter, shown with a helper as a VM's uid in the same jail: the key
+// calls (a uid's keyring would outlive its QEMU and pass to the next VM of the uid), new
+// namespaces, mounts and leases are refused, while what QEMU does need (threads: clone3 is
+// answered ENOSYS and the C library falls back to clone; fork; record locks) still works. The
+// same probe outside the jail shows that each refused call is one the uid could otherwise make.
+TEST_F(JailTest, KeyringsNamespacesMountsAndLeasesAreClosedToAJailedProcess) {
+  const std::string dir = run_root_->path();
+  std::filesystem::create_directories(dir + "/own");
+  ASSERT_EQ(::chown((dir + "/own").c_str(), 1700000100, 1700000000), 0);
+  const std::string probe = dir + "/probe.py";
+  const std::string probe_text = R"PY(import ctypes, errno, fcntl, os, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+def report(name, r):
+    print(name + ": " + ("ok" if r >= 0 else errno.errorcode.get(ctypes.get_errno(), "?")), flush=True)
+USER_KEYRING = ctypes.c_int(-4)
+report("add_key", libc.syscall(248, b"user", b"probe", b"secret", 6, USER_KEYRING))
+report("keyctl", libc.syscall(250, 0, USER_KEYRING, 0))
+report("unshare", libc.syscall(272, 0x10000000))
+r = libc.syscall(56, 0x40000000 | 17, 0, 0, 0, 0)  # clone(CLONE_NEWNET | SIGCHLD)
+if r == 0:
+    os._exit(0)
+if r > 0:
+    os.waitpid(r, 0)
+report("clone_newnet", r)
+report("clone3", libc.syscall(435, None, 0))
+report("mount", libc.syscall(165, b"none", sys.argv[1].encode(), b"tmpfs", 0, None))
+path = sys.argv[1] + "/leased"
+open(path, "w").close()
+with open(path) as f:
+    try:
+        fcntl.fcntl(f, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        print("lease: ok")
+    except OSError as e:
+        print("lease: " + errno.errorcode[e.errno])
+with open(path, "w") as f:
+    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print("record lock: ok")
+t = threading.Thread(target=lambda: print("thread: ok", flush=True))
+t.start()
+t.join()
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+print("fork: " + str(os.waitpid(pid, 0)[1] >> 8))
+)PY";
+  ASSERT_TRUE(writeFileAtomic(probe, probe_text).ok());
+  jail::CgroupLimits limits;
+  limits.memory_bytes = 128 << 20;
+  limits.pids = 16;
+  auto [status, out] =
+      runJailed("/usr/bin/python3 " + probe + " " + dir + "/own", limits,
+                {"--view", "--rw", dir + "/own", "--ro", probe, "--no-caps", "--user", "1700000100:1700000000"});
+  EXPECT_EQ(status.exit_code, 0) << status.describe() << "\n" << out;
+  for (const char* refused : {"add_key: EPERM", "keyctl: EPERM", "unshare: EPERM", "clone_newnet: EPERM",
+                              "clone3: ENOSYS", "mount: EPERM", "lease: EPERM"}) {
+    EXPECT_NE(out.find(std::string(refused) + "\n"), std::string::npos) << refused << "\n" << out;
+  }
+  for (const char* works : {"record lock: ok", "thread: ok", "fork: 7"}) {
+    EXPECT_NE(out.find(std::string(works) + "\n"), std::string::npos) << works << "\n" << out;
+  }
+  // The control: the same uid without the jail's filter holds a keyring and may make a user
+  // namespace and take a lease (setpriv is util-linux's). The key it adds stays in that uid's
+  // keyring, a uid outside every range the tests give VMs. The probe comes as an argument, and
+  // the run root (0700) is opened to the uid for the while.
+  std::filesystem::remove(dir + "/own/leased");
+  ASSERT_EQ(::chmod(dir.c_str(), 0711), 0);
+  const std::string control_out = dir + "/control.out";
+  auto control = ChildProcess::spawn({"/usr/bin/setpriv", "--reuid=1700000100", "--regid=1700000000", "--clear-groups",
+                                      "--", "/usr/bin/python3", "-c", probe_text, dir + "/own"},
+                                     SpawnOptions{control_out, "", true});
+  ASSERT_TRUE(control.ok());
+  auto control_status = control->waitFor(seconds(30));
+  ::chmod(dir.c_str(), 0700);
+  ASSERT_TRUE(control_status.has_value());
+  const std::string unconfined = readText(control_out);
+  for (const char* allowed : {"add_key: ok", "keyctl: ok", "unshare: ok", "lease: ok"}) {
+    EXPECT_NE(unconfined.find(std::string(allowed) + "\n"), std::string::npos) << allowed << "\n" << unconfined;
+  }
+  std::filesystem::remove_all(dir + "/own");
+  std::filesystem::remove(probe);
+  std::filesystem::remove(control_out);
+}
+
 // Each QEMU as a uid of its own from the node's range, its run directory and disk its own; the
 // uid goes back when the VM ends and is claimed again by whoever adopts a running one.
 TEST_F(JailTest, EachQemuRunsAsAUidOfItsOwnThatGoesBackWhenItEnds) {
