@@ -92,6 +92,7 @@ bench: build images
 	$(BUILD)/bin/space-api-bench --creates 15 --execs 20 --jail off
 	$(BUILD)/bin/space-api-bench --creates 15 --execs 20 --jail auto
 	$(BUILD)/bin/space-api-bench --creates 15 --execs 20 --jail auto --vm-uid-base 0
+	$(BUILD)/bin/space-api-bench --creates 15 --execs 20 --jail auto --disk-mib-per-vcpu 0 --disk-iops-per-vcpu 0
 	$(BUILD)/bin/space-api-bench --creates 15 --execs 20 --jail auto --network
 	$(BUILD)/bin/space-qemu-bench --template /tmp/space-qemu-bench-template --startup 30 --memory-rounds 3
 	taskset -c 0 $(BUILD)/bin/space-net-bench

@@ -14,7 +14,7 @@
 // `--network off`. The in-process restore baseline needs a template without a NIC, so
 // --network skips it: compare with a run without --network right before or after.
 // Usage: space-api-bench [--creates N] [--execs N] [--warm-pool N] [--drain N] [--no-snapshots] [--network]
-//                        [--jail auto|off] [--vm-uid-base N]
+//                        [--jail auto|off] [--vm-uid-base N] [--disk-mib-per-vcpu N] [--disk-iops-per-vcpu N]
 //                        [--json]
 #include <signal.h>
 #include <unistd.h>
@@ -99,6 +99,11 @@ int main(int argc, char** argv) {
   app.add_option("--vm-uid-base", vm_uid_base,
                  "spaced --vm-uid-base: jailed QEMUs run as uids above it, one each; 0: as uid 0 without capabilities")
       ->capture_default_str();
+  std::string disk_mib = "64", disk_iops = "1000";
+  app.add_option("--disk-mib-per-vcpu", disk_mib, "spaced --disk-mib-per-vcpu: the guest's disk rate; 0: none")
+      ->capture_default_str();
+  app.add_option("--disk-iops-per-vcpu", disk_iops, "spaced --disk-iops-per-vcpu: the guest's disk requests; 0: none")
+      ->capture_default_str();
   app.add_flag("--json", as_json, "one JSON object on stdout instead of a table");
   CLI11_PARSE(app, argc, argv);
   const std::string images = SPACE_IMAGES_DIR;
@@ -165,7 +170,8 @@ int main(int argc, char** argv) {
       // upstream is the host's network.
       "--network", "off",
       // The drain holds --drain sandboxes at once: the node limit must not be what is measured.
-      "--max-vcpus", "256", "--jail", jail, "--vm-uid-base", vm_uid_base};
+      "--max-vcpus", "256", "--jail", jail, "--vm-uid-base", vm_uid_base, "--disk-mib-per-vcpu", disk_mib,
+      "--disk-iops-per-vcpu", disk_iops};
   if (no_snapshots) daemon_argv.push_back("--no-snapshots");
   if (network) {
     // An upstream namespace with only a loopback: gateways start and serve the guest, and
@@ -328,8 +334,9 @@ int main(int argc, char** argv) {
   } else {
     printf(
         "accelerator %s, %d creates (1 vCPU, 256 MB), %d execs, spaced --warm-pool %d --network %s --jail %s "
-        "--vm-uid-base %s\n",
-        accelerator.c_str(), creates, execs, warm_pool, network ? "on" : "off", jail.c_str(), vm_uid_base.c_str());
+        "--vm-uid-base %s --disk-mib-per-vcpu %s --disk-iops-per-vcpu %s\n",
+        accelerator.c_str(), creates, execs, warm_pool, network ? "on" : "off", jail.c_str(), vm_uid_base.c_str(),
+        disk_mib.c_str(), disk_iops.c_str());
     printRow("baseline: bare QEMU spawn -> QMP answering", qf);
     printRow("baseline: cold boot, Vm::start in-process", dc);
     if (!network) {

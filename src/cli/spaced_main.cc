@@ -490,6 +490,19 @@ int main(int argc, char** argv) {
                      "run as uid 0 without capabilities")
       ->check(CLI::Range(uint32_t{0}, uint32_t{2147483647u - sandbox::kVmUidCount}))
       ->capture_default_str();
+  // Per vCPU, so a sandbox's share grows with its size: a 2-vCPU one gets 128 MiB/s and 2000
+  // requests a second, about a general-purpose cloud volume's baseline.
+  uint64_t disk_mib_per_vcpu = 64;
+  app.add_option("--disk-mib-per-vcpu", disk_mib_per_vcpu,
+                 "disk I/O each vCPU of a sandbox may use, MiB/s (reads and writes together; QEMU holds the guest's "
+                 "disk to it). 0: no limit")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 20))
+      ->capture_default_str();
+  uint64_t disk_iops_per_vcpu = 1000;
+  app.add_option("--disk-iops-per-vcpu", disk_iops_per_vcpu,
+                 "disk requests each vCPU of a sandbox may make per second (reads and writes together). 0: no limit")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 24))
+      ->capture_default_str();
   app.add_option("--gateway-binary", network_options.gateway_binary,
                  "the space-gateway program (default: next to spaced)");
   app.add_option("--gateway-upstream-netns", network_options.upstream_netns,
@@ -686,6 +699,7 @@ int main(int argc, char** argv) {
     config.require_cgroups = jail_mode == "on";
     config.vm_uid_base = vm_uid_base;
   }
+  config.disk_io_per_vcpu = vmm::DiskIoRate{disk_mib_per_vcpu << 20, disk_iops_per_vcpu};
   auto policy_json = parseJsonBounded(egress_policy);
   if (!policy_json.ok()) return fatal("--egress-policy: " + policy_json.error().message);
   auto policy = net::parsePolicy(policy_json.value());

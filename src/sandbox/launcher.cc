@@ -23,6 +23,7 @@ vmm::VmSpec Launcher::baseSpec(const Template& tpl, uint32_t cpus, uint64_t memo
   spec.boot_timeout = config_.boot_timeout;
   spec.qemu_binary = facts_.qemu_binary;
   spec.extra_cmdline = facts_.guestKernelArgs(accelerator);
+  spec.disk_io = vmm::vmDiskIoLimits(spec, facts_);
   return spec;
 }
 

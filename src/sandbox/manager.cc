@@ -294,6 +294,7 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
     facts->disk_images.push_back(std::filesystem::absolute(tpl.rootfs_path, ec).string());
     if (auto image = std::filesystem::canonical(tpl.rootfs_path, ec); !ec) facts->disk_images.push_back(image);
   }
+  facts->disk_io_per_vcpu = config.disk_io_per_vcpu;
   if (!config.jailer.empty()) {
     facts->jailer = config.jailer;
     if (config.vm_uid_base != 0) {

@@ -79,6 +79,9 @@ struct ManagerConfig {
   // Jailed QEMUs run as uids vm_uid_base+1 .. +kVmUidCount, one each, with gid vm_uid_base
   // (vmm/vm_users.h); no account may have one. 0: as uid 0 without capabilities.
   uint32_t vm_uid_base = 0;
+  // How much of the host's disk each vCPU of a guest may use (QEMU throttles the guest's disk
+  // device; vmm::vmDiskIoLimits). Zero: no limit.
+  vmm::DiskIoRate disk_io_per_vcpu;
   std::map<std::string, Template> templates;
   vmm::Accelerator accelerator = vmm::Accelerator::kAuto;
   std::chrono::milliseconds boot_timeout{60000};

@@ -42,6 +42,9 @@ struct NodeFacts {
   std::vector<std::string> disk_images;
   // The uids jailed QEMUs run as, one each (vmm/vm_users.h). Null: uid 0 without capabilities.
   std::shared_ptr<VmUsers> vm_users;
+  // How much of the host's disk one vCPU of a sandbox may use (vmDiskIoLimits). Zero: no limit
+  // (spaced sets --disk-mib-per-vcpu and --disk-iops-per-vcpu).
+  DiskIoRate disk_io_per_vcpu;
 
   // The kernel arguments every guest of this node gets under `accelerator`, after SPACE's own.
   std::string guestKernelArgs(Accelerator accelerator) const;
@@ -68,6 +71,12 @@ uint64_t rememberedTscKhz(const std::string& file, uint64_t measured);
 // the translation buffer: the spec's tb-size or QEMU's 1 GiB default), a bound on its tasks, and
 // CPU time for its vCPUs and one more thread (QEMU's main loop and I/O).
 jail::CgroupLimits vmCgroupLimits(const VmSpec& spec, Accelerator accelerator);
+
+// A sandbox's disk limits (VmSpec::disk_io): the node's rate per vCPU times its vCPUs. QEMU
+// enforces them on the guest's disk device, where a guest's requests wait their turn whatever
+// the host's cgroup version or the disk under the data directory (a v1 cgroup's I/O controller
+// would not see QEMU's buffered writes).
+DiskIoRate vmDiskIoLimits(const VmSpec& spec, const NodeFacts& node);
 
 // MemAvailable from /proc/meminfo, now.
 Result<uint64_t> availableMemoryMib();

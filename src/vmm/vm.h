@@ -183,6 +183,9 @@ class Vm {
   Status loadState(const std::string& state_file, Clock::time_point deadline, bool start, bool ignore_shared);
   std::optional<Error> checkAlive();
   Error bootFailure(const std::string& what);
+  // QEMU throttles the guest's disk to `rate` (on the device's block backend, so it stays
+  // through freezeDisk's switch to a new overlay). Set at every start: it is not saved state.
+  Status limitDiskIo(const DiskIoRate& rate);
   // Puts space-jail (and, where the node has cgroups, the VM's new group) in front of argv; where
   // the node has VM uids, takes one (user_) and gives it the run directory.
   Status jailArgv(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& argv);

@@ -21,6 +21,13 @@ enum class DiskMode {
   kDirect,   // the image itself, writable: only for images the VM owns
 };
 
+// A rate of guest disk I/O: bytes and requests per second, reads and writes together. 0: none.
+struct DiskIoRate {
+  uint64_t bytes_per_sec = 0;
+  uint64_t iops = 0;
+  bool limited() const { return bytes_per_sec != 0 || iops != 0; }
+};
+
 struct VmSpec {
   std::string kernel_path;            // uncompressed ELF vmlinux with a PVH note
   std::string rootfs_path;            // ext4 image (or, for a restored VM, the snapshot's qcow2 disk)
@@ -52,6 +59,9 @@ struct VmSpec {
   // memory") measured 128 MiB at no cost, but a guest panic seen while that change was on
   // trial is not yet explained.
   uint32_t tcg_tb_size_mib = 0;
+  // QEMU holds the guest's disk to this rate from its first request (Vm::limitDiskIo; not saved
+  // state, so set at every start). Sandboxes get their node's rate per vCPU (vmDiskIoLimits).
+  DiskIoRate disk_io;
 };
 
 struct HostCapacity {
