@@ -20,6 +20,7 @@
 #include "agent/event_loop.h"
 #include "agent/fs_service.h"
 #include "agent/guest_init.h"
+#include "agent/guest_stats.h"
 #include "agent/process_service.h"
 #include "agent/trust_store.h"
 #include "agent/users.h"
@@ -105,6 +106,7 @@ int main(int argc, char** argv) {
     shutdownGuest();
   };
   router.unary("/agent.Agent/Info", [](const Json&, const CallContext&) -> UnaryResult { return agentInfo(); });
+  router.unary("/agent.Agent/Stats", [](const Json&, const CallContext&) -> UnaryResult { return readGuestStats(); });
   router.unary("/agent.Agent/Configure", [&](const Json& req, const CallContext&) -> UnaryResult {
     std::map<std::string, std::string> env;
     if (req.contains("envVars")) {

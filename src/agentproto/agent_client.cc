@@ -118,6 +118,7 @@ struct Call : std::enable_shared_from_this<Call>, AgentStream {
   AgentClient::MessageFn on_message;
   AgentClient::RawMessageFn on_payload;  // instead of on_message: data envelopes unparsed
   AgentClient::EndFn on_end;
+  AgentClient::ValueFn on_value;  // a unary call nobody waits for (callAsync)
   // completion
   std::mutex m;
   std::condition_variable cv;
@@ -132,10 +133,13 @@ struct Call : std::enable_shared_from_this<Call>, AgentStream {
     if (completing) return;
     completing = true;
     auto end_cb = std::move(on_end);
+    auto value_cb = std::move(on_value);
     on_end = nullptr;
+    on_value = nullptr;
     on_message = nullptr;
     on_payload = nullptr;
     if (end_cb) end_cb(st);
+    if (value_cb) value_cb(st.ok() ? Result<Json>(v) : Result<Json>(st.error()));
     {
       std::lock_guard<std::mutex> lock(m);
       finished = true;
@@ -806,6 +810,14 @@ Result<Json> AgentClient::call(const std::string& method, const Json& request, c
   auto st = call->waitDone(std::nullopt);
   if (!st.ok()) return st.error();
   return std::move(call->value);
+}
+
+void AgentClient::callAsync(const std::string& method, const Json& request, const CallOptions& options, ValueFn done) {
+  auto call = newCall(impl_, Call::Kind::kUnary, method, options);
+  call->content_type = "application/json";
+  call->req_body = request.dump(-1, ' ', false, Json::error_handler_t::replace);
+  call->on_value = std::move(done);
+  start(impl_, call);
 }
 
 namespace {

@@ -88,6 +88,11 @@ class AgentClient {
   uint64_t nudges() const;
 
   Result<Json> call(const std::string& method, const Json& request, const CallOptions& options = {});
+  // The same call without waiting for it: `done` gets the answer or the error, once, on the
+  // client's I/O thread (or on this thread, at once, if the client is not connected). Same
+  // callback rules as stream(). For a caller that must never wait on a guest (housekeeping).
+  using ValueFn = std::function<void(Result<Json> answer)>;
+  void callAsync(const std::string& method, const Json& request, const CallOptions& options, ValueFn done);
 
   using MessageFn = std::function<void(const Json& message)>;
   using EndFn = std::function<void(const Status& end)>;

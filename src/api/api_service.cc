@@ -532,6 +532,11 @@ void ApiService::metrics(Call& c) {
   mem_total.help = "A running sandbox's RAM size.";
   auto& disk = gauges["space_sandbox_disk_used_bytes"];
   disk.help = "Host disk blocks a running sandbox's disk overlay holds.";
+  auto& guest_mem = gauges["space_sandbox_guest_memory_used_bytes"];
+  guest_mem.help =
+      "Memory in use in a running sandbox as its guest reports it (MemTotal - MemAvailable; the guest's claim).";
+  auto& guest_disk = gauges["space_sandbox_guest_disk_used_bytes"];
+  guest_disk.help = "Space in use on a running sandbox's root filesystem as its guest reports it (the guest's claim).";
   auto& net_sent = gauges["space_sandbox_network_sent_bytes_total"];
   net_sent.help = "Bytes a running sandbox's guest sent through its NIC since its network was made or resumed.";
   net_sent.type = "counter";
@@ -544,6 +549,10 @@ void ApiService::metrics(Call& c) {
     mem.values[labels] = static_cast<double>(usage.sample.mem_used_bytes);
     mem_total.values[labels] = static_cast<double>(usage.sample.mem_total_bytes);
     disk.values[labels] = static_cast<double>(usage.sample.disk_used_bytes);
+    if (usage.sample.has_guest) {
+      guest_mem.values[labels] = static_cast<double>(usage.sample.guest_mem_used_bytes);
+      guest_disk.values[labels] = static_cast<double>(usage.sample.guest_disk_used_bytes);
+    }
     if (usage.sample.has_nic) {
       net_sent.values[labels] = static_cast<double>(usage.sample.net_sent_bytes);
       net_received.values[labels] = static_cast<double>(usage.sample.net_received_bytes);
@@ -1385,15 +1394,23 @@ void ApiService::sandboxMetrics(Call& c) {
   if (!samples.ok()) return fail(c, samples.error());
   json out = json::array();
   for (const auto& m : samples.value()) {
-    out.push_back(json{{"timestamp", rfc3339(m.timestamp_ms)},
-                       {"timestamp_unix", m.timestamp_ms / 1000},
-                       {"cpu_count", m.cpu_count},
-                       {"cpu_used_pct", std::round(m.cpu_used_pct * 100) / 100},
-                       {"mem_used_bytes", m.mem_used_bytes},
-                       {"mem_total_bytes", m.mem_total_bytes},
-                       {"disk_used_bytes", m.disk_used_bytes},
-                       {"net_sent_bytes", m.net_sent_bytes},
-                       {"net_received_bytes", m.net_received_bytes}});
+    json sample{{"timestamp", rfc3339(m.timestamp_ms)},
+                {"timestamp_unix", m.timestamp_ms / 1000},
+                {"cpu_count", m.cpu_count},
+                {"cpu_used_pct", std::round(m.cpu_used_pct * 100) / 100},
+                {"mem_used_bytes", m.mem_used_bytes},
+                {"mem_total_bytes", m.mem_total_bytes},
+                {"disk_used_bytes", m.disk_used_bytes},
+                {"net_sent_bytes", m.net_sent_bytes},
+                {"net_received_bytes", m.net_received_bytes}};
+    // What the guest says of itself, when its agent answered lately (sandbox/metrics.h).
+    if (m.has_guest) {
+      sample["guest_mem_used_bytes"] = m.guest_mem_used_bytes;
+      sample["guest_mem_cache_bytes"] = m.guest_mem_cache_bytes;
+      sample["guest_disk_used_bytes"] = m.guest_disk_used_bytes;
+      sample["guest_disk_total_bytes"] = m.guest_disk_total_bytes;
+    }
+    out.push_back(std::move(sample));
   }
   (void)c.res.send(200, "application/json", dumpJson(json{{"metrics", std::move(out)}}));
 }

@@ -235,9 +235,10 @@ int main(int argc, char** argv) {
       "Ctrl-C passes SIGINT on; a second one detaches (with -t, Ctrl-C goes to the terminal).");
 
   TopOptions top;
-  auto* c_top =
-      command("top", "show what running sandboxes cost the host: CPU, memory, disk, network bytes out/in (every 5 s)",
-              [&](const apiclient::Client& api) { return cmdTop(api, top, as_json); });
+  auto* c_top = command("top",
+                        "show what running sandboxes cost the host (CPU, memory, disk, network bytes out/in) and what "
+                        "their guests say they use (memory, root filesystem), every 5 s",
+                        [&](const apiclient::Client& api) { return cmdTop(api, top, as_json); });
   c_top->add_option("ids", top.ids, "sandbox ids (default: every running sandbox)");
   c_top->add_flag("--once", top.once, "print one refresh and exit");
   c_top->add_option("--interval", top.interval_s, "seconds between refreshes")->check(CLI::Range(1, 3600));

@@ -675,17 +675,21 @@ void ControlPlane::metrics(Call& c) {
   // The end second is included whole; bounds[1] is at most INT64_MAX / 1000 - 1 here, so no overflow.
   auto samples = manager_.metrics(c.tenant, c.id(), bounds[0] * 1000, bounds[1] * 1000 + 999);
   if (!samples.ok()) return fail(c, samples.error());
-  // What the host measures (sandbox/metrics.h): no memCache, which only the guest knows.
+  // E2B's figures are the guest's own (envd's): the guest's where its agent answered lately
+  // (sandbox/metrics.h), else what the host measures, and no memCache then.
   json out = json::array();
   for (const auto& m : samples.value()) {
-    out.push_back(json{{"timestamp", rfc3339(m.timestamp_ms)},
-                       {"timestampUnix", m.timestamp_ms / 1000},
-                       {"cpuCount", m.cpu_count},
-                       {"cpuUsedPct", std::round(m.cpu_used_pct * 100) / 100},
-                       {"memUsed", m.mem_used_bytes},
-                       {"memTotal", m.mem_total_bytes},
-                       {"diskUsed", m.disk_used_bytes},
-                       {"diskTotal", static_cast<uint64_t>(options_.disk_size_mb) << 20}});
+    json sample{
+        {"timestamp", rfc3339(m.timestamp_ms)},
+        {"timestampUnix", m.timestamp_ms / 1000},
+        {"cpuCount", m.cpu_count},
+        {"cpuUsedPct", std::round(m.cpu_used_pct * 100) / 100},
+        {"memUsed", m.has_guest ? m.guest_mem_used_bytes : m.mem_used_bytes},
+        {"memTotal", m.mem_total_bytes},
+        {"diskUsed", m.has_guest ? m.guest_disk_used_bytes : m.disk_used_bytes},
+        {"diskTotal", m.has_guest ? m.guest_disk_total_bytes : static_cast<uint64_t>(options_.disk_size_mb) << 20}};
+    if (m.has_guest) sample["memCache"] = m.guest_mem_cache_bytes;
+    out.push_back(std::move(sample));
   }
   (void)c.res.send(200, "application/json", dumpJson(out));
 }

@@ -129,6 +129,13 @@ void SandboxManager::sampleMetrics(Live& live, int64_t now_ms) {
                                      sysconf(_SC_CLK_TCK));
     sample.mem_used_bytes = usage->rss_bytes;
     sample.mem_total_bytes = live.memory_mb << 20;
+    if (auto guest = live.guest_stats->fresh(now_ms, kGuestStatsMaxAgeMs)) {
+      sample.has_guest = true;
+      sample.guest_mem_used_bytes = guest->mem_used;
+      sample.guest_mem_cache_bytes = guest->mem_cache;
+      sample.guest_disk_used_bytes = guest->disk_used;
+      sample.guest_disk_total_bytes = guest->disk_total;
+    }
     struct stat st {};
     if (::lstat(live.vm().paths().disk.c_str(), &st) == 0)
       sample.disk_used_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
@@ -142,6 +149,17 @@ void SandboxManager::sampleMetrics(Live& live, int64_t now_ms) {
   live.sampled_pid = pid;
   live.sampled_cpu_ticks = usage->cpu_ticks;
   live.sampled_at_ms = now_ms;
+  // The guest's own figures for the next sample: asked for without waiting, so a guest that
+  // never answers costs housekeeping nothing, and holds at most one question at a time.
+  if (live.guest_stats->startAsking()) {
+    agentproto::CallOptions options;
+    options.timeout = std::chrono::milliseconds(kGuestStatsTimeoutMs);
+    live.vm().sharedAgent()->callAsync(
+        "/agent.Agent/Stats", nlohmann::json::object(), options,
+        [cell = live.guest_stats, ram = live.memory_mb << 20](Result<nlohmann::json> answer) {
+          cell->answer(answer.ok() ? parseGuestStats(answer.value(), ram) : std::nullopt, nowMs());
+        });
+  }
 }
 
 Result<std::vector<MetricSample>> SandboxManager::metrics(const std::string& tenant, const std::string& id,

@@ -327,6 +327,9 @@ class SandboxManager {
   // Adds a metrics sample of a running sandbox, at most every kMetricsIntervalMs (under its control lock).
   void sampleMetrics(Live& live, int64_t now_ms);
   static constexpr int64_t kMetricsIntervalMs = 5000;
+  // A guest's own figures: how long its agent has to answer, and for how long an answer counts.
+  static constexpr int64_t kGuestStatsTimeoutMs = 2000;
+  static constexpr int64_t kGuestStatsMaxAgeMs = 2 * kMetricsIntervalMs + kGuestStatsTimeoutMs;
   void checkOne(const std::shared_ptr<Live>& live, int64_t now_ms);
   void act(const std::shared_ptr<Live>& live, Due due);
   // The guest stopped on a disk error: recorded paused with why, agent calls ended. `control` held.

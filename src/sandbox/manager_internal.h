@@ -46,6 +46,9 @@ struct SandboxManager::Live {
   uint64_t sampled_cpu_ticks = 0;
   int64_t sampled_at_ms = 0;
   pid_t sampled_pid = 0;  // a new QEMU (a resume) starts its CPU time at 0
+  // What its guest last said of itself (housekeeping asks; the agent client's thread answers,
+  // maybe after the sandbox is gone: hence shared).
+  std::shared_ptr<GuestStatsCell> guest_stats = std::make_shared<GuestStatsCell>();
 
   vmm::Vm& vm() { return runtime->vm(); }
 };

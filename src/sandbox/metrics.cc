@@ -72,4 +72,46 @@ double cpuPercent(uint64_t ticks, int64_t wall_ms, uint32_t cpus, long ticks_per
   return std::clamp(pct, 0.0, 100.0);
 }
 
+std::optional<GuestFigures> parseGuestStats(const nlohmann::json& answer, uint64_t ram_bytes) {
+  constexpr uint64_t kMaxDiskBytes = uint64_t{1} << 50;
+  if (!answer.is_object()) return std::nullopt;
+  uint64_t values[5] = {};
+  const char* names[5] = {"memTotal", "memAvailable", "memCache", "diskTotal", "diskUsed"};
+  for (int i = 0; i < 5; ++i) {
+    auto it = answer.find(names[i]);
+    if (it == answer.end() || !it->is_number_integer()) return std::nullopt;
+    if (!it->is_number_unsigned() && it->get<int64_t>() < 0) return std::nullopt;
+    values[i] = it->get<uint64_t>();
+  }
+  const uint64_t mem_total = std::min(values[0], ram_bytes);
+  const uint64_t mem_available = std::min(values[1], mem_total);
+  GuestFigures figures;
+  figures.mem_used = mem_total - mem_available;
+  figures.mem_cache = std::min(values[2], mem_total);
+  figures.disk_total = std::min(values[3], kMaxDiskBytes);
+  figures.disk_used = std::min(values[4], figures.disk_total);
+  return figures;
+}
+
+bool GuestStatsCell::startAsking() {
+  std::lock_guard lock(mu_);
+  if (asking_) return false;
+  asking_ = true;
+  return true;
+}
+
+void GuestStatsCell::answer(std::optional<GuestFigures> figures, int64_t now_ms) {
+  std::lock_guard lock(mu_);
+  asking_ = false;
+  if (!figures) return;
+  figures_ = figures;
+  at_ms_ = now_ms;
+}
+
+std::optional<GuestFigures> GuestStatsCell::fresh(int64_t now_ms, int64_t max_age_ms) const {
+  std::lock_guard lock(mu_);
+  if (!figures_ || now_ms - at_ms_ > max_age_ms) return std::nullopt;
+  return figures_;
+}
+
 }  // namespace space::sandbox

@@ -1,7 +1,8 @@
 // What a running sandbox costs the host, sampled every few seconds from its QEMU process (CPU
 // time, resident memory) and its disk overlay (blocks allocated), and kept per sandbox in a
-// bounded series: the figures E2B's getMetrics returns. Host-side figures: the guest's own view
-// (its page cache, its filesystem's free space) needs the agent, and is issue 16's.
+// bounded series: the figures E2B's getMetrics returns. Beside them, the guest's own view (its
+// memory in use, page cache, root filesystem), which only its agent knows: asked for without
+// waiting (GuestStatsCell) and taken as the guest's claim, bounded by what it was given.
 #pragma once
 
 #include <sys/types.h>
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +31,46 @@ struct MetricSample {
   uint64_t net_sent_bytes = 0;
   uint64_t net_received_bytes = 0;
   bool has_nic = false;  // the counters were read (the sandbox has a network)
+  // The guest's own figures (its agent's Stats), when it answered lately: memory in use
+  // (MemTotal - MemAvailable), its page cache, its root filesystem's size and use. What the
+  // guest says, so shown to its own tenant only and never used for limits or accounting.
+  bool has_guest = false;
+  uint64_t guest_mem_used_bytes = 0;
+  uint64_t guest_mem_cache_bytes = 0;
+  uint64_t guest_disk_used_bytes = 0;
+  uint64_t guest_disk_total_bytes = 0;
+};
+
+struct GuestFigures {
+  uint64_t mem_used = 0;
+  uint64_t mem_cache = 0;
+  uint64_t disk_used = 0;
+  uint64_t disk_total = 0;
+};
+
+// The agent's Stats answer ({"memTotal", "memAvailable", "memCache", "diskTotal", "diskUsed"},
+// bytes), from a guest that may lie: nullopt unless each is an integer of 0 or more; memory figures
+// are held to `ram_bytes` (the guest's RAM) and to each other, disk use to the disk's size, and
+// that to 1 PiB, so no figure a guest makes up exceeds what it could really have.
+std::optional<GuestFigures> parseGuestStats(const nlohmann::json& answer, uint64_t ram_bytes);
+
+// The latest guest figures of one sandbox, and whether a question for them is out. Shared
+// between housekeeping (asks, reads) and the agent client's thread (answers), which may answer
+// after the sandbox is gone. Thread-safe.
+class GuestStatsCell {
+ public:
+  // True (and a question is now out) if none was; false while one is.
+  bool startAsking();
+  // The answer to the question out (nullopt: none came, or it was refused); ends the asking.
+  void answer(std::optional<GuestFigures> figures, int64_t now_ms);
+  // The last figures if they are at most `max_age_ms` old.
+  std::optional<GuestFigures> fresh(int64_t now_ms, int64_t max_age_ms) const;
+
+ private:
+  mutable std::mutex mu_;
+  bool asking_ = false;
+  std::optional<GuestFigures> figures_;
+  int64_t at_ms_ = 0;
 };
 
 // The newest samples, oldest first, at most `max` of them. Thread-safe.

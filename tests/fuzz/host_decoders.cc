@@ -4,9 +4,10 @@
 #include <string_view>
 
 #include "agentproto/commands.h"
-#include "api/ingress.h"
 #include "agentproto/wire.h"
+#include "api/ingress.h"
 #include "common/bounded_json.h"
+#include "sandbox/metrics.h"
 #include "vmm/qmp_client.h"
 
 namespace space::fuzz {
@@ -56,11 +57,12 @@ void fuzzHostDecoders(const uint8_t* data, size_t size) {
   (void)api::ingressFromPath(in);
   (void)api::ingressFromHost(in, "preview.test", "/");
 
-  // A process event as JSON text.
+  // A process event, or an answer to Stats, as JSON text.
   auto event = parseJsonBounded(in);
   if (event.ok()) {
     useLikeTheHost(event.value());
     (void)agentproto::decodeProcessEvent(event.value());
+    (void)sandbox::parseGuestStats(event.value(), uint64_t{256} << 20);
   }
 }
 

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -2883,6 +2884,33 @@ TEST_F(SpacedTest, ATerminalFollowsItsWindowRunsFullScreenProgramsAndEndsWithThe
   EXPECT_EQ(last["mem_total_bytes"], 256u << 20) << last;
   EXPECT_GT(last["mem_used_bytes"].get<uint64_t>(), 0u) << last;
   EXPECT_GE(last["cpu_used_pct"].get<double>(), 0.0) << last;
+  // The guest's own view, from its agent: memory in use within its RAM, its root filesystem's
+  // size and use; and live: 64 MiB written in the guest show in a later sample.
+  auto latestGuestSample = [&](const std::function<bool(const json&)>& good) {
+    json sample;
+    for (int i = 0; i < 60; ++i) {
+      json all = daemon_->callJson("GET", "/v1/sandboxes/" + id + "/metrics", json(), 200)["metrics"];
+      if (!all.empty() && all.back().contains("guest_mem_used_bytes")) {
+        sample = all.back();
+        if (good(sample)) break;
+      }
+      std::this_thread::sleep_for(milliseconds(500));
+    }
+    return sample;
+  };
+  const json guest = latestGuestSample([](const json&) { return true; });
+  ASSERT_TRUE(guest.contains("guest_mem_used_bytes")) << "no sample with the guest's figures";
+  EXPECT_GT(guest["guest_mem_used_bytes"].get<uint64_t>(), 8u << 20) << guest;
+  EXPECT_LT(guest["guest_mem_used_bytes"].get<uint64_t>(), 256u << 20) << guest;
+  EXPECT_LT(guest["guest_mem_cache_bytes"].get<uint64_t>(), 256u << 20) << guest;
+  const uint64_t disk_used = guest["guest_disk_used_bytes"].get<uint64_t>();
+  EXPECT_GT(disk_used, 100u << 20) << guest;  // the image's own files
+  EXPECT_GT(guest["guest_disk_total_bytes"].get<uint64_t>(), disk_used) << guest;
+  ASSERT_EQ(
+      execJson(*daemon_, id, json{{"command", "head -c 67108864 /dev/zero > /home/user/big && sync"}})["exit_code"], 0);
+  const json grown = latestGuestSample(
+      [&](const json& s) { return s["guest_disk_used_bytes"].get<uint64_t>() >= disk_used + (60u << 20); });
+  EXPECT_GE(grown.value("guest_disk_used_bytes", uint64_t{0}), disk_used + (60u << 20)) << grown;
   EXPECT_EQ(daemon_->callJson("GET", "/v1/sandboxes/" + id + "/metrics?start=1&end=2", json(), 200)["metrics"].size(),
             0u);
   EXPECT_EQ(daemon_->call("GET", "/v1/sandboxes/" + id + "/metrics?start=yesterday").status, 400);
@@ -2900,6 +2928,9 @@ TEST_F(SpacedTest, ATerminalFollowsItsWindowRunsFullScreenProgramsAndEndsWithThe
   EXPECT_EQ(topped["sandboxes"][0]["metrics"]["mem_total_bytes"], 256u << 20) << topped;
   const std::string prometheus = daemon_->call("GET", "/metrics").body;
   EXPECT_NE(prometheus.find("space_sandbox_memory_bytes{tenant=\"default\",sandbox=\"" + id + "\"} 268435456\n"),
+            std::string::npos)
+      << prometheus;
+  EXPECT_NE(prometheus.find("space_sandbox_guest_memory_used_bytes{tenant=\"default\",sandbox=\"" + id + "\"} "),
             std::string::npos)
       << prometheus;
 }

@@ -249,6 +249,54 @@ TEST_F(FlowTest, RawStreamsHandOverTheGuestsPayloadsAndParseOnlyTheEnd) {
   EXPECT_EQ(seen->end->error().message, "gone");
 }
 
+// A unary call nobody waits for: its answer, or its error, reaches the callback exactly once,
+// and the caller's thread never waits (housekeeping asks guests for their figures so).
+TEST_F(FlowTest, AnAsyncCallAnswersItsCallbackOnceWithoutTheCallerWaiting) {
+  AgentThread agent(fds_[0], router_);
+  auto client = connectClient();
+  ASSERT_NE(client, nullptr);
+  struct Answers {
+    std::mutex m;
+    std::vector<Result<Json>> got;
+  };
+  auto answers = std::make_shared<Answers>();
+  auto record = [answers](Result<Json> answer) {
+    std::lock_guard lock(answers->m);
+    answers->got.push_back(std::move(answer));
+  };
+  client->callAsync("/test.Test/Echo", Json{{"n", 7}}, CallOptions{seconds(5), ""}, record);
+  client->callAsync("/test.Test/Missing", Json::object(), CallOptions{seconds(5), ""}, record);
+  ASSERT_TRUE(eventually(
+      [&] {
+        std::lock_guard lock(answers->m);
+        return answers->got.size() == 2;
+      },
+      milliseconds(5000)));
+  std::this_thread::sleep_for(milliseconds(50));  // nothing more comes
+  std::lock_guard lock(answers->m);
+  ASSERT_EQ(answers->got.size(), 2u);
+  int echoed = 0, failed = 0;
+  for (const auto& answer : answers->got) {
+    if (answer.ok()) {
+      EXPECT_EQ(answer.value(), (Json{{"echo", {{"n", 7}}}}));
+      ++echoed;
+    } else {
+      EXPECT_NE(answer.error().message.find("no method"), std::string::npos) << answer.error().message;
+      ++failed;
+    }
+  }
+  EXPECT_EQ(echoed, 1);
+  EXPECT_EQ(failed, 1);
+  // A client without a connection answers at once, on the caller's thread.
+  auto none = agentproto::AgentClient::disconnected("no guest");
+  std::optional<Result<Json>> at_once;
+  none->callAsync("/test.Test/Echo", Json::object(), CallOptions{seconds(5), ""},
+                  [&](Result<Json> answer) { at_once = std::move(answer); });
+  ASSERT_TRUE(at_once.has_value());
+  ASSERT_FALSE(at_once->ok());
+  EXPECT_EQ(at_once->error().code, ErrorCode::kUnavailable);
+}
+
 TEST_F(FlowTest, UploadSourceThatBlocksStallsNeitherOtherCallsNorItsDeadline) {
   AgentThread agent(fds_[0], router_);
   auto client = connectClient();

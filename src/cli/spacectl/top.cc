@@ -75,19 +75,21 @@ int cmdTop(const apiclient::Client& api, const TopOptions& o, bool as_json) {
       std::cout << dumpJson(json{{"sandboxes", report}}) << std::endl;
     } else {
       if (screen) std::cout << "\x1b[H\x1b[2J";
-      std::vector<std::vector<std::string>> rows = {
-          {"ID", "CPU", "VCPUS", "MEM USED", "MEMORY", "DISK USED", "NET OUT/IN", "SAMPLED"}};
+      std::vector<std::vector<std::string>> rows = {{"ID", "CPU", "VCPUS", "HOST MEM", "GUEST MEM", "MEMORY",
+                                                     "HOST DISK", "GUEST DISK", "NET OUT/IN", "SAMPLED"}};
       for (const auto& entry : report) {
         const json& m = entry["metrics"];
         if (m.is_null()) {
-          rows.push_back({text(entry["id"]), "-", "-", "-", "-", "-", "-", "not yet"});
+          rows.push_back({text(entry["id"]), "-", "-", "-", "-", "-", "-", "-", "-", "not yet"});
           continue;
         }
-        rows.push_back({text(entry["id"]), percentText(field(m, "cpu_used_pct")), text(field(m, "cpu_count")),
-                        bytesText(field(m, "mem_used_bytes")), bytesText(field(m, "mem_total_bytes")),
-                        bytesText(field(m, "disk_used_bytes")),
-                        bytesText(field(m, "net_sent_bytes")) + "/" + bytesText(field(m, "net_received_bytes")),
-                        relativeTime(field(m, "timestamp"))});
+        rows.push_back(
+            {text(entry["id"]), percentText(field(m, "cpu_used_pct")), text(field(m, "cpu_count")),
+             bytesText(field(m, "mem_used_bytes")), bytesText(field(m, "guest_mem_used_bytes")),
+             bytesText(field(m, "mem_total_bytes")), bytesText(field(m, "disk_used_bytes")),
+             bytesText(field(m, "guest_disk_used_bytes")) + "/" + bytesText(field(m, "guest_disk_total_bytes")),
+             bytesText(field(m, "net_sent_bytes")) + "/" + bytesText(field(m, "net_received_bytes")),
+             relativeTime(field(m, "timestamp"))});
       }
       printTable(rows);
       if (screen) std::cout << "\nevery " << o.interval_s << "s; Ctrl-C quits" << std::flush;
