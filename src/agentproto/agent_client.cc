@@ -118,7 +118,8 @@ struct Call : std::enable_shared_from_this<Call>, AgentStream {
   AgentClient::MessageFn on_message;
   AgentClient::RawMessageFn on_payload;  // instead of on_message: data envelopes unparsed
   AgentClient::EndFn on_end;
-  AgentClient::ValueFn on_value;  // a unary call nobody waits for (callAsync)
+  AgentClient::ValueFn on_value;                         // a unary call nobody waits for (callAsync)
+  size_t max_response = AgentClient::kMaxUnaryResponse;  // a successful unary answer's bytes
   // completion
   std::mutex m;
   std::condition_variable cv;
@@ -139,7 +140,8 @@ struct Call : std::enable_shared_from_this<Call>, AgentStream {
     on_message = nullptr;
     on_payload = nullptr;
     if (end_cb) end_cb(st);
-    if (value_cb) value_cb(st.ok() ? Result<Json>(v) : Result<Json>(st.error()));
+    // Moved: nobody reads `value` of a call whose answer goes to a callback.
+    if (value_cb) value_cb(st.ok() ? Result<Json>(std::move(v)) : Result<Json>(st.error()));
     {
       std::lock_guard<std::mutex> lock(m);
       finished = true;
@@ -392,7 +394,7 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
       }
       return 0;
     }
-    size_t limit = call->status == 200 ? AgentClient::kMaxUnaryResponse : kMaxErrorBody;
+    size_t limit = call->status == 200 ? call->max_response : kMaxErrorBody;
     if (call->body.size() + len > limit) {
       return abort(makeError(ErrorCode::kUnavailable, "agent response exceeds " + std::to_string(limit) + " bytes"));
     }
@@ -787,6 +789,9 @@ std::shared_ptr<Call> newCall(const std::shared_ptr<AgentClient::Impl>& impl, Ca
   for (const auto& [key, value] : options.metadata) call->metadata_headers.emplace_back("x-metadata-" + key, value);
   if (options.timeout.count() > 0) {
     call->deadline = Clock::now() + std::min(options.timeout, kMaxTimeout) + options.local_grace;
+  }
+  if (options.max_response_bytes > 0) {
+    call->max_response = std::min(options.max_response_bytes, AgentClient::kMaxUnaryResponse);
   }
   return call;
 }

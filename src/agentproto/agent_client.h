@@ -58,6 +58,10 @@ struct CallOptions {
   // Downloads: the bytes from `offset`, at most `length` of them (all to the end if unset).
   uint64_t offset = 0;
   std::optional<uint64_t> length;
+  // Unary calls: the most bytes a successful answer may have (more fails the call); 0: the
+  // client's limit (kMaxUnaryResponse). A caller that asks every guest for a few figures sets
+  // it small, so no guest makes the host parse megabytes on its schedule.
+  size_t max_response_bytes = 0;
 };
 
 class AgentStream;

@@ -316,10 +316,11 @@ void dropCapabilities(const Identity& who) {
 //   code that only privileged users reach otherwise;
 // - F_SETLEASE: a lease on its own disk would hold off the host's reads of it (layer
 //   collection reads disk headers);
-// and answers clone3 with ENOSYS, since its flags sit in memory that a filter cannot read: the C
-// library then creates its threads with clone, whose flags it can. Everything else is left to
-// QEMU's own filter. A call of another system call ABI (i386, x32) kills the process. libseccomp
-// (not a hand-built BPF program) knows each architecture's numbers and the x32 trap.
+// and answers with ENOSYS io_uring (see below) and clone3, whose flags sit in memory that a
+// filter cannot read: the C library then creates its threads with clone, whose flags it can.
+// Everything else is left to QEMU's own filter. A call of another system call ABI (i386, x32)
+// kills the process. libseccomp (not a hand-built BPF program) knows each architecture's
+// numbers and the x32 trap.
 void denyWhatNoVmNeeds() {
   scmp_filter_ctx filter = seccomp_init(SCMP_ACT_ALLOW);
   if (filter == nullptr) die("seccomp_init failed");
@@ -338,7 +339,16 @@ void denyWhatNoVmNeeds() {
     if (rc == 0) rc = seccomp_rule_add(filter, refuse, SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, flag, flag));
   }
   if (rc == 0) rc = seccomp_rule_add(filter, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
-  if (rc == 0) rc = seccomp_rule_add(filter, refuse, SCMP_SYS(fcntl), 1, SCMP_A1(SCMP_CMP_EQ, F_SETLEASE));
+  // fcntl's command is an unsigned int: the kernel ignores the upper half of the register, so
+  // the rule must too (an EQ on all 64 bits let (1 << 32) | F_SETLEASE through).
+  if (rc == 0) {
+    rc = seccomp_rule_add(filter, refuse, SCMP_SYS(fcntl), 1, SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, F_SETLEASE));
+  }
+  // io_uring: a large part of the kernel that QEMU does not need here (disks use a thread pool,
+  // aio=threads; its descriptor monitor falls back to epoll) and that no filter can look into.
+  for (const int call : {SCMP_SYS(io_uring_setup), SCMP_SYS(io_uring_enter), SCMP_SYS(io_uring_register)}) {
+    if (rc == 0) rc = seccomp_rule_add(filter, SCMP_ACT_ERRNO(ENOSYS), call, 0);
+  }
   if (rc == 0) rc = seccomp_load(filter);
   seccomp_release(filter);
   if (rc != 0) die(std::string("cannot install the seccomp filter: ") + std::strerror(-rc));

@@ -154,6 +154,7 @@ void SandboxManager::sampleMetrics(Live& live, int64_t now_ms) {
   if (live.guest_stats->startAsking()) {
     agentproto::CallOptions options;
     options.timeout = std::chrono::milliseconds(kGuestStatsTimeoutMs);
+    options.max_response_bytes = kGuestStatsMaxBytes;  // five numbers: a few hundred bytes
     live.vm().sharedAgent()->callAsync(
         "/agent.Agent/Stats", nlohmann::json::object(), options,
         [cell = live.guest_stats, ram = live.memory_mb << 20](Result<nlohmann::json> answer) {

@@ -329,6 +329,7 @@ class SandboxManager {
   static constexpr int64_t kMetricsIntervalMs = 5000;
   // A guest's own figures: how long its agent has to answer, and for how long an answer counts.
   static constexpr int64_t kGuestStatsTimeoutMs = 2000;
+  static constexpr size_t kGuestStatsMaxBytes = 4096;
   static constexpr int64_t kGuestStatsMaxAgeMs = 2 * kMetricsIntervalMs + kGuestStatsTimeoutMs;
   void checkOne(const std::shared_ptr<Live>& live, int64_t now_ms);
   void act(const std::shared_ptr<Live>& live, Due due);

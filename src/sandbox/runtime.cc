@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "common/fs.h"
 #include "common/process.h"
 
 namespace space::sandbox {
@@ -62,6 +63,8 @@ Status SandboxRuntime::suspendTo(const std::string& state_file, std::chrono::mil
   // Its policy comes back with it: on disk before anything records the sandbox as suspended.
   if (network_) SPACE_TRY(network_->persistPolicy());
   SPACE_TRY(vm_->saveState(state_file, timeout));
+  // Its disk too: QEMU never flushes it to the disk (qemu_command.cc, cache.no-flush).
+  SPACE_TRY(fsyncPath(vm_->paths().disk));
   release();
   return okStatus();
 }

@@ -68,8 +68,14 @@ std::vector<std::string> buildQemuArgv(const VmSpec& spec, const VmPaths& paths,
   // event BLOCK_IO_ERROR) instead of seeing its write fail, which would make its filesystem
   // go read-only or lose data; once there is room, `cont` retries the write. Other errors are
   // the guest's to see. (QEMU's default too; stated because the owner relies on it.)
-  add({"-blockdev", "driver=file,node-name=rootfile,filename=" + disk + ",aio=threads,cache.direct=off", "-blockdev",
-       "driver=" + format + ",node-name=root,file=rootfile", "-device",
+  // cache.no-flush=on: a guest's flush reaches the host's page cache, never the disk. Disk I/O
+  // limits count reads and writes, not flushes, so a guest could otherwise attach a host
+  // fdatasync (a device cache flush on the shared disk) to each write it is allowed. Nothing is
+  // lost by it: a running sandbox does not outlive a host crash, and whatever must (a suspended
+  // disk, a frozen layer, a template) spaced fsyncs itself.
+  add({"-blockdev",
+       "driver=file,node-name=rootfile,filename=" + disk + ",aio=threads,cache.direct=off,cache.no-flush=on",
+       "-blockdev", "driver=" + format + ",node-name=root,file=rootfile", "-device",
        "virtio-blk-device,drive=root,werror=enospc,rerror=report"});
 
   add({"-chardev", "socket,id=agent,path=" + paths.agent_socket + ",server=on,wait=off", "-device",

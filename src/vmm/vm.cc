@@ -1010,7 +1010,10 @@ Status Vm::freezeDisk(const std::string& layer_path) {
   const std::string node = "root-" + std::filesystem::path(next).stem().string();
   json add{{"driver", "qcow2"},
            {"node-name", node},
-           {"file", json{{"driver", "file"}, {"filename", next}, {"aio", "threads"}}},
+           {"file", json{{"driver", "file"},
+                         {"filename", next},
+                         {"aio", "threads"},
+                         {"cache", json{{"direct", false}, {"no-flush", true}}}}},  // as qemu_command.cc's
            {"backing", nullptr}};
   if (auto added = qmp_->execute("blockdev-add", add); !added.ok()) return undo(added.error());
   if (auto switched = qmp_->execute("blockdev-snapshot", json{{"node", top_node}, {"overlay", node}}); !switched.ok()) {

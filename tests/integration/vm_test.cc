@@ -600,6 +600,12 @@ with open(path) as f:
         print("lease: ok")
     except OSError as e:
         print("lease: " + errno.errorcode[e.errno])
+    # The same command with bits above its 32 (the kernel reads an unsigned int).
+    r = libc.syscall(72, f.fileno(), ctypes.c_long((1 << 32) | 1024), 0)  # fcntl(fd, F_SETLEASE, F_RDLCK)
+    report("lease_high_bits", r)
+    if r >= 0:
+        fcntl.fcntl(f, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+report("io_uring_setup", libc.syscall(425, 4, ctypes.create_string_buffer(120)))
 with open(path, "w") as f:
     fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     print("record lock: ok")
@@ -619,8 +625,9 @@ print("fork: " + str(os.waitpid(pid, 0)[1] >> 8))
       runJailed("/usr/bin/python3 " + probe + " " + dir + "/own", limits,
                 {"--view", "--rw", dir + "/own", "--ro", probe, "--no-caps", "--user", "1700000100:1700000000"});
   EXPECT_EQ(status.exit_code, 0) << status.describe() << "\n" << out;
-  for (const char* refused : {"add_key: EPERM", "keyctl: EPERM", "unshare: EPERM", "clone_newnet: EPERM",
-                              "clone3: ENOSYS", "mount: EPERM", "lease: EPERM"}) {
+  for (const char* refused :
+       {"add_key: EPERM", "keyctl: EPERM", "unshare: EPERM", "clone_newnet: EPERM", "clone3: ENOSYS", "mount: EPERM",
+        "lease: EPERM", "lease_high_bits: EPERM", "io_uring_setup: ENOSYS"}) {
     EXPECT_NE(out.find(std::string(refused) + "\n"), std::string::npos) << refused << "\n" << out;
   }
   for (const char* works : {"record lock: ok", "thread: ok", "fork: 7"}) {
@@ -641,7 +648,8 @@ print("fork: " + str(os.waitpid(pid, 0)[1] >> 8))
   ::chmod(dir.c_str(), 0700);
   ASSERT_TRUE(control_status.has_value());
   const std::string unconfined = readText(control_out);
-  for (const char* allowed : {"add_key: ok", "keyctl: ok", "unshare: ok", "lease: ok"}) {
+  for (const char* allowed :
+       {"add_key: ok", "keyctl: ok", "unshare: ok", "lease: ok", "lease_high_bits: ok", "io_uring_setup: ok"}) {
     EXPECT_NE(unconfined.find(std::string(allowed) + "\n"), std::string::npos) << allowed << "\n" << unconfined;
   }
   std::filesystem::remove_all(dir + "/own");

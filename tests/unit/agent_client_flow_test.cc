@@ -287,6 +287,19 @@ TEST_F(FlowTest, AnAsyncCallAnswersItsCallbackOnceWithoutTheCallerWaiting) {
   }
   EXPECT_EQ(echoed, 1);
   EXPECT_EQ(failed, 1);
+  // An answer over the caller's bound fails that call alone; the next one works.
+  CallOptions small{seconds(5), ""};
+  small.max_response_bytes = 4096;
+  std::promise<Result<Json>> big_answer;
+  client->callAsync("/test.Test/Echo", Json{{"pad", std::string(8192, 'x')}}, small,
+                    [&big_answer](Result<Json> answer) { big_answer.set_value(std::move(answer)); });
+  auto big_future = big_answer.get_future();
+  ASSERT_EQ(big_future.wait_for(seconds(5)), std::future_status::ready);
+  auto big = big_future.get();
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.error().message.find("exceeds 4096 bytes"), std::string::npos) << big.error().message;
+  auto fits = client->call("/test.Test/Echo", Json{{"pad", "y"}}, small);
+  ASSERT_TRUE(fits.ok()) << fits.error().message;
   // A client without a connection answers at once, on the caller's thread.
   auto none = agentproto::AgentClient::disconnected("no guest");
   std::optional<Result<Json>> at_once;

@@ -70,7 +70,8 @@ TEST(QemuCommand, OverlayDiskByDefaultDirectOnRequest) {
   auto s = spec();
   auto argv = buildQemuArgv(s, VmPaths::inRunDir("/r"), Accelerator::kTcg);
   EXPECT_TRUE(
-      hasPair(argv, "-blockdev", "driver=file,node-name=rootfile,filename=/r/disk.qcow2,aio=threads,cache.direct=off"));
+      hasPair(argv, "-blockdev",
+              "driver=file,node-name=rootfile,filename=/r/disk.qcow2,aio=threads,cache.direct=off,cache.no-flush=on"));
   EXPECT_TRUE(hasPair(argv, "-blockdev", "driver=qcow2,node-name=root,file=rootfile"));
   // A full host disk stops the guest (the owner sees it) rather than failing its writes.
   EXPECT_TRUE(hasPair(argv, "-device", "virtio-blk-device,drive=root,werror=enospc,rerror=report"));
