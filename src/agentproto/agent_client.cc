@@ -394,7 +394,7 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
       }
       return 0;
     }
-    size_t limit = call->status == 200 ? call->max_response : kMaxErrorBody;
+    size_t limit = call->status == 200 ? call->max_response : std::min(kMaxErrorBody, call->max_response);
     if (call->body.size() + len > limit) {
       return abort(makeError(ErrorCode::kUnavailable, "agent response exceeds " + std::to_string(limit) + " bytes"));
     }

@@ -2,7 +2,6 @@
 
 #include <filesystem>
 
-#include "common/fs.h"
 #include "common/process.h"
 
 namespace space::sandbox {
@@ -62,9 +61,7 @@ Status SandboxRuntime::awaitAgent(Clock::time_point deadline) { return vm_->awai
 Status SandboxRuntime::suspendTo(const std::string& state_file, std::chrono::milliseconds timeout) {
   // Its policy comes back with it: on disk before anything records the sandbox as suspended.
   if (network_) SPACE_TRY(network_->persistPolicy());
-  SPACE_TRY(vm_->saveState(state_file, timeout));
-  // Its disk too: QEMU never flushes it to the disk (qemu_command.cc, cache.no-flush).
-  SPACE_TRY(fsyncPath(vm_->paths().disk));
+  SPACE_TRY(vm_->saveState(state_file, timeout));  // its disks synced before the state is published
   release();
   return okStatus();
 }

@@ -77,6 +77,20 @@ std::string currentDisk(const std::string& run_dir, pid_t pid) {
   return run_dir + "/" + diskName(found.front());
 }
 
+// Every disk name in a run directory (its overlay and the layers below it that were frozen
+// there), on stable storage: QEMU never flushes them itself (qemu_command.cc, cache.no-flush).
+// Layers already synced cost next to nothing. Never through a link (fsyncPath), and a FIFO
+// planted there fails the sync rather than blocking it.
+Status syncRunDirDisks(const std::string& run_dir) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(run_dir, ec)) {
+    if (diskNumber(entry.path().filename().string()) < 0) continue;
+    SPACE_TRY(fsyncPath(entry.path().string()));
+  }
+  if (ec) return makeError(ErrorCode::kInternal, "cannot list " + run_dir + ": " + ec.message());
+  return okStatus();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Vm>> Vm::start(const VmSpec& spec, const VmStartOptions& options) {
@@ -871,6 +885,9 @@ Status Vm::saveState(const std::string& state_file, milliseconds timeout, bool i
   }
   auto migrated = waitMigration(*qmp_, deadline);
   if (!migrated.ok()) return fail(migrated.error());
+  // The disk before the state that stands on it: a state on stable storage whose disk is not
+  // would restore a guest onto writes it never made (and a failed sync must leave no state).
+  if (auto synced = syncRunDirDisks(paths_.run_dir); !synced.ok()) return fail(synced.error());
   if (::fsync(out.get()) != 0) return fail(makeError(ErrorCode::kInternal, "fsync " + tmp + ": " + strerror(errno)));
   out.reset();
   if (::rename(tmp.c_str(), state_file.c_str()) != 0) {
@@ -1026,9 +1043,14 @@ Status Vm::freezeDisk(const std::string& layer_path) {
   // This one reopened it read-only above; one that kept a descriptor is in docs/threat-model.md.
   // (layer_path is in the node's own layers directory: no QEMU renames anything there.)
   // Its mode too: a QEMU may have made its disk writable by anyone before the freeze.
+  // And on stable storage now (QEMU flushes it only to the page cache): a suspend or snapshot
+  // that fails before syncing it itself must not leave it behind a durable state. A failure is
+  // said here; the snapshot's own sync of the layer then fails the snapshot.
   if (UniqueFd layer(::open(layer_path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
       !layer.valid() || !settleFile(layer.get(), 0, 0, layer_path).ok()) {
     spdlog::warn("vmm: cannot give the frozen layer {} to root: {}", layer_path, strerror(errno));
+  } else if (::fsync(layer.get()) != 0) {
+    spdlog::warn("vmm: cannot sync the frozen layer {}: {}", layer_path, strerror(errno));
   }
   paths_.disk = next;
   return okStatus();

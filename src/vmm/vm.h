@@ -132,7 +132,8 @@ class Vm {
 
   // Saves the guest's device state (CPU, devices; RAM only if it is not in a shared memory
   // file) to `state_file`, crash-safely (temp, fsync, rename). The VM is stopped (paused)
-  // afterwards and its disk flushed: with a shared memory file, that file, the disk and the
+  // afterwards and every disk in its run directory is on stable storage before the state file
+  // is (QEMU does not sync them itself: cache.no-flush): with a shared memory file, that file, the disk and the
   // state file together are a snapshot. QEMU runs guest code: a stream larger than the guest's
   // RAM plus device state is refused rather than allowed to fill the disk.
   // `ignore_shared` false streams every RAM block, shared or not: the stream then carries the
