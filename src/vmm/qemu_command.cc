@@ -1,6 +1,7 @@
 #include "vmm/qemu_command.h"
 
 #include <cassert>
+#include <nlohmann/json.hpp>
 
 #include "net/addressing.h"
 
@@ -73,9 +74,34 @@ std::vector<std::string> buildQemuArgv(const VmSpec& spec, const VmPaths& paths,
   // fdatasync (a device cache flush on the shared disk) to each write it is allowed. Nothing is
   // lost by it: a running sandbox does not outlive a host crash, and whatever must (a suspended
   // disk, a frozen layer, a template) spaced fsyncs itself.
+  // The images below an overlay are nodes of their own, bottom first, read-only and without
+  // image locking: QEMU's locks are OFD locks on the image file, which any process that can open
+  // it may take too, so a compromised QEMU holding the "consistent read" byte of a template's
+  // image would stop every other QEMU from opening it. Nothing writes a layer, so the locks
+  // protect nothing there; the overlay keeps its lock (two QEMUs on one overlay is an error).
+  std::string backing;
+  if (spec.disk_mode == DiskMode::kOverlay) {
+    for (size_t i = spec.disk_backing.size(); i-- > 0;) {
+      const std::string name = "backing-" + std::to_string(i);
+      nlohmann::json node{{"driver", spec.disk_backing[i].format},
+                          {"node-name", name},
+                          {"read-only", true},
+                          {"file",
+                           {{"driver", "file"},
+                            {"filename", spec.disk_backing[i].path},
+                            {"aio", "threads"},
+                            {"locking", "off"},
+                            {"read-only", true}}}};
+      if (spec.disk_backing[i].format == "qcow2")
+        node["backing"] = backing.empty() ? nlohmann::json() : nlohmann::json(backing);
+      add({"-blockdev", node.dump()});
+      backing = name;
+    }
+  }
   add({"-blockdev",
        "driver=file,node-name=rootfile,filename=" + disk + ",aio=threads,cache.direct=off,cache.no-flush=on",
-       "-blockdev", "driver=" + format + ",node-name=root,file=rootfile", "-device",
+       "-blockdev",
+       "driver=" + format + ",node-name=root,file=rootfile" + (backing.empty() ? "" : ",backing=" + backing), "-device",
        "virtio-blk-device,drive=root,werror=enospc,rerror=report"});
 
   add({"-chardev", "socket,id=agent,path=" + paths.agent_socket + ",server=on,wait=off", "-device",

@@ -339,7 +339,7 @@ Status Vm::jailArgv(const VmSpec& spec, const NodeFacts& node, std::vector<std::
     cgroup_.emplace(std::move(group.value()));
     for (const auto& procs : cgroup_->procsFiles()) jailed.insert(jailed.end(), {"--cgroup-procs", procs});
   }
-  SPACE_TRY(addJailView(spec, node, jailed));
+  SPACE_TRY(addJailView(spec, jailed));
   jailed.push_back("--");
   argv.insert(argv.begin(), jailed.begin(), jailed.end());
   return okStatus();
@@ -379,32 +379,46 @@ Status ensureRegularFile(const std::string& path, const VmUsers::Lease& user, Fi
 
 }  // namespace
 
-Status Vm::addJailView(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& jailed) {
+Result<std::vector<DiskLayer>> Vm::layersBelow(const NodeFacts* node) const {
+  // The names come from qcow2 headers, which a QEMU of this run directory (or of the sandbox a
+  // layer was frozen from) could have rewritten. For a jailed VM each is judged before anything
+  // opens it: a file directly in the run directory, one of the node's images exactly, or a
+  // path without links in the node's own disk directories (layers, templates), where only
+  // spaced makes names. Anything else (the state database, another sandbox's files, a device)
+  // is refused. An unjailed VM (tools, tests of this layer) opens what its headers name.
+  const bool jailed = node != nullptr && !node->jailer.empty();
+  auto admit = [&](const std::string& layer) -> Status {
+    if (!jailed) return okStatus();
+    if (std::filesystem::path(layer).parent_path() == paths_.run_dir && isNodeDiskPath(layer, {paths_.run_dir}, {})) {
+      return okStatus();
+    }
+    if (isNodeDiskName(layer, node->disk_roots, node->disk_images)) return okStatus();
+    return makeError(ErrorCode::kFailedPrecondition,
+                     "jail: disk layer " + layer + " is outside the node's disk directories; refused");
+  };
+  auto chain = diskChain(paths_.disk, admit);
+  if (!chain.ok()) return makeError(chain.error().code, "the disk's layers: " + chain.error().message);
+  std::vector<DiskLayer> layers;
+  for (size_t i = 1; i < chain->size(); ++i) {
+    // Every image with one below it is a qcow2; the last is one too if it has a qcow2 header.
+    const bool last = i + 1 == chain->size();
+    layers.push_back({(*chain)[i], last && !qcow2BackingFile((*chain)[i]).ok() ? "raw" : "qcow2"});
+  }
+  return layers;
+}
+
+Status Vm::addJailView(const VmSpec& spec, std::vector<std::string>& jailed) {
   auto add = [&jailed](const char* access, const std::string& path) { jailed.insert(jailed.end(), {access, path}); };
   jailed.push_back("--view");
   add("--rw", paths_.run_dir);
   add("--ro", spec.kernel_path);
   if (spec.qemu_binary.find('/') != std::string::npos) add("--ro", spec.qemu_binary);
   if (spec.disk_mode == DiskMode::kOverlay) {
-    // The names come from qcow2 headers, which a QEMU of this run directory (or of the sandbox
-    // a layer was frozen from) could have rewritten. Each is judged before anything opens it:
-    // a file directly in the run directory (covered by it), one of the node's images exactly,
-    // or a path without links in the node's own disk directories (layers, templates), where
-    // only spaced makes names. Anything else (the state database, another sandbox's files, a
-    // device) is refused.
-    auto admit = [&](const std::string& layer) -> Status {
-      if (std::filesystem::path(layer).parent_path() == paths_.run_dir && isNodeDiskPath(layer, {paths_.run_dir}, {})) {
-        return okStatus();
-      }
-      if (isNodeDiskName(layer, node.disk_roots, node.disk_images)) {
-        add("--ro", layer);
-        return okStatus();
-      }
-      return makeError(ErrorCode::kFailedPrecondition,
-                       "jail: disk layer " + layer + " is outside the node's disk directories; refused");
-    };
-    auto chain = diskChain(paths_.disk, admit);
-    if (!chain.ok()) return makeError(chain.error().code, "the disk's layers: " + chain.error().message);
+    // The images below its overlay, each judged by Vm::layersBelow: those outside the run
+    // directory (covered by it) are bound read-only.
+    for (const auto& layer : spec.disk_backing) {
+      if (std::filesystem::path(layer.path).parent_path() != paths_.run_dir) add("--ro", layer.path);
+    }
   } else {
     SPACE_TRY(
         ensureRegularFile(spec.rootfs_path, user_, FileUse::kOwn, owned_files_));  // kDirect: the VM owns the image
@@ -496,6 +510,11 @@ Status Vm::boot(const VmSpec& spec, const VmStartOptions& options, bool defer_st
   if (options.sealed_memory) {
     if (!spec.memory_private) return makeError(ErrorCode::kInvalidArgument, "sealed memory is mapped privately only");
     effective.memory_file = "/proc/self/fd/" + std::to_string(kSealedMemoryFd);
+  }
+  if (spec.disk_mode == DiskMode::kOverlay) {
+    auto below = layersBelow(options.node);
+    if (!below.ok()) return below.error();
+    effective.disk_backing = std::move(below.value());
   }
   auto argv = buildQemuArgv(effective, paths_, accelerator_);
   if (options.node != nullptr && !options.node->jailer.empty()) SPACE_TRY(jailArgv(effective, *options.node, argv));

@@ -190,9 +190,12 @@ class Vm {
   // Puts space-jail (and, where the node has cgroups, the VM's new group) in front of argv; where
   // the node has VM uids, takes one (user_) and gives it the run directory.
   Status jailArgv(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& argv);
+  // The images below the overlay (paths_.disk), top first, as QEMU is to be given them; for a
+  // jailed VM each name is judged first (only the node's own disks).
+  Result<std::vector<DiskLayer>> layersBelow(const NodeFacts* node) const;
   // The view's --ro/--rw/--dev paths; a memory file or image the VM owns is given to its uid
   // and remembered in owned_files_.
-  Status addJailView(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& jailed);
+  Status addJailView(const VmSpec& spec, std::vector<std::string>& jailed);
   void removeCgroup();
   // Once QEMU is gone: its cgroup, what its uid owns back to root, its uid back to the node's
   // range. A QEMU not gone keeps its uid.

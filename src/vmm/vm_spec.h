@@ -28,6 +28,12 @@ struct DiskIoRate {
   bool limited() const { return bytes_per_sec != 0 || iops != 0; }
 };
 
+// A disk image below a VM's overlay, as QEMU is given it.
+struct DiskLayer {
+  std::string path;
+  std::string format;  // "qcow2" or "raw"
+};
+
 struct VmSpec {
   std::string kernel_path;            // uncompressed ELF vmlinux with a PVH note
   std::string rootfs_path;            // ext4 image (or, for a restored VM, the snapshot's qcow2 disk)
@@ -62,6 +68,10 @@ struct VmSpec {
   // QEMU holds the guest's disk to this rate from its first request (Vm::limitDiskIo; not saved
   // state, so set at every start). Sandboxes get their node's rate per vCPU (vmDiskIoLimits).
   DiskIoRate disk_io;
+  // kOverlay: the images below the overlay, top first, given to QEMU as block nodes of their own
+  // with image locking off (qemu_command.cc). Filled by Vm at start from the overlay's headers;
+  // empty: QEMU follows the headers itself.
+  std::vector<DiskLayer> disk_backing;
 };
 
 struct HostCapacity {

@@ -4,6 +4,7 @@
 #include "vmm/vm.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -203,6 +204,24 @@ TEST_F(VmTest, ImpossibleSizesAreRefusedBeforeAnythingStarts) {
     EXPECT_NE(vm.error().message.find(c.expect), std::string::npos) << vm.error().message;
     EXPECT_TRUE(std::filesystem::is_empty(run_root_->path()));
   }
+}
+
+// QEMU's image locks are OFD locks anyone who can open an image may take. A process holding the
+// byte that says "no consistent reads by others" on the shared base image (what a compromised
+// QEMU could do with its read-only descriptor of a template's image) stops no VM: the images
+// below an overlay are opened without image locking.
+TEST_F(VmTest, ALockOnASharedImageStopsNoVm) {
+  UniqueFd image(::open(spec_.rootfs_path.c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(image.valid());
+  struct flock lock {};
+  lock.l_type = F_RDLCK;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = 200;  // QEMU's lock byte for an unshared "consistent read"
+  lock.l_len = 1;
+  ASSERT_EQ(::fcntl(image.get(), F_OFD_SETLK, &lock), 0) << strerror(errno);
+  auto vm = boot();
+  ASSERT_TRUE(vm);
+  EXPECT_EQ(run(*vm, "echo up"), "up\n");
 }
 
 TEST_F(VmTest, GuestWritesStayInItsOverlay) {

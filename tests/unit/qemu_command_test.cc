@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 namespace space::vmm {
 namespace {
@@ -75,6 +76,36 @@ TEST(QemuCommand, OverlayDiskByDefaultDirectOnRequest) {
   EXPECT_TRUE(hasPair(argv, "-blockdev", "driver=qcow2,node-name=root,file=rootfile"));
   // A full host disk stops the guest (the owner sees it) rather than failing its writes.
   EXPECT_TRUE(hasPair(argv, "-device", "virtio-blk-device,drive=root,werror=enospc,rerror=report"));
+  // The images below the overlay: nodes of their own, bottom first, read-only, no image locks.
+  s.disk_backing = {{"/data/layers/l1.qcow2", "qcow2"}, {"/images/rootfs.ext4", "raw"}};
+  argv = buildQemuArgv(s, VmPaths::inRunDir("/r"), Accelerator::kTcg);
+  std::vector<nlohmann::json> nodes;
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == "-blockdev" && argv[i + 1].front() == '{') nodes.push_back(nlohmann::json::parse(argv[i + 1]));
+  }
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[0]["node-name"], "backing-1");
+  EXPECT_EQ(nodes[0]["driver"], "raw");
+  EXPECT_FALSE(nodes[0].contains("backing"));
+  EXPECT_EQ(nodes[1]["node-name"], "backing-0");
+  EXPECT_EQ(nodes[1]["driver"], "qcow2");
+  EXPECT_EQ(nodes[1]["backing"], "backing-1");
+  for (const auto& node : nodes) {
+    EXPECT_EQ(node["read-only"], true) << node;
+    EXPECT_EQ(node["file"]["locking"], "off") << node;
+    EXPECT_EQ(node["file"]["read-only"], true) << node;
+  }
+  EXPECT_EQ(nodes[1]["file"]["filename"], "/data/layers/l1.qcow2");
+  EXPECT_TRUE(hasPair(argv, "-blockdev", "driver=qcow2,node-name=root,file=rootfile,backing=backing-0"));
+  // A qcow2 at the bottom has no backing at all (not the one its header might name).
+  s.disk_backing = {{"/data/layers/l1.qcow2", "qcow2"}};
+  argv = buildQemuArgv(s, VmPaths::inRunDir("/r"), Accelerator::kTcg);
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == "-blockdev" && argv[i + 1].front() == '{') {
+      EXPECT_TRUE(nlohmann::json::parse(argv[i + 1])["backing"].is_null()) << argv[i + 1];
+    }
+  }
+  s.disk_backing.clear();
   s.disk_mode = DiskMode::kDirect;
   argv = buildQemuArgv(s, VmPaths::inRunDir("/r"), Accelerator::kTcg);
   EXPECT_TRUE(hasPair(argv, "-blockdev", "driver=raw,node-name=root,file=rootfile"));
