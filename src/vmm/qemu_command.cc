@@ -94,7 +94,9 @@ std::vector<std::string> buildQemuArgv(const VmSpec& spec, const VmPaths& paths,
                             {"read-only", true}}}};
       if (spec.disk_backing[i].format == "qcow2")
         node["backing"] = backing.empty() ? nlohmann::json() : nlohmann::json(backing);
-      add({"-blockdev", node.dump()});
+      // A name from a header need not be UTF-8: replaced rather than thrown on (QEMU then fails
+      // to open the mangled name, and that VM's start fails like any other).
+      add({"-blockdev", node.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)});
       backing = name;
     }
   }

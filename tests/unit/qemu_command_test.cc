@@ -105,6 +105,9 @@ TEST(QemuCommand, OverlayDiskByDefaultDirectOnRequest) {
       EXPECT_TRUE(nlohmann::json::parse(argv[i + 1])["backing"].is_null()) << argv[i + 1];
     }
   }
+  // A layer name that is not UTF-8 (a hostile header's) makes an argument, never an exception.
+  s.disk_backing = {{"/r/\xff.qcow2", "qcow2"}};
+  EXPECT_NO_THROW(argv = buildQemuArgv(s, VmPaths::inRunDir("/r"), Accelerator::kTcg));
   s.disk_backing.clear();
   s.disk_mode = DiskMode::kDirect;
   argv = buildQemuArgv(s, VmPaths::inRunDir("/r"), Accelerator::kTcg);
