@@ -953,8 +953,7 @@ Status Vm::loadState(const std::string& state_file, Clock::time_point deadline, 
 }
 
 Status Vm::limitDiskIo(const DiskIoRate& rate) {
-  // The guest's disk device, by its QOM path (it has no id of its own: adding one would change
-  // nothing but the command line every template key names).
+  // The guest's disk device, by the QOM path QEMU reports for it (the device has no id).
   auto blocks = qmp_->execute("query-block");
   if (!blocks.ok()) return blocks.error();
   std::string device;
