@@ -50,8 +50,8 @@ struct GuestFigures {
 
 // The agent's Stats answer ({"memTotal", "memAvailable", "memCache", "diskTotal", "diskUsed"},
 // bytes), from a guest that may lie: nullopt unless each is an integer of 0 or more; memory figures
-// are held to `ram_bytes` (the guest's RAM) and to each other, disk use to the disk's size, and
-// that to 1 PiB, so no figure a guest makes up exceeds what it could really have.
+// are held to `ram_bytes` (the guest's RAM) and to each other, disk use to the size it reports,
+// and that to 1 PiB (not to its disk's real size, which this does not know).
 std::optional<GuestFigures> parseGuestStats(const nlohmann::json& answer, uint64_t ram_bytes);
 
 // The latest guest figures of one sandbox, and whether a question for them is out. Shared
