@@ -296,6 +296,9 @@ void ApiService::handle(http::Request& req, http::Response& res) {
   if (auto host = req.header("host")) ingress = ingressFromHost(*host, ingress_.domain, req.target());
   if (!ingress) ingress = ingressFromPath(req.target());
   if (ingress) return serveIngress(req, res, *ingress);
+  if (console_ && Console::isConsolePath(req.path())) return console_->handle(req, res);
+  // Whatever a browser is sent here is data, never a page of this origin's (the console's).
+  res.setHeader("X-Content-Type-Options", "nosniff");
   auto found = router_.match(req.method(), req.rawPath());
   const Route* route = nullptr;
   if (found.kind == http::Router::Match::Kind::kFound) {
@@ -310,6 +313,16 @@ void ApiService::handle(http::Request& req, http::Response& res) {
     auto header = req.header("authorization");
     auto key = header ? bearerToken(*header) : std::nullopt;
     auto tenant = key ? keys_.authenticate(*key) : std::nullopt;
+    // A browser of the console: its session cookie, when it sends no key.
+    if (auto by_cookie = !header && console_ ? console_->authenticate(req) : std::nullopt) {
+      if (by_cookie->refusal) {
+        metrics_.countError(by_cookie->refusal->code);
+        res.closeConnection();
+        (void)res.sendError(by_cookie->refusal->status, by_cookie->refusal->code, by_cookie->refusal->message);
+        return;
+      }
+      tenant = by_cookie->tenant;
+    }
     if (!tenant) {
       metrics_.countError("unauthenticated");
       res.setHeader("WWW-Authenticate", "Bearer");

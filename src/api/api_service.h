@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "api/auth.h"
+#include "api/console.h"
 #include "api/ingress.h"
 #include "api/metrics.h"
 #include "api/tenant_gate.h"
@@ -65,6 +66,10 @@ class ApiService {
              secrets::SecretVault* secrets = nullptr);
   ApiService(const ApiService&) = delete;
   ApiService& operator=(const ApiService&) = delete;
+
+  // The web console (/ui/) and its session cookies, which then stand in for a key on every
+  // route; without one, /ui is an unknown route and only keys authenticate. Set before serving.
+  void setConsole(Console* console) { console_ = console; }
 
   // The server's handler: authentication, then routing.
   void handle(http::Request& request, http::Response& response);
@@ -145,6 +150,7 @@ class ApiService {
   std::string operator_tenant_;
   IngressOptions ingress_;
   secrets::SecretVault* secrets_;
+  Console* console_ = nullptr;
   std::mutex ingress_mu_;
   size_t ingress_open_ = 0;                          // guarded by ingress_mu_
   std::map<std::string, size_t> ingress_by_tenant_;  // guarded by ingress_mu_

@@ -75,8 +75,8 @@ std::string accessToken(std::string_view key, std::string_view sandbox_id);
 bool accessTokenMatches(std::string_view key, std::string_view sandbox_id, std::string_view presented);
 
 // The request head the guest gets: the client's fields less hop-by-hop ones, Expect, the
-// access token and (if `strip_authorization`) Authorization; framing for the body as the client
-// sent it; `Connection: close`, or the upgrade the client asked for; X-Forwarded-*.
+// access token, the console's session cookie and (if `strip_authorization`) Authorization;
+// framing for the body as the client sent it; `Connection: close`, or the upgrade the client asked for; X-Forwarded-*.
 std::string guestRequestHead(const http::Request& request, const IngressTarget& target, bool upgrade,
                              bool strip_authorization);
 // Whether the request asks for a protocol upgrade (WebSocket).
@@ -92,6 +92,9 @@ struct GuestResponseHead {
 // (`same_origin_as_api`) the guest's page would share spaced's origin: its cookies are dropped
 // and it gets `Content-Security-Policy: sandbox` (an origin of its own; scripts still run).
 Result<GuestResponseHead> rewriteResponseHead(std::string_view head, bool same_origin_as_api = false);
+
+// The Cookie field's value without the cookies named `name` (empty when none is left).
+std::string withoutCookie(std::string_view cookies, std::string_view name);
 
 // Sends the request (head and body) to the guest on `guest`, relays the answer, and for an
 // accepted upgrade both ways until either side ends. Answers the client itself when the guest

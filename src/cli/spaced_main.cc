@@ -322,6 +322,12 @@ int main(int argc, char** argv) {
   app.add_flag("--allow-plaintext-remote", plaintext_remote,
                "allow --listen on an address beyond loopback without --tls-cert (keys and data cross the network "
                "in clear: only behind a TLS-terminating proxy or on a private network)");
+  std::string ui_dir = SPACE_DEFAULT_UI_DIR;
+  app.add_option(
+         "--ui-dir", ui_dir,
+         "the web console's built files (make ui writes them), served at /ui/ on --listen; \"off\": no console, "
+         "and session cookies are not accepted")
+      ->capture_default_str();
   http::TlsFiles tls_files;
   app.add_option("--tls-cert", tls_files.cert_file,
                  "serve HTTPS on --listen and the E2B listeners with this certificate chain (PEM; the node's own "
@@ -753,6 +759,22 @@ int main(int argc, char** argv) {
   api_limits.tenant_rates->setRateSource(api::tenantRateSource(
       *manager.value(), api::TenantRates::Rate{api_limits.tenant_requests_per_s, api_limits.tenant_request_burst}));
   api::ApiService service(*manager.value(), keys, api_limits, kDefaultTenant, ingress, &vault);
+  // The web console: its pages, and sessions that a browser holds in place of a key.
+  std::optional<api::ConsoleAssets> console_assets;
+  std::string console_missing;
+  std::optional<api::Console> console;
+  if (ui_dir != "off") {
+    auto loaded = api::ConsoleAssets::load(ui_dir);
+    if (loaded.ok()) {
+      console_assets = std::move(loaded.value());
+      spdlog::info("console: {} files from {}, served at /ui/", console_assets->count(), ui_dir);
+    } else {
+      console_missing = "the web console is not built: " + loaded.error().message;
+      spdlog::warn("{}", console_missing);
+    }
+    console.emplace(keys, console_assets ? &*console_assets : nullptr, console_missing, tls != nullptr, kDefaultTenant);
+    service.setConsole(&*console);
+  }
   // The listeners split the process's descriptors: 30% for SPACE's API, 15% for each of E2B's,
   // so that filling them all still leaves 40% for VMs, gateways, files and the database.
   http::ServerLimits api_server_limits;
@@ -816,6 +838,7 @@ int main(int argc, char** argv) {
   if (tls) endpoint["tls_cert"] = tls_files.cert_file;
   if (!e2b_api_url.empty()) endpoint["e2b_api_url"] = e2b_api_url;
   if (!e2b_sandbox_url.empty()) endpoint["e2b_sandbox_url"] = e2b_sandbox_url;
+  if (console_assets) endpoint["console_url"] = url + "/ui/";
   if (auto written = writeFileAtomic(data_dir + "/spaced.json", endpoint.dump() + "\n", 0600); !written.ok()) {
     spdlog::warn("spaced: cannot write {}/spaced.json: {}", data_dir, written.error().message);
   }
@@ -829,6 +852,7 @@ int main(int argc, char** argv) {
     std::printf("spaced is up.\n  API:     %s\n  API key: %s  (also in %s/api-key)\n  Try:     ", url.c_str(),
                 key->c_str(), data_dir.c_str());
     std::printf("SPACE_API=%s SPACE_API_KEY=%s spacectl run --rm -- uname -a\n", url.c_str(), key->c_str());
+    if (console_assets) std::printf("  Console: %s/ui/  (log in with the API key)\n", url.c_str());
     if (!e2b_api_url.empty() && !e2b_sandbox_url.empty()) {
       std::printf("  E2B SDK: paste these three lines into the shell that runs your agent:\n");
       std::printf("    export E2B_API_URL=%s\n    export E2B_SANDBOX_URL=%s\n    export E2B_API_KEY=%s\n",
