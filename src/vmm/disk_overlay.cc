@@ -226,6 +226,25 @@ bool isNodeDiskName(const std::string& name, const std::vector<std::string>& dir
   return ::lstat(name.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+static Status refuseExternalDataFile(const std::string& path) {
+  // qcow2 version 3 keeps incompatible_features (u64, big-endian) at offset 72; bit 2 says the
+  // clusters live in an external data file that a header extension names. QEMU opens that name
+  // when no data-file option overrides it, so a layer's header (its sandbox's QEMU may rewrite
+  // it) could make the next QEMU over it read or write any file its view holds.
+  auto opened = openRegularFile(path);
+  if (!opened.ok()) return opened.error();
+  unsigned char header[80];
+  ssize_t got = ::pread(opened->get(), header, sizeof header, 0);
+  if (got < 0) return makeError(ErrorCode::kInternal, "read " + path + ": " + strerror(errno));
+  if (got < 8 || memcmp(header, "QFI\xfb", 4) != 0 || bigEndian(header + 4, 4) < 3) return okStatus();
+  if (got < 80) return makeError(ErrorCode::kPermissionDenied, path + ": truncated qcow2 version 3 header");
+  if (bigEndian(header + 72, 8) & (uint64_t{1} << 2)) {
+    return makeError(ErrorCode::kPermissionDenied,
+                     path + ": its qcow2 header names an external data file, which no disk of SPACE's has");
+  }
+  return okStatus();
+}
+
 Result<std::vector<std::string>> diskChain(const std::string& top,
                                            const std::function<Status(const std::string&)>& admit) {
   std::vector<std::string> chain;
@@ -240,6 +259,7 @@ Result<std::vector<std::string>> diskChain(const std::string& top,
       if (next.error().code == ErrorCode::kInvalidArgument) break;  // a raw image (or QEMU will say)
       return next.error();
     }
+    SPACE_TRY(refuseExternalDataFile(at));  // a qcow2 image, read as one
     at = next.value();
   }
   return chain;

@@ -33,6 +33,7 @@ bool isNodeDiskName(const std::string& name, const std::vector<std::string>& dir
 // `top` and every file below it by backing-file names, top first; a raw image (or anything not
 // a regular file) ends the chain. What a VM over `top` opens. At most kMaxDiskChain files.
 // `admit` sees each name before anything opens it; its error ends the walk with that error.
+// A qcow2 file whose header names an external data file is refused (kPermissionDenied).
 constexpr size_t kMaxDiskChain = 4096;
 Result<std::vector<std::string>> diskChain(const std::string& top,
                                            const std::function<Status(const std::string&)>& admit);

@@ -106,5 +106,37 @@ TEST(DiskOverlay, ABaseWhoseHeaderNamesAFifoIsNeverOpenedByQemuImg) {
   EXPECT_EQ(header.backing, base);
 }
 
+// A layer whose header names an external data file (a QEMU that rewrote its overlay's header)
+// stops the chain walk before any QEMU opens it; plain layers and raw bases pass.
+TEST(DiskOverlay, AChainWithALayerNamingAnExternalDataFileIsRefused) {
+  auto dir = TempDir::create("/tmp", "overlay-test-");
+  ASSERT_TRUE(dir.ok());
+  const std::string base = dir->path() + "/base.img";
+  makeFile(base, 16 << 20);
+  const std::string plain = dir->path() + "/plain.qcow2", lying = dir->path() + "/lying.qcow2";
+  ASSERT_TRUE(createDiskOverlay(base, "raw", plain, dir->path() + "/log").ok());
+  const std::string make = "qemu-img create -q -f qcow2 -o data_file=" + dir->path() + "/data.raw " + lying + " 16M";
+  ASSERT_EQ(std::system(make.c_str()), 0);
+  auto admitAll = [](const std::string&) { return okStatus(); };
+  auto chain = diskChain(plain, admitAll);
+  ASSERT_TRUE(chain.ok()) << chain.error().message;
+  EXPECT_EQ(chain->size(), 2u);
+  auto refused = diskChain(lying, admitAll);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, ErrorCode::kPermissionDenied);
+  EXPECT_NE(refused.error().message.find("external data file"), std::string::npos) << refused.error().message;
+  // The same bit set by hand in a layer below the top.
+  auto bytes = readSmallFile(plain, 4 << 20);
+  ASSERT_TRUE(bytes.ok());
+  std::string patched = bytes.value();
+  patched[72 + 7] = static_cast<char>(patched[72 + 7] | 4);
+  { std::ofstream(plain, std::ios::binary | std::ios::trunc) << patched; }
+  const std::string top = dir->path() + "/top.qcow2";
+  ASSERT_TRUE(createDiskOverlay(plain, "qcow2", top, dir->path() + "/log").ok());
+  auto below = diskChain(top, admitAll);
+  ASSERT_FALSE(below.ok());
+  EXPECT_NE(below.error().message.find(plain), std::string::npos) << below.error().message;
+}
+
 }  // namespace
 }  // namespace space::vmm
