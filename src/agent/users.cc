@@ -114,9 +114,15 @@ std::variant<std::string, RpcError> resolvePath(const std::string& path, const U
     }
     parts.push_back(seg);
   }
+  // Built by appends into one string, the root returned apart: GCC 12 at -O3 reports a false
+  // -Wrestrict overlap for `out += "/" + s` and `out = "/"` (GCC bug 105651), which -Werror
+  // turns into a failed Release build.
+  if (parts.empty()) return std::string(1, '/');
   std::string out;
-  for (const auto& s : parts) out += "/" + s;
-  if (out.empty()) out = "/";
+  for (const auto& s : parts) {
+    out += '/';
+    out += s;
+  }
   if (out.size() >= PATH_MAX) return rpcError(RpcCode::kInvalidArgument, "path is longer than PATH_MAX");
   return out;
 }
