@@ -562,9 +562,9 @@ void ApiService::metrics(Call& c) {
     mem.values[labels] = static_cast<double>(usage.sample.mem_used_bytes);
     mem_total.values[labels] = static_cast<double>(usage.sample.mem_total_bytes);
     disk.values[labels] = static_cast<double>(usage.sample.disk_used_bytes);
-    if (usage.sample.has_guest) {
-      guest_mem.values[labels] = static_cast<double>(usage.sample.guest_mem_used_bytes);
-      guest_disk.values[labels] = static_cast<double>(usage.sample.guest_disk_used_bytes);
+    if (const auto& guest = usage.sample.guest) {
+      guest_mem.values[labels] = static_cast<double>(guest->mem_used);
+      guest_disk.values[labels] = static_cast<double>(guest->disk_used);
     }
     if (usage.sample.has_nic) {
       net_sent.values[labels] = static_cast<double>(usage.sample.net_sent_bytes);
@@ -1417,11 +1417,11 @@ void ApiService::sandboxMetrics(Call& c) {
                 {"net_sent_bytes", m.net_sent_bytes},
                 {"net_received_bytes", m.net_received_bytes}};
     // What the guest says of itself, when its agent answered lately (sandbox/metrics.h).
-    if (m.has_guest) {
-      sample["guest_mem_used_bytes"] = m.guest_mem_used_bytes;
-      sample["guest_mem_cache_bytes"] = m.guest_mem_cache_bytes;
-      sample["guest_disk_used_bytes"] = m.guest_disk_used_bytes;
-      sample["guest_disk_total_bytes"] = m.guest_disk_total_bytes;
+    if (m.guest) {
+      sample["guest_mem_used_bytes"] = m.guest->mem_used;
+      sample["guest_mem_cache_bytes"] = m.guest->mem_cache;
+      sample["guest_disk_used_bytes"] = m.guest->disk_used;
+      sample["guest_disk_total_bytes"] = m.guest->disk_total;
     }
     out.push_back(std::move(sample));
   }

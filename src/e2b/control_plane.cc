@@ -679,16 +679,15 @@ void ControlPlane::metrics(Call& c) {
   // (sandbox/metrics.h), else what the host measures, and no memCache then.
   json out = json::array();
   for (const auto& m : samples.value()) {
-    json sample{
-        {"timestamp", rfc3339(m.timestamp_ms)},
-        {"timestampUnix", m.timestamp_ms / 1000},
-        {"cpuCount", m.cpu_count},
-        {"cpuUsedPct", std::round(m.cpu_used_pct * 100) / 100},
-        {"memUsed", m.has_guest ? m.guest_mem_used_bytes : m.mem_used_bytes},
-        {"memTotal", m.mem_total_bytes},
-        {"diskUsed", m.has_guest ? m.guest_disk_used_bytes : m.disk_used_bytes},
-        {"diskTotal", m.has_guest ? m.guest_disk_total_bytes : static_cast<uint64_t>(options_.disk_size_mb) << 20}};
-    if (m.has_guest) sample["memCache"] = m.guest_mem_cache_bytes;
+    json sample{{"timestamp", rfc3339(m.timestamp_ms)},
+                {"timestampUnix", m.timestamp_ms / 1000},
+                {"cpuCount", m.cpu_count},
+                {"cpuUsedPct", std::round(m.cpu_used_pct * 100) / 100},
+                {"memUsed", m.guest ? m.guest->mem_used : m.mem_used_bytes},
+                {"memTotal", m.mem_total_bytes},
+                {"diskUsed", m.guest ? m.guest->disk_used : m.disk_used_bytes},
+                {"diskTotal", m.guest ? m.guest->disk_total : static_cast<uint64_t>(options_.disk_size_mb) << 20}};
+    if (m.guest) sample["memCache"] = m.guest->mem_cache;
     out.push_back(std::move(sample));
   }
   (void)c.res.send(200, "application/json", dumpJson(out));

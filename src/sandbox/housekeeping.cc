@@ -129,13 +129,7 @@ void SandboxManager::sampleMetrics(Live& live, int64_t now_ms) {
                                      sysconf(_SC_CLK_TCK));
     sample.mem_used_bytes = usage->rss_bytes;
     sample.mem_total_bytes = live.memory_mb << 20;
-    if (auto guest = live.guest_stats->fresh(now_ms, kGuestStatsMaxAgeMs)) {
-      sample.has_guest = true;
-      sample.guest_mem_used_bytes = guest->mem_used;
-      sample.guest_mem_cache_bytes = guest->mem_cache;
-      sample.guest_disk_used_bytes = guest->disk_used;
-      sample.guest_disk_total_bytes = guest->disk_total;
-    }
+    sample.guest = live.guest_stats->fresh(now_ms, kGuestStatsMaxAgeMs);
     struct stat st {};
     if (::lstat(live.vm().paths().disk.c_str(), &st) == 0)
       sample.disk_used_bytes = static_cast<uint64_t>(st.st_blocks) * 512;

@@ -19,6 +19,13 @@
 
 namespace space::sandbox {
 
+struct GuestFigures {
+  uint64_t mem_used = 0;
+  uint64_t mem_cache = 0;
+  uint64_t disk_used = 0;
+  uint64_t disk_total = 0;
+};
+
 struct MetricSample {
   int64_t timestamp_ms = 0;
   double cpu_used_pct = 0;  // of the sandbox's vCPUs together, 0..100
@@ -34,18 +41,7 @@ struct MetricSample {
   // The guest's own figures (its agent's Stats), when it answered lately: memory in use
   // (MemTotal - MemAvailable), its page cache, its root filesystem's size and use. What the
   // guest says, so shown to its own tenant only and never used for limits or accounting.
-  bool has_guest = false;
-  uint64_t guest_mem_used_bytes = 0;
-  uint64_t guest_mem_cache_bytes = 0;
-  uint64_t guest_disk_used_bytes = 0;
-  uint64_t guest_disk_total_bytes = 0;
-};
-
-struct GuestFigures {
-  uint64_t mem_used = 0;
-  uint64_t mem_cache = 0;
-  uint64_t disk_used = 0;
-  uint64_t disk_total = 0;
+  std::optional<GuestFigures> guest;
 };
 
 // The agent's Stats answer ({"memTotal", "memAvailable", "memCache", "diskTotal", "diskUsed"},
