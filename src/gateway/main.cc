@@ -31,6 +31,7 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "gateway/gateway.h"
+#include "jail/seccomp_policy.h"
 #include "net/addressing.h"
 
 namespace {
@@ -283,6 +284,11 @@ int main(int argc, char** argv) {
   if (auto dropped = dropPrivileges(user); !dropped.ok()) return fail(dropped.error().message);
   // It holds its sandbox's credential values: no core dump, no ptrace by another process of its uid.
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return fail(errnoText("PR_SET_DUMPABLE"));
+  // A gateway reads guest bytes and never executes, debugs, mounts
+  // or makes namespaces; a compromised one gets none of it (jail/seccomp_policy.h).
+  if (int rc = space::jail::denyWhatNoConfinedProcessNeeds({.no_exec = true, .no_debug = true}); rc != 0) {
+    return fail(std::string("cannot install the seccomp filter: ") + std::strerror(-rc));
+  }
 
   spdlog::info("space-gateway: upstream DNS {}:{}, at most {} connections", options.upstream_dns.address().to_string(),
                options.upstream_dns.port(), max_connections);

@@ -36,7 +36,6 @@
 #include <linux/capability.h>
 #include <linux/securebits.h>
 #include <sched.h>
-#include <seccomp.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -51,6 +50,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "jail/seccomp_policy.h"
 
 namespace {
 
@@ -307,53 +308,6 @@ void dropCapabilities(const Identity& who) {
   if (::syscall(SYS_capset, &header, data) != 0) die(std::string("capset: ") + std::strerror(errno));
 }
 
-// A seccomp filter of the jail's own, on top of the one QEMU installs itself (-sandbox), which
-// QEMU sets up late and a compromised QEMU's own code paths shape. It refuses, with EPERM:
-// - the key calls (add_key, keyctl, request_key): a uid's keyring outlives its QEMU and the uid
-//   goes to another VM next, so two compromised QEMUs could pass data through it;
-// - new namespaces (unshare, setns, clone with a CLONE_NEW* flag) and every mount call: in a
-//   user namespace of its own a QEMU would get mounts and a network of its own, and the kernel
-//   code that only privileged users reach otherwise;
-// - F_SETLEASE: a lease on its own disk would hold off the host's reads of it (layer
-//   collection reads disk headers);
-// and answers with ENOSYS io_uring (see below) and clone3, whose flags sit in memory that a
-// filter cannot read: the C library then creates its threads with clone, whose flags it can.
-// Everything else is left to QEMU's own filter. A call of another system call ABI (i386, x32)
-// kills the process. libseccomp (not a hand-built BPF program) knows each architecture's
-// numbers and the x32 trap.
-void denyWhatNoVmNeeds() {
-  scmp_filter_ctx filter = seccomp_init(SCMP_ACT_ALLOW);
-  if (filter == nullptr) die("seccomp_init failed");
-  const uint32_t refuse = SCMP_ACT_ERRNO(EPERM);
-  int rc = seccomp_attr_set(filter, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
-  for (const int call :
-       {SCMP_SYS(add_key), SCMP_SYS(keyctl), SCMP_SYS(request_key), SCMP_SYS(unshare), SCMP_SYS(setns), SCMP_SYS(mount),
-        SCMP_SYS(umount2), SCMP_SYS(pivot_root), SCMP_SYS(chroot), SCMP_SYS(open_tree), SCMP_SYS(move_mount),
-        SCMP_SYS(fsopen), SCMP_SYS(fsconfig), SCMP_SYS(fsmount), SCMP_SYS(fspick), SCMP_SYS(mount_setattr)}) {
-    if (rc == 0) rc = seccomp_rule_add(filter, refuse, call, 0);
-  }
-  // One rule per flag: a rule's argument test is (flags & mask) == value, so "any of them" is
-  // several rules. CLONE_NEWTIME is left out: in clone's flags its bit is part of the exit signal.
-  for (const uint64_t flag :
-       {CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET}) {
-    if (rc == 0) rc = seccomp_rule_add(filter, refuse, SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, flag, flag));
-  }
-  if (rc == 0) rc = seccomp_rule_add(filter, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
-  // fcntl's command is an unsigned int: the kernel ignores the upper half of the register, so
-  // the rule must too (an EQ on all 64 bits let (1 << 32) | F_SETLEASE through).
-  if (rc == 0) {
-    rc = seccomp_rule_add(filter, refuse, SCMP_SYS(fcntl), 1, SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, F_SETLEASE));
-  }
-  // io_uring: a large part of the kernel that QEMU does not need here (disks use a thread pool,
-  // aio=threads; its descriptor monitor falls back to epoll) and that no filter can look into.
-  for (const int call : {SCMP_SYS(io_uring_setup), SCMP_SYS(io_uring_enter), SCMP_SYS(io_uring_register)}) {
-    if (rc == 0) rc = seccomp_rule_add(filter, SCMP_ACT_ERRNO(ENOSYS), call, 0);
-  }
-  if (rc == 0) rc = seccomp_load(filter);
-  seccomp_release(filter);
-  if (rc != 0) die(std::string("cannot install the seccomp filter: ") + std::strerror(-rc));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -435,7 +389,11 @@ int main(int argc, char** argv) {
     switchIdentity(who);  // leaving uid 0 clears every capability anyway
   }
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) die(std::string("no_new_privs: ") + std::strerror(errno));
-  denyWhatNoVmNeeds();
+  // A filter of the jail's own, under the one QEMU installs itself (-sandbox), which QEMU sets
+  // up late and a compromised QEMU's own code paths shape.
+  if (int rc = space::jail::denyWhatNoConfinedProcessNeeds(); rc != 0) {
+    die(std::string("cannot install the seccomp filter: ") + std::strerror(-rc));
+  }
   execvp(argv[i], argv + i);
   die(std::string("cannot execute ") + argv[i] + ": " + std::strerror(errno));
 }

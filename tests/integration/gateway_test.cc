@@ -877,6 +877,13 @@ TEST_F(GatewayTest, RunsWithoutAnyCapability) {
   EXPECT_EQ(field("CapBnd"), "0000000000000000");
   EXPECT_EQ(field("CapAmb"), "0000000000000000");
   EXPECT_EQ(field("NoNewPrivs"), "1");
+  // Under SPACE's seccomp filter (jail/seccomp_policy.h, tested in SeccompPolicy.*), on every
+  // thread: mode 2 is a filter.
+  EXPECT_EQ(field("Seccomp"), "2");
+  EXPECT_EQ(field("Seccomp_filters"), "1");
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(gateway_->pid()) + "/task")) {
+    EXPECT_NE(readFile(task.path().string() + "/status").find("\nSeccomp:\t2\n"), std::string::npos) << task.path();
+  }
   passwd* nobody = getpwnam("nobody");
   ASSERT_NE(nobody, nullptr);
   std::string uid = std::to_string(nobody->pw_uid);

@@ -1,0 +1,35 @@
+// The seccomp filter SPACE puts on the processes that face a guest: each QEMU (installed by
+// space-jail right before it executes QEMU, under QEMU's own -sandbox filter) and each network
+// gateway (installed by space-gateway itself once it has dropped its privileges).
+#pragma once
+
+namespace space::jail {
+
+struct SeccompExtras {
+  // The process never executes a program: execve and execveat fail (a compromised gateway
+  // gets no shell). Not for space-jail, whose last act is to execute QEMU.
+  bool no_exec = false;
+  // The process never debugs or profiles another: ptrace, process_vm_readv/writev,
+  // perf_event_open, bpf and userfaultfd fail. QEMU's own filter decides these for QEMU.
+  bool no_debug = false;
+};
+
+// Installs the filter on every thread of the process (and those they create), after
+// no_new_privs. Returns 0, or libseccomp's negative errno. It refuses with EPERM:
+// - the key calls (add_key, keyctl, request_key): a uid's keyring outlives its process and the
+//   uid goes to another sandbox next, so two compromised processes could pass data through it;
+// - new namespaces (unshare, setns, clone with a CLONE_NEW* flag) and every mount call: in a
+//   user namespace of its own a process would get mounts and a network of its own, and the
+//   kernel code that only privileged users reach otherwise;
+// - F_SETLEASE: a lease on a VM's own disk would hold off the host's reads of it (layer
+//   collection reads disk headers);
+// - what `extras` names;
+// and answers with ENOSYS io_uring (a large part of the kernel that no filter can look into;
+// QEMU's disks use a thread pool, aio=threads, and its descriptor monitor falls back to epoll)
+// and clone3, whose flags sit in memory that a filter cannot read: the C library then creates
+// its threads with clone, whose flags it can. Everything else is allowed. A call of another
+// system call ABI (i386, x32) kills the process. libseccomp (not a hand-built BPF program)
+// knows each architecture's numbers and the x32 trap.
+int denyWhatNoConfinedProcessNeeds(SeccompExtras extras = {});
+
+}  // namespace space::jail
