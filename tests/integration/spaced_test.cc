@@ -4266,8 +4266,9 @@ class H(http.server.BaseHTTPRequestHandler):
                 out = b"echo:" + data
                 self.wfile.write(bytes([0x81, len(out)]) + out)
                 self.wfile.flush()
-        self.answer(("path=%s auth=%s token=%s prefix=%s\n" % (self.path, self.headers.get("Authorization"),
-            self.headers.get("X-Space-Access-Token"), self.headers.get("X-Forwarded-Prefix"))).encode())
+        cookie = " cookie=%s" % self.headers.get("Cookie") if self.headers.get("Cookie") is not None else ""
+        self.answer(("path=%s auth=%s token=%s prefix=%s%s\n" % (self.path, self.headers.get("Authorization"),
+            self.headers.get("X-Space-Access-Token"), self.headers.get("X-Forwarded-Prefix"), cookie)).encode())
     def do_POST(self):
         self.answer(b"got:" + self.rfile.read(int(self.headers.get("Content-Length", "0"))))
     def log_message(self, *args):
@@ -4321,6 +4322,12 @@ TEST_F(SpacedIngressTest, AGuestsWebServerAndWebSocketAreReachableWithTheRightCr
   auto owner = d.call("GET", ports + "8080/hello?x=1");
   EXPECT_EQ(owner.status, 200) << owner.body;
   EXPECT_EQ(owner.body, "path=/hello?x=1 auth=None token=None prefix=" + ports + "8080\n");
+  // A console session's cookie is spaced's credential too: the guest gets the other cookies only.
+  auto with_cookies = get(ports + "8080/c", {{"Authorization", "Bearer " + d.key()},
+                                             {"Cookie", "theme=dark; space_session=0123456789abcdef; lang=en"}});
+  EXPECT_EQ(with_cookies.body, "path=/c auth=None token=None prefix=" + ports + "8080 cookie=theme=dark; lang=en\n");
+  auto only_session = get(ports + "8080/c", {{"Authorization", "Bearer " + d.key()}, {"Cookie", "space_session=x"}});
+  EXPECT_EQ(only_session.body, "path=/c auth=None token=None prefix=" + ports + "8080\n");
   auto posted = d.call("POST", ports + "8080/echo", R"({"a":1})");
   EXPECT_EQ(posted.body, R"(got:{"a":1})");
   auto bare = d.call("GET", ports + "8080");
