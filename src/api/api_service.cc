@@ -24,6 +24,7 @@ struct ApiService::Call {
   http::Request& req;
   http::Response& res;
   std::string tenant;
+  std::string console_session;  // the token, when a console session's cookie authenticated it
   const std::string& id() const { return req.pathParam("id"); }
 };
 
@@ -289,6 +290,18 @@ ApiService::ApiService(sandbox::SandboxManager& manager, KeyRing& keys, ApiLimit
   for (const auto& r : routeTable()) router_.add(r.method, r.pattern, http::Handler());
 }
 
+void ApiService::setConsole(Console* console) {
+  console_ = console;
+  // A login spends a request of its tenant's rate, like any other call.
+  if (console_) {
+    console_->setRateCheck([this](const std::string& tenant, int& retry_after_s) {
+      auto ticket = tenant_gate_.enter(tenant);
+      retry_after_s = ticket.admitted() ? 0 : ticket.retryAfterS();
+      return ticket.admitted();
+    });
+  }
+}
+
 void ApiService::handle(http::Request& req, http::Response& res) {
   metrics_.countRequest();
   // Requests for a sandbox's ports go to its guest, whatever their method and path.
@@ -322,6 +335,10 @@ void ApiService::handle(http::Request& req, http::Response& res) {
         return;
       }
       tenant = by_cookie->tenant;
+      call.console_session = by_cookie->token;
+      // Answers to a browser's session are its alone: no cache keeps them.
+      res.setHeader("Cache-Control", "no-store");
+      res.setHeader("Vary", "Cookie");
     }
     if (!tenant) {
       metrics_.countError("unauthenticated");
@@ -426,6 +443,14 @@ void ApiService::serveIngress(http::Request& req, http::Response& res, const Res
                                     "access token (") +
                             kAccessTokenHeader + "), unless it was made with public ports");
     return;
+  }
+  if (!target.prefix.empty()) {
+    if (auto refused = refusedOnApiOrigin(req)) {
+      res.closeConnection();
+      metrics_.countError("permission_denied");
+      (void)res.sendError(403, "permission_denied", *refused);
+      return;
+    }
   }
   if (target.needs_slash) {
     res.setHeader("Location", target.prefix + target.target);
@@ -1180,8 +1205,19 @@ void ApiService::openPty(Call& c) {
     return;
   }
   spdlog::info("pty: sandbox {} ({}): terminal process {} started", c.id(), c.tenant, pid);
-  auto end = runPtySession(c.req, std::move(taken).value(), ops, *process.value(), pid, std::move(pending),
-                           PtySessionLimits{});
+  // A terminal lasts as long as what let it in: a removed key or an ended console session ends
+  // it too (checked every few seconds).
+  PtySessionLimits limits;
+  if (!c.console_session.empty()) {
+    limits.authorized = [this, token = c.console_session, tenant = c.tenant] {
+      return console_ && console_->stillValid(token, tenant);
+    };
+  } else if (auto header = c.req.header("authorization"); header && bearerToken(*header)) {
+    limits.authorized = [this, key = *bearerToken(*header), tenant = c.tenant] {
+      return keys_.authenticate(key) == tenant;
+    };
+  }
+  auto end = runPtySession(c.req, std::move(taken).value(), ops, *process.value(), pid, std::move(pending), limits);
   spdlog::info("pty: sandbox {}: terminal process {} ended: {}{}", c.id(), pid, end.outcome,
                end.outcome == "exited" ? " (exit code " + std::to_string(end.exit_code) + ")" : "");
 }

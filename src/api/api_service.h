@@ -69,7 +69,7 @@ class ApiService {
 
   // The web console (/ui/) and its session cookies, which then stand in for a key on every
   // route; without one, /ui is an unknown route and only keys authenticate. Set before serving.
-  void setConsole(Console* console) { console_ = console; }
+  void setConsole(Console* console);
 
   // The server's handler: authentication, then routing.
   void handle(http::Request& request, http::Response& response);

@@ -4,6 +4,8 @@
 #include <openssl/rand.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -18,12 +20,24 @@ namespace {
 
 using json = nlohmann::json;
 
-// What the console's pages may do: their own scripts and connections only (the terminal's
-// WebSocket is 'self' too), no framing by another site. Inline styles are allowed because the
-// terminal library sizes its rows with them; inline scripts are not.
-constexpr std::string_view kContentSecurityPolicy =
-    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
+// What the console's pages may do: run scripts from /ui/ only (not 'self': a guest's port is
+// reached by path on this origin too, see api/ingress.h), connect to their own origin (the
+// terminal's WebSocket too), no workers, plugins or framing by another site. Inline styles are
+// allowed because the terminal library sizes its rows with them; inline scripts are not.
+std::string contentSecurityPolicy(const std::string& origin) {
+  return "default-src 'self'; script-src " + origin + "/ui/; style-src 'self' 'unsafe-inline'; img-src 'self' data:; " +
+         "connect-src 'self'; worker-src 'none'; object-src 'none'; frame-ancestors 'none'; base-uri 'none'; " +
+         "form-action 'self'";
+}
+
+// A Host field fit to be part of an origin: a name or address and a port, nothing that could
+// end a CSP directive or a URL.
+bool plainHost(std::string_view host) {
+  if (host.empty() || host.size() > 255) return false;
+  return std::all_of(host.begin(), host.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == ':' || c == '[' || c == ']';
+  });
+}
 
 std::string randomHex(size_t bytes) {
   std::string raw(bytes, '\0');
@@ -125,7 +139,8 @@ const ConsoleAssets::Asset* ConsoleAssets::find(std::string_view relative) const
   return it == assets_.end() ? nullptr : &it->second;
 }
 
-std::optional<std::string> cookieValue(const http::Request& request, std::string_view name) {
+std::vector<std::string> cookieValues(const http::Request& request, std::string_view name) {
+  std::vector<std::string> out;
   for (const auto& [field, value] : request.headers()) {
     if (!equalsIgnoreCase(field, "cookie")) continue;
     std::string_view rest = value;
@@ -135,42 +150,58 @@ std::optional<std::string> cookieValue(const http::Request& request, std::string
       rest = semi == std::string_view::npos ? std::string_view() : rest.substr(semi + 1);
       size_t eq = pair.find('=');
       if (eq == std::string_view::npos || trim(pair.substr(0, eq)) != name) continue;
-      return std::string(trim(pair.substr(eq + 1)));
+      out.emplace_back(trim(pair.substr(eq + 1)));
     }
   }
-  return std::nullopt;
+  return out;
 }
 
-ConsoleSessions::Opened ConsoleSessions::open(std::string api_key, std::string tenant, Clock::time_point now) {
+bool ConsoleSessions::expired(const Entry& entry, Clock::time_point now) const {
+  return now - entry.last_used > limits_.idle || now - entry.created > limits_.lifetime;
+}
+
+std::optional<ConsoleSessions::Opened> ConsoleSessions::open(std::string api_key, std::string tenant,
+                                                             Clock::time_point now) {
   Opened opened{randomHex(32), randomHex(16)};
   std::lock_guard lock(mu_);
-  // Expired sessions go first; over the cap, the least recently used one.
+  size_t own = 0;
+  auto own_oldest = sessions_.end();
   for (auto it = sessions_.begin(); it != sessions_.end();) {
-    const bool expired = now - it->second.last_used > limits_.idle || now - it->second.created > limits_.lifetime;
-    it = expired ? sessions_.erase(it) : std::next(it);
-  }
-  while (!sessions_.empty() && sessions_.size() >= limits_.max_sessions) {
-    auto oldest = sessions_.begin();
-    for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
-      if (it->second.last_used < oldest->second.last_used) oldest = it;
+    if (expired(it->second, now)) {
+      it = sessions_.erase(it);
+      continue;
     }
-    sessions_.erase(oldest);
+    if (it->second.session.tenant == tenant) {
+      ++own;
+      if (own_oldest == sessions_.end() || it->second.last_used < own_oldest->second.last_used) own_oldest = it;
+    }
+    ++it;
+  }
+  if (own >= limits_.max_per_tenant && own_oldest != sessions_.end()) {
+    sessions_.erase(own_oldest);
+  } else if (sessions_.size() >= limits_.max_sessions) {
+    return std::nullopt;
   }
   sessions_.emplace(sha256Hex(opened.token),
                     Entry{Session{std::move(api_key), std::move(tenant), opened.csrf_token}, now, now});
   return opened;
 }
 
-std::optional<ConsoleSessions::Session> ConsoleSessions::use(std::string_view token, Clock::time_point now) {
+std::optional<ConsoleSessions::Session> ConsoleSessions::find(std::string_view token, Clock::time_point now) {
   std::lock_guard lock(mu_);
   auto it = sessions_.find(sha256Hex(token));
   if (it == sessions_.end()) return std::nullopt;
-  if (now - it->second.last_used > limits_.idle || now - it->second.created > limits_.lifetime) {
+  if (expired(it->second, now)) {
     sessions_.erase(it);
     return std::nullopt;
   }
-  it->second.last_used = std::max(it->second.last_used, now);
   return it->second.session;
+}
+
+void ConsoleSessions::touch(std::string_view token, Clock::time_point now) {
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(sha256Hex(token));
+  if (it != sessions_.end()) it->second.last_used = std::max(it->second.last_used, now);
 }
 
 void ConsoleSessions::close(std::string_view token) {
@@ -183,46 +214,59 @@ size_t ConsoleSessions::size() {
   return sessions_.size();
 }
 
-Console::Console(KeyRing& keys, const ConsoleAssets* assets, std::string missing_why, bool https,
-                 std::string operator_tenant, ConsoleSessions::Limits limits)
+Console::Console(KeyRing& keys, const ConsoleAssets* assets, ConsoleOptions options)
     : keys_(keys),
       assets_(assets),
-      missing_why_(std::move(missing_why)),
-      https_(https),
-      operator_tenant_(std::move(operator_tenant)),
-      sessions_(limits) {}
+      options_(std::move(options)),
+      secure_(options_.https || options_.public_origin.rfind("https://", 0) == 0),
+      sessions_(options_.sessions) {}
 
 bool Console::isConsolePath(std::string_view path) { return path == "/ui" || path.rfind("/ui/", 0) == 0; }
+
+std::string Console::ownOrigin(const http::Request& request) const {
+  if (!options_.public_origin.empty()) return options_.public_origin;
+  auto host = request.header("host");
+  if (!host || !plainHost(*host)) return "";
+  return std::string(options_.https ? "https://" : "http://") + *host;
+}
 
 bool Console::sameOrigin(const http::Request& request) const {
   auto origin = request.header("origin");
   if (!origin) return true;  // not sent by a browser's cross-origin machinery (or a top-level GET)
-  auto host = request.header("host");
-  if (!host) return false;
-  return *origin == std::string(https_ ? "https://" : "http://") + *host;
+  const std::string own = ownOrigin(request);
+  return !own.empty() && *origin == own;
 }
 
 std::string Console::cookieHeader(std::string_view value, bool expire) const {
-  std::string cookie = std::string(kCookie) + "=" + std::string(value) + "; Path=/; HttpOnly; SameSite=Strict";
-  if (https_) cookie += "; Secure";
+  std::string cookie = std::string(cookieName()) + "=" + std::string(value) + "; Path=/; HttpOnly; SameSite=Strict";
+  if (secure_) cookie += "; Secure";
   if (expire) cookie += "; Max-Age=0";
   return cookie;
 }
 
 std::optional<Console::CookieAuth> Console::authenticate(const http::Request& request) {
-  auto token = cookieValue(request, kCookie);
-  if (!token) return std::nullopt;
+  auto tokens = cookieValues(request, cookieName());
+  if (tokens.empty()) return std::nullopt;
   auto refuse = [](int status, std::string code, std::string message) {
-    return CookieAuth{"", Refusal{status, std::move(code), std::move(message)}};
+    return CookieAuth{"", "", Refusal{status, std::move(code), std::move(message)}};
   };
-  auto session = sessions_.use(*token);
+  // Two of them: one was planted (by a page of a sibling host, for a longer path), and which
+  // one a browser lists first is its choice. Neither is trusted.
+  if (tokens.size() > 1) {
+    return refuse(401, "unauthenticated", "the request carries more than one console session cookie; log in again");
+  }
+  const std::string& token = tokens.front();
+  auto session = sessions_.find(token);
   if (!session) return refuse(401, "unauthenticated", "the console session has ended; log in again");
   auto tenant = keys_.authenticate(session->api_key);
   if (!tenant || *tenant != session->tenant) {
-    sessions_.close(*token);
+    sessions_.close(token);
     return refuse(401, "unauthenticated", "the API key of this console session was removed; log in again");
   }
-  if (!sameOrigin(request)) {
+  // Fetch metadata, where the browser sends it: a request made by a page of another site, or
+  // of a sibling host (same-site: it still gets SameSite=Strict cookies), is not the console's.
+  auto site = request.header("sec-fetch-site");
+  if (!sameOrigin(request) || (site && *site != "same-origin" && *site != "none")) {
     return refuse(403, "permission_denied", "a console session is only good for requests from the console's own pages");
   }
   const std::string& method = request.method();
@@ -233,7 +277,13 @@ std::optional<Console::CookieAuth> Console::authenticate(const http::Request& re
                     "a request with a console session that changes something needs the session's X-CSRF-Token header");
     }
   }
-  return CookieAuth{*tenant, std::nullopt};
+  sessions_.touch(token);
+  return CookieAuth{*tenant, token, std::nullopt};
+}
+
+bool Console::stillValid(std::string_view token, const std::string& tenant) {
+  auto session = sessions_.find(token);
+  return session && session->tenant == tenant && keys_.authenticate(session->api_key) == tenant;
 }
 
 void Console::handle(http::Request& request, http::Response& response) {
@@ -266,7 +316,8 @@ void Console::handle(http::Request& request, http::Response& response) {
 
 void Console::serveAsset(http::Request& request, http::Response& response, std::string_view relative) {
   if (!assets_) {
-    (void)response.sendError(503, "unavailable", missing_why_);
+    (void)response.sendError(503, "unavailable",
+                             "the web console is not built on this node (its operator builds it with `make ui`)");
     return;
   }
   const ConsoleAssets::Asset* asset = assets_->find(relative);
@@ -274,7 +325,8 @@ void Console::serveAsset(http::Request& request, http::Response& response, std::
     (void)response.sendError(404, "not_found", "the console has no page " + request.path());
     return;
   }
-  response.setHeader("Content-Security-Policy", kContentSecurityPolicy);
+  const std::string origin = ownOrigin(request);
+  response.setHeader("Content-Security-Policy", contentSecurityPolicy(origin.empty() ? "'none'" : origin));
   // A page of the console never shares a browsing context group with a page of another origin,
   // nor with a guest's page served on this origin (those are sandboxed, see api/ingress.h).
   response.setHeader("Cross-Origin-Opener-Policy", "same-origin");
@@ -290,36 +342,47 @@ void Console::serveAsset(http::Request& request, http::Response& response, std::
 }
 
 void Console::sessionInfo(http::Request& request, http::Response& response) {
-  auto token = cookieValue(request, kCookie);
-  auto session = token ? sessions_.use(*token) : std::nullopt;
-  if (session && keys_.authenticate(session->api_key) != session->tenant) {
-    sessions_.close(*token);
-    session.reset();
-  }
-  if (!session) {
-    (void)response.sendError(401, "unauthenticated", "no console session: log in with an API key");
+  auto auth = authenticate(request);
+  if (!auth || auth->refusal) {
+    if (auth && auth->refusal->status == 401) response.setHeader("Set-Cookie", cookieHeader("", true));
+    (void)response.sendError(auth ? auth->refusal->status : 401, auth ? auth->refusal->code : "unauthenticated",
+                             auth ? auth->refusal->message : "no console session: log in with an API key");
     return;
   }
-  if (!sameOrigin(request)) {
-    (void)response.sendError(403, "permission_denied", "the console's session is only told to its own pages");
+  auto session = sessions_.find(auth->token);
+  if (!session) {
+    (void)response.sendError(401, "unauthenticated", "the console session has ended; log in again");
     return;
   }
   (void)response.sendJson(200, json{{"tenant", session->tenant},
-                                    {"operator", session->tenant == operator_tenant_},
+                                    {"operator", session->tenant == options_.operator_tenant},
                                     {"csrf_token", session->csrf_token}});
 }
 
 void Console::login(http::Request& request, http::Response& response) {
-  if (!sameOrigin(request)) {
+  if (!assets_) {
+    (void)response.sendError(503, "unavailable", "the web console is not built on this node, so it has no sessions");
+    return;
+  }
+  // A login comes from the console's page: a browser's fetch sends its Origin and a JSON type.
+  // A form of another site (text/plain, or a browser that leaves Origin out) cannot log a
+  // victim into the attacker's tenant.
+  auto origin = request.header("origin");
+  auto site = request.header("sec-fetch-site");
+  if (!origin || !sameOrigin(request) || (site && *site != "same-origin")) {
     (void)response.sendError(403, "permission_denied", "log in from the console's own page");
+    return;
+  }
+  auto type = request.header("content-type");
+  if (!type || type->rfind("application/json", 0) != 0) {
+    (void)response.sendError(415, "invalid_argument", "a login is a JSON body (Content-Type: application/json)");
     return;
   }
   auto body = readJsonBody(request, 4096);
   if (!body.ok()) {
-    (void)response.sendError(
-        body.error().code == ErrorCode::kResourceExhausted ? 413 : 400,
-        body.error().code == ErrorCode::kResourceExhausted ? "payload_too_large" : "invalid_argument",
-        body.error().message);
+    const bool too_large = body.error().code == ErrorCode::kResourceExhausted;
+    (void)response.sendError(too_large ? 413 : 400, too_large ? "payload_too_large" : "invalid_argument",
+                             body.error().message);
     return;
   }
   ObjectReader reader(body.value());
@@ -334,23 +397,32 @@ void Console::login(http::Request& request, http::Response& response) {
     (void)response.sendError(401, "unauthenticated", "the API key is not valid");
     return;
   }
+  if (int retry_after_s = 1; rate_check_ && !rate_check_(*tenant, retry_after_s)) {
+    response.setHeader("Retry-After", std::to_string(std::max(1, retry_after_s)));
+    (void)response.sendError(429, "too_many_requests", "this tenant is over its request rate; retry later");
+    return;
+  }
   auto opened = sessions_.open(**key, *tenant);
+  if (!opened) {
+    response.setHeader("Retry-After", "60");
+    (void)response.sendError(503, "unavailable",
+                             "the node holds as many console sessions as it may; retry when some have ended");
+    return;
+  }
   spdlog::info("console: tenant {} logged in from {}", *tenant, request.remoteAddress());
-  response.setHeader("Set-Cookie", cookieHeader(opened.token, false));
+  response.setHeader("Set-Cookie", cookieHeader(opened->token, false));
   (void)response.sendJson(
-      200, json{{"tenant", *tenant}, {"operator", *tenant == operator_tenant_}, {"csrf_token", opened.csrf_token}});
+      200,
+      json{{"tenant", *tenant}, {"operator", *tenant == options_.operator_tenant}, {"csrf_token", opened->csrf_token}});
 }
 
 void Console::logout(http::Request& request, http::Response& response) {
-  auto token = cookieValue(request, kCookie);
-  if (token) {
-    auto auth = authenticate(request);
-    if (auth && auth->refusal && auth->refusal->status == 403) {
-      (void)response.sendError(403, auth->refusal->code, auth->refusal->message);
-      return;
-    }
-    sessions_.close(*token);
+  auto auth = authenticate(request);
+  if (auth && auth->refusal && auth->refusal->status == 403) {
+    (void)response.sendError(403, auth->refusal->code, auth->refusal->message);
+    return;
   }
+  if (auth && !auth->refusal) sessions_.close(auth->token);
   response.setHeader("Set-Cookie", cookieHeader("", true));
   (void)response.send(204, "text/plain", "");
 }

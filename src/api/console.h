@@ -12,11 +12,13 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "api/auth.h"
 #include "common/result.h"
@@ -47,15 +49,19 @@ class ConsoleAssets {
 // The Content-Type spaced sends for a file name (by extension; unknown: octet-stream).
 std::string contentTypeFor(std::string_view name);
 
-// The value of the cookie `name` among a request's Cookie fields; nullopt when absent.
-std::optional<std::string> cookieValue(const http::Request& request, std::string_view name);
+// Every value of the cookie `name` among a request's Cookie fields, in order.
+std::vector<std::string> cookieValues(const http::Request& request, std::string_view name);
 
 class ConsoleSessions {
  public:
   struct Limits {
     std::chrono::seconds idle{3600};
     std::chrono::seconds lifetime{12 * 3600};
-    size_t max_sessions = 4096;  // more: the least recently used one ends
+    // Sessions held at once. A tenant over its share ends its own least recently used one; a
+    // login that finds the node's cap full is refused, so no tenant can log the others out by
+    // logging in over and over.
+    size_t max_sessions = 4096;
+    size_t max_per_tenant = 32;
   };
   struct Opened {
     std::string token;  // the cookie's value
@@ -71,10 +77,12 @@ class ConsoleSessions {
   explicit ConsoleSessions(Limits limits) : limits_(limits) {}
   ConsoleSessions() : ConsoleSessions(Limits{}) {}
 
-  Opened open(std::string api_key, std::string tenant, Clock::time_point now = Clock::now());
-  // The live session of `token`, marked as used at `now`; nullopt when unknown or expired (an
-  // expired one is forgotten).
-  std::optional<Session> use(std::string_view token, Clock::time_point now = Clock::now());
+  // nullopt when the node holds max_sessions live sessions already.
+  std::optional<Opened> open(std::string api_key, std::string tenant, Clock::time_point now = Clock::now());
+  // The live session of `token`; nullopt when unknown or expired (an expired one is forgotten).
+  // Only touch() counts as a use: a refused request keeps nobody's session alive.
+  std::optional<Session> find(std::string_view token, Clock::time_point now = Clock::now());
+  void touch(std::string_view token, Clock::time_point now = Clock::now());
   void close(std::string_view token);
   size_t size();
 
@@ -84,23 +92,39 @@ class ConsoleSessions {
     Clock::time_point created;
     Clock::time_point last_used;
   };
+  bool expired(const Entry& entry, Clock::time_point now) const;
   Limits limits_;
   std::mutex mu_;
   // Keyed by the token's SHA-256, so the map's comparisons reveal nothing about a token.
   std::map<std::string, Entry, std::less<>> sessions_;
 };
 
+struct ConsoleOptions {
+  // The listener speaks HTTPS: the cookie is Secure (and __Host- prefixed, which a page of
+  // another host cannot plant), and an Origin must be https.
+  bool https = false;
+  // The origin browsers reach the console at ("https://space.example.com"), when that is not
+  // what the request's Host says (behind a TLS-terminating proxy); an https one also makes the
+  // cookie Secure. Empty: the scheme above and the request's Host.
+  std::string public_origin;
+  std::string operator_tenant = "default";
+  ConsoleSessions::Limits sessions;
+};
+
 // /ui/ and the session routes, and the check of a request that comes with a session cookie.
 class Console {
  public:
+  // Both names, so that whichever the console uses is never passed to a guest.
   static constexpr std::string_view kCookie = "space_session";
+  static constexpr std::string_view kSecureCookie = "__Host-space_session";
   static constexpr std::string_view kCsrfHeader = "x-csrf-token";
+  // Spends a request of the tenant's rate (its TenantGate); false: over it, with `retry_after_s`.
+  using RateCheck = std::function<bool(const std::string& tenant, int& retry_after_s)>;
 
-  // `assets`: null when the console was not built or is turned off (its pages then answer
-  // 503 with the reason in `missing_why`). `secure_cookies`: the listener speaks HTTPS, so the
-  // cookie is marked Secure. `https`: the scheme an Origin must carry.
-  Console(KeyRing& keys, const ConsoleAssets* assets, std::string missing_why, bool https, std::string operator_tenant,
-          ConsoleSessions::Limits limits = {});
+  // `assets`: null when the console was not built (its pages then answer 503, and no session
+  // can be opened).
+  Console(KeyRing& keys, const ConsoleAssets* assets, ConsoleOptions options);
+  void setRateCheck(RateCheck check) { rate_check_ = std::move(check); }
 
   // Whether the request is for the console: /ui and below.
   static bool isConsolePath(std::string_view path);
@@ -115,17 +139,23 @@ class Console {
   };
   // For an API request without an Authorization field: the tenant of its session cookie;
   // nullopt when it has no session cookie; a refusal when the session is unknown or expired,
-  // its key was removed, its Origin is another site's, or it changes something (any method but
-  // GET and HEAD) without the session's CSRF token.
+  // its key was removed, it came from another site (its Origin, or Sec-Fetch-Site saying
+  // cross-site or same-site), it sends the cookie twice (one may be planted), or it changes
+  // something (any method but GET and HEAD) without the session's CSRF token.
   struct CookieAuth {
     std::string tenant;              // set when admitted
+    std::string token;               // the session's, when admitted
     std::optional<Refusal> refusal;  // set when not
   };
   std::optional<CookieAuth> authenticate(const http::Request& request);
+  // Whether the session of `token` still stands for `tenant` (a long stream asks again).
+  bool stillValid(std::string_view token, const std::string& tenant);
 
  private:
   // The request's Origin, when it has one, is this console's.
   bool sameOrigin(const http::Request& request) const;
+  std::string ownOrigin(const http::Request& request) const;
+  std::string_view cookieName() const { return secure_ ? kSecureCookie : kCookie; }
   void serveAsset(http::Request& request, http::Response& response, std::string_view relative);
   void sessionInfo(http::Request& request, http::Response& response);
   void login(http::Request& request, http::Response& response);
@@ -134,10 +164,10 @@ class Console {
 
   KeyRing& keys_;
   const ConsoleAssets* assets_;
-  std::string missing_why_;
-  bool https_;
-  std::string operator_tenant_;
+  ConsoleOptions options_;
+  bool secure_;
   ConsoleSessions sessions_;
+  RateCheck rate_check_;
 };
 
 }  // namespace space::api

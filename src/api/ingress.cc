@@ -349,7 +349,7 @@ std::string guestRequestHead(const http::Request& request, const IngressTarget& 
     }
     if (lowered == "cookie") {
       // The console's session is spaced's credential, like a key: never the guest's.
-      std::string kept = withoutCookie(value, Console::kCookie);
+      std::string kept = withoutCookie(withoutCookie(value, Console::kCookie), Console::kSecureCookie);
       if (!kept.empty()) head += name + ": " + kept + "\r\n";
       continue;
     }
@@ -422,8 +422,21 @@ Result<GuestResponseHead> rewriteResponseHead(std::string_view head, bool same_o
     // Connection fields are ours except when switching protocols, where they say to what.
     const bool ours = status != 101 && (equalsIgnoreCase(name, "connection") || equalsIgnoreCase(name, "keep-alive") ||
                                         equalsIgnoreCase(name, "proxy-connection"));
+    // On spaced's origin, fields that act on the whole origin (its cookies, storage, transport
+    // and service workers) are not the guest's to send.
+    static constexpr std::string_view kOriginWide[] = {"set-cookie",
+                                                       "set-cookie2",
+                                                       "clear-site-data",
+                                                       "strict-transport-security",
+                                                       "alt-svc",
+                                                       "service-worker-allowed",
+                                                       "nel",
+                                                       "report-to",
+                                                       "reporting-endpoints",
+                                                       "origin-agent-cluster"};
     const bool unsafe_here =
-        same_origin_as_api && (equalsIgnoreCase(name, "set-cookie") || equalsIgnoreCase(name, "set-cookie2"));
+        same_origin_as_api && std::any_of(std::begin(kOriginWide), std::end(kOriginWide),
+                                          [&](std::string_view field) { return equalsIgnoreCase(name, field); });
     if (!ours && !unsafe_here) out.head += std::string(line) + "\r\n";
     at = end + 2;
   }
@@ -434,6 +447,21 @@ Result<GuestResponseHead> rewriteResponseHead(std::string_view head, bool same_o
   if (status >= 200) out.head += "Connection: close\r\n";
   out.head += "\r\n";
   return out;
+}
+
+std::optional<std::string> refusedOnApiOrigin(const http::Request& request) {
+  // A service worker's script would be registered for spaced's origin (with a guest's
+  // Service-Worker-Allowed: /, even for all of it).
+  if (request.header("service-worker")) return "a service worker cannot be loaded from a sandbox's port on this host";
+  // The console's own pages never load a guest's scripts, styles or data. A sandboxed guest
+  // page's requests are cross-site (its origin is opaque); a same-origin one that is not a
+  // navigation can only be made by a page of spaced's origin, such as the console.
+  auto site = request.header("sec-fetch-site");
+  auto dest = request.header("sec-fetch-dest");
+  if (site && *site == "same-origin" && dest && *dest != "document") {
+    return "a page of this host cannot load a sandbox's port as a " + *dest + "; open it as a page";
+  }
+  return std::nullopt;
 }
 
 void proxyToGuest(http::Request& request, http::Response& response, int guest, const IngressTarget& target,

@@ -89,9 +89,15 @@ struct GuestResponseHead {
 };
 // Checks the status line; for anything but 101 replaces the connection fields with
 // `Connection: close` (the client's connection ends with this answer). On the path form
-// (`same_origin_as_api`) the guest's page would share spaced's origin: its cookies are dropped
-// and it gets `Content-Security-Policy: sandbox` (an origin of its own; scripts still run).
+// (`same_origin_as_api`) the guest's page would share spaced's origin: its cookies and the other
+// fields that act on a whole origin (Clear-Site-Data, HSTS, Alt-Svc, Service-Worker-Allowed,
+// reporting) are dropped, and it gets `Content-Security-Policy: sandbox` (an origin of its own; scripts still run).
 Result<GuestResponseHead> rewriteResponseHead(std::string_view head, bool same_origin_as_api = false);
+
+// Why a request for a port on the path form (spaced's own origin) is refused, or nullopt: a
+// service worker's script, or a subresource that a page of spaced's origin (the console) asks
+// for (Sec-Fetch-Site same-origin and a Sec-Fetch-Dest other than document).
+std::optional<std::string> refusedOnApiOrigin(const http::Request& request);
 
 // The Cookie field's value without the cookies named `name` (empty when none is left).
 std::string withoutCookie(std::string_view cookies, std::string_view name);

@@ -87,6 +87,7 @@ class PtyBridge {
       deliver(std::move(first.frames), first.end, guest::ProcessStream::State::kOpen, std::nullopt);
       readNext();
       pump_ = std::thread([this] { pumpEvents(); });
+      reauthorizeLater();
     });
     io_.run();
     {
@@ -336,6 +337,19 @@ class PtyBridge {
     });
   }
 
+  void reauthorizeLater() {
+    if (!limits_.authorized) return;
+    reauthorize_.expires_after(limits_.reauthorize_every);
+    reauthorize_.async_wait([this](beast::error_code ec) {
+      if (ec || ended_ || closing_) return;
+      if (limits_.authorized()) return reauthorizeLater();
+      enqueue(true, messageText(json{{"type", "error"},
+                                     {"code", "unauthenticated"},
+                                     {"message", "the key or console session that opened this terminal has ended"}}));
+      closeAfterQueue(websocket::close_code::policy_error, "unauthenticated");
+    });
+  }
+
   // ---- the end
 
   void finish(const char* outcome) {
@@ -354,6 +368,7 @@ class PtyBridge {
     beast::error_code ignored;
     abort_.cancel(ignored);
     close_deadline_.cancel();
+    reauthorize_.cancel();
     beast::get_lowest_layer(ws_).socket().shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
     beast::get_lowest_layer(ws_).close();
     // Beast's idle timer outlives the socket until it next fires (up to idle_timeout): nothing
@@ -371,6 +386,7 @@ class PtyBridge {
   asio::posix::stream_descriptor abort_;
   static constexpr std::chrono::seconds kCloseGrace{5};
   asio::steady_timer close_deadline_{io_};
+  asio::steady_timer reauthorize_{io_};
   beast::http::request<beast::http::empty_body> upgrade_;
   beast::flat_buffer input_;
   std::thread pump_;

@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,11 +39,16 @@ struct PtySessionLimits {
   // A full queue that the client has not drained at all for this long: "client_too_slow" (a
   // client that reads nothing but answers pings would otherwise hold the session forever).
   std::chrono::milliseconds stalled_client_timeout{std::chrono::seconds(15)};
+  // Asked every reauthorize_every while the session runs: false ends it ("unauthenticated"),
+  // so a terminal does not outlive the key or console session that opened it. Empty: never.
+  std::function<bool()> authorized;
+  std::chrono::milliseconds reauthorize_every{std::chrono::seconds(5)};
 };
 
 struct PtySessionEnd {
-  std::string outcome;  // "exited", "client_closed", "client_too_slow", "error", "aborted"
-  int exit_code = -1;   // with "exited"
+  // "exited", "client_closed", "client_too_slow", "error", "aborted", "unauthenticated"
+  std::string outcome;
+  int exit_code = -1;  // with "exited"
 };
 
 // Whether the request asks for a WebSocket (Upgrade: websocket, GET).

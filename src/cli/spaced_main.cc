@@ -328,6 +328,12 @@ int main(int argc, char** argv) {
          "the web console's built files (make ui writes them), served at /ui/ on --listen; \"off\": no console, "
          "and session cookies are not accepted")
       ->capture_default_str();
+  std::string console_origin;
+  app.add_option(
+      "--console-origin", console_origin,
+      "the origin browsers reach the console at when it is not --listen's own, e.g. behind a TLS-terminating "
+      "proxy: https://space.example.com (an https one makes the session cookie Secure); requests of the "
+      "console must come from it");
   http::TlsFiles tls_files;
   app.add_option("--tls-cert", tls_files.cert_file,
                  "serve HTTPS on --listen and the E2B listeners with this certificate chain (PEM; the node's own "
@@ -761,7 +767,6 @@ int main(int argc, char** argv) {
   api::ApiService service(*manager.value(), keys, api_limits, kDefaultTenant, ingress, &vault);
   // The web console: its pages, and sessions that a browser holds in place of a key.
   std::optional<api::ConsoleAssets> console_assets;
-  std::string console_missing;
   std::optional<api::Console> console;
   if (ui_dir != "off") {
     auto loaded = api::ConsoleAssets::load(ui_dir);
@@ -769,10 +774,23 @@ int main(int argc, char** argv) {
       console_assets = std::move(loaded.value());
       spdlog::info("console: {} files from {}, served at /ui/", console_assets->count(), ui_dir);
     } else {
-      console_missing = "the web console is not built: " + loaded.error().message;
-      spdlog::warn("{}", console_missing);
+      spdlog::warn("console: not served (its pages answer 503): {}", loaded.error().message);
     }
-    console.emplace(keys, console_assets ? &*console_assets : nullptr, console_missing, tls != nullptr, kDefaultTenant);
+    if (!console_origin.empty()) {
+      const bool scheme = console_origin.rfind("https://", 0) == 0 || console_origin.rfind("http://", 0) == 0;
+      const std::string host = scheme ? console_origin.substr(console_origin.find("://") + 3) : "";
+      if (!scheme || host.empty() ||
+          host.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                 "0123456789.-:[]") != std::string::npos) {
+        return fatal("--console-origin " + console_origin +
+                     ": must be an origin, scheme and host (and port) only, e.g. https://space.example.com");
+      }
+    }
+    api::ConsoleOptions console_options;
+    console_options.https = tls != nullptr;
+    console_options.public_origin = console_origin;
+    console_options.operator_tenant = kDefaultTenant;
+    console.emplace(keys, console_assets ? &*console_assets : nullptr, console_options);
     service.setConsole(&*console);
   }
   // The listeners split the process's descriptors: 30% for SPACE's API, 15% for each of E2B's,

@@ -2656,8 +2656,10 @@ TEST_F(SpacedTest, SpacectlRunRemovesItsSandbox) {
 // A WebSocket upgrade to GET .../pty by hand; what the daemon sent back within `wait` (the 101,
 // then its frames: ours are unmasked, so their text is readable as it is).
 // `small_window`: a 4 KiB receive buffer, so a client that stops reading backs up at once.
+// `auth`: the fields that authenticate it (default: the daemon's key).
 std::string rawTerminal(const Daemon& d, const std::string& id, const std::string& query, int& fd_out,
-                        bool small_window = false) {
+                        bool small_window = false, std::string auth = "") {
+  if (auth.empty()) auth = "Authorization: Bearer " + d.key() + "\r\n";
   const uint16_t port = static_cast<uint16_t>(std::stoi(d.url().substr(d.url().rfind(':') + 1)));
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (small_window) {
@@ -2671,11 +2673,11 @@ std::string rawTerminal(const Daemon& d, const std::string& id, const std::strin
   addr.sin_port = htons(port);
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   EXPECT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  testsupport::sendRaw(
-      fd.get(), "GET /v1/sandboxes/" + id + "/pty?" + query + " HTTP/1.1\r\nHost: spaced\r\nAuthorization: Bearer " +
-                    d.key() +
-                    "\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n");
+  testsupport::sendRaw(fd.get(),
+                       "GET /v1/sandboxes/" + id + "/pty?" + query +
+                           " HTTP/1.1\r\nHost: " + d.url().substr(d.url().find("://") + 3) + "\r\n" + auth +
+                           "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                           "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n");
   std::string got;
   char buf[4096];
   for (auto until = Clock::now() + seconds(20); Clock::now() < until && got.find("\"started\"") == std::string::npos;) {
@@ -2707,7 +2709,10 @@ bool processRuns(const Daemon& d, const std::string& id, const std::string& arg)
 }
 
 TEST_F(SpacedTest, ATerminalFollowsItsWindowRunsFullScreenProgramsAndEndsWithTheShellsStatus) {
-  daemon_ = Daemon::start(data_dir_);
+  // A console build of one page: enough for a browser's session (its terminal ends with it).
+  std::filesystem::create_directories(dir_->path() + "/ui");
+  { std::ofstream(dir_->path() + "/ui/index.html") << "<!doctype html>"; }
+  daemon_ = Daemon::start(data_dir_, {"--ui-dir", dir_->path() + "/ui"});
   ASSERT_TRUE(daemon_);
   const std::string id = daemon_->create();
   ASSERT_FALSE(id.empty());
@@ -2804,6 +2809,48 @@ TEST_F(SpacedTest, ATerminalFollowsItsWindowRunsFullScreenProgramsAndEndsWithThe
       gone = !processRuns(*daemon_, id, "601");
     }
     EXPECT_TRUE(gone) << "the process of a refused session still runs";
+  }
+  // A terminal a console session opened ends when the session does (logout), within seconds,
+  // and its process with it.
+  {
+    const std::string host = daemon_->url().substr(daemon_->url().find("://") + 3);
+    const uint16_t port = static_cast<uint16_t>(std::stoi(host.substr(host.rfind(':') + 1)));
+    const std::string body = json{{"api_key", daemon_->key()}}.dump();
+    UniqueFd login_fd = testsupport::connectRaw(port, seconds(10));
+    testsupport::sendRaw(login_fd.get(), "POST /ui/session HTTP/1.1\r\nHost: " + host + "\r\nOrigin: http://" + host +
+                                             "\r\nContent-Type: application/json\r\nContent-Length: " +
+                                             std::to_string(body.size()) + "\r\n\r\n" + body);
+    const std::string login = testsupport::readUntilClosed(login_fd.get());
+    ASSERT_NE(login.find("HTTP/1.1 200"), std::string::npos) << login;
+    const size_t at = login.find("space_session=");
+    ASSERT_NE(at, std::string::npos) << login;
+    const std::string cookie = "Cookie: " + login.substr(at, login.find(';', at) - at) + "\r\n";
+    const std::string csrf = json::parse(login.substr(login.find("\r\n\r\n") + 4))["csrf_token"];
+    int fd = -1;
+    std::string got =
+        rawTerminal(*daemon_, id, "arg=sleep&arg=606", fd, false, cookie + "Origin: http://" + host + "\r\n");
+    UniqueFd owned(fd);
+    ASSERT_NE(got.find("\"started\""), std::string::npos) << got;
+    // Another site's page gets no terminal with that cookie.
+    int evil_fd = -1;
+    std::string evil =
+        rawTerminal(*daemon_, id, "arg=sleep&arg=607", evil_fd, false, cookie + "Origin: http://evil.example\r\n");
+    UniqueFd evil_owned(evil_fd);
+    EXPECT_NE(evil.find("HTTP/1.1 403"), std::string::npos) << evil;
+    UniqueFd logout_fd = testsupport::connectRaw(port, seconds(10));
+    testsupport::sendRaw(logout_fd.get(), "DELETE /ui/session HTTP/1.1\r\nHost: " + host + "\r\n" + cookie +
+                                              "X-CSRF-Token: " + csrf + "\r\nContent-Length: 0\r\n\r\n");
+    EXPECT_NE(testsupport::readUntilClosed(logout_fd.get()).find("HTTP/1.1 204"), std::string::npos);
+    const auto logged_out = Clock::now();
+    std::string rest = testsupport::readUntilClosed(fd);
+    EXPECT_NE(rest.find("unauthenticated"), std::string::npos) << rest;
+    EXPECT_LT(Clock::now() - logged_out, seconds(12));
+    bool gone = false;
+    for (auto until = Clock::now() + seconds(10); !gone && Clock::now() < until;
+         std::this_thread::sleep_for(milliseconds(200))) {
+      gone = !processRuns(*daemon_, id, "606");
+    }
+    EXPECT_TRUE(gone) << "the process of a logged-out terminal still runs";
   }
   // A client that goes away hangs the terminal up: its process ends.
   {

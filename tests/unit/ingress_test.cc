@@ -152,14 +152,26 @@ TEST(IngressResponseHead, OnTheApisOriginAPageGetsNoCookiesAndAnOriginOfItsOwn) 
   EXPECT_NE(head->head.find("\r\nContent-Security-Policy: sandbox allow-scripts"), std::string::npos) << head->head;
   // Switching protocols keeps its connection fields but sets no cookie there either; interim
   // answers get nothing added.
-  auto switching =
-      rewriteResponseHead("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                          "Set-Cookie: s=1\r\n\r\n",
-                          true);
+  auto switching = rewriteResponseHead(
+      "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+      "Set-Cookie: s=1\r\n\r\n",
+      true);
   ASSERT_TRUE(switching.ok());
   EXPECT_EQ(switching->head, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n");
   EXPECT_EQ(rewriteResponseHead("HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n", true)->head,
             "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n");
+  // Nor any other field that acts on the whole origin: the console's storage, transport, workers.
+  auto wide = rewriteResponseHead(
+      "HTTP/1.1 200 OK\r\nClear-Site-Data: \"cookies\", \"storage\"\r\nStrict-Transport-Security: max-age=0\r\n"
+      "Alt-Svc: h3=\":443\"\r\nService-Worker-Allowed: /\r\nNEL: {}\r\nReport-To: {}\r\n"
+      "Reporting-Endpoints: a=\"/r\"\r\nOrigin-Agent-Cluster: ?1\r\nX-Kept: 1\r\n\r\n",
+      true);
+  ASSERT_TRUE(wide.ok());
+  for (const char* gone :
+       {"Clear-Site", "Strict-Transport", "Alt-Svc", "Service-Worker", "NEL", "Report", "Origin-Agent"}) {
+    EXPECT_EQ(wide->head.find(gone), std::string::npos) << gone << " in\n" << wide->head;
+  }
+  EXPECT_NE(wide->head.find("X-Kept: 1\r\n"), std::string::npos);
   // On its own host (the host form) the page keeps its cookies.
   auto own = rewriteResponseHead("HTTP/1.1 200 OK\r\nSet-Cookie: a=b\r\n\r\n", false);
   ASSERT_TRUE(own.ok());
@@ -288,6 +300,7 @@ TEST_F(IngressProxyTest, TheGuestGetsTheRequestWithoutTheKeysAndOnlyThatRequest)
           "GET " + prefix() +
               "/index.html?a=1 HTTP/1.1\r\nHost: spaced.test\r\nAuthorization: Bearer secret-key\r\n"
               "X-Space-Access-Token: secret-token\r\nKeep-Alive: 5\r\nConnection: keep-alive, X-Drop\r\n"
+              "Cookie: a=1; space_session=secret-session; b=2\r\ncookie: __Host-space_session=secret-host\r\n"
               "X-Drop: 1\r\nX-Keep: 2\r\n\r\n"
               "GET /v1/sandboxes HTTP/1.1\r\nHost: spaced.test\r\nAuthorization: Bearer second-key\r\n\r\n");
   std::string answer = readUntilClosed(client.get());
@@ -296,14 +309,41 @@ TEST_F(IngressProxyTest, TheGuestGetsTheRequestWithoutTheKeysAndOnlyThatRequest)
   EXPECT_EQ(request.rfind("GET /index.html?a=1 HTTP/1.1\r\n", 0), 0u) << request;
   EXPECT_NE(request.find("Host: spaced.test\r\n"), std::string::npos) << request;
   EXPECT_NE(request.find("X-Keep: 2\r\n"), std::string::npos) << request;
+  EXPECT_NE(request.find("Cookie: a=1; b=2\r\n"), std::string::npos) << request;
   EXPECT_NE(request.find("Connection: close\r\n"), std::string::npos) << request;
   EXPECT_NE(request.find("X-Forwarded-Prefix: " + prefix() + "\r\n"), std::string::npos) << request;
   EXPECT_NE(request.find("X-Forwarded-For: 127.0.0.1\r\n"), std::string::npos) << request;
-  for (const char* gone :
-       {"secret-key", "secret-token", "X-Drop", "Keep-Alive", "second-key", "GET /v1/sandboxes HTTP"}) {
+  for (const char* gone : {"secret-key", "secret-token", "X-Drop", "Keep-Alive", "second-key", "GET /v1/sandboxes HTTP",
+                           "secret-session", "secret-host", "cookie:"}) {
     EXPECT_EQ(request.find(gone), std::string::npos) << gone << " reached the guest:\n" << request;
   }
   EXPECT_EQ(guest.accepted(), 1);
+}
+
+// On spaced's origin, what only a page of that origin (the console) would ask for is refused:
+// a guest's service worker script, a guest's script or data loaded by the console's pages. A
+// navigation, a guest page's own requests (cross-site: its origin is sandboxed) and clients
+// without fetch metadata pass.
+TEST(IngressApiOrigin, RefusesServiceWorkersAndSubresourcesOfTheConsolesPages) {
+  auto server = http::Server::start("127.0.0.1:0", [](http::Request& req, http::Response& res) {
+    auto refused = refusedOnApiOrigin(req);
+    (void)res.send(refused ? 403 : 200, "text/plain", refused.value_or("ok"));
+  });
+  ASSERT_TRUE(server.ok()) << server.error().message;
+  auto status = [&](const std::string& fields) {
+    UniqueFd fd = connectRaw(server.value()->port());
+    sendRaw(fd.get(), "GET /v1/sandboxes/" + kId + "/ports/80/x.js HTTP/1.1\r\nHost: h\r\n" + fields +
+                          "Connection: close\r\n\r\n");
+    std::string answer = readUntilClosed(fd.get());
+    return answer.size() > 12 ? std::stoi(answer.substr(9, 3)) : 0;
+  };
+  EXPECT_EQ(status(""), 200);
+  EXPECT_EQ(status("Sec-Fetch-Site: same-origin\r\nSec-Fetch-Dest: document\r\n"), 200);
+  EXPECT_EQ(status("Sec-Fetch-Site: cross-site\r\nSec-Fetch-Dest: script\r\n"), 200);
+  EXPECT_EQ(status("Sec-Fetch-Site: none\r\nSec-Fetch-Dest: document\r\n"), 200);
+  EXPECT_EQ(status("Sec-Fetch-Site: same-origin\r\nSec-Fetch-Dest: script\r\n"), 403);
+  EXPECT_EQ(status("Sec-Fetch-Site: same-origin\r\nSec-Fetch-Dest: empty\r\n"), 403);
+  EXPECT_EQ(status("Service-Worker: script\r\n"), 403);
 }
 
 TEST_F(IngressProxyTest, BodiesArriveFramedAsTheClientSentThem) {
@@ -403,7 +443,7 @@ TEST_F(IngressProxyTest, AGuestThatFailsBeforeAnsweringGetsA502OrA504) {
                                                              {504, "did not answer within"},
                                                              {502, "response head over"},
                                                              {502, "more than 8 interim (1xx) answers"},
-      {502, "although the client asked for no upgrade"}};
+                                                             {502, "although the client asked for no upgrade"}};
   for (size_t i = 0; i < expected.size(); ++i) {
     mode = static_cast<int>(i);
     UniqueFd client = connectRaw(server_->port());
