@@ -1,7 +1,7 @@
 # SPACE: two commands on a fresh Debian 12 machine, as root:
 #   make run    install what is missing, build, build or reuse the guest images, start spaced
 #   make test   install what is missing, build (also with ASan/UBSan), run every test
-.PHONY: all deps build build-asan build-fuzz images run test test-unit test-fuzz bench soak format clean
+.PHONY: all deps build build-asan build-fuzz images ui run test test-unit test-fuzz bench soak format clean
 
 BUILD      ?= build
 BUILD_ASAN ?= build-asan
@@ -54,11 +54,16 @@ images: build
 	@rootfs_dir=$$(SPACE_AGENT_BIN=$(BUILD)/bin/space-agent images/build-rootfs.sh) && \
 	  ln -sfn "$$rootfs_dir/rootfs.ext4" $(IMAGES)/rootfs.ext4
 
+# The web console spaced serves at /ui/ (ui/: npm packages pinned by its lock file, bundled with
+# esbuild); spaced's default --ui-dir is this folder.
+ui: deps
+	@scripts/build-ui.sh $(BUILD)/ui
+
 # Starts spaced in the foreground on embedded defaults (data in $(DATA_DIR), SQLite, template
 # "base" = the images above) and links spacectl into /usr/local/bin when that is writable.
 DATA_DIR ?= /var/lib/space
 LISTEN   ?= 127.0.0.1:8080
-run: build images
+run: build images ui
 	@if [ -w /usr/local/bin ]; then ln -sfn $(abspath $(BUILD)/bin/spacectl) /usr/local/bin/spacectl; fi
 	SPACE_PRINT_KEY=1 exec $(BUILD)/bin/spaced --listen $(LISTEN) --data-dir $(DATA_DIR)
 
@@ -75,7 +80,7 @@ test-fuzz: build-fuzz
 	cd $(BUILD_FUZZ) && ctest -L fuzz --output-on-failure
 
 # check-deps: everything the build read and the scripts run comes from a listed package.
-test: test-unit test-fuzz images
+test: test-unit test-fuzz images ui
 	scripts/check-deps.py --build $(BUILD) --build $(BUILD_ASAN) --build $(BUILD_FUZZ)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --stop-time "$$(date -d '+40 min' +%H:%M:%S)"
 

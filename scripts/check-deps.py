@@ -40,7 +40,7 @@ NOT_RUN = {
 
 # Where the project runs programs from: shell scripts and the Makefile (every word), and C++
 # sources (string literals only).
-SHELL_SOURCES = ["images", "bench", "scripts", "Makefile", ".ci/run", "tests/e2b/run.sh"]
+SHELL_SOURCES = ["images", "bench", "scripts", "Makefile", ".ci/run", "tests/e2b/run.sh", "tests/ui/run.sh"]
 CPP_SOURCES = ["src", "tests", "bench"]
 
 

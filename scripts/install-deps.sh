@@ -34,6 +34,8 @@ packages=(
   # E2B SDK tests: the official e2b npm package runs on Node.js (>= 20.18.1; tests/e2b/run.sh
   # says so when an older one is installed) and comes from the npm registry with its npm
   nodejs diffutils
+  # the web console's browser tests (tests/ui): Debian's Chromium, driven headless
+  chromium
 )
 
 case ${1:-} in

@@ -344,7 +344,8 @@ void ApiService::handle(http::Request& req, http::Response& res) {
       metrics_.countError("unauthenticated");
       res.setHeader("WWW-Authenticate", "Bearer");
       (void)res.sendError(401, "unauthenticated",
-                          header ? "the API key is not valid" : "missing Authorization: Bearer <api key> header");
+                          header ? "the API key is not valid"
+                                 : "missing Authorization: Bearer <api key> header (or a console session's cookie)");
       return;
     }
     call.tenant = *tenant;
