@@ -959,7 +959,10 @@ void ApiService::deleteSecret(Call& c) {
 // --- agent access ----------------------------------------------------------------------------
 
 Result<sandbox::AgentLease> ApiService::lease(Call& c, std::string_view operation) {
-  auto lease = manager_.agent(c.tenant, c.id(), operation);
+  // X-Space-No-Resume: a caller that only looks (the console's polls) finds a suspended
+  // sandbox suspended instead of waking it up.
+  const bool may_resume = !c.req.header("x-space-no-resume");
+  auto lease = manager_.agent(c.tenant, c.id(), operation, may_resume);
   // Said on the response: the call found the sandbox suspended and resumed it first.
   if (lease.ok() && lease->resumed) c.res.setHeader("X-Space-Resumed", "true");
   return lease;

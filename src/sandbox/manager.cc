@@ -1297,14 +1297,15 @@ Result<store::SandboxRecord> SandboxManager::setTimeout(const std::string& tenan
 
 // --- agent access ----------------------------------------------------------------------------
 
-Result<AgentLease> SandboxManager::agent(const std::string& tenant, const std::string& id, std::string_view operation) {
+Result<AgentLease> SandboxManager::agent(const std::string& tenant, const std::string& id, std::string_view operation,
+                                         bool may_resume) {
   auto live = findLive(tenant, id);
   if (!live.ok()) {
     auto rec = getOwned(tenant, id);
     if (!rec.ok()) return rec.error();
     auto state = parseState(rec->state);
     if (!state.ok()) return state.error();
-    if (state.value() == SandboxState::kSuspended) {
+    if (state.value() == SandboxState::kSuspended && may_resume) {
       auto resumed = resumeSuspended(rec.value());
       if (!resumed.ok()) return resumed.error();
       auto lease = agent(tenant, id, operation);
@@ -1318,7 +1319,7 @@ Result<AgentLease> SandboxManager::agent(const std::string& tenant, const std::s
   std::unique_lock control(live.value()->control);
   if (live.value()->finished && live.value()->state == SandboxState::kSuspended) {
     control.unlock();  // suspended (e.g. idle) since the lookup: resume it like any suspended one
-    return agent(tenant, id, operation);
+    return agent(tenant, id, operation, may_resume);
   }
   if (live.value()->state == SandboxState::kPaused && !live.value()->disk_error.empty()) {
     return diskStopped(id, live.value()->disk_error);

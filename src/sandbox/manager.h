@@ -289,8 +289,11 @@ class SandboxManager {
   // Sets the hard timeout to now + timeout_s.
   Result<store::SandboxRecord> setTimeout(const std::string& tenant, const std::string& id, int64_t timeout_s);
 
-  // The agent of a running sandbox (kFailedPrecondition naming the state otherwise).
-  Result<AgentLease> agent(const std::string& tenant, const std::string& id, std::string_view operation);
+  // The agent of a running sandbox (kFailedPrecondition naming the state otherwise). A suspended
+  // sandbox is resumed first unless `may_resume` is false (a background poll, which must not
+  // undo a suspend): then it is kFailedPrecondition too.
+  Result<AgentLease> agent(const std::string& tenant, const std::string& id, std::string_view operation,
+                           bool may_resume = true);
   // A TCP connection to `port` of a running sandbox's guest (ingress), resuming a suspended
   // one as agent() does. kUnavailable when nothing listens there; kFailedPrecondition on a
   // node without networking, for a sandbox without a NIC, or in a state without a guest.

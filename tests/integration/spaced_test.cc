@@ -1312,10 +1312,19 @@ TEST_F(SpacedTest, SuspendReleasesTheVmAndExecResumesItOnDemand) {
   ASSERT_TRUE(daemon_);
   EXPECT_EQ(daemon_->callJson("GET", sb, nullptr, 200)["state"], "suspended");
 
+  // A call that only looks (X-Space-No-Resume, the console's polls) leaves it suspended.
+  auto client = http::Client::create(daemon_->url());
+  auto looked =
+      client->request("GET", sb + "/processes",
+                      {{"Authorization", "Bearer " + daemon_->key()}, {"X-Space-No-Resume", "1"}}, "", seconds(30));
+  ASSERT_TRUE(looked.ok());
+  EXPECT_EQ(looked->status, 409) << looked->body;
+  EXPECT_EQ(looked->headers.count("x-space-resumed"), 0u);
+  EXPECT_EQ(daemon_->callJson("GET", sb, nullptr, 200)["state"], "suspended");
+
   // An exec resumes it on demand and says so; processes, files and env survived, and the clock,
   // which stood still while suspended (at least 4 s here), is the host's again.
   std::this_thread::sleep_for(seconds(4));
-  auto client = http::Client::create(daemon_->url());
   const double before = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   auto r = client->request("POST", sb + "/exec", {{"Authorization", "Bearer " + daemon_->key()}},
                            json{{"command",

@@ -72,7 +72,8 @@ export function filesSection(shared) {
     path = (path || '').trim() || HOME;
     status.busy(`Listing ${path}…`);
     try {
-      const res = await api.get(api.sandboxPath(shared.id, '/files/list') + api.query({ path, depth: 1 }));
+      const res = await api.get(api.sandboxPath(shared.id, '/files/list') + api.query({ path, depth: 1 }),
+        { headers: { 'X-Space-No-Resume': '1' } });
       if (destroyed) return;
       const entries = (Array.isArray(res && res.entries) ? res.entries : []).slice();
       entries.sort((a, b) => ((b.type === 'dir') - (a.type === 'dir')) || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));

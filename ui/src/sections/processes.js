@@ -59,7 +59,8 @@ export function processesSection(shared) {
       return;
     }
     try {
-      const res = await api.get(api.sandboxPath(shared.id, '/processes'));
+      // A poll only looks: it must not resume a sandbox suspended since the page last read it.
+      const res = await api.get(api.sandboxPath(shared.id, '/processes'), { headers: { 'X-Space-No-Resume': '1' } });
       if (destroyed) return;
       const list = Array.isArray(res && res.processes) ? res.processes : [];
       render(list);
