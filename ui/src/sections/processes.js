@@ -35,9 +35,14 @@ export function processesSection(shared) {
     }
   }
 
-  function render(list) {
+  // A guest may run tens of thousands of processes with long command lines: the table shows the
+  // first MAX_ROWS, each cut short, so a redraw never stalls the page.
+  const MAX_ROWS = 500;
+  const MAX_COMMAND = 1024;
+  function render(all) {
+    const list = all.slice(0, MAX_ROWS);
     replaceChildren(tbody, list.map((p) => {
-      const command = [p.cmd, ...(Array.isArray(p.args) ? p.args : [])].join(' ');
+      const command = [p.cmd, ...(Array.isArray(p.args) ? p.args : [])].join(' ').slice(0, MAX_COMMAND);
       return h('tr', { testid: 'process-row', 'data-pid': String(p.pid) },
         h('td', { class: 'mono', text: String(p.pid) }),
         h('td', { class: 'mono cmd', text: command, title: command }),
@@ -50,6 +55,10 @@ export function processesSection(shared) {
                         onClick: () => signal(p.pid, 'SIGKILL') })));
     }));
     if (!list.length) tbody.appendChild(h('tr', {}, h('td', { colspan: 5, class: 'muted', text: 'No processes.' })));
+    if (all.length > list.length) {
+      tbody.appendChild(h('tr', {}, h('td', { colspan: 5, class: 'muted',
+        text: `${all.length - list.length} more processes are not shown.` })));
+    }
   }
 
   async function load() {

@@ -24,6 +24,8 @@ export function terminalSection(shared) {
     fontSize: 14,
     scrollback: 5000,
     allowProposedApi: false,
+    // The guest chooses a link's text (OSC 8): a link it prints never opens anything.
+    linkHandler: { activate() {} },
   });
   const fit = new FitAddon();
   term.loadAddon(fit);
