@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <boost/beast/core/string.hpp>
 #include <cctype>
 #include <filesystem>
 #include <fstream>
@@ -40,31 +41,33 @@ bool plainHost(std::string_view host) {
 }
 
 std::string randomHex(size_t bytes) {
-  std::string raw(bytes, '\0');
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(raw.data()), static_cast<int>(bytes)) != 1) abort();
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char b : raw) {
-    out += kHex[b >> 4];
-    out += kHex[b & 15];
-  }
-  return out;
+  std::vector<unsigned char> raw(bytes);
+  if (RAND_bytes(raw.data(), static_cast<int>(bytes)) != 1) abort();  // no entropy: nothing safe to do
+  return hexEncode(raw.data(), raw.size());
 }
 
 bool constantTimeEquals(std::string_view a, std::string_view b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-bool equalsIgnoreCase(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
-         });
-}
-
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
   return s;
+}
+
+// Calls `each(name, value, pair)` for every "name=value" pair of a Cookie field's value, each
+// part trimmed; a pair without '=' has an empty value.
+template <class Each>
+void forEachCookie(std::string_view cookies, Each each) {
+  while (!cookies.empty()) {
+    size_t semi = cookies.find(';');
+    std::string_view pair = trim(cookies.substr(0, semi));
+    cookies = semi == std::string_view::npos ? std::string_view() : cookies.substr(semi + 1);
+    if (pair.empty()) continue;
+    size_t eq = pair.find('=');
+    each(trim(pair.substr(0, eq)), eq == std::string_view::npos ? std::string_view() : trim(pair.substr(eq + 1)), pair);
+  }
 }
 
 void setCommonHeaders(http::Response& response) {
@@ -142,18 +145,22 @@ const ConsoleAssets::Asset* ConsoleAssets::find(std::string_view relative) const
 std::vector<std::string> cookieValues(const http::Request& request, std::string_view name) {
   std::vector<std::string> out;
   for (const auto& [field, value] : request.headers()) {
-    if (!equalsIgnoreCase(field, "cookie")) continue;
-    std::string_view rest = value;
-    while (!rest.empty()) {
-      size_t semi = rest.find(';');
-      std::string_view pair = trim(rest.substr(0, semi));
-      rest = semi == std::string_view::npos ? std::string_view() : rest.substr(semi + 1);
-      size_t eq = pair.find('=');
-      if (eq == std::string_view::npos || trim(pair.substr(0, eq)) != name) continue;
-      out.emplace_back(trim(pair.substr(eq + 1)));
-    }
+    if (!boost::beast::iequals(field, "cookie")) continue;
+    forEachCookie(value, [&](std::string_view pair_name, std::string_view pair_value, std::string_view pair) {
+      if (pair_name == name && pair.find('=') != std::string_view::npos) out.emplace_back(pair_value);
+    });
   }
   return out;
+}
+
+std::string withoutCookie(std::string_view cookies, std::string_view name) {
+  std::string kept;
+  forEachCookie(cookies, [&](std::string_view pair_name, std::string_view, std::string_view pair) {
+    if (pair_name == name) return;
+    if (!kept.empty()) kept += "; ";
+    kept += pair;
+  });
+  return kept;
 }
 
 bool ConsoleSessions::expired(const Entry& entry, Clock::time_point now) const {

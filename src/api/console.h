@@ -51,6 +51,9 @@ std::string contentTypeFor(std::string_view name);
 
 // Every value of the cookie `name` among a request's Cookie fields, in order.
 std::vector<std::string> cookieValues(const http::Request& request, std::string_view name);
+// A Cookie field's value without the cookies named `name` (empty when none is left): what a
+// guest may be sent.
+std::string withoutCookie(std::string_view cookies, std::string_view name);
 
 class ConsoleSessions {
  public:

@@ -312,24 +312,6 @@ bool wantsUpgrade(const http::Request& request) {
   return std::find(list.begin(), list.end(), "upgrade") != list.end();
 }
 
-std::string withoutCookie(std::string_view cookies, std::string_view name) {
-  std::string kept;
-  while (!cookies.empty()) {
-    size_t semi = cookies.find(';');
-    std::string_view pair = cookies.substr(0, semi);
-    cookies = semi == std::string_view::npos ? std::string_view() : cookies.substr(semi + 1);
-    while (!pair.empty() && (pair.front() == ' ' || pair.front() == '\t')) pair.remove_prefix(1);
-    while (!pair.empty() && (pair.back() == ' ' || pair.back() == '\t')) pair.remove_suffix(1);
-    if (pair.empty()) continue;
-    std::string_view pair_name = pair.substr(0, pair.find('='));
-    while (!pair_name.empty() && (pair_name.back() == ' ' || pair_name.back() == '\t')) pair_name.remove_suffix(1);
-    if (pair_name == name) continue;
-    if (!kept.empty()) kept += "; ";
-    kept += pair;
-  }
-  return kept;
-}
-
 std::string guestRequestHead(const http::Request& request, const IngressTarget& target, bool upgrade,
                              bool strip_authorization) {
   // Fields the client marked as connection-specific go no further either.

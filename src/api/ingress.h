@@ -99,9 +99,6 @@ Result<GuestResponseHead> rewriteResponseHead(std::string_view head, bool same_o
 // for (Sec-Fetch-Site same-origin and a Sec-Fetch-Dest other than document).
 std::optional<std::string> refusedOnApiOrigin(const http::Request& request);
 
-// The Cookie field's value without the cookies named `name` (empty when none is left).
-std::string withoutCookie(std::string_view cookies, std::string_view name);
-
 // Sends the request (head and body) to the guest on `guest`, relays the answer, and for an
 // accepted upgrade both ways until either side ends. Answers the client itself when the guest
 // fails before its answer starts (502, 504).
