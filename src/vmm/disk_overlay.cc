@@ -174,17 +174,28 @@ Status createDiskOverlay(const std::string& base, const std::string& format, con
 
 size_t diskOverlaysWrittenFromMemory() { return g_from_memory.load(); }
 
-Result<std::string> qcow2BackingFile(const std::string& path) {
+// The backing file name in a qcow2 header (qcow2BackingFile), and whether the header names an
+// external data file (`external_data_file`, when given): one open and read for both.
+static Result<std::string> readQcow2Header(const std::string& path, bool* external_data_file) {
   // qcow2 header: magic "QFI\xfb" at 0, version at 4, backing_file_offset (u64) at 8,
-  // backing_file_size (u32) at 16, all big-endian (QEMU's docs/interop/qcow2.txt).
+  // backing_file_size (u32) at 16, and from version 3 incompatible_features (u64) at 72, all
+  // big-endian (QEMU's docs/interop/qcow2.txt). Incompatible bit 2: the clusters live in an
+  // external data file that a header extension names, which QEMU opens when no data-file
+  // option overrides it; a layer's header (its sandbox's QEMU may rewrite it) could then make
+  // the next QEMU over it open any file its view holds.
   auto opened = openRegularFile(path);
   if (!opened.ok()) return opened.error();
   const UniqueFd& fd = opened.value();
-  unsigned char header[20];
+  unsigned char header[80];
   ssize_t got = ::pread(fd.get(), header, sizeof header, 0);
   if (got < 0) return makeError(ErrorCode::kInternal, "read " + path + ": " + strerror(errno));
-  if (got != static_cast<ssize_t>(sizeof header) || memcmp(header, "QFI\xfb", 4) != 0) {
+  if (got < 20 || memcmp(header, "QFI\xfb", 4) != 0) {
     return makeError(ErrorCode::kInvalidArgument, path + " is not a qcow2 image");
+  }
+  if (external_data_file != nullptr) {
+    // A version 3 header too short to hold the field is not trusted either.
+    *external_data_file =
+        bigEndian(header + 4, 4) >= 3 && (got < 80 || (bigEndian(header + 72, 8) & (uint64_t{1} << 2)) != 0);
   }
   const uint64_t offset = bigEndian(header + 8, 8);
   const uint64_t size = bigEndian(header + 16, 4);
@@ -202,6 +213,8 @@ Result<std::string> qcow2BackingFile(const std::string& path) {
   if (!name.empty() && name[0] != '/') name = std::filesystem::path(path).parent_path().string() + "/" + name;
   return name;
 }
+
+Result<std::string> qcow2BackingFile(const std::string& path) { return readQcow2Header(path, nullptr); }
 
 bool isNodeDiskPath(const std::string& name, const std::vector<std::string>& dirs,
                     const std::vector<std::string>& images) {
@@ -226,25 +239,6 @@ bool isNodeDiskName(const std::string& name, const std::vector<std::string>& dir
   return ::lstat(name.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-static Status refuseExternalDataFile(const std::string& path) {
-  // qcow2 version 3 keeps incompatible_features (u64, big-endian) at offset 72; bit 2 says the
-  // clusters live in an external data file that a header extension names. QEMU opens that name
-  // when no data-file option overrides it, so a layer's header (its sandbox's QEMU may rewrite
-  // it) could make the next QEMU over it read or write any file its view holds.
-  auto opened = openRegularFile(path);
-  if (!opened.ok()) return opened.error();
-  unsigned char header[80];
-  ssize_t got = ::pread(opened->get(), header, sizeof header, 0);
-  if (got < 0) return makeError(ErrorCode::kInternal, "read " + path + ": " + strerror(errno));
-  if (got < 8 || memcmp(header, "QFI\xfb", 4) != 0 || bigEndian(header + 4, 4) < 3) return okStatus();
-  if (got < 80) return makeError(ErrorCode::kPermissionDenied, path + ": truncated qcow2 version 3 header");
-  if (bigEndian(header + 72, 8) & (uint64_t{1} << 2)) {
-    return makeError(ErrorCode::kPermissionDenied,
-                     path + ": its qcow2 header names an external data file, which no disk of SPACE's has");
-  }
-  return okStatus();
-}
-
 Result<std::vector<std::string>> diskChain(const std::string& top,
                                            const std::function<Status(const std::string&)>& admit) {
   std::vector<std::string> chain;
@@ -254,12 +248,16 @@ Result<std::vector<std::string>> diskChain(const std::string& top,
     }
     SPACE_TRY(admit(at));
     chain.push_back(at);
-    auto next = qcow2BackingFile(at);
+    bool external_data_file = false;
+    auto next = readQcow2Header(at, &external_data_file);
     if (!next.ok()) {
       if (next.error().code == ErrorCode::kInvalidArgument) break;  // a raw image (or QEMU will say)
       return next.error();
     }
-    SPACE_TRY(refuseExternalDataFile(at));  // a qcow2 image, read as one
+    if (external_data_file) {
+      return makeError(ErrorCode::kPermissionDenied,
+                       at + ": its qcow2 header names an external data file, which no disk of SPACE's has");
+    }
     at = next.value();
   }
   return chain;
