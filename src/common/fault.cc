@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <new>
 #include <string>
 #include <thread>
 #include <utility>
@@ -45,6 +46,12 @@ void faultPoint(std::string_view name) {
     // Said before the sleep: a test waits for this line to know the step is under way.
     say("spaced: fault point reached, delaying: ", name);
     std::this_thread::sleep_for(std::chrono::milliseconds(delay.second));
+  }
+  static const auto throws = nameAndNumber("SPACE_FAULT_THROW", 1);
+  static std::atomic<long> thrown{0};
+  if (!throws.first.empty() && throws.first == name && ++thrown == throws.second) {
+    say("spaced: fault point reached, throwing std::bad_alloc: ", name);
+    throw std::bad_alloc();
   }
   static const std::string armed = fromEnv("SPACE_FAULT");
   if (armed.empty() || armed != name) return;

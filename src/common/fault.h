@@ -12,6 +12,10 @@
 //                                      is reached (@N omitted: the 1st), and the caller fails
 //                                      that step as if it had gone wrong (e.g. one child of a
 //                                      branch, to see the others rolled back).
+//   SPACE_FAULT_THROW=resume.restored@2
+//                                      faultPoint("resume.restored") throws std::bad_alloc the
+//                                      2nd time it is reached (@N omitted: the 1st), so a test
+//                                      can see what an exception leaves behind mid-operation.
 // Names are "<operation>.<step just completed>"; docs/testing.md lists them.
 #pragma once
 

@@ -13,6 +13,7 @@
 #include "common/digest.h"
 #include "common/fault.h"
 #include "common/fs.h"
+#include "common/scope_guard.h"
 #include "jail/cgroup.h"
 #include "net/tls_ca.h"
 #include "sandbox/manager_internal.h"
@@ -700,11 +701,29 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     if (warm) pool_->put(pool_key, std::move(*warm));
     return reserved.error();
   }
+  bool released = false;
+  bool inserted = false;
   auto release = [&] {
+    if (released) return;
+    released = true;
     unreserve(*live);
     live->finished = true;
     live->state = SandboxState::kFailed;
   };
+  // An exception (bad_alloc, a thread that cannot start) leaves by none of the error returns
+  // below: its VM goes, its reservation comes back, and a recorded sandbox is recorded failed.
+  ScopeGuard on_exception([&] {
+    if (released) return;
+    live->runtime.reset();
+    if (inserted) {
+      rec.state = stateName(SandboxState::kFailed);
+      rec.state_reason = "spaced failed while starting it";
+      rec.vm_pid = 0;
+      (void)store_.updateSandbox(rec);
+    }
+    release();
+    spdlog::error("sandbox {}: create failed by an exception; its VM and reservation are released", rec.id);
+  });
   // Its own identity before anyone sees it running: a restored clone still has the template's
   // hostname, a clock stopped at the snapshot and the template's random state.
   auto identity = [&] {
@@ -780,12 +799,14 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     if (configured.ok()) {
       faultPoint("create.configured");
       recordRunning();
-      if (auto inserted = store_.insertSandbox(rec); !inserted.ok()) {
+      if (auto saved = store_.insertSandbox(rec); !saved.ok()) {
         live->runtime.reset();
         release();
-        return inserted.error();
+        return saved.error();
       }
+      inserted = true;
       faultPoint("create.recorded");
+      on_exception.dismiss();
       ran("taken from the pool");
       return rec;  // as recorded: not read back
     } else {
@@ -795,10 +816,11 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
       live->runtime.reset();  // its QEMU killed and its run directory removed
     }
   }
-  if (auto inserted = store_.insertSandbox(rec); !inserted.ok()) {
+  if (auto saved = store_.insertSandbox(rec); !saved.ok()) {
     release();
-    return inserted.error();
+    return saved.error();
   }
+  inserted = true;
   faultPoint("create.inserted");
 
   auto fail = [&](const Error& e) -> Error {
@@ -862,6 +884,7 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   recordRunning();
   if (auto saved = store_.updateSandbox(rec); !saved.ok()) return fail(saved.error());
   faultPoint("create.recorded");
+  on_exception.dismiss();
   ran(how);
   return rec;  // as recorded: not read back
 }
@@ -1104,11 +1127,28 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
   auto live = liveFromRecord(rec);
   std::unique_lock control(live->control);
   SPACE_TRY(reserve(live));
+  bool released = false;
+  bool recorded_running = false;
   auto unreserve = [&] {
+    if (released) return;
+    released = true;
     this->unreserve(*live);
     live->finished = true;
     live->state = SandboxState::kSuspended;
   };
+  // Until its saved state is removed, an exception (bad_alloc, a thread that cannot start)
+  // leaves it as every error return does: suspended, its files untouched, its QEMU gone and
+  // its reservation given back, so that the next call resumes it.
+  ScopeGuard on_exception([&] {
+    if (released) return;
+    if (live->runtime) {
+      live->runtime->release();  // keeps the suspended files
+      live->runtime.reset();
+    }
+    if (recorded_running) (void)store_.updateSandbox(suspended);
+    unreserve();
+    spdlog::error("sandbox {}: resume failed by an exception; it stays suspended", suspended.id);
+  });
   // Restored stopped (see Launcher::fromSuspended): it is continued only once the resume is
   // recorded and the state file removed. A crash at any step leaves either a suspended sandbox
   // whose disk matches its saved RAM, or a running one (recovery continues a stopped guest
@@ -1146,6 +1186,7 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
     unreserve();
     return saved.error();
   }
+  recorded_running = true;
   faultPoint("resume.recorded");
   std::error_code ec;
   std::filesystem::remove(suspended.run_dir + kSuspendedState, ec);
@@ -1165,8 +1206,11 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
     spdlog::warn("sandbox {}: resumed, but the removal of its saved state may not be durable: {}", suspended.id,
                  synced.error().message);
   }
+  // From here the saved state is gone: the guest must continue, or it is lost. It is running
+  // as recorded, whatever follows.
+  on_exception.dismiss();
+  live->state = SandboxState::kRunning;
   faultPoint("resume.state_removed");
-  // From here the saved state is gone: the guest must continue, or it is lost.
   if (auto resumed = live->runtime->resume(); !resumed.ok()) {
     auto status = live->vm().queryStatus();
     if (status.ok() && status.value() == "running") {

@@ -2372,6 +2372,40 @@ TEST_F(SpacedTest, ABranchThatCannotStartItsThreadsFailsWith503AndLeavesNothing)
   EXPECT_EQ(branched["sandboxes"].size(), 2u);
 }
 
+// An exception mid-create or mid-resume (SPACE_FAULT_THROW: std::bad_alloc at a fault point, as
+// a failed allocation would throw) leaves by no error return. The request fails with 500, its
+// QEMU goes, its reservation comes back (the node's only sandbox place is free again), and
+// the sandbox is recorded failed (create) or stays suspended and resumes on the next call.
+TEST_F(SpacedTest, AnExceptionMidCreateOrResumeGivesItsReservationBack) {
+  ::setenv("SPACE_FAULT_THROW", "create.configured", 1);
+  daemon_ = Daemon::start(data_dir_, {"--max-sandboxes", "1", "--warm-pool", "0", "--on-shutdown", "keep"});
+  ::unsetenv("SPACE_FAULT_THROW");
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  d.callJson("POST", "/v1/sandboxes", json{{"template", "base"}}, 500);
+  json failed = d.callJson("GET", "/v1/sandboxes?state=failed", nullptr, 200);
+  ASSERT_EQ(failed["sandboxes"].size(), 1u) << failed;
+  EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 0u);
+  EXPECT_NE(d.call("GET", "/metrics").body.find("space_node_memory_reserved_mb 0"), std::string::npos);
+  const std::string id = d.create();  // the node's one place is free again
+  ASSERT_FALSE(id.empty());
+  EXPECT_EQ(d.callJson("POST", "/v1/sandboxes/" + id + "/suspend", nullptr, 200)["state"], "suspended");
+  EXPECT_EQ(d.stop(SIGTERM).exit_code, 0);
+  ::setenv("SPACE_FAULT_THROW", "resume.restored", 1);
+  daemon_ = Daemon::start(data_dir_, {"--max-sandboxes", "1", "--warm-pool", "0"});
+  ::unsetenv("SPACE_FAULT_THROW");
+  ASSERT_TRUE(daemon_);
+  auto& again = *daemon_;
+  const std::string sb = "/v1/sandboxes/" + id;
+  again.callJson("POST", sb + "/resume", nullptr, 500);
+  EXPECT_EQ(again.callJson("GET", sb, nullptr, 200)["state"], "suspended");
+  EXPECT_TRUE(std::filesystem::exists(sandboxDir(id) + "/suspended.state"));
+  EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 0u);
+  EXPECT_NE(again.call("GET", "/metrics").body.find("space_node_memory_reserved_mb 0"), std::string::npos);
+  EXPECT_EQ(again.callJson("POST", sb + "/resume", nullptr, 200)["state"], "running");
+  EXPECT_EQ(execJson(again, id, json{{"command", "echo back"}})["stdout"], "back\n");
+}
+
 // Threads spaced needs from the start (housekeeping, its workers, the warm pool's refill): one
 // that cannot be started is an error spaced exits with, not an abort, and it leaves no VM.
 TEST_F(SpacedTest, AThreadThatCannotStartAtStartupIsAnErrorNotACrash) {
