@@ -153,7 +153,8 @@ vmm::VmAdoptSpec Launcher::adoption(const store::SandboxRecord& rec) const {
                           std::chrono::seconds(10),
                           rec.memory_mb,
                           facts_.cgroups,
-                          facts_.vm_users};
+                          facts_.vm_users,
+                          vmm::vmDiskIoLimits(rec.cpus, facts_)};
 }
 
 vmm::VmSpec Launcher::snapshotHelperSpec(const Template& tpl, uint32_t cpus, uint64_t memory_mb,

@@ -159,8 +159,8 @@ jail::CgroupLimits vmCgroupLimits(const VmSpec& spec, Accelerator accelerator) {
   return limits;
 }
 
-DiskIoRate vmDiskIoLimits(const VmSpec& spec, const NodeFacts& node) {
-  return DiskIoRate{node.disk_io_per_vcpu.bytes_per_sec * spec.vcpus, node.disk_io_per_vcpu.iops * spec.vcpus};
+DiskIoRate vmDiskIoLimits(uint32_t vcpus, const NodeFacts& node) {
+  return DiskIoRate{node.disk_io_per_vcpu.bytes_per_sec * vcpus, node.disk_io_per_vcpu.iops * vcpus};
 }
 
 }  // namespace space::vmm

@@ -76,7 +76,8 @@ jail::CgroupLimits vmCgroupLimits(const VmSpec& spec, Accelerator accelerator);
 // enforces them on the guest's disk device, where a guest's requests wait their turn whatever
 // the host's cgroup version or the disk under the data directory (a v1 cgroup's I/O controller
 // would not see QEMU's buffered writes).
-DiskIoRate vmDiskIoLimits(const VmSpec& spec, const NodeFacts& node);
+DiskIoRate vmDiskIoLimits(uint32_t vcpus, const NodeFacts& node);
+inline DiskIoRate vmDiskIoLimits(const VmSpec& spec, const NodeFacts& node) { return vmDiskIoLimits(spec.vcpus, node); }
 
 // MemAvailable from /proc/meminfo, now.
 Result<uint64_t> availableMemoryMib();

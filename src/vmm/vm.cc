@@ -217,6 +217,10 @@ Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
   vm->qmp_.emplace(std::move(qmp.value()));
   auto status = vm->queryStatus();
   if (!status.ok()) return makeError(status.error().code, "QEMU's monitor: " + status.error().message);
+  // Zero rates lift the limit (QEMU's "no throttling"): an adopted VM has the node's rate now.
+  if (auto limited = vm->limitDiskIo(spec.disk_io); !limited.ok()) {
+    return makeError(limited.error().code, "cannot set its disk's I/O limit: " + limited.error().message);
+  }
   if (status.value() == "paused" || status.value() == "postmigrate" || status.value() == "io-error") {
     // A stopped guest cannot answer the handshake; resume() attaches the agent. (io-error:
     // stopped on a full disk; the owner finds out through diskErrorStop().)

@@ -72,6 +72,9 @@ struct VmAdoptSpec {
   jail::CgroupLayout cgroups;
   // The node's VM uids: the one the QEMU runs as is held again while the VM is this owner's.
   std::shared_ptr<VmUsers> users;
+  // The disk rate the node gives it now (none: unlimited). QEMU holds the rate it was given
+  // last; adopt() sets this one, so that a restarted daemon's flags hold for what it adopts.
+  DiskIoRate disk_io;
 };
 
 class Vm {

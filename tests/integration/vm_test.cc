@@ -269,6 +269,17 @@ TEST_F(VmTest, AGuestsDiskIoIsHeldToItsRate) {
   ASSERT_TRUE(frozen.ok()) << frozen.error().message;
   ASSERT_TRUE(vm->resume().ok());
   EXPECT_GE(timed(bytes).count(), 3000);
+  // A daemon that restarts with other flags adopts the VM at its rate now (here: none, so
+  // the same writes run unthrottled), not at the rate QEMU was given before.
+  VmAdoptSpec adopt{vm->paths().run_dir, vm->pid(),        vm->identity(),       vm->accelerator(),
+                    seconds(30),         spec_.memory_mib, jail::CgroupLayout{}, nullptr};
+  adopt.disk_io = DiskIoRate{};
+  vm->detach();
+  vm.reset();
+  auto adopted = Vm::adopt(adopt);
+  ASSERT_TRUE(adopted.ok()) << adopted.error().message;
+  vm = std::move(adopted.value());
+  EXPECT_LT(timed("rm -f /home/user/bytes; " + bytes).count(), 2000);
   vm.reset();
   std::filesystem::remove(layer);
 }
