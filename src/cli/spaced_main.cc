@@ -43,6 +43,7 @@
 #include "net/sandbox_network.h"
 #include "sandbox/manager.h"
 #include "store/state_store.h"
+#include "vmm/disk_overlay.h"
 
 namespace {
 
@@ -391,6 +392,11 @@ int main(int argc, char** argv) {
                  "disk (MB) one tenant's suspended sandboxes may take (their disks and saved memory); a suspend "
                  "beyond it is refused as --tenant-max-suspended's is (0: no quota)")
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40))  // in bytes it must not wrap
+      ->capture_default_str();
+  app.add_option("--max-disk-layers", config.max_disk_layers,
+                 "files a sandbox's disk may stand on (each snapshot of it adds one): a snapshot beyond it is "
+                 "refused (409 disk_layers), so that every snapshot and its children still start")
+      ->check(CLI::Range(3u, static_cast<unsigned>(vmm::kMaxDiskChain) - 64))
       ->capture_default_str();
   app.add_option("--max-template-sizes", config.max_template_sizes,
                  "sizes (vCPUs x memory) a template is kept restorable for; a create of another size beyond "

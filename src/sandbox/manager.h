@@ -129,6 +129,11 @@ struct ManagerConfig {
   // How many sizes (template snapshots) one template is kept for; a create of another size
   // beyond them boots and keeps nothing (the default size is always kept). 0: no limit.
   uint32_t max_template_sizes = 8;
+  // The most files a sandbox's disk chain may hold (its overlay, the snapshot layers below it,
+  // the template's image). Each snapshot adds one to its sandbox's chain, and a child of it
+  // starts one deeper than it was; a snapshot that would pass this is refused, so that every
+  // snapshot taken stays restorable (vmm::kMaxDiskChain, QEMU's 4096 descriptors).
+  uint32_t max_disk_layers = 1024;
   // The only sizes ("<vcpus>x<MiB>") a template is kept for, besides the default size (empty:
   // any, up to max_template_sizes). Other sizes boot and keep nothing.
   std::set<std::string> template_sizes;

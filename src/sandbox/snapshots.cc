@@ -43,6 +43,19 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
   }
   auto tpl = launcher_->findTemplate(rec->template_name);
   if (!tpl.ok()) return tpl.error();
+  // Its disk one layer deeper must still start (its own next start, and its children's).
+  auto depth = sandbox.vm().diskChainLength(&launcher_->facts());
+  if (!depth.ok()) {
+    return makeError(ErrorCode::kUnavailable,
+                     "cannot snapshot sandbox " + sandbox.id + ": its disk's layers: " + depth.error().message);
+  }
+  if (depth.value() + 1 > config_.max_disk_layers) {
+    return makeError(ErrorCode::kFailedPrecondition,
+                     "sandbox " + sandbox.id + "'s disk stands on " + std::to_string(depth.value() - 1) +
+                         " layers; a snapshot would make it deeper than this node's --max-disk-layers (" +
+                         std::to_string(config_.max_disk_layers) + "). Its existing snapshots still restore.",
+                     "disk_layers");
+  }
   // The tenant's snapshot quota, counting the ones being taken now (each holds a place until
   // it is recorded or has failed). A snapshot's size is known only once taken: the bytes quota
   // refuses new ones once reached (those being taken count at their guest's memory), so the

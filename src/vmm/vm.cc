@@ -411,6 +411,12 @@ Result<std::vector<DiskLayer>> Vm::layersBelow(const NodeFacts* node) const {
   return layers;
 }
 
+Result<size_t> Vm::diskChainLength(const NodeFacts* node) const {
+  auto below = layersBelow(node);
+  if (!below.ok()) return below.error();
+  return below->size() + 1;
+}
+
 Status Vm::addJailView(const VmSpec& spec, std::vector<std::string>& jailed) {
   auto add = [&jailed](const char* access, const std::string& path) { jailed.insert(jailed.end(), {access, path}); };
   jailed.push_back("--view");

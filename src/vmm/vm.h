@@ -190,6 +190,13 @@ class Vm {
   // QEMU throttles the guest's disk to `rate` (on the device's block backend, so it stays
   // through freezeDisk's switch to a new overlay). Set at every start: it is not saved state.
   Status limitDiskIo(const DiskIoRate& rate);
+
+ public:
+  // Files in the guest's disk chain now: its overlay and every layer and image below it, each
+  // name judged as at start (layersBelow). What a restart of this disk would open.
+  Result<size_t> diskChainLength(const NodeFacts* node) const;
+
+ private:
   // Puts space-jail (and, where the node has cgroups, the VM's new group) in front of argv; where
   // the node has VM uids, takes one (user_) and gives it the run directory.
   Status jailArgv(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& argv);

@@ -2430,6 +2430,44 @@ TEST_F(SpacedTest, AThreadThatCannotStartAtStartupIsAnErrorNotACrash) {
   }
 }
 
+// Each snapshot makes its sandbox's disk chain one file deeper, and a child starts one deeper
+// than its snapshot. A snapshot that would pass --max-disk-layers is refused (409 disk_layers,
+// nothing changes), so that every snapshot taken still restores, the deepest one included.
+TEST_F(SpacedTest, ASnapshotThatWouldMakeTheDiskTooDeepIsRefused) {
+  daemon_ = Daemon::start(data_dir_, {"--max-disk-layers", "5"});
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string id = d.create();
+  ASSERT_FALSE(id.empty());
+  const std::string snapshots = "/v1/sandboxes/" + id + "/snapshots";
+  std::vector<std::string> taken;
+  json refused;
+  for (int i = 0; i < 6 && refused.is_null(); ++i) {
+    execJson(d, id, json{{"command", "echo " + std::to_string(i) + " > /home/user/n; sync"}});
+    auto answer = d.call("POST", snapshots, json::object().dump());
+    if (answer.status == 201) {
+      taken.push_back(json::parse(answer.body).value("id", ""));
+    } else {
+      EXPECT_EQ(answer.status, 409) << answer.body;
+      refused = json::parse(answer.body);
+    }
+  }
+  ASSERT_FALSE(refused.is_null()) << "6 snapshots in a row were all taken";
+  ASSERT_FALSE(taken.empty()) << refused;
+  EXPECT_EQ(refused["error"].value("code", ""), "disk_layers") << refused;
+  EXPECT_NE(refused["error"].value("message", "").find("--max-disk-layers (5)"), std::string::npos) << refused;
+  EXPECT_EQ(d.callJson("GET", "/v1/snapshots", nullptr, 200)["snapshots"].size(), taken.size());
+  // The sandbox runs on, and the deepest snapshot restores with what it held.
+  EXPECT_EQ(execJson(d, id, json{{"command", "echo still"}})["stdout"], "still\n");
+  const std::string child = d.create(json{{"snapshot", taken.back()}});
+  ASSERT_FALSE(child.empty());
+  EXPECT_EQ(execJson(d, child, json{{"command", "cat /home/user/n"}})["stdout"],
+            std::to_string(taken.size() - 1) + "\n");
+  // Its child stands as deep as the sandbox would have: it cannot be snapshotted either.
+  EXPECT_EQ(d.callJson("POST", "/v1/sandboxes/" + child + "/snapshots", json::object(), 409)["error"]["code"],
+            "disk_layers");
+}
+
 // The same storage design on btrfs as on the ext4 work disk: hard-linked layers, overlays and
 // private memory mappings; branch, suspend/resume and snapshot deletion all work there.
 TEST_F(SpacedTest, SnapshotsAndBranchesWorkOnABtrfsDataDir) {
