@@ -12,7 +12,7 @@ source "$here/lib.sh"
 # The source: Debian's package, pinned, and checked against the .dsc's SHA-256 sums below. A
 # newer security update replaces it in the pool; then pin the new version and its sums.
 version=7.2+dfsg-7+deb12u18
-pool=${SPACE_DEBIAN_POOL:-http://deb.debian.org/debian/pool/main/q/qemu}
+pool=${SPACE_DEBIAN_POOL:-https://deb.debian.org/debian/pool/main/q/qemu}
 declare -A sha256=(
   [qemu_7.2+dfsg.orig.tar.xz]=91aca71520040edc40b8d437aa3004dae614f58e286cf653ee8996c07af2962f
   [qemu_7.2+dfsg-7+deb12u18.debian.tar.xz]=28a1c86310ee53b6bf1854cffe6f6be6ed29a08db7d05759f8ac57b8d6a6cb2f
@@ -45,7 +45,10 @@ phase qemu "building qemu-$hash from Debian's qemu $version (log: $log)"
 
 mkdir "$work/dl"
 for f in "${!sha256[@]}"; do
-  run_step qemu "download $f" "$log" curl -fsS --retry 3 -o "$work/dl/$f" "$pool/$f"
+  # HTTPS, and bounded before the check: a file announced over 64 MiB is refused (the largest
+  # is 23 MiB), and no download runs over 10 minutes.
+  run_step qemu "download $f" "$log" \
+    curl -fsS --retry 3 --max-filesize 67108864 --max-time 600 -o "$work/dl/$f" "$pool/$f"
   echo "${sha256[$f]}  $work/dl/$f" | sha256sum -c --quiet - >>"$log" 2>&1 ||
     die "$f does not match its pinned SHA-256 (see $log)"
 done

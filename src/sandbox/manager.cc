@@ -590,13 +590,20 @@ Status SandboxManager::reserve(const std::shared_ptr<Live>& live) {
 }
 
 void SandboxManager::countIn(const std::shared_ptr<Live>& live) {
+  // The inserts (which allocate, and may throw) before any count: a throw counts nothing.
+  auto placed = live_.insert_or_assign(live->id, live).first;
+  TenantUsage* used = nullptr;
+  try {
+    used = &tenant_usage_[live->tenant];
+  } catch (...) {
+    live_.erase(placed);
+    throw;
+  }
   reserved_vcpus_ += live->cpus;
   reserved_memory_mb_ += live->memory_mb;
-  TenantUsage& used = tenant_usage_[live->tenant];
-  ++used.sandboxes;
-  used.vcpus += live->cpus;
-  used.memory_mb += live->memory_mb;
-  live_[live->id] = live;
+  ++used->sandboxes;
+  used->vcpus += live->cpus;
+  used->memory_mb += live->memory_mb;
 }
 
 void SandboxManager::unreserve(const Live& live) {
@@ -712,16 +719,24 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   };
   // An exception (bad_alloc, a thread that cannot start) leaves by none of the error returns
   // below: its VM goes, its reservation comes back, and a recorded sandbox is recorded failed.
+  // Each step on its own: one that throws too (bad_alloc again) must not skip the others, and
+  // the reservation, which cannot fail to come back, comes back first.
   ScopeGuard on_exception([&] {
     if (released) return;
-    live->runtime.reset();
-    if (inserted) {
-      rec.state = stateName(SandboxState::kFailed);
-      rec.state_reason = "spaced failed while starting it";
-      rec.vm_pid = 0;
-      (void)store_.updateSandbox(rec);
-    }
     release();
+    try {
+      live->runtime.reset();
+    } catch (...) {
+    }
+    if (inserted) {
+      try {
+        rec.state = stateName(SandboxState::kFailed);
+        rec.state_reason = "spaced failed while starting it";
+        rec.vm_pid = 0;
+        (void)store_.updateSandbox(rec);
+      } catch (...) {
+      }
+    }
     spdlog::error("sandbox {}: create failed by an exception; its VM and reservation are released", rec.id);
   });
   // Its own identity before anyone sees it running: a restored clone still has the template's
@@ -799,12 +814,12 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     if (configured.ok()) {
       faultPoint("create.configured");
       recordRunning();
+      inserted = true;  // before the write: one that throws may have been committed
       if (auto saved = store_.insertSandbox(rec); !saved.ok()) {
         live->runtime.reset();
         release();
         return saved.error();
       }
-      inserted = true;
       faultPoint("create.recorded");
       on_exception.dismiss();
       ran("taken from the pool");
@@ -816,11 +831,11 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
       live->runtime.reset();  // its QEMU killed and its run directory removed
     }
   }
+  inserted = true;  // before the write: one that throws may have been committed
   if (auto saved = store_.insertSandbox(rec); !saved.ok()) {
     release();
     return saved.error();
   }
-  inserted = true;
   faultPoint("create.inserted");
 
   auto fail = [&](const Error& e) -> Error {
@@ -1139,14 +1154,23 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
   // Until its saved state is removed, an exception (bad_alloc, a thread that cannot start)
   // leaves it as every error return does: suspended, its files untouched, its QEMU gone and
   // its reservation given back, so that the next call resumes it.
+  // Each step on its own, the reservation first (as in create).
   ScopeGuard on_exception([&] {
     if (released) return;
-    if (live->runtime) {
-      live->runtime->release();  // keeps the suspended files
-      live->runtime.reset();
-    }
-    if (recorded_running) (void)store_.updateSandbox(suspended);
     unreserve();
+    try {
+      if (live->runtime) {
+        live->runtime->release();  // keeps the suspended files
+        live->runtime.reset();
+      }
+    } catch (...) {
+    }
+    if (recorded_running) {
+      try {
+        (void)store_.updateSandbox(suspended);
+      } catch (...) {
+      }
+    }
     spdlog::error("sandbox {}: resume failed by an exception; it stays suspended", suspended.id);
   });
   // Restored stopped (see Launcher::fromSuspended): it is continued only once the resume is
@@ -1180,13 +1204,13 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
   rec.vm_pid = live->vm().pid();
   rec.vm_identity = live->vm().identity();
   rec.accelerator = vmm::acceleratorName(live->vm().accelerator());
+  recorded_running = true;  // before the write: one that throws may have been committed
   if (auto saved = store_.updateSandbox(rec); !saved.ok()) {
     live->runtime->release();  // keep the suspended files: the record still says suspended
     live->runtime.reset();
     unreserve();
     return saved.error();
   }
-  recorded_running = true;
   faultPoint("resume.recorded");
   std::error_code ec;
   std::filesystem::remove(suspended.run_dir + kSuspendedState, ec);
@@ -1200,16 +1224,16 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
     return makeError(ErrorCode::kInternal,
                      "cannot resume sandbox " + suspended.id + ": cannot remove its saved state: " + ec.message());
   }
+  // From here the saved state is gone: the guest must continue, or it is lost. It is running
+  // as recorded, whatever follows.
+  on_exception.dismiss();
+  live->state = SandboxState::kRunning;
   if (auto synced = fsyncPath(suspended.run_dir); !synced.ok()) {
     // The state is gone either way now; a crash before the directory reaches the disk could
     // bring it back, which is the window this order closes everywhere else. Say so and go on.
     spdlog::warn("sandbox {}: resumed, but the removal of its saved state may not be durable: {}", suspended.id,
                  synced.error().message);
   }
-  // From here the saved state is gone: the guest must continue, or it is lost. It is running
-  // as recorded, whatever follows.
-  on_exception.dismiss();
-  live->state = SandboxState::kRunning;
   faultPoint("resume.state_removed");
   if (auto resumed = live->runtime->resume(); !resumed.ok()) {
     auto status = live->vm().queryStatus();

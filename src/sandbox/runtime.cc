@@ -22,7 +22,17 @@ Result<std::unique_ptr<SandboxRuntime>> SandboxRuntime::start(const Launch& laun
   if (!launch.state_file.empty()) options.restore_from = launch.state_file;
   auto vm = vmm::Vm::start(spec, options);
   if (!vm.ok()) return vm.error();
-  return std::unique_ptr<SandboxRuntime>(new SandboxRuntime(std::move(network.value()), std::move(vm.value()), ""));
+  try {
+    return std::unique_ptr<SandboxRuntime>(new SandboxRuntime(std::move(network.value()), std::move(vm.value()), ""));
+  } catch (...) {
+    // The allocation failed (the Vm is still here): a run directory it reuses (a suspended
+    // sandbox's disk and saved state) must outlive it, as SandboxRuntime::release keeps it.
+    if (options.reuse_run_dir) {
+      vm.value()->quit();
+      vm.value()->detach();
+    }
+    throw;
+  }
 }
 
 Result<std::unique_ptr<SandboxRuntime>> SandboxRuntime::prepare(const Launch& launch) {

@@ -377,7 +377,13 @@ Result<std::vector<store::SandboxRecord>> SandboxManager::branch(const CreateReq
   std::atomic<bool> failed{false};
   auto work = [&] {
     for (uint32_t i = next++; i < count && !failed; i = next++) {
-      made[i] = create(request);
+      // On a thread of its own, nothing above would catch what create() lets out (it has
+      // undone its own part): the child fails, and the branch undoes the others.
+      try {
+        made[i] = create(request);
+      } catch (const std::exception& e) {
+        made[i] = makeError(ErrorCode::kInternal, std::string("a child failed: ") + e.what());
+      }
       if (!made[i].ok()) failed = true;
     }
   };

@@ -1521,6 +1521,28 @@ TEST_F(SpacedTest, AFailedChildRollsTheWholeBranchBack) {
   EXPECT_EQ(children["sandboxes"].size(), 2u) << children;
 }
 
+// A child whose create throws (SPACE_FAULT_THROW: std::bad_alloc on a branch worker's thread,
+// where nothing above would catch it) fails the branch like a child that failed: spaced runs on,
+// the others are deleted, and the next branch works.
+TEST_F(SpacedTest, AChildThatThrowsFailsTheBranchAndSpacedRunsOn) {
+  ::setenv("SPACE_FAULT_THROW", "create.configured@3", 1);  // the parent passes it 1st
+  daemon_ = Daemon::start(data_dir_);
+  ::unsetenv("SPACE_FAULT_THROW");
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string parent = d.create();
+  ASSERT_FALSE(parent.empty());
+  const std::string snap = d.callJson("POST", "/v1/sandboxes/" + parent + "/snapshots", json::object(), 201)["id"];
+  auto r = d.call("POST", "/v1/snapshots/" + snap + "/branch", json{{"count", 3}}.dump());
+  EXPECT_GE(r.status, 500) << r.body;
+  EXPECT_NE(r.body.find("now deleted"), std::string::npos) << r.body;
+  json running = d.callJson("GET", "/v1/sandboxes?state=running,creating,paused", nullptr, 200);
+  ASSERT_EQ(running["sandboxes"].size(), 1u) << running;
+  EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 1u) << "a child outlived the rollback";
+  json children = d.callJson("POST", "/v1/snapshots/" + snap + "/branch", json{{"count", 2}}, 201);
+  EXPECT_EQ(children["sandboxes"].size(), 2u) << children;
+}
+
 // A snapshot taken under one accelerator is never restored under another: 409
 // snapshot_incompatible, nothing started. (This machine has only TCG; the record is edited to
 // say the snapshot came from a KVM node.)
