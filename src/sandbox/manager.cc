@@ -718,9 +718,8 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
     live->state = SandboxState::kFailed;
   };
   // An exception (bad_alloc, a thread that cannot start) leaves by none of the error returns
-  // below: its VM goes, its reservation comes back, and a recorded sandbox is recorded failed.
-  // Each step on its own: one that throws too (bad_alloc again) must not skip the others, and
-  // the reservation, which cannot fail to come back, comes back first.
+  // below: its reservation comes back (first: that cannot fail), its VM goes, and a recorded
+  // sandbox is recorded failed, each step on its own so that one throwing skips no other.
   ScopeGuard on_exception([&] {
     if (released) return;
     release();
@@ -1153,8 +1152,7 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
   };
   // Until its saved state is removed, an exception (bad_alloc, a thread that cannot start)
   // leaves it as every error return does: suspended, its files untouched, its QEMU gone and
-  // its reservation given back, so that the next call resumes it.
-  // Each step on its own, the reservation first (as in create).
+  // its reservation given back, so that the next call resumes it (steps as in create's guard).
   ScopeGuard on_exception([&] {
     if (released) return;
     unreserve();
