@@ -285,7 +285,7 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
                                                       std::to_string(config.max_timeout_s) + " s)");
   }
   // Resolved once: no create probes /dev/kvm, walks PATH or calibrates anything.
-  auto facts = vmm::probeNodeFacts(config.accelerator);
+  auto facts = vmm::probeNodeFacts(config.accelerator, config.qemu_binary);
   if (!facts.ok()) return facts.error();
   facts->tsc_khz = vmm::rememberedTscKhz(config.data_dir + "/node-tsc.json", facts->tsc_khz);
   // The node's own disks: what layer walks follow and what a jail's view may hold.
@@ -685,6 +685,18 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   std::optional<WarmVm> warm;
   const PoolKey pool_key{template_name, cpus, memory_mb};
   if (pool_ && !from_snapshot) warm = pool_->take(pool_key);
+  // A guest taken is handed back (put) or kept (used) on every path; an exception before
+  // either must not leave its place counted as taken, or the pool would never refill it.
+  bool pool_settled = !warm.has_value();
+  ScopeGuard pool_on_exception([&] {
+    if (pool_settled) return;
+    try {
+      warm.reset();  // its VM goes first: the refill builds the one that replaces it
+    } catch (...) {
+    }
+    pool_->used(pool_key);
+  });
+  if (warm) faultPoint("create.pool_taken");
   store::SandboxRecord rec;
   rec.id = warm ? warm->sandbox_id : newSandboxId();
   rec.tenant = request.tenant;
@@ -706,6 +718,7 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   std::unique_lock control(live->control);  // held through boot: other requests on it wait
   if (auto reserved = reserve(live); !reserved.ok()) {
     if (warm) pool_->put(pool_key, std::move(*warm));
+    pool_settled = true;
     return reserved.error();
   }
   bool released = false;
@@ -777,6 +790,7 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
       const PoolKey& key;
       ~RefillAfter() { pool->used(key); }
     } refill_after{pool_.get(), pool_key};
+    pool_settled = true;
     // A running guest from the pool: it only takes its identity, and is recorded once, running.
     // (Nothing is recorded before: a crash meanwhile leaves an unrecorded VM, which the next
     // start's orphan sweep removes, and the client never had an answer.)
@@ -1223,8 +1237,21 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
                      "cannot resume sandbox " + suspended.id + ": cannot remove its saved state: " + ec.message());
   }
   // From here the saved state is gone: the guest must continue, or it is lost. It is running
-  // as recorded, whatever follows.
+  // as recorded, whatever follows. An exception before it continues would leave a stopped
+  // guest recorded running: it is continued once more then, or failed if it cannot be.
   on_exception.dismiss();
+  bool continued = false;
+  ScopeGuard continue_on_exception([&] {
+    if (continued) return;
+    try {
+      if (live->runtime->resume().ok()) {
+        spdlog::error("sandbox {}: resume interrupted by an exception; its guest was continued", suspended.id);
+        return;
+      }
+    } catch (...) {
+    }
+    (void)finish(live, SandboxState::kFailed, "spaced failed while resuming it");
+  });
   live->state = SandboxState::kRunning;
   if (auto synced = fsyncPath(suspended.run_dir); !synced.ok()) {
     // The state is gone either way now; a crash before the directory reaches the disk could
@@ -1243,6 +1270,7 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
         spdlog::warn("sandbox {}: resumed, but its agent does not answer yet: {}", suspended.id, agent.error().message);
       }
     } else {
+      continued = true;  // it will not: failed here
       live->state = SandboxState::kRunning;
       (void)finish(live, SandboxState::kFailed, "its VM did not continue after the resume: " + resumed.error().message);
       return makeError(ErrorCode::kUnavailable,
@@ -1250,6 +1278,7 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
                        "sandbox_failed");
     }
   }
+  continued = true;
   // The clock stood still while suspended.
   auto configured = live->vm().agent().call("/agent.Agent/Configure",
                                             nlohmann::json{{"timeMs", nowMs()}, {"entropy", freshEntropy()}});

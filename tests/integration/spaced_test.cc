@@ -2426,6 +2426,41 @@ TEST_F(SpacedTest, AnExceptionMidCreateOrResumeGivesItsReservationBack) {
   EXPECT_NE(again.call("GET", "/metrics").body.find("space_node_memory_reserved_mb 0"), std::string::npos);
   EXPECT_EQ(again.callJson("POST", sb + "/resume", nullptr, 200)["state"], "running");
   EXPECT_EQ(execJson(again, id, json{{"command", "echo back"}})["stdout"], "back\n");
+  EXPECT_EQ(again.call("DELETE", sb).status, 204);
+  EXPECT_EQ(again.stop(SIGTERM).exit_code, 0);
+
+  // A create that throws after taking the pool's guest: the guest goes, and its place is
+  // refilled (not counted as taken for good), so the next create finds a guest waiting again.
+  ::setenv("SPACE_FAULT_THROW", "create.pool_taken", 1);
+  daemon_ = Daemon::start(data_dir_, {"--warm-pool", "1"});
+  ::unsetenv("SPACE_FAULT_THROW");
+  ASSERT_TRUE(daemon_);
+  auto poolReady = [&] {
+    return daemon_->call("GET", "/metrics").body.find("\nspace_warm_pool_ready 1\n") != std::string::npos;
+  };
+  auto waitForPool = [&] {
+    auto deadline = Clock::now() + seconds(90);
+    while (Clock::now() < deadline && !poolReady()) std::this_thread::sleep_for(milliseconds(100));
+    return poolReady();
+  };
+  ASSERT_TRUE(waitForPool());
+  daemon_->callJson("POST", "/v1/sandboxes", json{{"template", "base"}}, 500);
+  EXPECT_TRUE(waitForPool()) << "the pool never refilled the guest's place";
+  EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 1u) << "the pool's guest, and no other";
+  const std::string last = daemon_->create();
+  ASSERT_FALSE(last.empty());
+  EXPECT_EQ(daemon_->callJson("POST", "/v1/sandboxes/" + last + "/suspend", nullptr, 200)["state"], "suspended");
+  EXPECT_EQ(daemon_->stop(SIGTERM).exit_code, 0);
+
+  // An exception once the saved state is gone: the guest, restored stopped, is continued
+  // anyway (it is recorded running and nothing else holds it now).
+  ::setenv("SPACE_FAULT_THROW", "resume.state_removed", 1);
+  daemon_ = Daemon::start(data_dir_, {"--warm-pool", "0"});
+  ::unsetenv("SPACE_FAULT_THROW");
+  ASSERT_TRUE(daemon_);
+  daemon_->callJson("POST", "/v1/sandboxes/" + last + "/resume", nullptr, 500);
+  EXPECT_EQ(daemon_->callJson("GET", "/v1/sandboxes/" + last, nullptr, 200)["state"], "running");
+  EXPECT_EQ(execJson(*daemon_, last, json{{"command", "echo continued"}})["stdout"], "continued\n");
 }
 
 // Threads spaced needs from the start (housekeeping, its workers, the warm pool's refill): one
