@@ -11,6 +11,7 @@ set -euo pipefail
 build=$(cd "${1:?usage: run.sh BUILD_DIR [IMAGES_DIR]}" && pwd)
 images=${2:-$build/images}
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/../support/start_spaced.sh"
 
 version=$(node -p 'process.versions.node')
 if ! node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>22||a==22||(a==20&&b>=18)||a==21?0:1)'; then
@@ -38,22 +39,10 @@ trap cleanup EXIT
 ip netns add "$netns"
 ip -n "$netns" link set lo up
 
-"$build/bin/spaced" --listen 127.0.0.1:0 --e2b-api-listen 127.0.0.1:0 --e2b-envd-listen 127.0.0.1:0 \
-  --data-dir "$work/data" --kernel "$images/vmlinux" --rootfs "$images/rootfs.ext4" \
-  --warm-pool 0 --warm-pool-budget-mb 0 --on-shutdown stop \
-  --gateway-upstream-netns "/run/netns/$netns" --gateway-upstream-dns 192.0.2.53 \
-  --log-level debug ${SPACED_ARGS:-} >"$work/spaced.log" 2>&1 &
-spaced_pid=$!
-for _ in $(seq 300); do
-  [[ -s $work/data/spaced.json ]] && break
-  kill -0 "$spaced_pid" 2>/dev/null || break
-  sleep 0.1
-done
-if [[ ! -s $work/data/spaced.json ]]; then
-  echo "run.sh: spaced did not come up:" >&2
-  tail -50 "$work/spaced.log" >&2
-  exit 1
-fi
+# shellcheck disable=SC2086 # SPACED_ARGS: words
+start_spaced "$build" "$work" --e2b-api-listen 127.0.0.1:0 --e2b-envd-listen 127.0.0.1:0 \
+  --kernel "$images/vmlinux" --rootfs "$images/rootfs.ext4" --warm-pool 0 --warm-pool-budget-mb 0 \
+  --gateway-upstream-netns "/run/netns/$netns" --gateway-upstream-dns 192.0.2.53 ${SPACED_ARGS:-}
 E2B_API_URL=$(jq -r .e2b_api_url "$work/data/spaced.json")
 E2B_SANDBOX_URL=$(jq -r .e2b_sandbox_url "$work/data/spaced.json")
 E2B_API_KEY=$(head -1 "$work/data/api-key")

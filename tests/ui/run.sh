@@ -11,6 +11,7 @@ set -euo pipefail
 build=$(cd "${1:?usage: run.sh BUILD_DIR [IMAGES_DIR]}" && pwd)
 images=${2:-$build/images}
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/../support/start_spaced.sh"
 ui=$(cd "$here/../../ui" && pwd)
 chromium=${CHROMIUM:-/usr/bin/chromium}
 
@@ -34,21 +35,8 @@ trap cleanup EXIT
 # The pure helpers first (no browser, no VM): a second.
 node --test "$here/units.test.mjs"
 
-"$build/bin/spaced" --listen 127.0.0.1:0 --e2b-api-listen off --e2b-envd-listen off \
-  --data-dir "$work/data" --kernel "$images/vmlinux" --rootfs "$images/rootfs.ext4" \
-  --ui-dir "$work/ui" --network off --warm-pool 0 --warm-pool-budget-mb 0 --on-shutdown stop \
-  --log-level debug >"$work/spaced.log" 2>&1 &
-spaced_pid=$!
-for _ in $(seq 300); do
-  [[ -s $work/data/spaced.json ]] && break
-  kill -0 "$spaced_pid" 2>/dev/null || break
-  sleep 0.1
-done
-if [[ ! -s $work/data/spaced.json ]]; then
-  echo "run.sh: spaced did not come up:" >&2
-  tail -50 "$work/spaced.log" >&2
-  exit 1
-fi
+start_spaced "$build" "$work" --e2b-api-listen off --e2b-envd-listen off --kernel "$images/vmlinux" \
+  --rootfs "$images/rootfs.ext4" --ui-dir "$work/ui" --network off --warm-pool 0 --warm-pool-budget-mb 0
 SPACE_API=$(jq -r .url "$work/data/spaced.json")
 SPACE_UI_URL=$(jq -r '.console_url // empty' "$work/data/spaced.json")
 SPACE_UI_URL=${SPACE_UI_URL:-$SPACE_API/ui/}
