@@ -46,10 +46,12 @@ $(BUILD_FUZZ)/build.ninja: CMakeLists.txt
 build-asan: deps $(BUILD_ASAN)/build.ninja
 	ninja -C $(BUILD_ASAN) -j $(JOBS) space_unit_tests space_http_tests space_store_tests space_net_unit_tests space_gateway_unit_tests
 
-# Guest kernel and root filesystem, cached by recipe hash under /var/cache/space/images;
+# Guest kernel and root filesystem, and SPACE's QEMU (the installed Debian QEMU's source, built
+# for microvm and virtio-mmio only), cached by recipe hash under /var/cache/space/images;
 # $(IMAGES) holds links to the current ones.
 images: build
 	@mkdir -p $(IMAGES)
+	@qemu_dir=$$(images/build-qemu.sh) && ln -sfn "$$qemu_dir/qemu-system-x86_64" $(IMAGES)/qemu-system-x86_64
 	@kernel_dir=$$(images/build-kernel.sh) && ln -sfn "$$kernel_dir/vmlinux" $(IMAGES)/vmlinux
 	@rootfs_dir=$$(SPACE_AGENT_BIN=$(BUILD)/bin/space-agent images/build-rootfs.sh) && \
 	  ln -sfn "$$rootfs_dir/rootfs.ext4" $(IMAGES)/rootfs.ext4

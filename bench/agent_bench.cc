@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/default_images.h"
 #include "percentiles.h"  // next to this file
 #include "vmm/vm.h"
 
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   vmm::VmSpec spec;
   spec.kernel_path = imagePath("SPACE_KERNEL", "vmlinux");
   spec.rootfs_path = imagePath("SPACE_ROOTFS", "rootfs.ext4");
+  spec.qemu_binary = cli::defaultQemuBinary();
   spec.memory_mib = 1024;
   vmm::VmStartOptions options;
   options.run_root = "/tmp/space-bench";

@@ -15,7 +15,8 @@
 // --network skips it: compare with a run without --network right before or after.
 // Usage: space-api-bench [--creates N] [--execs N] [--warm-pool N] [--drain N] [--no-snapshots] [--network]
 //                        [--jail auto|off] [--vm-uid-base N] [--disk-mib-per-vcpu N] [--disk-iops-per-vcpu N]
-//                        [--json]
+//                        [--qemu PATH] [--json]
+// --qemu: the QEMU spaced and every baseline run (default: spaced's own default, SPACE's build).
 #include <signal.h>
 #include <unistd.h>
 
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "apiclient/api_client.h"
+#include "cli/default_images.h"
 #include "common/fs.h"
 #include "common/process.h"
 #include "percentiles.h"  // next to this file
@@ -104,6 +106,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--disk-iops-per-vcpu", disk_iops, "spaced --disk-iops-per-vcpu: the guest's disk requests; 0: none")
       ->capture_default_str();
+  std::string qemu_binary = cli::defaultQemuBinary();
+  app.add_option("--qemu", qemu_binary, "spaced --qemu, and the QEMU of the baselines")->capture_default_str();
   app.add_flag("--json", as_json, "one JSON object on stdout instead of a table");
   CLI11_PARSE(app, argc, argv);
   const std::string images = SPACE_IMAGES_DIR;
@@ -113,7 +117,7 @@ int main(int argc, char** argv) {
   // Floor: a bare QEMU, spawned until its monitor answers (what any VM start pays at least).
   std::vector<double> qemu_floor;
   {
-    auto qemu = vmm::findExecutable("qemu-system-x86_64");
+    auto qemu = vmm::findExecutable(qemu_binary);
     if (!qemu.ok()) die(qemu.error().message);
     for (int i = 0; i < creates; ++i) {
       const std::string sock = dir->path() + "/floor.sock";
@@ -134,6 +138,7 @@ int main(int argc, char** argv) {
   vmm::VmSpec spec;
   spec.kernel_path = std::filesystem::canonical(images + "/vmlinux").string();
   spec.rootfs_path = std::filesystem::canonical(images + "/rootfs.ext4").string();
+  spec.qemu_binary = qemu_binary;
   spec.vcpus = 1;
   spec.memory_mib = 256;
   vmm::VmStartOptions options;
@@ -171,7 +176,7 @@ int main(int argc, char** argv) {
       "--network", "off",
       // The drain holds --drain sandboxes at once: the node limit must not be what is measured.
       "--max-vcpus", "256", "--jail", jail, "--vm-uid-base", vm_uid_base, "--disk-mib-per-vcpu", disk_mib,
-      "--disk-iops-per-vcpu", disk_iops};
+      "--disk-iops-per-vcpu", disk_iops, "--qemu", qemu_binary};
   if (no_snapshots) daemon_argv.push_back("--no-snapshots");
   if (network) {
     // An upstream namespace with only a loopback: gateways start and serve the guest, and
@@ -311,6 +316,7 @@ int main(int argc, char** argv) {
   for (double ms : drain_create) drain_json.push_back(std::round(ms * 10) / 10);
   if (as_json) {
     json out{{"accelerator", accelerator},
+             {"qemu", qemu_binary},
              {"creates", creates},
              {"execs", execs},
              {"warm_pool", warm_pool},
@@ -334,9 +340,9 @@ int main(int argc, char** argv) {
   } else {
     printf(
         "accelerator %s, %d creates (1 vCPU, 256 MB), %d execs, spaced --warm-pool %d --network %s --jail %s "
-        "--vm-uid-base %s --disk-mib-per-vcpu %s --disk-iops-per-vcpu %s\n",
+        "--vm-uid-base %s --disk-mib-per-vcpu %s --disk-iops-per-vcpu %s --qemu %s\n",
         accelerator.c_str(), creates, execs, warm_pool, network ? "on" : "off", jail.c_str(), vm_uid_base.c_str(),
-        disk_mib.c_str(), disk_iops.c_str());
+        disk_mib.c_str(), disk_iops.c_str(), qemu_binary.c_str());
     printRow("baseline: bare QEMU spawn -> QMP answering", qf);
     printRow("baseline: cold boot, Vm::start in-process", dc);
     if (!network) {

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "apiclient/api_client.h"
+#include "cli/default_images.h"
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/process.h"
@@ -360,6 +361,7 @@ std::pair<std::string, vmm::VmSpec> templateRestoreSpec(const std::string& data_
   vmm::VmSpec spec;
   spec.kernel_path = imagePath("SPACE_KERNEL", "vmlinux");
   spec.rootfs_path = snap + "/disk.qcow2";
+  spec.qemu_binary = cli::defaultQemuBinary();  // the one spaced saved the template with
   spec.rootfs_format = "qcow2";
   spec.memory_file = snap + "/memory";
   spec.memory_private = true;

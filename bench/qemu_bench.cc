@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/default_images.h"
 #include "common/fs.h"
 #include "common/process.h"
 #include "percentiles.h"  // next to this file
@@ -327,6 +328,7 @@ int main(int argc, char** argv) {
   int idle_s = 10;
   std::string variants_text = "default,tb=64,tb=32,tb=16,arena=2";
   bool as_json = false;
+  std::string qemu = cli::defaultQemuBinary();
   CLI::App app{"QEMU start-up (Vm::prepare vs the bare QEMU floor) and idle memory per TCG setting."};
   app.add_option("--template", template_dir, "template snapshot directory (built there if missing)")->required();
   app.add_option("--startup", startup, "rounds of: bare QEMU floor, Vm::prepare, Vm::restore")
@@ -341,10 +343,12 @@ int main(int argc, char** argv) {
   app.add_option("--idle-s", idle_s, "seconds the round's guests stay idle before their memory is read")
       ->check(CLI::Range(0, 3600))
       ->capture_default_str();
+  app.add_option("--qemu", qemu, "the QEMU measured (and that builds the template); env SPACE_QEMU")
+      ->capture_default_str();
   app.add_flag("--json", as_json, "one JSON object on stdout instead of a table");
   CLI11_PARSE(app, argc, argv);
 
-  auto facts = vmm::probeNodeFacts(vmm::Accelerator::kAuto);
+  auto facts = vmm::probeNodeFacts(vmm::Accelerator::kAuto, qemu);
   if (!facts.ok()) die(facts.error().message);
   auto work = TempDir::create("/tmp", "qemu-bench-");
   if (!work.ok()) die(work.error().message);

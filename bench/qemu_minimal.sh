@@ -19,19 +19,17 @@ minimal=$("$root/images/build-qemu.sh")/qemu-system-x86_64
 
 work=$(mktemp -d /tmp/space-qemu-minimal.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-mkdir "$work/minimal-bin"
-ln -s "$minimal" "$work/minimal-bin/qemu-system-x86_64"
 echo "qemu_minimal: debian $debian ($(stat -c %s "$debian") bytes, $(ldd "$debian" | wc -l) shared objects)" >&2
 echo "qemu_minimal: minimal $minimal ($(stat -c %s "$minimal") bytes, $(ldd "$minimal" | wc -l) shared objects)" >&2
 # The template, made once by Debian's QEMU (as spaced makes them today).
-"$bench" --template "$work/template" --startup 1 >/dev/null
+"$bench" --qemu "$debian" --template "$work/template" --startup 1 >/dev/null
 for i in $(seq 1 "$pairs"); do
   for which in debian minimal; do
-    path=$PATH
-    [[ $which == minimal ]] && path=$work/minimal-bin:$PATH
+    binary=$debian
+    [[ $which == minimal ]] && binary=$minimal
     echo "qemu_minimal: pair $i/$pairs: $which" >&2
     # spdlog's lines go to stdout too: the JSON object is what follows them.
-    PATH=$path "$bench" --template "$work/template" --startup "$rounds" --memory-rounds 1 --variants default \
+    "$bench" --qemu "$binary" --template "$work/template" --startup "$rounds" --memory-rounds 1 --variants default \
       --idle-s 5 --steady 6 --json | sed -n '/^{/,$p' >"$work/$which-$i.json"
   done
 done

@@ -1,27 +1,28 @@
 #!/usr/bin/env bash
-# Builds a minimal QEMU (qemu-system-x86_64 for the microvm machine and SPACE's virtio-mmio
-# devices only: no modules, display, audio, USB host, PCI devices or tools) from Debian 12's
-# own QEMU source package, or reuses the cached one. Prints the artifact directory (holding
-# qemu-system-x86_64, stripped, and manifest.json) on stdout.
+# Builds SPACE's QEMU (qemu-system-x86_64 for the microvm machine and SPACE's virtio-mmio
+# devices only: no modules, display, audio, USB host, PCI devices or tools) from the source of
+# the Debian QEMU installed on this host, or reuses the cached one. Prints the artifact
+# directory (holding qemu-system-x86_64, stripped, and manifest.json) on stdout.
 #
-# Not part of `make run`/`make test` yet: spaced runs Debian's QEMU. bench/qemu_minimal.sh
-# builds this and measures the two side by side (bench/RESULTS.md, 2026-12-04).
+# `make images` runs it; spaced and space-vm run the result (their --qemu default). Fewer
+# devices means less a guest can reach, and it starts in half the time (bench/RESULTS.md,
+# 2026-12-04).
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
 
-# The source: Debian's package, pinned, and checked against the .dsc's SHA-256 sums below. A
-# newer security update replaces it in the pool; then pin the new version and its sums.
-version=7.2+dfsg-7+deb12u18
-pool=${SPACE_DEBIAN_POOL:-https://deb.debian.org/debian/pool/main/q/qemu}
-declare -A sha256=(
-  [qemu_7.2+dfsg.orig.tar.xz]=91aca71520040edc40b8d437aa3004dae614f58e286cf653ee8996c07af2962f
-  [qemu_7.2+dfsg-7+deb12u18.debian.tar.xz]=28a1c86310ee53b6bf1854cffe6f6be6ed29a08db7d05759f8ac57b8d6a6cb2f
-  [qemu_7.2+dfsg-7+deb12u18.dsc]=6b6bd27b947ec89e40a1d6b26d9c9f3c698ca691da13163e0483f6061bbb20b3
-)
+# The source: exactly the version of Debian's qemu-system-x86 installed here (its firmware is
+# what this QEMU loads), fetched by apt, which checks it against the archive's signed indices.
+# A security update of that package changes the version, hence the recipe hash: the next
+# `make images` builds the update.
+suite=bookworm
+version=$(dpkg-query -W -f='${source:Version}' qemu-system-x86 2>/dev/null) ||
+  die "Debian's qemu-system-x86 is not installed: run scripts/install-deps.sh"
+[[ $version =~ ^[0-9A-Za-z.+:~-]+$ ]] || die "unexpected qemu-system-x86 source version: $version"
 devices=$here/qemu/space.mak
 
 # Its tools and libraries come with scripts/install-deps.sh (`make` runs it).
-for p in dpkg-dev meson pkg-config libglib2.0-dev libpixman-1-dev libfdt-dev zlib1g-dev libseccomp-dev; do
+for p in dpkg-dev meson pkg-config libglib2.0-dev libpixman-1-dev libfdt-dev zlib1g-dev libseccomp-dev \
+  debian-archive-keyring; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
     die "package $p is missing: run scripts/install-deps.sh"
 done
@@ -43,17 +44,32 @@ log=$SPACE_IMAGE_CACHE/logs/qemu-$hash.log
 : >"$log"
 phase qemu "building qemu-$hash from Debian's qemu $version (log: $log)"
 
-mkdir "$work/dl"
-for f in "${!sha256[@]}"; do
-  # HTTPS, and bounded before the check: a file announced over 64 MiB is refused (the largest
-  # is 23 MiB), and no download runs over 10 minutes.
-  run_step qemu "download $f" "$log" \
-    curl -fsS --retry 3 --max-filesize 67108864 --max-time 600 -o "$work/dl/$f" "$pool/$f"
-  echo "${sha256[$f]}  $work/dl/$f" | sha256sum -c --quiet - >>"$log" 2>&1 ||
-    die "$f does not match its pinned SHA-256 (see $log)"
-done
-run_step qemu "unpack and apply Debian's patches" "$log" \
-  dpkg-source --no-check -x "$work/dl/qemu_$version.dsc" "$work/src"
+# deb-src entries for the mirrors the host's apt uses, in a private apt state: the host's own
+# sources and lists are left as they are.
+mirror=$(host_mirror "$suite")
+[[ -n $mirror ]] || die "no Debian $suite mirror found in the host's apt sources (/etc/apt/sources.list*)"
+security=$(host_mirror "$suite-security")
+apt_dir=$work/apt
+mkdir -p "$apt_dir/sources" "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$work/dl"
+{
+  printf 'Types: deb-src\nURIs: %s\nSuites: %s %s-updates\nComponents: main\n' "$mirror" "$suite" "$suite"
+  printf 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n'
+  if [[ -n $security ]]; then
+    printf '\nTypes: deb-src\nURIs: %s\nSuites: %s-security\nComponents: main\n' "$security" "$suite"
+    printf 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n'
+  fi
+} >"$apt_dir/sources/debian-src.sources"
+# Bounded: a mirror that stops answering fails the build in minutes, not hours.
+apt_options=(-o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$apt_dir/sources"
+  -o Dir::State::Lists="$apt_dir/lists" -o Dir::Cache="$apt_dir/cache" -o APT::Sandbox::User=root
+  -o Acquire::Languages=none -o Acquire::Retries=3 -o Acquire::http::Timeout=60 -o Acquire::https::Timeout=60)
+run_step qemu "apt: the source indices of $mirror${security:+ and $security}" "$log" \
+  timeout 900 apt-get "${apt_options[@]}" -q update
+fetch_source() { cd "$work/dl" && timeout 900 apt-get "${apt_options[@]}" -q source --download-only "qemu=$version"; }
+run_step qemu "apt: the source of qemu $version (checked against the signed indices)" "$log" fetch_source
+dsc=$(find "$work/dl" -maxdepth 1 -name 'qemu_*.dsc' | head -n 1)
+[[ -n $dsc ]] || die "apt fetched no qemu .dsc (see $log)"
+run_step qemu "unpack and apply Debian's patches" "$log" dpkg-source --no-check -x "$dsc" "$work/src"
 cp "$devices" "$work/src/configs/devices/x86_64-softmmu/space.mak"
 # QEMU 7.2 links its x86 ACPI stubs into a build without the PC machines, next to the real
 # functions microvm's ACPI tables use (fixed upstream in 8.0): the real ones must win.
@@ -73,13 +89,14 @@ run_step qemu "compile qemu-system-x86_64 (-j$SPACE_BUILD_JOBS, ~7 min on 2 core
   ninja -C "$work/build" -j"$SPACE_BUILD_JOBS" qemu-system-x86_64
 mkdir "$work/out"
 strip -o "$work/out/qemu-system-x86_64" "$work/build/qemu-system-x86_64"
+chmod 0755 "$work/out/qemu-system-x86_64"  # jailed QEMUs run it as their own uids
 # It starts the microvm machine (its firmware found) and answers on QMP.
 answer=$(printf '{"execute":"qmp_capabilities"}\n{"execute":"quit"}\n' |
   timeout 30 "$work/out/qemu-system-x86_64" -machine microvm -nodefaults -no-user-config -display none -S \
     -qmp stdio 2>&1) || die "the new QEMU does not start: $answer"
 [[ $answer == *'"return"'* ]] || die "the new QEMU does not answer on QMP: $answer"
 printf '{"format":1,"kind":"qemu","recipe_hash":"%s","source_version":"%s"}\n' "$hash" "$version" >"$work/out/manifest.json"
-rm -rf "$work/src" "$work/build" "$work/dl"
+rm -rf "$work/src" "$work/build" "$work/dl" "$apt_dir"
 publish "$work/out" "$dest"
 phase qemu "done: $dest"
 echo "$dest"

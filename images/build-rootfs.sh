@@ -10,20 +10,6 @@ packages_file=$here/rootfs/packages.txt
 mapfile -t packages < <(grep -Ev '^\s*(#|$)' "$packages_file")
 suite=bookworm
 
-# The Debian mirror comes from the host's own apt sources (deb822 or one-line format).
-host_mirror() {
-  local f uri
-  for f in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-    [[ -f $f ]] || continue
-    if [[ $f == *.sources ]]; then
-      uri=$(awk '/^URIs:/{u=$2} /^Suites:/{ if ($0 ~ /(^|[ \t])'$suite'([ \t]|$)/ && u != "") {print u; exit} }' "$f")
-    else
-      uri=$(awk '$1=="deb" && $0 ~ / '$suite' / { for (i=2;i<=NF;i++) if ($i ~ /^(http|https|file):/) {print $i; exit} }' "$f")
-    fi
-    if [[ -n $uri ]]; then echo "$uri"; return; fi
-  done
-}
-
 # ---- stage 1: the OS tree
 os_hash=$(printf '%s\n' "$suite" | recipe_hash "$packages_file" "$here/build-rootfs-os.sh")
 os_dir=$SPACE_IMAGE_CACHE/os-$os_hash
@@ -33,7 +19,7 @@ if [[ -d $os_dir/tree ]]; then
   touch "$os_dir"  # recently used: pruning keeps it
   phase os "cached: $os_dir"
 else
-  mirror=$(host_mirror)
+  mirror=$(host_mirror "$suite")
   [[ -n $mirror ]] || die "no Debian $suite mirror found in the host's apt sources (/etc/apt/sources.list*)"
   work=$(make_workdir os)
   trap 'remove_workdir "$work"' EXIT

@@ -102,6 +102,25 @@ prune_kind() {
   done <<<"$old"
 }
 
+# host_mirror SUITE: the Debian mirror the host's own apt sources (deb822 or one-line format)
+# name for SUITE (bookworm, bookworm-security), or nothing.
+host_mirror() {
+  local suite=$1 f uri
+  for f in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [[ -f $f ]] || continue
+    if [[ $f == *.sources ]]; then
+      uri=$(awk -v s="$suite" '/^URIs:/{u=$2} /^Suites:/{ for (i=2;i<=NF;i++) if ($i == s && u != "") {print u; exit} }' "$f")
+    else
+      uri=$(awk -v s="$suite" '$1=="deb" { hit=0; for (i=2;i<=NF;i++) if ($i == s) hit=1;
+        if (hit) for (i=2;i<=NF;i++) if ($i ~ /^(http|https|file):/) {print $i; exit} }' "$f")
+    fi
+    if [[ -n $uri ]]; then
+      echo "$uri"
+      return
+    fi
+  done
+}
+
 # remove_workdir DIR: never follows into a mount left inside a build tree (e.g. a bind of /dev).
 remove_workdir() {
   rm -rf --one-file-system "$1"

@@ -24,9 +24,10 @@ packages=(
   qemu-system-x86 qemu-utils
   # tests and benchmarks
   python3 jq curl
-  # bench/qemu_minimal.sh's QEMU (images/build-qemu.sh): Debian's QEMU source package,
-  # unpacked with its patches and configured for the microvm machine only
-  dpkg-dev meson pkg-config libglib2.0-dev libpixman-1-dev libfdt-dev zlib1g-dev
+  # SPACE's QEMU (images/build-qemu.sh): the installed Debian QEMU's source package, fetched by
+  # apt (checked with Debian's archive keys), unpacked with its patches and configured for the
+  # microvm machine only
+  dpkg-dev meson pkg-config libglib2.0-dev libpixman-1-dev libfdt-dev zlib1g-dev debian-archive-keyring
   # spacectl shell's test: a real terminal to type into and read from; script(1) for the
   # progress line spacectl draws only on one
   tmux bsdutils

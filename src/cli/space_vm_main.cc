@@ -46,6 +46,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   run->add_option("--cpus", spec.vcpus, "vCPUs")->capture_default_str();
   run->add_option("--memory", spec.memory_mib, "guest memory in MiB (min 128)")->capture_default_str();
+  std::string qemu = cli::defaultQemuBinary();
+  run->add_option("--qemu", qemu, "QEMU binary; env SPACE_QEMU (default: SPACE's own, else the one in PATH)")
+      ->capture_default_str();
   run->add_option("--accel", accel, "accelerator: auto (KVM if real hardware KVM, else TCG), kvm, tcg")
       ->capture_default_str();
   run->add_option("--cmdline", spec.extra_cmdline, "extra kernel arguments");
@@ -74,7 +77,7 @@ int main(int argc, char** argv) {
   }
   // The node's facts as spaced resolves them, so a guest started here boots as its guests do
   // (the same accelerator choice and kernel arguments).
-  auto facts = probeNodeFacts(parsed.value());
+  auto facts = probeNodeFacts(parsed.value(), qemu);
   if (!facts.ok()) {
     std::cerr << "space-vm: " << facts.error().message << "\n";
     return 2;

@@ -354,6 +354,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--rootfs", base.rootfs_path, "root filesystem of template \"base\"; env SPACE_ROOTFS")
       ->capture_default_str();
+  config.qemu_binary = cli::defaultQemuBinary();
+  app.add_option("--qemu", config.qemu_binary,
+                 "the QEMU every sandbox runs; env SPACE_QEMU. Default: SPACE's own (make images builds it from "
+                 "the installed Debian QEMU's source, with only the microvm machine and its virtio-mmio devices), "
+                 "else qemu-system-x86_64 in PATH")
+      ->capture_default_str();
   app.add_option("--accel", accel, "auto (KVM on real hardware KVM, else TCG), kvm, tcg")->capture_default_str();
   app.add_option("--boot-timeout", boot_timeout_s, "seconds a sandbox may take to boot")->capture_default_str();
   app.add_option("--max-sandboxes", config.max_sandboxes, "sandboxes this node runs at most")->capture_default_str();

@@ -1,7 +1,7 @@
 // space-jail: confines one program (a VM's QEMU) and becomes it.
 //
 //   space-jail [--cgroup-procs FILE]... [--nofile N]
-//              [--view [--ro PATH]... [--rw PATH]... [--dev PATH]... [--new-network]]
+//              [--view [--ro PATH]... [--rw PATH]... [--exec FILE]... [--dev PATH]... [--new-network]]
 //              [--no-caps] [--user UID:GID [--group GID]...] -- PROGRAM [ARG]...
 //
 // In order: joins each cgroup (writes its own pid to each FILE, a group's cgroup.procs), so
@@ -22,11 +22,13 @@
 // nodes named by --dev (on read-only mounts), a /proc of its own PID namespace holding only
 // processes (subset=pid: no /proc/sys, whose files uid 0 may write without any capability), and
 // each --ro/--rw PATH bound at the same path (so the program's arguments name its files
-// unchanged; only a --ro PATH may be a symbolic link). IPC and hostname namespaces of its own;
-// with --new-network, an empty network namespace too (for a VM without a network slot). Nothing else of the host
-// exists there: not the state database, not other sandboxes' files, not host processes. --view
-// requires being pid 1 of a new PID namespace (the caller spawns it so), so that /proc shows
-// the program alone.
+// unchanged), and each --exec FILE as a --ro one whose program may run (PROGRAM itself when it
+// lies outside /usr: every other mount of the view is noexec). Only a --ro PATH or --exec FILE
+// may be a symbolic link, and an --exec one must be a regular file. IPC and hostname
+// namespaces of its own; with --new-network, an empty network namespace too (for a VM without
+// a network slot). Nothing else of the host exists there: not the state database, not other
+// sandboxes' files, not host processes. --view requires being pid 1 of a new PID namespace
+// (the caller spawns it so), so that /proc shows the program alone.
 //
 // A separate program rather than code between fork and exec in spaced: spaced is
 // multithreaded (only async-signal-safe calls after fork), and the jail is one small place that
@@ -65,12 +67,14 @@ constexpr int kFailed = 125;
 void usage() {
   std::fprintf(stderr,
                "usage: space-jail [--cgroup-procs FILE]... [--nofile N]\n"
-               "                  [--view [--ro PATH]... [--rw PATH]... [--dev PATH]... [--new-network]]\n"
+               "                  [--view [--ro PATH]... [--rw PATH]... [--exec FILE]... [--dev PATH]...\n"
+               "                   [--new-network]]\n"
                "                  [--no-caps] [--user UID:GID [--group GID]...] -- PROGRAM [ARG]...\n"
                "Joins the cgroups, limits resources (no core dumps, N descriptors), with --view sees only\n"
                "the system's programs, the devices and the PATHs given (read-only or read-write, at the same\n"
-               "paths) and a /proc of its own PID namespace (it must be pid 1 of one), with --new-network an\n"
-               "empty network namespace, with --no-caps drops every capability, with --user becomes UID:GID\n"
+               "paths; an --exec FILE read-only and, unlike the others, executable) and a /proc of its\n"
+               "own PID namespace (it must be pid 1 of one), with --new-network an empty network namespace,\n"
+               "with --no-caps drops every capability, with --user becomes UID:GID\n"
                "(supplementary groups: the --group GIDs only), sets no_new_privs, refuses keyring, namespace,\n"
                "mount and lease calls (seccomp), then executes PROGRAM as the same process.\n"
                "Exits 125 if any step fails.\n");
@@ -89,7 +93,7 @@ void limit(int resource, rlim_t value, const char* name) {
   if (setrlimit(resource, &r) != 0) die(std::string("setrlimit ") + name + ": " + std::strerror(errno));
 }
 
-enum class Access { kReadOnly, kReadWrite, kDevice };
+enum class Access { kReadOnly, kReadWrite, kExecutable, kDevice };
 
 struct Bind {
   std::string path;
@@ -213,7 +217,9 @@ void enterView(std::vector<Bind> binds, bool new_network) {
   for (size_t i = 0, n = binds.size(); i < n; ++i) {
     struct stat st {};
     if (::lstat(binds[i].path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) continue;
-    if (binds[i].access != Access::kReadOnly) die(binds[i].path + " is a symbolic link; refused");
+    if (binds[i].access != Access::kReadOnly && binds[i].access != Access::kExecutable) {
+      die(binds[i].path + " is a symbolic link; refused");
+    }
     char* resolved = ::realpath(binds[i].path.c_str(), nullptr);
     if (resolved == nullptr) die("cannot resolve " + binds[i].path + ": " + std::strerror(errno));
     binds.push_back({resolved, binds[i].access});
@@ -232,10 +238,19 @@ void enterView(std::vector<Bind> binds, bool new_network) {
     if (inside) continue;
     uint64_t attributes = kData;
     if (bind.access == Access::kReadOnly) attributes |= MOUNT_ATTR_RDONLY;
+    if (bind.access == Access::kExecutable) attributes = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
     // Read-only mounts of the device nodes: reading and writing a device still work, but its
     // mode and times (the host's node) cannot be changed.
     if (bind.access == Access::kDevice) attributes = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC;
     sources.push_back(takeSource(bind.path, attributes));
+    if (bind.access == Access::kExecutable && sources.back().link.empty()) {
+      // One program, never a directory of them: nothing else placed in the view may run. Judged
+      // on the mount taken, so a path swapped after a look cannot change what is bound.
+      struct stat st {};
+      if (::fstat(sources.back().fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        die("--exec " + bind.path + " is not a regular file; refused");
+      }
+    }
     if (sources.back().directory) covered.push_back(bind.path);
   }
   // Everything is taken: the staging directory can be covered now.
@@ -361,11 +376,12 @@ int main(int argc, char** argv) {
       const long gid = positiveId(value);  // never 0: root's group is not a VM's
       if (gid < 0) die("--group wants a gid 1..2147483647, not " + value);
       groups.push_back(static_cast<gid_t>(gid));
-    } else if (arg == "--ro" || arg == "--rw" || arg == "--dev") {
+    } else if (arg == "--ro" || arg == "--rw" || arg == "--exec" || arg == "--dev") {
       if (!plainAbsolutePath(value)) die(arg + " wants an absolute path without . or .. parts, not " + value);
-      binds.push_back({value, arg == "--ro"   ? Access::kReadOnly
-                              : arg == "--rw" ? Access::kReadWrite
-                                              : Access::kDevice});
+      binds.push_back({value, arg == "--ro"     ? Access::kReadOnly
+                              : arg == "--rw"   ? Access::kReadWrite
+                              : arg == "--exec" ? Access::kExecutable
+                                                : Access::kDevice});
     } else {
       usage();
       die("unknown option " + arg);

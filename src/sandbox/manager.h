@@ -84,6 +84,8 @@ struct ManagerConfig {
   vmm::DiskIoRate disk_io_per_vcpu;
   std::map<std::string, Template> templates;
   vmm::Accelerator accelerator = vmm::Accelerator::kAuto;
+  // The QEMU every VM runs (a name is looked up in PATH once, at start).
+  std::string qemu_binary = "qemu-system-x86_64";
   std::chrono::milliseconds boot_timeout{60000};
   // Create sandboxes by restoring a template snapshot (built on first use per size) instead of
   // booting. Off: every create is a cold boot (for comparison and debugging).

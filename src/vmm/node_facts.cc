@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -131,7 +132,11 @@ Result<NodeFacts> probeNodeFacts(Accelerator requested, const std::string& qemu_
   facts.max_vcpus = cpus > 0 ? static_cast<uint32_t>(cpus) : 1;
   auto qemu = findExecutable(qemu_binary);
   if (!qemu.ok()) return qemu.error();
-  facts.qemu_binary = qemu.value();
+  // The file itself, not a link to it (the build's images/ link into the image cache): a
+  // rebuild that moves the link changes nothing for a running node, and a jail binds the file.
+  std::error_code ec;
+  auto resolved = std::filesystem::canonical(qemu.value(), ec);
+  facts.qemu_binary = ec ? qemu.value() : resolved.string();
   if (facts.accelerator.accelerator == Accelerator::kTcg) facts.tsc_khz = measureTscKhz();
   spdlog::info("node: accelerator {} ({}), {} CPUs, {}{}", acceleratorName(facts.accelerator.accelerator),
                facts.accelerator.reason, facts.max_vcpus, facts.qemu_binary,

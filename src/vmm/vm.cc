@@ -422,7 +422,8 @@ Status Vm::addJailView(const VmSpec& spec, std::vector<std::string>& jailed) {
   jailed.push_back("--view");
   add("--rw", paths_.run_dir);
   add("--ro", spec.kernel_path);
-  if (spec.qemu_binary.find('/') != std::string::npos) add("--ro", spec.qemu_binary);
+  // A QEMU outside /usr (SPACE's own build, in the image cache) is the one file that may run.
+  if (spec.qemu_binary.find('/') != std::string::npos) add("--exec", spec.qemu_binary);
   if (spec.disk_mode == DiskMode::kOverlay) {
     // The images below its overlay, each judged by Vm::layersBelow: those outside the run
     // directory (covered by it) are bound read-only.

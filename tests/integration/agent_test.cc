@@ -84,6 +84,7 @@ class AgentTest : public testing::Test {
     VmSpec spec;
     spec.kernel_path = imagePath("SPACE_KERNEL", "vmlinux");
     spec.rootfs_path = imagePath("SPACE_ROOTFS", "rootfs.ext4");
+    spec.qemu_binary = imagePath("SPACE_QEMU", "qemu-system-x86_64");
     spec.vcpus = 2;
     spec.memory_mib = 1024;
     spec.boot_timeout = seconds(120);

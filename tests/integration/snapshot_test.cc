@@ -34,6 +34,7 @@ TEST_F(SnapshotTest, RestoredClonesResumeTheSavedGuestAndDivergeCopyOnWrite) {
   std::filesystem::create_directories(snap);
   VmSpec spec;
   spec.kernel_path = imagePath("vmlinux");
+  spec.qemu_binary = imagePath("qemu-system-x86_64");
   spec.rootfs_path = imagePath("rootfs.ext4");
   spec.vcpus = 1;
   spec.memory_mib = 256;
@@ -102,6 +103,7 @@ TEST_F(SnapshotTest, ASnapshotOfARunningGuestBranchesIntoIndependentChildren) {
   std::filesystem::create_directories(layers);
   VmSpec spec;
   spec.kernel_path = imagePath("vmlinux");
+  spec.qemu_binary = imagePath("qemu-system-x86_64");
   spec.rootfs_path = imagePath("rootfs.ext4");
   spec.vcpus = 1;
   spec.memory_mib = 256;
@@ -187,6 +189,7 @@ TEST_F(SnapshotTest, ACorruptStateFileFailsTheRestoreCleanly) {
   std::filesystem::resize_file(snap + "/memory", 256u << 20);
   VmSpec spec;
   spec.kernel_path = imagePath("vmlinux");
+  spec.qemu_binary = imagePath("qemu-system-x86_64");
   spec.rootfs_path = imagePath("rootfs.ext4");
   spec.vcpus = 1;
   spec.memory_mib = 256;

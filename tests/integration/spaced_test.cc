@@ -1139,6 +1139,11 @@ TEST_F(SpacedTest, ExecLimitsListPagingAndSeccompThroughTheApi) {
   auto status = readSmallFile("/proc/" + std::to_string(pids[0]) + "/status", 1 << 16);
   ASSERT_TRUE(status.ok());
   EXPECT_NE(status->find("\nSeccomp:\t2\n"), std::string::npos) << *status;
+  // It is SPACE's own QEMU (make images builds it, spaced's default --qemu), not Debian's in PATH.
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/" + std::to_string(pids[0]) + "/exe", ec);
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_EQ(exe, std::filesystem::canonical(kImages + "/qemu-system-x86_64"));
 }
 
 TEST_F(SpacedTest, PauseAndResumeKeepProcessesAcrossADaemonRestart) {

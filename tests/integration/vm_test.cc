@@ -52,8 +52,10 @@ class VmTest : public testing::Test {
   void SetUp() override {
     spec_.kernel_path = imagePath("SPACE_KERNEL", "vmlinux");
     spec_.rootfs_path = imagePath("SPACE_ROOTFS", "rootfs.ext4");
+    spec_.qemu_binary = imagePath("SPACE_QEMU", "qemu-system-x86_64");  // SPACE's own, as spaced runs
     ASSERT_TRUE(std::filesystem::exists(spec_.kernel_path)) << "build the images first (make images)";
     ASSERT_TRUE(std::filesystem::exists(spec_.rootfs_path)) << "build the images first (make images)";
+    ASSERT_TRUE(std::filesystem::exists(spec_.qemu_binary)) << "build the images first (make images)";
     spec_.boot_timeout = seconds(90);
     spec_.memory_mib = 256;
     spec_.vcpus = 1;
@@ -535,6 +537,33 @@ TEST_F(JailTest, AWritablePathThatIsALinkIsRefused) {
   EXPECT_EQ(status.exit_code, 125) << status.describe();
   EXPECT_NE(out.find("is a symbolic link; refused"), std::string::npos) << out;
   EXPECT_EQ(out.find("ran"), std::string::npos) << out;
+}
+
+// The view runs the system's programs and an --exec file (SPACE's QEMU lives outside /usr),
+// directly or through a link, and nothing else: a --ro file stays data, and a directory is
+// never made executable whole.
+TEST_F(JailTest, OnlyAnExecFileRunsAmongTheFilesGivenToTheView) {
+  const std::string dir = run_root_->path();
+  for (const char* name : {"/prog", "/data"}) {
+    std::filesystem::copy_file("/bin/true", dir + name);
+    std::filesystem::permissions(dir + name, std::filesystem::perms(0755));
+  }
+  ASSERT_EQ(::symlink((dir + "/prog").c_str(), (dir + "/link").c_str()), 0);
+  jail::CgroupLimits limits;
+  auto [status, out] = runJailed(dir + "/prog && echo prog ran; " + dir + "/data; echo data: $?", limits,
+                                 {"--view", "--exec", dir + "/prog", "--ro", dir + "/data", "--no-caps"});
+  EXPECT_EQ(status.exit_code, 0) << status.describe() << out;
+  EXPECT_NE(out.find("prog ran\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("data: 126\n"), std::string::npos) << out;  // found, not executable
+  std::tie(status, out) =
+      runJailed(dir + "/link && echo link ran", limits, {"--view", "--exec", dir + "/link", "--no-caps"});
+  EXPECT_EQ(status.exit_code, 0) << status.describe() << out;
+  EXPECT_NE(out.find("link ran\n"), std::string::npos) << out;
+  std::tie(status, out) = runJailed("echo ran", limits, {"--view", "--exec", dir, "--no-caps"});
+  EXPECT_EQ(status.exit_code, 125) << status.describe();
+  EXPECT_NE(out.find("is not a regular file; refused"), std::string::npos) << out;
+  EXPECT_EQ(out.find("ran\n"), std::string::npos) << out;
+  for (const char* name : {"/prog", "/data", "/link"}) std::filesystem::remove(dir + name);
 }
 
 // space-jail with `options`, in front of `echo ran` (spawned plainly, not as pid 1 of a PID
