@@ -103,6 +103,7 @@ bench: build images
 	$(BUILD)/bin/space-api-bench --creates 15 --execs 20 --jail auto --network
 	$(BUILD)/bin/space-qemu-bench --template /tmp/space-qemu-bench-template --startup 30 --memory-rounds 3
 	bench/qemu_minimal.sh $(BUILD) 4 10
+	bench/qemu_create.sh $(BUILD) 4 20
 	taskset -c 0 $(BUILD)/bin/space-net-bench
 	$(BUILD)/bin/space-net-bench
 	$(BUILD)/bin/space-lifecycle-bench --creates 200 --warm-pool 2 --baseline-creates 30 --cold-creates 10 \

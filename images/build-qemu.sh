@@ -65,6 +65,12 @@ apt_options=(-o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$apt_di
   -o Acquire::Languages=none -o Acquire::Retries=3 -o Acquire::http::Timeout=60 -o Acquire::https::Timeout=60)
 run_step qemu "apt: the source indices of $mirror${security:+ and $security}" "$log" \
   timeout 900 apt-get "${apt_options[@]}" -q update
+# A host that has not upgraded may hold a version its mirrors no longer carry: say what to do.
+available=$(apt-cache "${apt_options[@]}" showsrc qemu 2>>"$log" | awk '/^Version:/ {print $2}' | sort -u | tr '\n' ' ')
+if [[ " $available" != *" $version "* ]]; then
+  die "the mirrors no longer carry the source of the qemu-system-x86 installed here ($version; they have:" \
+    "${available:-none}); upgrade it (apt-get install --only-upgrade qemu-system-x86), then run make again"
+fi
 fetch_source() { cd "$work/dl" && timeout 900 apt-get "${apt_options[@]}" -q source --download-only "qemu=$version"; }
 run_step qemu "apt: the source of qemu $version (checked against the signed indices)" "$log" fetch_source
 dsc=$(find "$work/dl" -maxdepth 1 -name 'qemu_*.dsc' | head -n 1)
