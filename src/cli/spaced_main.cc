@@ -607,6 +607,13 @@ int main(int argc, char** argv) {
     std::cerr << "spaced: " << st.error().message << "\n";
     return 2;
   }
+  if (!tenant->parsed() && config.qemu_binary.find('/') == std::string::npos) {
+    // Said loudly: the threat model counts on SPACE's build (fewer devices for a guest to reach).
+    spdlog::warn(
+        "spaced: running {} from PATH (Debian's full QEMU), not SPACE's build: run make images, or give "
+        "--qemu",
+        config.qemu_binary);
+  }
   if (tenant->parsed()) {
     if (tenant_name.empty() && !tenant_ls->parsed()) return fatal("tenant name required");
     const bool bad_name =

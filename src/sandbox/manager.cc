@@ -717,8 +717,8 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   auto live = liveFromRecord(rec);
   std::unique_lock control(live->control);  // held through boot: other requests on it wait
   if (auto reserved = reserve(live); !reserved.ok()) {
+    pool_settled = true;  // first: put() counts the take back even if it then throws
     if (warm) pool_->put(pool_key, std::move(*warm));
-    pool_settled = true;
     return reserved.error();
   }
   bool released = false;
@@ -1244,13 +1244,19 @@ Result<store::SandboxRecord> SandboxManager::resumeSuspended(const store::Sandbo
   ScopeGuard continue_on_exception([&] {
     if (continued) return;
     try {
-      if (live->runtime->resume().ok()) {
+      // As the normal path: a guest that continued but whose agent was slow is kept.
+      const bool ran = live->runtime->resume().ok();
+      auto status = ran ? Result<std::string>(std::string("running")) : live->vm().queryStatus();
+      if (status.ok() && status.value() == "running") {
         spdlog::error("sandbox {}: resume interrupted by an exception; its guest was continued", suspended.id);
         return;
       }
     } catch (...) {
     }
-    (void)finish(live, SandboxState::kFailed, "spaced failed while resuming it");
+    if (auto failed = finish(live, SandboxState::kFailed, "spaced failed while resuming it"); !failed.ok()) {
+      spdlog::error("sandbox {}: resume interrupted by an exception, and it could not be failed: {}", suspended.id,
+                    failed.error().message);
+    }
   });
   live->state = SandboxState::kRunning;
   if (auto synced = fsyncPath(suspended.run_dir); !synced.ok()) {
