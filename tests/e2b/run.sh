@@ -41,7 +41,7 @@ ip -n "$netns" link set lo up
 
 # shellcheck disable=SC2086 # SPACED_ARGS: words
 start_spaced "$build" "$work" --e2b-api-listen 127.0.0.1:0 --e2b-envd-listen 127.0.0.1:0 \
-  --kernel "$images/vmlinux" --rootfs "$images/rootfs.ext4" --warm-pool 0 --warm-pool-budget-mb 0 \
+  --kernel "$images/vmlinux" --rootfs "$images/rootfs.ext4" --qemu "$images/qemu-system-x86_64" --warm-pool 0 --warm-pool-budget-mb 0 \
   --gateway-upstream-netns "/run/netns/$netns" --gateway-upstream-dns 192.0.2.53 ${SPACED_ARGS:-}
 E2B_API_URL=$(jq -r .e2b_api_url "$work/data/spaced.json")
 E2B_SANDBOX_URL=$(jq -r .e2b_sandbox_url "$work/data/spaced.json")

@@ -36,7 +36,7 @@ trap cleanup EXIT
 node --test "$here/units.test.mjs"
 
 start_spaced "$build" "$work" --e2b-api-listen off --e2b-envd-listen off --kernel "$images/vmlinux" \
-  --rootfs "$images/rootfs.ext4" --ui-dir "$work/ui" --network off --warm-pool 0 --warm-pool-budget-mb 0
+  --rootfs "$images/rootfs.ext4" --qemu "$images/qemu-system-x86_64" --ui-dir "$work/ui" --network off --warm-pool 0 --warm-pool-budget-mb 0
 SPACE_API=$(jq -r .url "$work/data/spaced.json")
 SPACE_UI_URL=$(jq -r '.console_url // empty' "$work/data/spaced.json")
 SPACE_UI_URL=${SPACE_UI_URL:-$SPACE_API/ui/}
