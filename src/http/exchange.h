@@ -8,6 +8,8 @@
 #include <boost/beast/http/buffer_body.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -23,8 +25,23 @@ inline bool isHttpParseError(const boost::system::error_code& ec) {
   return ec && ec.category() == boost::beast::http::make_error_code(boost::beast::http::error::bad_target).category();
 }
 
+// The server's side of a ResponseStream, configured once its head went out.
+class DetachedStream : public ResponseStream {
+ public:
+  enum class Framing {
+    kChunked,         // HTTP/1.1: each write a chunk, end() the last chunk
+    kCloseDelimited,  // HTTP/1.0: raw bytes, the end of the connection ends the body
+    kNoBody,          // a HEAD request: writes are dropped
+  };
+  virtual void setFraming(Framing framing, bool keep_alive) = 0;
+};
+
 class Exchange {
  public:
+  // Makes the stream object for Response::detach, counted against the server's stream limits,
+  // or says why not (unavailable).
+  using StreamReserver = std::function<Result<std::shared_ptr<DetachedStream>>()>;
+
   // `parser` has read the request's header; `stopping` turns off keep-alive once set.
   Exchange(SocketStream& stream, boost::beast::flat_buffer& buffer, RequestParser& parser,
            const std::atomic<bool>& stopping);
@@ -48,6 +65,10 @@ class Exchange {
   Status writeChunk(std::string_view chunk);
   Status writeStreamEnd();
   Result<TakenConnection> takeOver();
+  void setStreamReserver(StreamReserver reserver) { stream_reserver_ = std::move(reserver); }
+  Result<std::shared_ptr<ResponseStream>> detach(int status, std::string_view content_type);
+  // The stream Response::detach made (its head may have failed: see ioFailed()); null if none.
+  const std::shared_ptr<DetachedStream>& detached() const { return detached_; }
   bool takenOver() const { return taken_over_; }
   int abortFd() const { return stream_.abortFd(); }
   // The client hung up (or the server is stopping): see Response::clientGone.
@@ -86,6 +107,8 @@ class Exchange {
   bool taken_over_ = false;
   bool close_delimited_ = false;  // an HTTP/1.0 client gets a streamed body without chunking
   std::optional<std::pair<int, Error>> body_failure_;
+  StreamReserver stream_reserver_;
+  std::shared_ptr<DetachedStream> detached_;
 };
 
 }  // namespace space::http::detail

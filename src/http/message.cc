@@ -207,6 +207,20 @@ Result<TakenConnection> Response::takeOver(int status) {
   return taken;
 }
 
+Result<std::shared_ptr<ResponseStream>> Response::detach(int status, std::string_view content_type) {
+  SPACE_TRY(checkHeaders(status));
+  if (statusForbidsBody(status)) {
+    return makeError(ErrorCode::kInvalidArgument, "a " + std::to_string(status) + " response cannot have a body");
+  }
+  auto stream = exchange_->detach(status, content_type);
+  if (!stream.ok() && !exchange_->detached()) return stream.error();  // nothing was sent
+  started_ = true;
+  streaming_ = true;
+  ended_ = true;  // the stream writes from here on, not this Response
+  status_ = status;
+  return stream;
+}
+
 int Response::abortFd() const { return exchange_ == nullptr ? -1 : exchange_->abortFd(); }
 
 bool Response::clientGone() const { return exchange_ == nullptr || exchange_->clientGone(); }
@@ -427,6 +441,21 @@ Result<TakenConnection> Exchange::takeOver() {
   response_keep_alive_ = false;
   response_complete_ = true;
   return taken;
+}
+
+Result<std::shared_ptr<ResponseStream>> Exchange::detach(int status, std::string_view content_type) {
+  if (io_failed_) return io_error_;
+  if (!stream_reserver_) return makeError(ErrorCode::kUnimplemented, "this server cannot detach responses");
+  auto reserved = stream_reserver_();
+  if (!reserved.ok()) return reserved.error();
+  detached_ = std::move(reserved.value());
+  SPACE_TRY(writeStreamHead(status, content_type));
+  using Framing = DetachedStream::Framing;
+  detached_->setFraming(head_request_      ? Framing::kNoBody
+                        : close_delimited_ ? Framing::kCloseDelimited
+                                           : Framing::kChunked,
+                        response_keep_alive_);
+  return std::shared_ptr<ResponseStream>(detached_);
 }
 
 bool Exchange::clientGone() const {

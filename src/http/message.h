@@ -4,10 +4,12 @@
 // streaming output can stop at the first failed write.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -35,6 +37,42 @@ struct TakenConnection {
   // What the client sent after the request, already read into the server's buffer: for an
   // upgrade, the first bytes of the new protocol.
   std::string early_bytes;
+};
+
+// A streamed response that outlives its handler (Response::detach): the handler returns, and
+// with it its thread, while the server's event loop writes what producers push from any thread.
+// For streams that last minutes or days (a process's output, a file watch), which would
+// otherwise hold one thread each. No method blocks or throws; each is safe from any thread,
+// including an agent client's I/O thread.
+class ResponseStream {
+ public:
+  virtual ~ResponseStream() = default;
+  // Queues `chunk` (one chunk of the body) for the client. False once the stream is closed or
+  // ended: the producer stops then. Nothing bounds the queue here: a producer bounds it by
+  // pending() (a client that reads slower than its output loses the stream, not the node's
+  // memory).
+  virtual bool write(std::string chunk) = 0;
+  // Ends the body after everything queued; the connection then serves its next request (or
+  // closes, as HTTP requires).
+  virtual void end() = 0;
+  // Cuts the connection without ending the body (what is still queued is dropped): the client
+  // sees a truncated response.
+  virtual void abort() = 0;
+  // Bytes queued or being written, not yet taken by the socket.
+  virtual size_t pending() const = 0;
+  virtual bool closed() const = 0;
+  // Runs once the stream is over, on the event loop (or at once, on this thread, if it already
+  // is): `completed` when the whole body reached the socket, false when the client left, a
+  // write timed out, abort() was called or the server stopped. Keep it short and non-blocking;
+  // what needs to block goes to runBlocking(). Set before the handler returns.
+  virtual void onClose(std::function<void(bool completed)> fn) = 0;
+  // While nothing was written for `idle`, writes `chunk` (a protocol's keep-alive message), so
+  // a departed client is noticed and proxies keep the connection. Set before the handler returns.
+  virtual void keepAlive(std::chrono::milliseconds idle, std::string chunk) = 0;
+  // Runs `task` on one of the server's handler threads: for the steps of a stream that block
+  // (an agent call, a lock another request may hold). False, and `task` is dropped, when the
+  // stream is closed or no thread can be had.
+  virtual bool runBlocking(std::function<void()> task) = 0;
 };
 
 // {"error":{"code":code,"message":message}}: the body of every error the API and the server
@@ -143,6 +181,12 @@ class Response {
   // An eventfd that becomes readable once the server gives up on its connections (stop, after
   // the grace period): for a handler waiting on something other than the client.
   int abortFd() const;
+
+  // Starts a streamed response (as begin()) whose body producers write after the handler has
+  // returned (ResponseStream). Fails before anything is sent, so the handler can still answer:
+  // `unavailable` when the server's stream limits are reached (a 503), `failed_precondition`
+  // when the response was started. The Response itself takes no more writes.
+  Result<std::shared_ptr<ResponseStream>> detach(int status, std::string_view content_type);
 
   // Whether the status line went out (by send or begin): afterwards only write/end make sense.
   bool started() const { return started_; }

@@ -16,7 +16,9 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/read.hpp>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <deque>
 #include <future>
 #include <limits>
 #include <utility>
@@ -107,6 +109,123 @@ struct Server::Connection {
   bool evicted = false;   // made room for a newer connection; closing
   bool finished = false;  // counted out of open_connections_
   Clock::time_point idle_since = Clock::now();
+  StreamPtr stream;  // a detached response not yet closed (busy stays set while it is)
+  // The loop's: a stream's keep-alive timer (here, not in the stream: the stream may outlive
+  // the server, its connection and anything bound to the event loop do not).
+  boost::asio::steady_timer stream_timer{socket.get_executor()};
+};
+
+// A detached response (Response::detach): producers queue from any thread, the event loop
+// writes. Until it is closed the server outlives it (an open stream keeps its connection open,
+// and stop() waits for connections); after that, nothing here touches the server.
+struct Server::Stream final : detail::DetachedStream, std::enable_shared_from_this<Stream> {
+  Stream(Server& s, ConnectionPtr c) : server(s), connection(std::move(c)) {}
+
+  Server& server;
+  ConnectionPtr connection;  // the loop's; reset when the stream closes
+
+  mutable std::mutex m;
+  // Guarded by m:
+  std::deque<std::pair<std::string, size_t>> queue;  // bytes framed for the socket, and the body bytes in them
+  size_t pending_bytes = 0;                          // body bytes queued or being written
+  bool ending = false;                               // end() was called
+  bool abort_requested = false;
+  bool is_closed = false;
+  bool completed = false;
+  bool started = false;      // on the event loop
+  bool pump_posted = false;  // a pumpStream is queued on the loop
+  Framing framing = Framing::kChunked;
+  bool keep_alive = false;
+  std::function<void(bool)> on_close;
+  std::chrono::milliseconds keepalive_idle{0};
+  std::string keepalive_chunk;
+
+  // The event loop's:
+  bool writing = false;
+  bool end_queued = false;  // the last chunk is queued or written
+  std::string in_flight;
+  size_t in_flight_body = 0;
+  Clock::time_point last_write = Clock::now();
+
+  void setFraming(Framing f, bool keep) override {
+    std::lock_guard lock(m);
+    framing = f;
+    keep_alive = keep;
+  }
+
+  bool write(std::string chunk) override {
+    std::lock_guard lock(m);
+    if (is_closed || ending || abort_requested) return false;
+    if (chunk.empty() || framing == Framing::kNoBody) return true;  // an empty chunk would end the body
+    size_t body = chunk.size();
+    if (framing == Framing::kChunked) {
+      char size_line[24];
+      int n = std::snprintf(size_line, sizeof size_line, "%zx\r\n", body);
+      chunk.insert(0, size_line, static_cast<size_t>(n));
+      chunk += "\r\n";
+    }
+    pending_bytes += body;
+    queue.emplace_back(std::move(chunk), body);
+    postPumpLocked();
+    return true;
+  }
+
+  void end() override {
+    std::lock_guard lock(m);
+    if (is_closed || ending) return;
+    ending = true;
+    postPumpLocked();
+  }
+
+  void abort() override {
+    std::lock_guard lock(m);
+    if (is_closed) return;
+    abort_requested = true;
+    postPumpLocked();
+  }
+
+  size_t pending() const override {
+    std::lock_guard lock(m);
+    return pending_bytes;
+  }
+
+  bool closed() const override {
+    std::lock_guard lock(m);
+    return is_closed;
+  }
+
+  void onClose(std::function<void(bool)> fn) override {
+    std::unique_lock lock(m);
+    if (!is_closed) {
+      on_close = std::move(fn);
+      return;
+    }
+    bool done = completed;
+    lock.unlock();
+    if (fn) fn(done);
+  }
+
+  void keepAlive(std::chrono::milliseconds idle, std::string chunk) override {
+    std::lock_guard lock(m);
+    keepalive_idle = idle;
+    keepalive_chunk = std::move(chunk);
+  }
+
+  bool runBlocking(std::function<void()> task) override {
+    // Under m: while the stream is open the server (and its pool) is alive.
+    std::lock_guard lock(m);
+    if (is_closed || server.stopping_) return false;
+    std::string why;
+    if (server.workers_->run(std::move(task), why)) return true;
+    spdlog::warn("http: a stream of {} cannot run a step: {}", connection ? connection->remote : "?", why);
+    return false;
+  }
+
+  void postPumpLocked() {
+    if (!started || pump_posted) return;  // startStreaming pumps what was queued before
+    pump_posted = true;
+    boost::asio::post(server.io_, [self = shared_from_this()] { self->server.pumpStream(self); });
+  }
 };
 
 Result<std::unique_ptr<Server>> Server::start(const std::string& listen, Handler handler, ServerLimits limits,
@@ -213,9 +332,23 @@ void Server::stop(std::chrono::milliseconds grace) {
         boost::system::error_code ignored;
         acceptor_.close(ignored);
         accept_backoff_.cancel();
-        std::lock_guard lock(mutex_);
-        for (const ConnectionPtr& connection : connections_) {
-          if (connection->waiting) closeOnLoop(*connection);
+        std::vector<StreamPtr> streams;
+        {
+          std::lock_guard lock(mutex_);
+          for (const ConnectionPtr& connection : connections_) {
+            if (connection->waiting) closeOnLoop(*connection);
+            if (connection->stream) streams.push_back(connection->stream);
+          }
+        }
+        // A detached stream has no handler to notice the stop: it ends now, as a handler's
+        // stream ends at its next write. One not yet on the loop ends when it gets there.
+        for (const StreamPtr& stream : streams) {
+          bool started = false;
+          {
+            std::lock_guard lock(stream->m);
+            started = stream->started;
+          }
+          if (started) closeStream(stream, false);
         }
       });
     }
@@ -322,6 +455,18 @@ bool Server::setBusyLocked(Connection& connection, bool busy) {
 size_t Server::runningRequests() {
   std::lock_guard lock(mutex_);
   return running_;
+}
+
+size_t Server::openStreams() {
+  std::lock_guard lock(mutex_);
+  return streams_;
+}
+
+void Server::stopCountingRunningLocked(Connection& connection) {
+  if (!connection.busy) return;
+  --running_;
+  auto it = running_by_client_.find(connection.client);
+  if (--it->second == 0) running_by_client_.erase(it);
 }
 
 void Server::rejectOverloaded(UniqueFd fd, const std::string& remote, const std::string& why) {
@@ -574,6 +719,8 @@ void Server::serveRequest(const ConnectionPtr& connection, UniqueFd fd, std::opt
   stream.setTimeouts(limits_.read_timeout, limits_.write_timeout);
   bool keep = false;
   bool drain_before_close = false;
+  std::shared_ptr<detail::DetachedStream> detached;
+  bool detached_head_sent = false;
   try {
     if (early) {
       std::string bytes = errorResponseBytes(early->first, early->second.code, early->second.message);
@@ -584,6 +731,7 @@ void Server::serveRequest(const ConnectionPtr& connection, UniqueFd fd, std::opt
     } else {
       auto started = Clock::now();
       detail::Exchange exchange(stream, connection->buffer, *connection->parser, stopping_);
+      exchange.setStreamReserver([this, connection] { return reserveStream(connection); });
       Request& request = exchange.request();
       Response& response = exchange.response();
       auto parsed = exchange.parseRequest(remote);
@@ -606,8 +754,10 @@ void Server::serveRequest(const ConnectionPtr& connection, UniqueFd fd, std::opt
           exchange.sendServerError(500, makeError(ErrorCode::kInternal, "the request handler failed to respond"));
         }
       }
-      spdlog::debug("http: {} {} {} -> {} ({:.1f} ms)", remote, request.method(), request.rawPath(), response.status(),
-                    millisecondsSince(started));
+      spdlog::debug("http: {} {} {} -> {} ({:.1f} ms{})", remote, request.method(), request.rawPath(),
+                    response.status(), millisecondsSince(started), exchange.detached() ? ", streaming on" : "");
+      detached = exchange.detached();
+      detached_head_sent = detached && !exchange.ioFailed();
       keep = exchange.keepAlive() && !stopping_;
       // A taken-over connection ends with a FIN too: its last bytes must reach the client.
       if (!exchange.keepAlive()) {
@@ -621,6 +771,18 @@ void Server::serveRequest(const ConnectionPtr& connection, UniqueFd fd, std::opt
     drain_before_close = false;
   }
   connection->parser.reset();
+  if (detached) {
+    // The stream goes on without this thread: to the event loop with the socket. It stays busy
+    // (never evicted) but no longer counts as a running request.
+    {
+      std::lock_guard lock(mutex_);
+      stopCountingRunningLocked(*connection);
+    }
+    auto stream_ptr = std::static_pointer_cast<Stream>(detached);
+    auto back = std::make_shared<UniqueFd>(detached_head_sent ? stream.releaseFd() : UniqueFd());
+    boost::asio::post(io_, [this, stream_ptr, back] { startStreaming(stream_ptr, std::move(*back)); });
+    return;
+  }
   {
     // Not running a request any more: evictable, and not counted against the client's running
     // requests, while it lingers or waits for the next request.
@@ -671,6 +833,14 @@ void Server::linger(const ConnectionPtr& connection, UniqueFd fd) {
   connection->socket.assign(connection->protocol, fd.get(), ec);
   if (ec) return finish(connection);
   (void)fd.release();
+  lingerOnLoop(connection);
+}
+
+void Server::lingerOnLoop(const ConnectionPtr& connection) {
+  if (stopping_) {
+    closeOnLoop(*connection);
+    return finish(connection);
+  }
   {
     std::lock_guard lock(mutex_);
     if (connection->evicted) {
@@ -698,6 +868,201 @@ void Server::linger(const ConnectionPtr& connection, UniqueFd fd) {
                                        });
   };
   (*step)();
+}
+
+// ---- Detached streams
+
+Result<std::shared_ptr<detail::DetachedStream>> Server::reserveStream(const ConnectionPtr& connection) {
+  std::lock_guard lock(mutex_);
+  if (connection->stream) return makeError(ErrorCode::kFailedPrecondition, "the response is already detached");
+  if (streams_ >= limits_.max_streams) {
+    return makeError(ErrorCode::kUnavailable, "the server has " + std::to_string(streams_) +
+                                                  " streams open (the limit is " + std::to_string(limits_.max_streams) +
+                                                  "); retry later");
+  }
+  auto of_client = streams_by_client_.find(connection->client);
+  if (of_client != streams_by_client_.end() && of_client->second >= limits_.max_streams_per_client) {
+    return makeError(ErrorCode::kUnavailable, "this client has " + std::to_string(of_client->second) +
+                                                  " streams open (the limit is " +
+                                                  std::to_string(limits_.max_streams_per_client) + ")");
+  }
+  auto stream = std::make_shared<Stream>(*this, connection);
+  connection->stream = stream;
+  ++streams_;
+  ++streams_by_client_[connection->client];
+  return std::shared_ptr<detail::DetachedStream>(stream);
+}
+
+void Server::startStreaming(const StreamPtr& stream, UniqueFd fd) {
+  const ConnectionPtr& connection = stream->connection;
+  if (!fd.valid() || stopping_) return closeStream(stream, false);
+  boost::system::error_code ec;
+  connection->socket.assign(connection->protocol, fd.get(), ec);
+  if (ec) {
+    spdlog::warn("http: cannot stream to {}: {}", connection->remote, ec.message());
+    return closeStream(stream, false);
+  }
+  (void)fd.release();
+  {
+    std::lock_guard lock(stream->m);
+    stream->started = true;
+  }
+  stream->last_write = Clock::now();
+  watchStreamClient(stream);
+  armStreamKeepAlive(stream);
+  pumpStream(stream);
+}
+
+void Server::pumpStream(const StreamPtr& stream) {
+  std::unique_lock lock(stream->m);
+  stream->pump_posted = false;
+  if (stream->is_closed || stream->writing) return;  // a write's completion pumps again
+  if (stream->abort_requested) {
+    lock.unlock();
+    return closeStream(stream, false);
+  }
+  const bool chunked = stream->framing == detail::DetachedStream::Framing::kChunked;
+  // Up to ~1 MiB per write: queued chunks go out together, and one slow client's backlog is
+  // taken by the socket in steps.
+  constexpr size_t kWriteBatch = 1 << 20;
+  stream->in_flight.clear();
+  stream->in_flight_body = 0;
+  while (!stream->queue.empty() && stream->in_flight.size() < kWriteBatch) {
+    auto& [bytes, body] = stream->queue.front();
+    stream->in_flight += bytes;
+    stream->in_flight_body += body;
+    stream->queue.pop_front();
+  }
+  if (stream->queue.empty() && stream->ending && !stream->end_queued) {
+    stream->end_queued = true;
+    if (chunked) stream->in_flight += "0\r\n\r\n";
+  }
+  if (stream->in_flight.empty()) {
+    bool done = stream->ending && stream->end_queued;
+    lock.unlock();
+    if (done) closeStream(stream, true);
+    return;
+  }
+  stream->writing = true;
+  lock.unlock();
+  const ConnectionPtr& connection = stream->connection;
+  armDeadline(connection, Clock::now() + limits_.write_timeout);
+  boost::asio::async_write(
+      connection->socket, boost::asio::buffer(stream->in_flight), [this, stream](boost::system::error_code ec, size_t) {
+        const ConnectionPtr& c = stream->connection;
+        if (!c) return;  // closed meanwhile
+        ++c->deadline_generation;
+        c->timer.cancel();
+        if (ec) {
+          spdlog::debug("http: stream to {} ended: {}", c->remote,
+                        ec == boost::asio::error::operation_aborted ? "the write timed out" : ec.message());
+          return closeStream(stream, false);
+        }
+        stream->last_write = Clock::now();
+        bool done = false;
+        {
+          std::lock_guard inner(stream->m);
+          stream->writing = false;
+          stream->pending_bytes -= stream->in_flight_body;
+          done = stream->end_queued && stream->queue.empty();
+        }
+        stream->in_flight.clear();
+        if (done) return closeStream(stream, true);
+        pumpStream(stream);
+      });
+}
+
+void Server::watchStreamClient(const StreamPtr& stream) {
+  // The client sends nothing while it reads a stream: readability means it hung up (or
+  // half-closed, which counts as gone, as Response::clientGone says), or sent its next request
+  // early, which stays in the socket for after the stream.
+  stream->connection->socket.async_wait(
+      boost::asio::ip::tcp::socket::wait_read, [this, stream](boost::system::error_code ec) {
+        if (ec || !stream->connection) return;
+        char byte;
+        ssize_t n = ::recv(stream->connection->socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n > 0) return;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return watchStreamClient(stream);
+        spdlog::debug("http: {} left during a stream", stream->connection->remote);
+        closeStream(stream, false);
+      });
+}
+
+void Server::armStreamKeepAlive(const StreamPtr& stream) {
+  std::chrono::milliseconds idle{0};
+  {
+    std::lock_guard lock(stream->m);
+    idle = stream->keepalive_idle;
+  }
+  if (idle <= std::chrono::milliseconds(0) || !stream->connection) return;
+  auto now = Clock::now();
+  auto at = stream->last_write + idle;
+  if (at <= now) at = now + idle;  // a write is in flight or just went: wait a whole period
+  auto& timer = stream->connection->stream_timer;
+  timer.expires_at(at);
+  timer.async_wait([this, stream, idle](boost::system::error_code ec) {
+    if (ec || !stream->connection) return;
+    bool idle_long = false;
+    std::string chunk;
+    {
+      std::lock_guard lock(stream->m);
+      idle_long = !stream->writing && stream->queue.empty() && Clock::now() >= stream->last_write + idle;
+      if (idle_long) chunk = stream->keepalive_chunk;
+    }
+    if (idle_long) (void)stream->write(std::move(chunk));
+    armStreamKeepAlive(stream);
+  });
+}
+
+void Server::closeStream(const StreamPtr& stream, bool completed) {
+  std::function<void(bool)> on_close;
+  bool keep_alive = false;
+  {
+    std::lock_guard lock(stream->m);
+    if (stream->is_closed) return;
+    stream->is_closed = true;
+    stream->completed = completed;
+    on_close = std::move(stream->on_close);
+    stream->on_close = nullptr;
+    keep_alive = stream->keep_alive;
+    stream->queue.clear();
+    stream->pending_bytes = 0;
+  }
+  ConnectionPtr connection = std::move(stream->connection);
+  connection->stream_timer.cancel();
+  bool keep = false;
+  {
+    std::lock_guard lock(mutex_);
+    connection->stream.reset();
+    --streams_;
+    auto it = streams_by_client_.find(connection->client);
+    if (--it->second == 0) streams_by_client_.erase(it);
+    // An idle connection again (the handler's count ended when it returned).
+    connection->busy = false;
+    connection->idle_since = Clock::now();
+    keep = completed && keep_alive && !stopping_ && !connection->evicted;
+    if (keep) connection->waiting = true;
+  }
+  if (keep) {
+    boost::system::error_code ignored;
+    connection->socket.cancel(ignored);  // the wait for a hang-up
+    waitForRequest(connection);
+  } else if (completed) {
+    shutdown(connection->socket.native_handle(), SHUT_WR);
+    boost::system::error_code ignored;
+    connection->socket.cancel(ignored);
+    lingerOnLoop(connection);
+  } else {
+    closeOnLoop(*connection);
+    finish(connection);
+  }
+  if (!on_close) return;
+  try {
+    on_close(completed);
+  } catch (const std::exception& e) {
+    // Nothing may throw on the loop; a callback that did loses only its own clean-up.
+    spdlog::error("http: a stream's close callback threw: {}", e.what());
+  }
 }
 
 }  // namespace space::http

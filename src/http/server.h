@@ -7,6 +7,11 @@
 // requests (keep-alive, a client still sending its header, a slowloris) holds no thread, only
 // its socket and buffer. max_running_requests bounds the threads, max_connections the sockets.
 //
+// A handler whose response streams for long (a process's output, a watch) detaches it
+// (Response::detach): the handler returns, and its thread with it, while the event loop writes
+// what producers push, with the write timeout, and notices a client that hangs up. Such a stream
+// holds its connection and queued bytes, no thread; max_streams bounds them.
+//
 // Every socket operation has a timeout, so a client that stops sending or reading only holds
 // its connection for read_timeout / write_timeout. The server answers on its own, as errorBody
 // JSON: 400 for malformed HTTP, 431 for a header over the limit, 413 when the handler refused a
@@ -46,7 +51,8 @@ namespace space::http {
 
 namespace detail {
 class SocketStream;
-}
+class DetachedStream;
+}  // namespace detail
 class TlsRelays;
 
 struct ServerLimits {
@@ -72,6 +78,11 @@ struct ServerLimits {
   // Of those, what one client address may run (as counted for max_connections_per_client): a
   // single address, even without a key, cannot take every thread.
   size_t max_running_requests_per_client = 128;
+  // Detached streams (Response::detach) open at once, and of one client address; over either,
+  // detach() fails and the handler answers 503. Each holds its connection (counted above) and
+  // what its producer queued (which the producer bounds), but no thread.
+  size_t max_streams = 4096;
+  size_t max_streams_per_client = 1024;
   // For each read: a client silent for longer is dropped. The whole request header must also
   // arrive within it, so a client trickling header bytes cannot hold the thread either.
   std::chrono::milliseconds read_timeout{30000};
@@ -111,10 +122,14 @@ class Server {
   // Requests whose handler has not yet returned. A client can read a response before its
   // handler returns, so a request sent right after may still find the previous one counted.
   size_t runningRequests();
+  // Detached streams not yet closed.
+  size_t openStreams();
 
  private:
   struct Connection;
   using ConnectionPtr = std::shared_ptr<Connection>;
+  struct Stream;
+  using StreamPtr = std::shared_ptr<Stream>;
 
   Server(Handler handler, ServerLimits limits);
   // On the event loop.
@@ -143,6 +158,21 @@ class Server {
   void rejectOverloaded(UniqueFd fd, const std::string& remote, const std::string& why);
   // Under mutex_: makes room for a connection from `client`; false when none can be made.
   bool admit(const std::string& client, std::string& why);
+  // Detached streams. On the worker, from Response::detach: counts a stream for the connection.
+  Result<std::shared_ptr<detail::DetachedStream>> reserveStream(const ConnectionPtr& connection);
+  // On the loop, from here on.
+  void startStreaming(const StreamPtr& stream, UniqueFd fd);
+  void pumpStream(const StreamPtr& stream);
+  void watchStreamClient(const StreamPtr& stream);
+  void armStreamKeepAlive(const StreamPtr& stream);
+  // Once per stream: counts it out, and the connection waits for its next request, lingers or
+  // closes; then the stream's onClose callback runs.
+  void closeStream(const StreamPtr& stream, bool completed);
+  // After a response that closes the connection, with the socket already on the loop.
+  void lingerOnLoop(const ConnectionPtr& connection);
+  // Under mutex_: the handler returned, but the connection stays busy (a stream): no longer
+  // counted among the running requests.
+  void stopCountingRunningLocked(Connection& connection);
   // Under mutex_: the connection marks itself idle (evictable) or running a request; false
   // when it was evicted meanwhile and must close.
   bool setBusyLocked(Connection& connection, bool busy);
@@ -168,6 +198,8 @@ class Server {
   size_t open_connections_ = 0;                                // guarded by mutex_; includes evicted ones still closing
   size_t running_ = 0;                                         // guarded by mutex_: connections marked busy
   std::unordered_map<std::string, size_t> running_by_client_;  // guarded by mutex_; no zero entries
+  size_t streams_ = 0;                                         // guarded by mutex_: detached streams open
+  std::unordered_map<std::string, size_t> streams_by_client_;  // guarded by mutex_; no zero entries
   Clock::time_point last_rejection_log_{};                     // guarded by mutex_
   size_t rejections_unlogged_ = 0;                             // guarded by mutex_
 };

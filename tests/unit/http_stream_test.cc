@@ -1,0 +1,317 @@
+// Detached streamed responses (Response::detach): the handler returns and its thread with it,
+// while producers on other threads write; the server's limits, timeouts and keep-alive hold.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "../support/raw_http.h"
+#include "common/unix_socket.h"
+#include "http/client.h"
+#include "http/server.h"
+
+namespace space::http {
+namespace {
+
+using namespace std::chrono_literals;
+using testsupport::connectRaw;
+using testsupport::readUntilClosed;
+using testsupport::sendRaw;
+
+// The streams handlers detached, in order.
+struct Detached {
+  std::mutex m;
+  std::vector<std::shared_ptr<ResponseStream>> streams;
+  std::vector<Error> refused;
+
+  size_t count() {
+    std::lock_guard lock(m);
+    return streams.size();
+  }
+  std::shared_ptr<ResponseStream> at(size_t i) {
+    std::lock_guard lock(m);
+    return streams.at(i);
+  }
+  bool waitFor(size_t n, std::chrono::milliseconds limit = 5s) {
+    for (auto until = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < until;) {
+      if (count() >= n) return true;
+      std::this_thread::sleep_for(5ms);
+    }
+    return false;
+  }
+};
+
+// /stream detaches (and calls `setup` on the stream before returning); anything else is a
+// plain 200 "plain".
+std::unique_ptr<Server> startStreamServer(Detached& detached, ServerLimits limits = {},
+                                          std::function<void(ResponseStream&)> setup = nullptr) {
+  auto server = Server::start(
+      "127.0.0.1:0",
+      [&detached, setup](Request& request, Response& response) {
+        if (request.path() != "/stream") {
+          (void)response.send(200, "text/plain", "plain");
+          return;
+        }
+        auto stream = response.detach(200, "text/plain");
+        if (!stream.ok()) {
+          {
+            std::lock_guard lock(detached.m);
+            detached.refused.push_back(stream.error());
+          }
+          (void)response.sendError(503, errorCodeName(stream.error().code), stream.error().message);
+          return;
+        }
+        if (setup) setup(*stream.value());
+        std::lock_guard lock(detached.m);
+        detached.streams.push_back(std::move(stream.value()));
+      },
+      limits);
+  if (!server.ok()) {
+    ADD_FAILURE() << server.error().message;
+    return nullptr;
+  }
+  return std::move(server.value());
+}
+
+// Reads until `marker` arrived (or the socket's read limit passed).
+std::string readUntil(int fd, std::string_view marker, std::string& got) {
+  char buf[4096];
+  while (got.find(marker) == std::string::npos) {
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return got;
+}
+
+TEST(HttpStream, DetachedStreamsHoldNoThreadAndTheConnectionServesTheNextRequest) {
+  Detached detached;
+  ServerLimits limits;
+  limits.max_running_requests = 2;  // eight streams at once: possible only without a thread each
+  auto server = startStreamServer(detached, limits);
+  ASSERT_TRUE(server);
+  std::vector<UniqueFd> clients;
+  for (size_t i = 0; i < 8; ++i) {
+    clients.push_back(connectRaw(server->port()));
+    sendRaw(clients.back().get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+    ASSERT_TRUE(detached.waitFor(i + 1));
+    // Its handler has returned, or is about to: then it counts no more.
+    for (int j = 0; j < 100 && server->runningRequests() > 0; ++j) std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_EQ(server->runningRequests(), 0u);
+  EXPECT_EQ(server->openStreams(), 8u);
+
+  // Producers on other threads write after the handlers returned.
+  std::vector<std::thread> producers;
+  for (size_t i = 0; i < 8; ++i) {
+    producers.emplace_back([&, i] {
+      auto stream = detached.at(i);
+      EXPECT_TRUE(stream->write("hello " + std::to_string(i) + "\n"));
+      EXPECT_TRUE(stream->write(""));  // nothing, and not the end of the body
+      EXPECT_TRUE(stream->write("bye\n"));
+      stream->end();
+      EXPECT_FALSE(stream->write("too late"));
+    });
+  }
+  for (auto& t : producers) t.join();
+  for (size_t i = 0; i < 8; ++i) {
+    std::string got;
+    readUntil(clients[i].get(), "0\r\n\r\n", got);
+    EXPECT_NE(got.find("HTTP/1.1 200"), std::string::npos) << got;
+    EXPECT_NE(got.find("Transfer-Encoding: chunked"), std::string::npos) << got;
+    std::string body_lines = "hello " + std::to_string(i) + "\n";
+    EXPECT_NE(got.find(body_lines), std::string::npos) << got;
+    EXPECT_NE(got.find("4\r\nbye\n\r\n0\r\n\r\n"), std::string::npos) << got;
+    // The same connection serves the next request once the stream ended.
+    sendRaw(clients[i].get(), "GET /plain HTTP/1.1\r\nHost: x\r\n\r\n");
+    std::string next;
+    readUntil(clients[i].get(), "plain", next);
+    EXPECT_NE(next.find("HTTP/1.1 200"), std::string::npos) << next;
+  }
+  EXPECT_EQ(server->openStreams(), 0u);
+}
+
+TEST(HttpStream, AClientThatLeavesClosesItsStreamAndTheProducerHearsIt) {
+  Detached detached;
+  std::promise<bool> closed;
+  auto server = startStreamServer(detached, {}, [&](ResponseStream& stream) {
+    stream.onClose([&](bool completed) { closed.set_value(completed); });
+  });
+  ASSERT_TRUE(server);
+  {
+    UniqueFd client = connectRaw(server->port());
+    sendRaw(client.get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+    ASSERT_TRUE(detached.waitFor(1));
+    ASSERT_TRUE(detached.at(0)->write("first\n"));
+    std::string got;
+    readUntil(client.get(), "first", got);
+  }  // the client hangs up while the producer has nothing to say
+  auto done = closed.get_future();
+  ASSERT_EQ(done.wait_for(3s), std::future_status::ready);
+  EXPECT_FALSE(done.get());
+  EXPECT_TRUE(detached.at(0)->closed());
+  EXPECT_FALSE(detached.at(0)->write("nobody reads this"));
+  EXPECT_FALSE(detached.at(0)->runBlocking([] {}));
+  EXPECT_EQ(server->openStreams(), 0u);
+  // A callback set after the close runs at once.
+  bool late = true;
+  detached.at(0)->onClose([&](bool completed) { late = completed; });
+  EXPECT_FALSE(late);
+}
+
+TEST(HttpStream, AClientThatStopsReadingLosesTheStreamAfterTheWriteTimeout) {
+  Detached detached;
+  std::promise<bool> closed;
+  ServerLimits limits;
+  limits.write_timeout = 300ms;
+  auto server = startStreamServer(detached, limits, [&](ResponseStream& stream) {
+    stream.onClose([&](bool completed) { closed.set_value(completed); });
+  });
+  ASSERT_TRUE(server);
+  UniqueFd client = connectRaw(server->port());
+  int small = 4096;
+  setsockopt(client.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  sendRaw(client.get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_TRUE(detached.waitFor(1));
+  auto stream = detached.at(0);
+  // The producer bounds what waits, as a real one does, by pending().
+  auto started = std::chrono::steady_clock::now();
+  size_t written = 0;
+  while (stream->pending() < (8u << 20) && stream->write(std::string(64 << 10, 'x'))) written += 64 << 10;
+  auto done = closed.get_future();
+  ASSERT_EQ(done.wait_for(5s), std::future_status::ready);
+  EXPECT_FALSE(done.get());
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 4s);
+  EXPECT_GT(written, 0u);
+  EXPECT_EQ(stream->pending(), 0u);  // what was queued is freed with the stream
+}
+
+TEST(HttpStream, OverTheStreamLimitsDetachFailsAndTheHandlerAnswers) {
+  Detached detached;
+  ServerLimits limits;
+  limits.max_streams_per_client = 2;
+  auto server = startStreamServer(detached, limits);
+  ASSERT_TRUE(server);
+  UniqueFd a = connectRaw(server->port()), b = connectRaw(server->port()), c = connectRaw(server->port());
+  sendRaw(a.get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  sendRaw(b.get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_TRUE(detached.waitFor(2));
+  sendRaw(c.get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string got;
+  readUntil(c.get(), "limit", got);
+  EXPECT_NE(got.find("HTTP/1.1 503"), std::string::npos) << got;
+  EXPECT_NE(got.find("this client has 2 streams open (the limit is 2)"), std::string::npos) << got;
+  // One ends: there is room again.
+  detached.at(0)->end();
+  std::string ended;
+  readUntil(a.get(), "0\r\n\r\n", ended);
+  sendRaw(c.get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_TRUE(detached.waitFor(3));
+}
+
+TEST(HttpStream, KeepAliveChunksGoOutWhileTheProducerIsSilent) {
+  Detached detached;
+  auto server =
+      startStreamServer(detached, {}, [](ResponseStream& stream) { stream.keepAlive(100ms, std::string("ka\n")); });
+  ASSERT_TRUE(server);
+  UniqueFd client = connectRaw(server->port());
+  sendRaw(client.get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_TRUE(detached.waitFor(1));
+  std::this_thread::sleep_for(450ms);
+  ASSERT_TRUE(detached.at(0)->write("data\n"));
+  detached.at(0)->end();
+  std::string got;
+  readUntil(client.get(), "0\r\n\r\n", got);
+  size_t keepalives = 0;
+  for (size_t at = got.find("3\r\nka\n"); at != std::string::npos; at = got.find("3\r\nka\n", at + 1)) ++keepalives;
+  EXPECT_GE(keepalives, 2u) << got;
+  EXPECT_LE(keepalives, 5u) << got;
+  EXPECT_NE(got.find("5\r\ndata\n\r\n0\r\n\r\n"), std::string::npos) << got;
+}
+
+TEST(HttpStream, AbortCutsTheBodyAndHttp10EndsWithTheConnection) {
+  Detached detached;
+  std::promise<bool> closed;
+  auto server = startStreamServer(detached);
+  ASSERT_TRUE(server);
+  UniqueFd cut = connectRaw(server->port());
+  sendRaw(cut.get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_TRUE(detached.waitFor(1));
+  detached.at(0)->onClose([&](bool completed) { closed.set_value(completed); });
+  ASSERT_TRUE(detached.at(0)->write("partial\n"));
+  std::string got;
+  readUntil(cut.get(), "partial", got);
+  ASSERT_TRUE(detached.at(0)->write("dropped\n"));  // still queued when the abort comes, or not
+  detached.at(0)->abort();
+  got += readUntilClosed(cut.get());
+  EXPECT_NE(got.find("partial"), std::string::npos) << got;
+  EXPECT_EQ(got.find("0\r\n\r\n"), std::string::npos) << got;  // no last chunk: the client sees a cut body
+  auto done = closed.get_future();
+  ASSERT_EQ(done.wait_for(3s), std::future_status::ready);
+  EXPECT_FALSE(done.get());
+
+  UniqueFd old = connectRaw(server->port());
+  sendRaw(old.get(), "GET /stream HTTP/1.0\r\n\r\n");
+  ASSERT_TRUE(detached.waitFor(2));
+  ASSERT_TRUE(detached.at(1)->write("raw bytes"));
+  detached.at(1)->end();
+  std::string body = readUntilClosed(old.get());
+  ASSERT_NE(body.find("\r\n\r\n"), std::string::npos) << body;
+  EXPECT_EQ(body.substr(body.find("\r\n\r\n") + 4), "raw bytes");
+}
+
+TEST(HttpStream, BlockingStepsRunOnAHandlerThread) {
+  Detached detached;
+  auto server = startStreamServer(detached);
+  ASSERT_TRUE(server);
+  UniqueFd client = connectRaw(server->port());
+  sendRaw(client.get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_TRUE(detached.waitFor(1));
+  auto stream = detached.at(0);
+  std::promise<std::thread::id> ran_on;
+  ASSERT_TRUE(stream->runBlocking([&, stream] {
+    std::this_thread::sleep_for(50ms);  // blocking is what the step is for
+    ran_on.set_value(std::this_thread::get_id());
+    stream->write("from a step\n");
+    stream->end();
+  }));
+  auto id = ran_on.get_future();
+  ASSERT_EQ(id.wait_for(3s), std::future_status::ready);
+  EXPECT_NE(id.get(), std::this_thread::get_id());
+  std::string got;
+  readUntil(client.get(), "0\r\n\r\n", got);
+  EXPECT_NE(got.find("from a step"), std::string::npos) << got;
+}
+
+TEST(HttpStream, StopEndsOpenStreamsWithoutWaitingForTheGrace) {
+  Detached detached;
+  std::promise<bool> closed;
+  auto server = startStreamServer(detached, {}, [&](ResponseStream& stream) {
+    stream.onClose([&](bool completed) { closed.set_value(completed); });
+  });
+  ASSERT_TRUE(server);
+  UniqueFd client = connectRaw(server->port());
+  sendRaw(client.get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_TRUE(detached.waitFor(1));
+  auto started = std::chrono::steady_clock::now();
+  server->stop(10s);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 2s);
+  auto done = closed.get_future();
+  ASSERT_EQ(done.wait_for(1s), std::future_status::ready);
+  EXPECT_FALSE(done.get());
+  // The stream outlives the server: every call is refused, none touches it.
+  server.reset();
+  auto stream = detached.at(0);
+  EXPECT_FALSE(stream->write("x"));
+  EXPECT_FALSE(stream->runBlocking([] {}));
+  stream->end();
+  stream->abort();
+}
+
+}  // namespace
+}  // namespace space::http
