@@ -25,6 +25,9 @@ struct ApiService::Call {
   http::Response& res;
   std::string tenant;
   std::string console_session;  // the token, when a console session's cookie authenticated it
+  // The tenant's place for this request (null for open routes): a stream that outlives its
+  // handler takes it along, so streams keep counting against --max-requests-per-tenant.
+  TenantGate::Ticket* ticket = nullptr;
   const std::string& id() const { return req.pathParam("id"); }
 };
 
@@ -370,6 +373,7 @@ void ApiService::handle(http::Request& req, http::Response& res) {
                     " requests running; retry when one has finished");
       return;
     }
+    call.ticket = &ticket;
   }
   if (found.kind == http::Router::Match::Kind::kNotFound) {
     return fail(call, makeError(ErrorCode::kNotFound, "no route for " + req.method() + " " + req.path(), "no_route"));
@@ -1038,9 +1042,7 @@ void ApiService::exec(Call& c) {
   if (streamed) {
     auto process = ops.start(std::move(spec), guest::StreamLimits{limits_.max_stream_backlog});
     if (!process.ok()) return fail(c, process.error());
-    streamProcess(c, agent.value(), *process.value());
-    metrics_.exec_seconds.observe(std::chrono::duration<double>(Clock::now() - started).count());
-    return;
+    return streamProcess(c, std::move(agent.value()), std::move(process.value()), started);
   }
   auto result = ops.run(std::move(spec), limits_.max_exec_output, [&c] { return c.res.clientGone(); });
   if (!result.ok()) {
@@ -1067,54 +1069,141 @@ void ApiService::exec(Call& c) {
   (void)c.res.send(200, "application/json", dumpJson(out));
 }
 
-void ApiService::streamProcess(Call& c, const sandbox::AgentLease& lease, guest::ProcessStream& process) {
-  // Events arrive on the agent client's I/O thread; this (the connection's) thread writes them
-  // to the client. A client slower than the backlog bound loses the stream, not the node's memory.
-  while (true) {
-    // Wakes at least once a second, so a gone client is noticed while the process is silent.
-    auto batch = process.next(milliseconds(1000));
+// A process's output once its handler returned. The agent client's I/O thread says when events
+// came (ProcessStream::onReady); a server thread drains them into the response, because next()
+// also feeds a started process its stdin and an error's meaning depends on the sandbox's state
+// (both may block); the event loop writes. Owned by the response's close callback alone, so it
+// goes when the stream closes; it cancels its process without waiting wherever that is.
+struct ApiService::ProcessPump {
+  ApiService& service;
+  sandbox::AgentLease lease;
+  std::unique_ptr<guest::ProcessStream> process;
+  std::shared_ptr<http::ResponseStream> out;
+  std::optional<Clock::time_point> exec_started;
+  TenantGate::Ticket place;  // the request's place among its tenant's, held for the stream's life
+  bool finished = false;     // the response was ended (or its client left); touched by one drain at a time
+
+  ProcessPump(ApiService& s, sandbox::AgentLease l, std::unique_ptr<guest::ProcessStream> p,
+              std::shared_ptr<http::ResponseStream> o, std::optional<Clock::time_point> started)
+      : service(s), lease(std::move(l)), process(std::move(p)), out(std::move(o)), exec_started(started) {}
+  ProcessPump(const ProcessPump&) = delete;
+  ProcessPump& operator=(const ProcessPump&) = delete;
+  ~ProcessPump() { process->cancel(); }
+
+  // Writes one batch; true once the stream is over.
+  bool handle(guest::ProcessStream::Batch batch) {
     using State = guest::ProcessStream::State;
-    // An error before any event (unknown pid, bad cwd) is a plain error response.
-    if (!c.res.started() && batch.events.empty() && batch.state == State::kEnded && batch.error) {
-      return fail(c, manager_.agentFailed(lease, *batch.error));
-    }
-    bool client_gone = false;
-    if (!c.res.started() && !batch.events.empty()) {
-      if (!c.res.begin(200, kNdjson).ok()) client_gone = true;
-    }
+    if (finished) return true;
     for (const auto& event : batch.events) {
-      if (client_gone || !c.res.write(eventLine(event)).ok()) client_gone = true;
+      if (!out->write(eventLine(event))) {
+        // The client left: the process keeps running in the guest and can be re-attached.
+        finished = true;
+        process->cancel();
+        return true;
+      }
     }
-    if (client_gone || c.res.clientGone()) {
-      // The process keeps running in the guest and can be re-attached.
-      process.stop();
-      return;
-    }
-    if (batch.state == State::kOverflow) {
-      (void)c.res.write(
+    // A client slower than the backlog bound loses the stream, not the node's memory: what it
+    // has not taken counts, here as in the process stream.
+    if (batch.state == State::kOverflow || out->pending() > service.limits_.max_stream_backlog) {
+      process->cancel();
+      (void)out->write(
           dumpJson(json{{"type", "error"},
                         {"error",
                          {{"code", "client_too_slow"},
-                          {"message", "output backlog over " + std::to_string(limits_.max_stream_backlog) +
+                          {"message", "output backlog over " + std::to_string(service.limits_.max_stream_backlog) +
                                           " bytes; the process keeps running, re-attach to it"}}}}) +
           "\n");
-      (void)c.res.end();
-      return;
+      out->end();
+      finished = true;
+      return true;
     }
-    if (batch.state == State::kEnded) {
-      if (batch.error) {
-        Error e = manager_.agentFailed(lease, *batch.error);
-        if (!c.res.started()) return fail(c, e);
-        std::string code = e.reason.empty() ? errorCodeName(e.code) : e.reason;
-        metrics_.countError(code);
-        (void)c.res.write(dumpJson(json{{"type", "error"}, {"error", {{"code", code}, {"message", e.message}}}}) +
-                          "\n");
+    if (batch.state != State::kEnded) return false;
+    if (batch.error) {
+      Error e = service.manager_.agentFailed(lease, *batch.error);
+      std::string code = e.reason.empty() ? errorCodeName(e.code) : e.reason;
+      service.metrics_.countError(code);
+      (void)out->write(dumpJson(json{{"type", "error"}, {"error", {{"code", code}, {"message", e.message}}}}) + "\n");
+    }
+    out->end();
+    finished = true;
+    if (exec_started) {
+      service.metrics_.exec_seconds.observe(std::chrono::duration<double>(Clock::now() - *exec_started).count());
+    }
+    return true;
+  }
+};
+
+// Wakes a ProcessPump: runs one drain at a time on a server thread, again if events came
+// meanwhile. What the I/O thread holds (this) owns no pump, so the last reference to the pump,
+// and to the sandbox's agent client, never goes on that thread.
+struct ApiService::PumpKicker : std::enable_shared_from_this<PumpKicker> {
+  std::shared_ptr<http::ResponseStream> out;
+  std::weak_ptr<ProcessPump> pump;
+  std::mutex m;
+  bool running = false;
+  bool again = false;
+
+  void kick() {
+    {
+      std::lock_guard lock(m);
+      if (running) {
+        again = true;
+        return;
       }
-      break;
+      running = true;
+    }
+    if (!out->runBlocking([self = shared_from_this()] { self->drainWhileWoken(); })) {
+      std::lock_guard lock(m);
+      running = false;
+      out->abort();  // closed already, or no thread to be had: the stream cannot go on
     }
   }
-  if (!c.res.started()) (void)c.res.begin(200, kNdjson);
-  (void)c.res.end();
+
+  void drainWhileWoken() {
+    while (true) {
+      bool over = true;
+      if (auto p = pump.lock()) over = p->handle(p->process->next(std::chrono::milliseconds(0)));
+      std::lock_guard lock(m);
+      if (again && !over) {
+        again = false;
+        continue;
+      }
+      running = false;
+      return;
+    }
+  }
+};
+
+void ApiService::streamProcess(Call& c, sandbox::AgentLease lease, std::unique_ptr<guest::ProcessStream> process,
+                               std::optional<Clock::time_point> exec_started) {
+  using State = guest::ProcessStream::State;
+  // Until the first event, this thread waits (waking each second to notice a client gone).
+  guest::ProcessStream::Batch first;
+  while (true) {
+    first = process->next(milliseconds(1000));
+    if (!first.events.empty() || first.state != State::kOpen) break;
+    if (c.res.clientGone()) return;  // the process keeps running in the guest
+  }
+  // An error before any event (unknown pid, bad cwd) is a plain error response.
+  if (first.events.empty() && first.state == State::kEnded && first.error) {
+    return fail(c, manager_.agentFailed(lease, *first.error));
+  }
+  auto detached = c.res.detach(200, kNdjson);
+  if (!detached.ok()) {
+    if (!c.res.started()) fail(c, detached.error());
+    return;
+  }
+  auto pump = std::make_shared<ProcessPump>(*this, std::move(lease), std::move(process), std::move(detached.value()),
+                                            exec_started);
+  if (c.ticket) pump->place = std::move(*c.ticket);
+  // However the response ends, the process stops streaming to it (and keeps running).
+  pump->out->onClose([pump](bool) { pump->process->cancel(); });
+  if (pump->handle(std::move(first))) return;
+  auto kicker = std::make_shared<PumpKicker>();
+  kicker->out = pump->out;
+  kicker->pump = pump;
+  pump->process->onReady([kicker] { kicker->kick(); });
+  kicker->kick();  // for what came before onReady was set
 }
 
 void ApiService::openPty(Call& c) {
@@ -1246,7 +1335,7 @@ void ApiService::attachProcess(Call& c) {
   auto agent = lease(c, "attach to a process");
   if (!agent.ok()) return fail(c, agent.error());
   auto process = guest::GuestOps(agent->agent).connect(pid.value(), guest::StreamLimits{limits_.max_stream_backlog});
-  streamProcess(c, agent.value(), *process);
+  streamProcess(c, std::move(agent.value()), std::move(process), std::nullopt);
 }
 
 void ApiService::signalProcess(Call& c) {

@@ -9,7 +9,9 @@
 
 #include <atomic>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -141,8 +143,14 @@ class ApiService {
   void fail(Call& c, const Error& error);
   Result<nlohmann::json> readJson(Call& c, size_t max_bytes);
   Result<sandbox::AgentLease> lease(Call& c, std::string_view operation);
-  // Writes a process's events as NDJSON until it ends, overflows or the client goes away.
-  void streamProcess(Call& c, const sandbox::AgentLease& lease, guest::ProcessStream& process);
+  // Writes a process's events as NDJSON until it ends, overflows or the client goes away. The
+  // handler waits for the first event only (an error before it is a plain error response); the
+  // rest goes out on a detached stream (ProcessPump). `exec_started`: a streamed exec, whose
+  // duration is observed when it ends.
+  void streamProcess(Call& c, sandbox::AgentLease lease, std::unique_ptr<guest::ProcessStream> process,
+                     std::optional<Clock::time_point> exec_started);
+  struct ProcessPump;
+  struct PumpKicker;
 
   sandbox::SandboxManager& manager_;
   KeyRing& keys_;

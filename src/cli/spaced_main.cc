@@ -847,10 +847,11 @@ int main(int argc, char** argv) {
         slot == &e2b_api_server
             ? http::Handler([&](http::Request& rq, http::Response& rs) { e2b_api.handle(rq, rs); })
             : http::Handler([&](http::Request& rq, http::Response& rs) { e2b_envd.handle(rq, rs); });
-    // Every E2B stream (a command, a PTY, a watch) holds its own connection, and with it a
-    // server thread, for its life: one client may run many at once.
-    // All of loopback counts as one client address, so per-address limits would let one tenant
-    // lock out the others here: the listeners' shares are per tenant (the gates) instead.
+    // Every E2B stream (a command, a PTY, a watch) holds its own connection for its life (a
+    // detached response: no thread), and a proxied port connection a thread: one client may run
+    // many at once. All of loopback counts as one client address, so per-address limits would
+    // let one tenant lock out the others here: the listeners' shares are per tenant (the gates)
+    // instead.
     http::ServerLimits limits;
     if (slot == &e2b_envd_server) {
       limits.max_running_requests = 4096;
@@ -858,6 +859,8 @@ int main(int argc, char** argv) {
     }
     limits.max_running_requests_per_client = limits.max_running_requests;
     limits.max_connections_per_client = limits.max_connections;
+    limits.max_streams = limits.max_connections;
+    limits.max_streams_per_client = limits.max_connections;
     limits.descriptor_share = 0.15;
     auto started = http::Server::start(*listen_at, std::move(handler), limits, tls);
     if (!started.ok()) {

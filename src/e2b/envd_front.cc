@@ -4,8 +4,6 @@
 #include <strings.h>
 
 #include <algorithm>
-#include <condition_variable>
-#include <deque>
 #include <mutex>
 
 #include "api/api_service.h"
@@ -95,17 +93,6 @@ int fileErrorStatus(const Error& e) {
 }
 
 // What a stream's agent callbacks hand to the thread writing the HTTP response.
-struct StreamQueue {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::string> frames;
-  size_t bytes = 0;
-  size_t max_bytes = 0;
-  bool overflow = false;
-  bool ended = false;
-  Status end_status = okStatus();
-};
-
 // A unary Connect call's request: a JSON object within `max_bytes`, bounded while it arrives
 // (depth, values) as the REST API's bodies are. Errors are the call's answer.
 Result<json> readUnaryRequest(http::Request& req, size_t max_bytes) {
@@ -127,6 +114,8 @@ struct EnvdFront::Call {
   std::string tenant;
   std::string user;         // "" = the sandbox's default user
   bool may_resume = false;  // a suspended sandbox is woken for this request (resumesOnDemand)
+  // The tenant's place for this request: a stream that outlives its handler takes it along.
+  api::TenantGate::Ticket* ticket = nullptr;
 };
 
 EnvdFront::EnvdFront(sandbox::SandboxManager& manager, secrets::SecretVault& vault, EnvdOptions options)
@@ -311,7 +300,7 @@ void EnvdFront::handle(http::Request& req, http::Response& res) {
                                   " open; retry when one has finished");
     return;
   }
-  Call call{req, res, id, tenant.value(), "", may_resume};
+  Call call{req, res, id, tenant.value(), "", may_resume, &ticket};
   if (port != kEnvdPort) return proxyPort(call, port);
   if (files) {
     auto user = req.query("username");
@@ -447,98 +436,84 @@ void EnvdFront::stream(Call& c, const std::string& method) {
 
   auto lease = manager_.agent(c.tenant, c.id, "run envd calls");
   if (!lease.ok()) return end_with(lease.error());
-  auto queue = std::make_shared<StreamQueue>();
-  queue->max_bytes = options_.max_stream_backlog;
-  std::shared_ptr<agentproto::AgentStream> handle;
+  json message;
   {
     // The request is needed only to start the call: it is not kept for the stream's life.
     auto body = c.req.readBody(options_.max_stream_request + 5);
     if (!body.ok()) return end_with(makeError(ErrorCode::kInvalidArgument, "request body: " + body.error().message));
     auto payload = unwrapRequestEnvelope(body.value(), options_.max_stream_request);
     if (!payload.ok()) return end_with(payload.error());
-    auto message = parseJsonBounded(payload.value(), JsonLimits{.max_depth = 32, .max_values = 10000});
-    if (!message.ok() || !message->is_object()) {
+    auto parsed = parseJsonBounded(payload.value(), JsonLimits{.max_depth = 32, .max_values = 10000});
+    if (!parsed.ok() || !parsed->is_object()) {
       return end_with(makeError(ErrorCode::kInvalidArgument, "the request is not a JSON object"));
     }
-    // Callbacks run on the agent client's I/O thread and own what they touch (the queue).
-    // The guest's messages are relayed as it framed them: never parsed or re-encoded here (the
-    // client is the sandbox's own tenant, and the framing and sizes are checked by the decoder).
-    handle = lease->agent->streamRaw(
-        method, message.value(), options,
-        [queue](std::string_view payload) {
-          std::string frame = envelope(kEnvelopeData, payload);
-          std::lock_guard lock(queue->mu);
-          if (queue->overflow) return;
-          if (queue->bytes + frame.size() > queue->max_bytes) {
-            queue->overflow = true;
-          } else {
-            queue->bytes += frame.size();
-            queue->frames.push_back(std::move(frame));
+    message = std::move(parsed.value());
+  }
+  // The stream runs on without this thread: the server's event loop writes what the agent
+  // client's I/O thread relays, so a command, terminal or watch that lasts a day holds no thread.
+  auto detached = c.res.detach(200, "application/connect+json");
+  if (!detached.ok()) {
+    if (!c.res.started()) {
+      c.res.setHeader("Retry-After", "1");
+      (void)c.res.send(connectHttpStatus(detached.error().code), "application/json",
+                       dumpJson(connectError(detached.error())));
+    }
+    return;
+  }
+  std::shared_ptr<http::ResponseStream> out = std::move(detached.value());
+  out->keepAlive(keepalive, keepalive_frame);
+  auto held = std::make_shared<sandbox::AgentLease>(std::move(lease.value()));
+  // The stream keeps its place among the tenant's streams until it closes.
+  auto place = std::make_shared<api::TenantGate::Ticket>(std::move(*c.ticket));
+  const size_t max_backlog = options_.max_stream_backlog;
+  // Callbacks run on the agent client's I/O thread and never block: writes only queue. The
+  // guest's messages are relayed as it framed them: never parsed or re-encoded here (the client
+  // is the sandbox's own tenant, and the framing and sizes are checked by the decoder).
+  auto handle = held->agent->streamRaw(
+      method, message, options,
+      [out, max_backlog](std::string_view payload) {
+        std::string frame = envelope(kEnvelopeData, payload);
+        // What waits for the client, queued or being written, is bounded: a client slower than
+        // the process loses the stream, not the node's memory. end() refuses later writes.
+        if (out->pending() + frame.size() > max_backlog) {
+          if (out->write(endStream(
+                  makeError(ErrorCode::kResourceExhausted,
+                            "more than " + std::to_string(max_backlog) +
+                                " bytes of output waited for this client (or one message was larger); the stream "
+                                "ended, the process goes on (connect to it again)")))) {
+            out->end();
           }
-          queue->cv.notify_one();
-        },
-        [queue](const Status& end) {
-          std::lock_guard lock(queue->mu);
-          queue->ended = true;
-          queue->end_status = end;
-          queue->cv.notify_one();
+          return;
+        }
+        (void)out->write(std::move(frame));
+      },
+      // Owns nothing of the sandbox's (no lease): a callback may be destroyed on the I/O thread,
+      // which must never drop the last reference to its own client.
+      [this, out, tenant = c.tenant, id = c.id](const Status& end) {
+        if (end.ok()) {
+          if (out->write(endStream(std::nullopt))) out->end();
+          return;
+        }
+        // Which error the client hears depends on the sandbox's state: a step that may block.
+        Error error = end.error();
+        bool ran = out->runBlocking([this, out, tenant, id, error] {
+          Error e = manager_.agentFailed(sandbox::AgentLease{id, nullptr, false, nullptr}, error);
+          if (e.code == ErrorCode::kUnavailable) {
+            auto rec = manager_.get(tenant, id);
+            // The sandbox is gone: the connection is cut, so the SDK asks /health and says so.
+            if (!rec.ok() || rec->state != sandbox::stateName(sandbox::SandboxState::kRunning)) return out->abort();
+          }
+          if (out->write(endStream(e))) out->end();
         });
-  }
-  // However this handler leaves (a client gone, an exception), the guest stops streaming to it.
-  struct CancelOnExit {
-    std::shared_ptr<agentproto::AgentStream> stream;
-    ~CancelOnExit() {
-      if (stream && !stream->done()) stream->cancel();
-    }
-  } cancel_on_exit{handle};
-  if (!c.res.begin(200, "application/connect+json").ok()) return;
-  auto last_write = Clock::now();
-  while (true) {
-    std::string out;
-    size_t taken = 0;
-    bool ended = false, overflow = false;
-    Status end_status = okStatus();
-    {
-      std::unique_lock lock(queue->mu);
-      queue->cv.wait_until(lock, std::min(last_write + keepalive, Clock::now() + std::chrono::seconds(1)),
-                           [&] { return !queue->frames.empty() || queue->ended || queue->overflow; });
-      while (!queue->frames.empty()) {
-        out += queue->frames.front();
-        queue->frames.pop_front();
-      }
-      // What is being written still counts against the backlog until it went out.
-      taken = out.size();
-      ended = queue->ended;
-      overflow = queue->overflow;
-      end_status = queue->end_status;
-    }
-    if (out.empty() && Clock::now() >= last_write + keepalive) out = keepalive_frame;
-    if (!out.empty()) {
-      if (!c.res.write(out).ok()) return;
-      last_write = Clock::now();
-      std::lock_guard lock(queue->mu);
-      queue->bytes -= taken;
-    }
-    if (overflow) {
-      handle->cancel();
-      end_with(makeError(ErrorCode::kResourceExhausted,
-                         "more than " + std::to_string(options_.max_stream_backlog) +
-                             " bytes of output waited for this client (or one message was larger); the stream "
-                             "ended, the process goes on (connect to it again)"));
-      return;
-    }
-    if (ended) {
-      if (end_status.ok()) return end_with(std::nullopt);
-      Error e = manager_.agentFailed(lease.value(), end_status.error());
-      if (e.code == ErrorCode::kUnavailable) {
-        auto rec = manager_.get(c.tenant, c.id);
-        // The sandbox is gone: the connection is cut, so the SDK asks /health and says so.
-        if (!rec.ok() || rec->state != sandbox::stateName(sandbox::SandboxState::kRunning)) return;
-      }
-      return end_with(e);
-    }
-    if (c.res.clientGone()) return;
-  }
+        if (!ran) out->abort();  // the client left, or the server is stopping
+      });
+  // However the stream ends (its end, a client gone, a slow client, the server stopping), the
+  // guest stops streaming to it; the sandbox counts as active (the lease) until then.
+  out->onClose([handle, held, place](bool) {
+    (void)held;  // released with this callback, on the event loop
+    (void)place;
+    if (!handle->done()) handle->cancel();
+  });
 }
 
 void EnvdFront::proxyPort(Call& c, uint16_t port) {

@@ -33,9 +33,10 @@ struct EnvdOptions {
   size_t max_stream_request = 64 << 10;  // the one message of a server-streaming call
   // Frames waiting for a slow client, those being written included; over it the stream ends.
   size_t max_stream_backlog = 2 << 20;
-  // Per tenant. Each E2B stream (a command, a PTY, a watch) holds a connection, and today a
-  // server thread, for its life, so streams get a larger share than calls and transfers,
-  // which hold memory instead; neither lets one tenant fill the listener's 4096.
+  // Per tenant. Each E2B stream (a command, a PTY, a watch) holds a connection and its backlog
+  // for its life (no thread: the response is detached), so streams get a larger share than
+  // calls and transfers, which hold a thread and memory instead; neither lets one tenant fill
+  // the listener.
   api::TenantGate::Limits tenant_streams{1024, 0, 0};
   api::TenantGate::Limits tenant_calls{64, 0, 0};
   // Shared buckets (see api::ApiLimits): calls and stream starts both spend the tenant's tokens.

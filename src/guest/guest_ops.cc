@@ -269,35 +269,46 @@ struct ProcessStream::Shared {
   bool overflow = false;  // an event did not fit the backlog; nothing more is taken
   bool broken = false;    // a malformed event came; nothing more is taken
   std::optional<Error> error;
+  std::shared_ptr<const std::function<void()>> ready;  // ProcessStream::onReady
 
   // On the agent client's I/O thread: short, never blocking.
   void onMessage(const Json& message) {
-    std::lock_guard lock(m);
-    if (broken || overflow) return;
-    auto ev = decodeEvent(message);
-    if (!ev.ok()) {
-      broken = true;
-      if (!error) error = ev.error();
+    std::shared_ptr<const std::function<void()>> notify;
+    {
+      std::lock_guard lock(m);
+      if (broken || overflow) return;
+      auto ev = decodeEvent(message);
+      if (!ev.ok()) {
+        broken = true;
+        if (!error) error = ev.error();
+      } else if (ev.value()) {
+        ProcessEvent& event = *ev.value();
+        if (event.kind == ProcessEvent::Kind::kStart) pid = event.pid;
+        size_t cost = kEventOverhead + event.data_base64.size() + event.end.status.size();
+        if (backlog + cost > max_backlog) {
+          overflow = true;
+        } else {
+          backlog += cost;
+          events.push_back(std::move(event));
+        }
+      } else {
+        return;
+      }
       cv.notify_all();
-      return;
+      notify = ready;
     }
-    if (!ev.value()) return;
-    ProcessEvent& event = *ev.value();
-    if (event.kind == ProcessEvent::Kind::kStart) pid = event.pid;
-    size_t cost = kEventOverhead + event.data_base64.size() + event.end.status.size();
-    if (backlog + cost > max_backlog) {
-      overflow = true;
-    } else {
-      backlog += cost;
-      events.push_back(std::move(event));
-    }
-    cv.notify_all();
+    if (notify) (*notify)();  // outside the lock: the consumer takes it in next()
   }
   void onEnd(const Status& end) {
-    std::lock_guard lock(m);
-    if (!end.ok() && !error) error = end.error();
-    over = true;
-    cv.notify_all();
+    std::shared_ptr<const std::function<void()>> notify;
+    {
+      std::lock_guard lock(m);
+      if (!end.ok() && !error) error = end.error();
+      over = true;
+      cv.notify_all();
+      notify = ready;
+    }
+    if (notify) (*notify)();
   }
 };
 
@@ -315,9 +326,20 @@ ProcessStream::ProcessStream(std::shared_ptr<agentproto::AgentClient> agent, std
 ProcessStream::~ProcessStream() { stop(); }
 
 void ProcessStream::stop() {
-  if (stream_->done()) return;
+  if (canceled_ || stream_->done()) return;
   stream_->cancel();
   (void)stream_->wait(kStopWait);
+}
+
+void ProcessStream::cancel() {
+  canceled_ = true;
+  stream_->cancel();
+}
+
+void ProcessStream::onReady(std::function<void()> ready) {
+  auto shared_ready = std::make_shared<const std::function<void()>>(std::move(ready));
+  std::lock_guard lock(shared_->m);
+  shared_->ready = std::move(shared_ready);
 }
 
 void ProcessStream::deliverStdin(int pid) {

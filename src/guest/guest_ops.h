@@ -14,6 +14,7 @@
 // it the client, and keeps the lease for as long as the calls and streams run.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -110,6 +111,13 @@ class ProcessStream {
   Batch next(std::chrono::milliseconds wait);
   // Stops receiving, waiting a bounded time for the agent to see it. The process keeps running.
   void stop();
+  // The same without waiting (from a thread that must not block); destroying the stream
+  // afterwards does not wait either. Safe from any thread, also while another calls next().
+  void cancel();
+  // `ready` runs on the agent client's I/O thread each time an event or the end arrives: for a
+  // consumer that is woken instead of waiting in next() (a detached HTTP stream). It must not
+  // block and must not own this stream. Set before events can matter (right after start).
+  void onReady(std::function<void()> ready);
 
  private:
   friend class GuestOps;
@@ -126,6 +134,7 @@ class ProcessStream {
   bool close_stdin_ = true;
   bool stdin_done_ = false;
   std::optional<State> final_;
+  std::atomic<bool> canceled_{false};
 };
 
 struct ProcessInfo {

@@ -747,6 +747,9 @@ void Server::serveRequest(const ConnectionPtr& connection, UniqueFd fd, std::opt
           spdlog::error("http: handler for {} {} threw a non-standard exception", request.method(), request.rawPath());
         }
       }
+      // Taken at once: a stream counted for this connection must be started (or closed) below.
+      detached = exchange.detached();
+      detached_head_sent = detached && !exchange.ioFailed();
       if (!response.started()) {
         if (const auto& failure = exchange.bodyFailure()) {
           exchange.sendServerError(failure->first, failure->second);
@@ -756,8 +759,6 @@ void Server::serveRequest(const ConnectionPtr& connection, UniqueFd fd, std::opt
       }
       spdlog::debug("http: {} {} {} -> {} ({:.1f} ms{})", remote, request.method(), request.rawPath(),
                     response.status(), millisecondsSince(started), exchange.detached() ? ", streaming on" : "");
-      detached = exchange.detached();
-      detached_head_sent = detached && !exchange.ioFailed();
       keep = exchange.keepAlive() && !stopping_;
       // A taken-over connection ends with a FIN too: its last bytes must reach the client.
       if (!exchange.keepAlive()) {
@@ -779,8 +780,15 @@ void Server::serveRequest(const ConnectionPtr& connection, UniqueFd fd, std::opt
       stopCountingRunningLocked(*connection);
     }
     auto stream_ptr = std::static_pointer_cast<Stream>(detached);
-    auto back = std::make_shared<UniqueFd>(detached_head_sent ? stream.releaseFd() : UniqueFd());
-    boost::asio::post(io_, [this, stream_ptr, back] { startStreaming(stream_ptr, std::move(*back)); });
+    try {
+      auto back = std::make_shared<UniqueFd>(detached_head_sent ? stream.releaseFd() : UniqueFd());
+      boost::asio::post(io_, [this, stream_ptr, back] { startStreaming(stream_ptr, std::move(*back)); });
+    } catch (const std::exception& e) {
+      // Out of memory: the stream ends here (its socket with this thread's stream object), and
+      // must still be counted out, on the loop like every close.
+      spdlog::error("http: stream to {} failed: {}", remote, e.what());
+      boost::asio::post(io_, [this, stream_ptr] { closeStream(stream_ptr, false); });
+    }
     return;
   }
   {

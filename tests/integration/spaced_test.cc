@@ -639,6 +639,66 @@ TEST_F(SpacedTest, ProcessesOutliveTheirStreamAndCanBeReattached) {
   d.callJson("GET", "/v1/sandboxes/" + id + "/processes/" + std::to_string(pid) + "/stream", nullptr, 404);
 }
 
+// Issue 11: a streamed exec holds its connection and its tenant's place, but no server thread:
+// the handler returns once the first event went out and the event loop writes the rest.
+TEST_F(SpacedTest, StreamedExecsHoldNoServerThreadButKeepTheirTenantsPlace) {
+  constexpr int kStreams = 24;
+  daemon_ = Daemon::start(data_dir_, {"--max-requests-per-tenant", std::to_string(kStreams)});
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  const std::string id = d.create();
+  ASSERT_FALSE(id.empty());
+  const uint16_t port = static_cast<uint16_t>(std::stoi(d.url().substr(d.url().rfind(':') + 1)));
+  auto threads = [&] {
+    auto status = readSmallFile("/proc/" + std::to_string(d.pid()) + "/status", 1 << 16);
+    size_t at = status.ok() ? status->find("Threads:") : std::string::npos;
+    return at == std::string::npos ? -1 : std::stoi(status->substr(at + 8));
+  };
+  d.callJson("POST", "/v1/sandboxes/" + id + "/exec", json{{"argv", {"true"}}}, 200);
+  const int before = threads();
+  ASSERT_GT(before, 0);
+
+  const std::string body = json{{"argv", {"sh", "-c", "echo up; exec sleep 300"}}, {"stream", true}}.dump();
+  const std::string up = json{{"type", "stdout"}, {"data", agentproto::base64Encode("up\n")}}.dump();
+  // One after another: each handler returns once its first event went out, so the next one
+  // finds its thread idle. Were a stream to hold its thread, each would need a new one.
+  std::vector<UniqueFd> streams;
+  for (int i = 0; i < kStreams; ++i) {
+    streams.push_back(testsupport::connectRaw(port, seconds(30)));
+    auto& fd = streams.back();
+    testsupport::sendRaw(fd.get(), "POST /v1/sandboxes/" + id + "/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                                       d.key() + "\r\nContent-Type: application/json\r\nContent-Length: " +
+                                       std::to_string(body.size()) + "\r\n\r\n" + body);
+    std::string got;
+    char buf[4096];
+    while (got.find(up) == std::string::npos) {
+      ssize_t n = recv(fd.get(), buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    ASSERT_NE(got.find(up), std::string::npos) << got;
+  }
+  // Every stream is open and its process runs: with a thread each there would be 24 more.
+  const int during = threads();
+  EXPECT_LT(during, before + kStreams / 3)
+      << "threads before " << before << ", with " << kStreams << " streams " << during;
+  // Each stream still counts against its tenant's requests: the next request is refused...
+  auto refused = d.call("GET", "/v1/sandboxes/" + id);
+  EXPECT_EQ(refused.status, 429) << refused.body;
+  EXPECT_NE(refused.body.find("already has " + std::to_string(kStreams) + " requests running"), std::string::npos)
+      << refused.body;
+  // ...until one of them ends: a client that hangs up gives its place back.
+  streams.pop_back();
+  bool admitted = false;
+  for (auto until = Clock::now() + seconds(10); !admitted && Clock::now() < until;
+       std::this_thread::sleep_for(milliseconds(100))) {
+    admitted = d.call("GET", "/v1/sandboxes/" + id).status == 200;
+  }
+  EXPECT_TRUE(admitted);
+  streams.clear();
+  d.callJson("DELETE", "/v1/sandboxes/" + id, nullptr, 204);
+}
+
 TEST_F(SpacedTest, BadInputIsRefusedAndChangesNothing) {
   daemon_ = Daemon::start(data_dir_);
   ASSERT_TRUE(daemon_);
