@@ -1,6 +1,7 @@
 #include "vmm/node_facts.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -122,6 +123,96 @@ Result<uint64_t> availableMemoryMib() {
   return parseMemAvailableMib(meminfo.value());
 }
 
+Status checkTrustedExecutable(const std::string& path, uid_t trusted_uid) {
+  if (path.empty() || path.front() != '/') {
+    return makeError(ErrorCode::kInvalidArgument, "not an absolute path: " + path);
+  }
+  auto judge = [&](const std::string& at, bool last) -> Status {
+    struct stat st {};
+    if (::lstat(at.c_str(), &st) != 0) {
+      return makeError(ErrorCode::kNotFound, "cannot inspect " + at + ": " + std::strerror(errno));
+    }
+    const bool is_dir = S_ISDIR(st.st_mode);
+    if (last ? !S_ISREG(st.st_mode) : !is_dir) {
+      return makeError(ErrorCode::kPermissionDenied,
+                       at + (last ? " is not a regular file" : " is not a directory (links are resolved first)"));
+    }
+    if (st.st_uid != 0 && st.st_uid != trusted_uid) {
+      return makeError(ErrorCode::kPermissionDenied,
+                       at + " belongs to uid " + std::to_string(st.st_uid) + ", who could change the QEMU spaced runs");
+    }
+    const bool group_writable = (st.st_mode & S_IWGRP) != 0 && st.st_gid != 0;
+    const bool other_writable = (st.st_mode & S_IWOTH) != 0;
+    const bool sticky = is_dir && (st.st_mode & S_ISVTX) != 0;
+    if ((group_writable || other_writable) && !sticky) {
+      return makeError(ErrorCode::kPermissionDenied,
+                       at + " is writable by " +
+                           (other_writable ? std::string("every user") : "group " + std::to_string(st.st_gid)) +
+                           ", who could change the QEMU spaced runs");
+    }
+    return okStatus();
+  };
+  SPACE_TRY(judge("/", false));
+  for (size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
+    const bool last = slash == std::string::npos;
+    SPACE_TRY(judge(last ? path : path.substr(0, slash), last));
+    if (last) return okStatus();
+  }
+}
+
+std::optional<std::string> installedSourceVersion(std::string_view dpkg_status, std::string_view package) {
+  // Stanzas of "Field: value" lines, separated by blank lines.
+  auto field = [](std::string_view stanza, std::string_view name) -> std::optional<std::string_view> {
+    for (size_t at = 0; at < stanza.size();) {
+      size_t end = stanza.find('\n', at);
+      std::string_view line = stanza.substr(at, end == std::string_view::npos ? std::string_view::npos : end - at);
+      if (line.size() > name.size() + 1 && line.substr(0, name.size()) == name && line[name.size()] == ':') {
+        std::string_view value = line.substr(name.size() + 1);
+        while (!value.empty() && value.front() == ' ') value.remove_prefix(1);
+        return value;
+      }
+      if (end == std::string_view::npos) break;
+      at = end + 1;
+    }
+    return std::nullopt;
+  };
+  for (size_t at = 0; at < dpkg_status.size();) {
+    size_t end = dpkg_status.find("\n\n", at);
+    std::string_view stanza = dpkg_status.substr(at, end == std::string_view::npos ? std::string_view::npos : end - at);
+    at = end == std::string_view::npos ? dpkg_status.size() : end + 2;
+    if (field(stanza, "Package") != package) continue;
+    auto status = field(stanza, "Status");
+    if (!status || status->find(" installed") == std::string_view::npos) continue;
+    if (auto source = field(stanza, "Source")) {
+      size_t open = source->find('(');
+      size_t close = source->rfind(')');
+      if (open != std::string_view::npos && close != std::string_view::npos && close > open + 1) {
+        return std::string(source->substr(open + 1, close - open - 1));
+      }
+    }
+    if (auto version = field(stanza, "Version")) return std::string(*version);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> staleQemuBuild(const std::string& qemu_binary, const std::string& dpkg_status_file) {
+  auto manifest_text =
+      readSmallFile((std::filesystem::path(qemu_binary).parent_path() / "manifest.json").string(), 1 << 16);
+  if (!manifest_text.ok()) return std::nullopt;  // not SPACE's build
+  auto manifest = parseJsonBounded(manifest_text.value());
+  if (!manifest.ok() || !manifest->is_object() || manifest->value("kind", "") != "qemu" ||
+      !manifest->contains("source_version") || !(*manifest)["source_version"].is_string()) {
+    return std::nullopt;
+  }
+  const std::string built = (*manifest)["source_version"].get<std::string>();
+  auto status = readSmallFile(dpkg_status_file, 256 << 20);
+  if (!status.ok()) return std::nullopt;
+  auto installed = installedSourceVersion(status.value(), "qemu-system-x86");
+  if (!installed || *installed == built) return std::nullopt;
+  return "SPACE's QEMU (" + qemu_binary + ") is built from qemu " + built + ", but the installed qemu-system-x86 is " +
+         *installed + " (a security update?): run make images and restart spaced to use it";
+}
+
 Result<NodeFacts> probeNodeFacts(Accelerator requested, const std::string& qemu_binary) {
   NodeFacts facts;
   facts.kvm = probeKvm();
@@ -136,7 +227,13 @@ Result<NodeFacts> probeNodeFacts(Accelerator requested, const std::string& qemu_
   // rebuild that moves the link changes nothing for a running node, and a jail binds the file.
   std::error_code ec;
   auto resolved = std::filesystem::canonical(qemu.value(), ec);
-  facts.qemu_binary = ec ? qemu.value() : resolved.string();
+  if (ec) return makeError(ErrorCode::kNotFound, "cannot resolve " + qemu.value() + ": " + ec.message());
+  facts.qemu_binary = resolved.string();
+  if (auto trusted = checkTrustedExecutable(facts.qemu_binary, geteuid()); !trusted.ok()) {
+    return makeError(ErrorCode::kPermissionDenied,
+                     "refusing QEMU " + facts.qemu_binary + ": " + trusted.error().message);
+  }
+  if (auto stale = staleQemuBuild(facts.qemu_binary)) spdlog::warn("node: {}", *stale);
   if (facts.accelerator.accelerator == Accelerator::kTcg) facts.tsc_khz = measureTscKhz();
   spdlog::info("node: accelerator {} ({}), {} CPUs, {}{}", acceleratorName(facts.accelerator.accelerator),
                facts.accelerator.reason, facts.max_vcpus, facts.qemu_binary,

@@ -5,9 +5,13 @@
 // VM, so it is read again for each start; see vmm::availableMemoryMib.)
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "common/result.h"
 #include "jail/cgroup.h"
@@ -56,6 +60,25 @@ Result<NodeFacts> probeNodeFacts(Accelerator requested, const std::string& qemu_
 
 // `binary` if it names a path, else the first executable of that name in PATH.
 Result<std::string> findExecutable(const std::string& binary);
+
+// Whether only root (or `trusted_uid`, the daemon's own user) can change what the absolute,
+// link-free `path` runs: the file and every directory above it are owned by one of them and
+// writable by no one else (a group of gid 0 aside). A world-writable directory passes only with
+// its sticky bit set, since the next component must then be a trusted one's. spaced runs the QEMU
+// it names for every sandbox: a binary another user could replace would run as root.
+// kPermissionDenied, naming the component, otherwise.
+Status checkTrustedExecutable(const std::string& path, uid_t trusted_uid);
+
+// The source version of an installed Debian package, from dpkg's status database (its text):
+// the version of "Source: name (version)", else the package's own Version. Nullopt when the
+// package is not installed.
+std::optional<std::string> installedSourceVersion(std::string_view dpkg_status, std::string_view package);
+
+// When `qemu_binary` is SPACE's build (images/build-qemu.sh, a manifest.json beside it) and the
+// installed Debian QEMU it was built from has moved on (a security update), what to tell the
+// operator; nullopt when they agree or either is unknown.
+std::optional<std::string> staleQemuBuild(const std::string& qemu_binary,
+                                          const std::string& dpkg_status_file = "/var/lib/dpkg/status");
 
 // Measures the TSC against CLOCK_MONOTONIC_RAW over `window_ms`, in kHz (within ~10 ppm over
 // 100 ms). 0 on hosts without a TSC. A guest keeps the figure it is given for its whole life, so
