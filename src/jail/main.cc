@@ -227,12 +227,19 @@ void enterView(std::vector<Bind> binds, bool new_network) {
   }
   // Shortest first, so that a path inside a directory already bound is seen to be covered:
   // it then has that directory's access (its own bind would land inside the directory).
-  std::sort(binds.begin(), binds.end(), [](const Bind& a, const Bind& b) { return a.path.size() < b.path.size(); });
+  // Stable, so that what follows never depends on the sort's whims.
+  std::stable_sort(binds.begin(), binds.end(),
+                   [](const Bind& a, const Bind& b) { return a.path.size() < b.path.size(); });
   std::vector<std::string> covered = {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"};
-  std::vector<std::string> placed;
+  std::vector<const Bind*> placed;
   for (const auto& bind : binds) {
-    if (std::find(placed.begin(), placed.end(), bind.path) != placed.end()) continue;  // named twice
-    placed.push_back(bind.path);
+    auto same = std::find_if(placed.begin(), placed.end(), [&](const Bind* p) { return p->path == bind.path; });
+    if (same != placed.end()) {
+      // Named twice (perhaps once as what a link resolves to): one access, or no view at all.
+      if ((*same)->access != bind.access) die(bind.path + " is named with two different accesses; refused");
+      continue;
+    }
+    placed.push_back(&bind);
     bool inside = false;
     for (const auto& dir : covered) inside = inside || bind.path == dir || isUnder(bind.path, dir);
     if (inside) continue;

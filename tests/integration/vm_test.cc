@@ -566,6 +566,20 @@ TEST_F(JailTest, OnlyAnExecFileRunsAmongTheFilesGivenToTheView) {
   EXPECT_EQ(status.exit_code, 125) << status.describe();
   EXPECT_NE(out.find("is not a regular file; refused"), std::string::npos) << out;
   EXPECT_EQ(out.find("ran\n"), std::string::npos) << out;
+  // One path given twice with different accesses (directly, or as what a link resolves to): no
+  // view, rather than one access chosen by the order of the arguments. Twice the same is fine.
+  for (const auto& options :
+       std::vector<std::vector<std::string>>{{"--view", "--rw", dir + "/data", "--ro", dir + "/data", "--no-caps"},
+                                             {"--view", "--exec", dir + "/prog", "--rw", dir + "/prog", "--no-caps"},
+                                             {"--view", "--ro", dir + "/link", "--rw", dir + "/prog", "--no-caps"}}) {
+    std::tie(status, out) = runJailed("echo ran", limits, options);
+    EXPECT_EQ(status.exit_code, 125) << status.describe() << out;
+    EXPECT_NE(out.find("is named with two different accesses; refused"), std::string::npos) << out;
+    EXPECT_EQ(out.find("ran\n"), std::string::npos) << out;
+  }
+  std::tie(status, out) =
+      runJailed("echo ran", limits, {"--view", "--ro", dir + "/data", "--ro", dir + "/data", "--no-caps"});
+  EXPECT_EQ(status.exit_code, 0) << status.describe() << out;
   for (const char* name : {"/prog", "/data", "/link"}) std::filesystem::remove(dir + name);
 }
 
