@@ -91,12 +91,18 @@ lock_kind() {
 
 # prune_kind KIND KEEP: keeps the KEEP most recently published or used (mtime) KIND-<hash>
 # entries and removes the rest. Runs under the kind's lock. A VM still running from a removed
-# image keeps its open file; new VMs use the current links.
+# image keeps its open file; new VMs use the current links. An entry a running spaced resolved
+# at its start (it holds a shared flock on the entry's manifest.json for its life) is kept:
+# spaced starts every VM from those paths, and would fail them all until restarted.
 prune_kind() {
   local kind=$1 keep=$2 old
   old=$(find "$SPACE_IMAGE_CACHE" -maxdepth 1 -type d -name "$kind-*" -printf '%T@ %p\n' | sort -rn | tail -n +$((keep + 1)) | cut -d' ' -f2-)
   [[ -z $old ]] && return 0
   while IFS= read -r dir; do
+    if [[ -f $dir/manifest.json ]] && ! flock -n -x "$dir/manifest.json" true; then
+      phase "$kind" "keeping old $(basename "$dir"): a running spaced uses it"
+      continue
+    fi
     phase "$kind" "pruning old $(basename "$dir")"
     rm -rf --one-file-system "$dir"
   done <<<"$old"

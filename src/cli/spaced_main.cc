@@ -676,6 +676,17 @@ int main(int argc, char** argv) {
     if (ec) return fatal("template \"base\": " + *path + ": " + ec.message() + " (build the images: make images)");
     *path = real.string();
   }
+  // The image-cache entries resolved here (and the QEMU's, which node facts resolve the same
+  // way) stay in use while spaced runs: a `make images` that builds newer ones prunes older
+  // entries, but never these (images/lib.sh, prune_kind).
+  std::vector<UniqueFd> images_in_use;
+  for (const std::string& path : {base.kernel_path, base.rootfs_path,
+                                  config.qemu_binary.find('/') == std::string::npos
+                                      ? std::string()
+                                      : std::filesystem::weakly_canonical(config.qemu_binary, ec).string()}) {
+    if (path.empty()) continue;
+    if (UniqueFd held = holdImageCacheEntry(path); held.valid()) images_in_use.push_back(std::move(held));
+  }
 
   // Signals are taken by sigwait in this thread only; every thread started later inherits the mask.
   sigset_t stop_signals;

@@ -1,6 +1,7 @@
 #include "common/fs.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -190,6 +191,17 @@ void TempDir::remove() {
   std::error_code ec;
   std::filesystem::remove_all(path_, ec);
   path_.clear();
+}
+
+UniqueFd holdImageCacheEntry(const std::string& file) {
+  const std::string manifest = (std::filesystem::path(file).parent_path() / "manifest.json").string();
+  UniqueFd fd(::open(manifest.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  if (!fd.valid()) return fd;
+  // A prune holds it exclusively for a moment at most: wait for it.
+  while (::flock(fd.get(), LOCK_SH) != 0) {
+    if (errno != EINTR) return UniqueFd();
+  }
+  return fd;
 }
 
 }  // namespace space

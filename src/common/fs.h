@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common/result.h"
+#include "common/unix_socket.h"
 
 namespace space {
 
@@ -65,5 +66,11 @@ class TempDir {
   explicit TempDir(std::string path) : path_(std::move(path)) {}
   std::string path_;
 };
+
+// Marks the image-cache entry that holds `file` (a build of images/lib.sh: a directory with a
+// manifest.json beside the file) as in use while the returned descriptor stays open: a shared
+// flock on the manifest, which the cache's prune respects. A daemon that resolved an image at
+// start starts every VM from that path. Invalid when `file` is in no such entry.
+UniqueFd holdImageCacheEntry(const std::string& file);
 
 }  // namespace space

@@ -82,5 +82,24 @@ publish_one kernel a3
 check "a republished artifact replaces the old one" test "$(cat "$SPACE_IMAGE_CACHE/kernel-a3/payload")" = a3
 check "no temp dir is left behind" test "$(find "$SPACE_IMAGE_CACHE" -maxdepth 1 -name '.tmp-kernel-*' | wc -l)" = 0
 
+# --- an entry a running spaced holds (a shared flock on its manifest) is never pruned
+for h in b1 b2; do
+  publish_one gadget "$h"
+  sleep 0.05
+done
+echo '{}' >"$SPACE_IMAGE_CACHE/gadget-b1/manifest.json"
+exec 8<"$SPACE_IMAGE_CACHE/gadget-b1/manifest.json"
+flock -s 8
+for h in b3 b4; do
+  publish_one gadget "$h"
+  sleep 0.05
+done
+check "an entry in use is kept past the count" test -d "$SPACE_IMAGE_CACHE/gadget-b1"
+check "the one not in use was pruned" test ! -e "$SPACE_IMAGE_CACHE/gadget-b2"
+exec 8<&-
+publish_one gadget b5
+check "once let go, it is pruned" test ! -e "$SPACE_IMAGE_CACHE/gadget-b1"
+check "the newest two remain" test -d "$SPACE_IMAGE_CACHE/gadget-b4" -a -d "$SPACE_IMAGE_CACHE/gadget-b5"
+
 echo "$passed passed, $failed failed"
 ((failed == 0))

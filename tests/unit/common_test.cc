@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -80,6 +81,25 @@ TEST(Fs, WriteFileAtomicReplacesWholeFile) {
             std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   // No temp files left behind.
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir->path()), {}), 1);
+}
+
+TEST(Fs, AnImageCacheEntryHeldIsNotPrunedUntilLetGo) {
+  auto dir = TempDir::create("/tmp", "space-cache-entry-");
+  ASSERT_TRUE(dir.ok());
+  const std::string entry = dir->path() + "/qemu-abc", manifest = entry + "/manifest.json";
+  std::filesystem::create_directory(entry);
+  EXPECT_FALSE(holdImageCacheEntry(entry + "/qemu-system-x86_64").valid());  // no manifest: not an entry
+  ASSERT_TRUE(writeFileAtomic(manifest, "{}\n", 0644).ok());
+  // What images/lib.sh's prune asks before removing an entry.
+  const std::string prune_may = "flock -n -x " + manifest + " true";
+  {
+    UniqueFd held = holdImageCacheEntry(entry + "/qemu-system-x86_64");
+    ASSERT_TRUE(held.valid());
+    UniqueFd again = holdImageCacheEntry(entry + "/other-file");  // shared: many daemons may hold it
+    EXPECT_TRUE(again.valid());
+    EXPECT_NE(std::system(prune_may.c_str()), 0);
+  }
+  EXPECT_EQ(std::system(prune_may.c_str()), 0);
 }
 
 TEST(Fs, WriteFileAtomicIntoMissingDirFailsCleanly) {
