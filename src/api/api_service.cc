@@ -1094,17 +1094,23 @@ struct ApiService::ProcessPump {
   bool handle(guest::ProcessStream::Batch batch) {
     using State = guest::ProcessStream::State;
     if (finished) return true;
+    // A client slower than the backlog bound loses the stream, not the node's memory: what it
+    // has not taken counts, here as in the process stream, checked before each line.
+    bool too_slow = batch.state == State::kOverflow;
     for (const auto& event : batch.events) {
-      if (!out->write(eventLine(event))) {
+      std::string line = eventLine(event);
+      if (out->pending() + line.size() > service.limits_.max_stream_backlog) {
+        too_slow = true;
+        break;
+      }
+      if (!out->write(std::move(line))) {
         // The client left: the process keeps running in the guest and can be re-attached.
         finished = true;
         process->cancel();
         return true;
       }
     }
-    // A client slower than the backlog bound loses the stream, not the node's memory: what it
-    // has not taken counts, here as in the process stream.
-    if (batch.state == State::kOverflow || out->pending() > service.limits_.max_stream_backlog) {
+    if (too_slow) {
       process->cancel();
       (void)out->write(
           dumpJson(json{{"type", "error"},
@@ -1126,9 +1132,6 @@ struct ApiService::ProcessPump {
     }
     out->end();
     finished = true;
-    if (exec_started) {
-      service.metrics_.exec_seconds.observe(std::chrono::duration<double>(Clock::now() - *exec_started).count());
-    }
     return true;
   }
 };
@@ -1197,7 +1200,14 @@ void ApiService::streamProcess(Call& c, sandbox::AgentLease lease, std::unique_p
                                             exec_started);
   if (c.ticket) pump->place = std::move(*c.ticket);
   // However the response ends, the process stops streaming to it (and keeps running).
-  pump->out->onClose([pump](bool) { pump->process->cancel(); });
+  pump->out->onClose([pump](bool) {
+    pump->process->cancel();
+    // Every streamed exec counts, however it ended (its end, a client gone, too slow).
+    if (pump->exec_started) {
+      pump->service.metrics_.exec_seconds.observe(
+          std::chrono::duration<double>(Clock::now() - *pump->exec_started).count());
+    }
+  });
   if (pump->handle(std::move(first))) return;
   auto kicker = std::make_shared<PumpKicker>();
   kicker->out = pump->out;

@@ -369,7 +369,7 @@ ProcessStream::Batch ProcessStream::next(milliseconds wait) {
     batch.state = *final_;
     return batch;
   }
-  if (!stdin_done_) {
+  if (!stdin_done_ && !canceled_) {  // a canceled stream's consumer must not wait on the guest
     int pid = 0;
     {
       std::lock_guard lock(shared_->m);

@@ -113,6 +113,7 @@ struct Server::Connection {
   // The loop's: a stream's keep-alive timer (here, not in the stream: the stream may outlive
   // the server, its connection and anything bound to the event loop do not).
   boost::asio::steady_timer stream_timer{socket.get_executor()};
+  boost::asio::steady_timer hangup_timer{socket.get_executor()};  // a stream's client, once it sent bytes
 };
 
 // A detached response (Response::detach): producers queue from any thread, the event loop
@@ -144,6 +145,7 @@ struct Server::Stream final : detail::DetachedStream, std::enable_shared_from_th
   bool writing = false;
   bool end_queued = false;  // the last chunk is queued or written
   std::string in_flight;
+  size_t in_flight_sent = 0;  // of in_flight, taken by the socket
   size_t in_flight_body = 0;
   Clock::time_point last_write = Clock::now();
 
@@ -953,10 +955,19 @@ void Server::pumpStream(const StreamPtr& stream) {
   }
   stream->writing = true;
   lock.unlock();
+  stream->in_flight_sent = 0;
+  writeStreamSome(stream);
+}
+
+void Server::writeStreamSome(const StreamPtr& stream) {
+  // A piece at a time, the deadline re-armed on each: the write timeout bounds a stall, not the
+  // time a steadily slow reader takes for the whole batch.
   const ConnectionPtr& connection = stream->connection;
   armDeadline(connection, Clock::now() + limits_.write_timeout);
-  boost::asio::async_write(
-      connection->socket, boost::asio::buffer(stream->in_flight), [this, stream](boost::system::error_code ec, size_t) {
+  connection->socket.async_write_some(
+      boost::asio::buffer(stream->in_flight.data() + stream->in_flight_sent,
+                          stream->in_flight.size() - stream->in_flight_sent),
+      [this, stream](boost::system::error_code ec, size_t n) {
         const ConnectionPtr& c = stream->connection;
         if (!c) return;  // closed meanwhile
         ++c->deadline_generation;
@@ -966,6 +977,8 @@ void Server::pumpStream(const StreamPtr& stream) {
                         ec == boost::asio::error::operation_aborted ? "the write timed out" : ec.message());
           return closeStream(stream, false);
         }
+        stream->in_flight_sent += n;
+        if (stream->in_flight_sent < stream->in_flight.size()) return writeStreamSome(stream);
         stream->last_write = Clock::now();
         bool done = false;
         {
@@ -989,11 +1002,27 @@ void Server::watchStreamClient(const StreamPtr& stream) {
         if (ec || !stream->connection) return;
         char byte;
         ssize_t n = ::recv(stream->connection->socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n > 0) return;
+        if (n > 0) return pollStreamClient(stream);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return watchStreamClient(stream);
         spdlog::debug("http: {} left during a stream", stream->connection->remote);
         closeStream(stream, false);
       });
+}
+
+void Server::pollStreamClient(const StreamPtr& stream) {
+  // Bytes wait in the socket (a pipelined request, a stray CRLF), so it stays readable: look for
+  // the hang-up behind them each second instead (POLLRDHUP sees a FIN past unread data).
+  auto& timer = stream->connection->hangup_timer;
+  timer.expires_after(std::chrono::seconds(1));
+  timer.async_wait([this, stream](boost::system::error_code ec) {
+    if (ec || !stream->connection) return;
+    pollfd p{stream->connection->socket.native_handle(), POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+      spdlog::debug("http: {} left during a stream", stream->connection->remote);
+      return closeStream(stream, false);
+    }
+    pollStreamClient(stream);
+  });
 }
 
 void Server::armStreamKeepAlive(const StreamPtr& stream) {
@@ -1038,6 +1067,7 @@ void Server::closeStream(const StreamPtr& stream, bool completed) {
   }
   ConnectionPtr connection = std::move(stream->connection);
   connection->stream_timer.cancel();
+  connection->hangup_timer.cancel();
   bool keep = false;
   {
     std::lock_guard lock(mutex_);

@@ -163,7 +163,9 @@ class Server {
   // On the loop, from here on.
   void startStreaming(const StreamPtr& stream, UniqueFd fd);
   void pumpStream(const StreamPtr& stream);
+  void writeStreamSome(const StreamPtr& stream);
   void watchStreamClient(const StreamPtr& stream);
+  void pollStreamClient(const StreamPtr& stream);
   void armStreamKeepAlive(const StreamPtr& stream);
   // Once per stream: counts it out, and the connection waits for its next request, lingers or
   // closes; then the stream's onClose callback runs.

@@ -164,6 +164,27 @@ TEST(HttpStream, AClientThatLeavesClosesItsStreamAndTheProducerHearsIt) {
   EXPECT_FALSE(late);
 }
 
+TEST(HttpStream, AClientThatSentMoreBytesAndLeftIsStillNoticed) {
+  Detached detached;
+  std::promise<bool> closed;
+  auto server = startStreamServer(detached, {}, [&](ResponseStream& stream) {
+    stream.onClose([&](bool completed) { closed.set_value(completed); });
+  });
+  ASSERT_TRUE(server);
+  {
+    UniqueFd client = connectRaw(server->port());
+    // A stray byte after the request stays unread in the socket, readable for good: the hang-up
+    // behind it must still be seen while the producer is silent.
+    sendRaw(client.get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\nG");
+    ASSERT_TRUE(detached.waitFor(1));
+    std::this_thread::sleep_for(200ms);
+  }
+  auto done = closed.get_future();
+  ASSERT_EQ(done.wait_for(4s), std::future_status::ready);
+  EXPECT_FALSE(done.get());
+  EXPECT_EQ(server->openStreams(), 0u);
+}
+
 TEST(HttpStream, AClientThatStopsReadingLosesTheStreamAfterTheWriteTimeout) {
   Detached detached;
   std::promise<bool> closed;
