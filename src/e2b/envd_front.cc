@@ -471,11 +471,14 @@ void EnvdFront::stream(Call& c, const std::string& method) {
   // is the sandbox's own tenant, and the framing and sizes are checked by the decoder).
   auto handle = held->agent->streamRaw(
       method, message, options,
-      [out, max_backlog](std::string_view payload) {
-        std::string frame = envelope(kEnvelopeData, payload);
+      [out, max_backlog, over = false](std::string_view payload) mutable {
+        // Once over (the guest stream is canceled when the response closes), what still comes
+        // is dropped unread: a flooding guest costs no copies meanwhile.
+        if (over) return;
         // What waits for the client, queued or being written, is bounded: a client slower than
         // the process loses the stream, not the node's memory. end() refuses later writes.
-        if (out->pending() + frame.size() > max_backlog) {
+        if (out->pending() + payload.size() + 5 > max_backlog) {
+          over = true;
           if (out->write(endStream(
                   makeError(ErrorCode::kResourceExhausted,
                             "more than " + std::to_string(max_backlog) +
@@ -485,7 +488,7 @@ void EnvdFront::stream(Call& c, const std::string& method) {
           }
           return;
         }
-        (void)out->write(std::move(frame));
+        if (!out->write(envelope(kEnvelopeData, payload))) over = true;
       },
       // Owns nothing of the sandbox's (no lease): a callback may be destroyed on the I/O thread,
       // which must never drop the last reference to its own client.
