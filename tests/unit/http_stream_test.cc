@@ -27,7 +27,6 @@ using testsupport::sendRaw;
 struct Detached {
   std::mutex m;
   std::vector<std::shared_ptr<ResponseStream>> streams;
-  std::vector<Error> refused;
 
   size_t count() {
     std::lock_guard lock(m);
@@ -59,10 +58,6 @@ std::unique_ptr<Server> startStreamServer(Detached& detached, ServerLimits limit
         }
         auto stream = response.detach(200, "text/plain");
         if (!stream.ok()) {
-          {
-            std::lock_guard lock(detached.m);
-            detached.refused.push_back(stream.error());
-          }
           (void)response.sendError(503, errorCodeName(stream.error().code), stream.error().message);
           return;
         }
@@ -76,6 +71,12 @@ std::unique_ptr<Server> startStreamServer(Detached& detached, ServerLimits limit
     return nullptr;
   }
   return std::move(server.value());
+}
+
+// A setup for startStreamServer: the stream's close fulfils `closed` with `completed`.
+std::function<void(ResponseStream&)> reportCloseTo(std::promise<bool>& closed) {
+  return
+      [&closed](ResponseStream& stream) { stream.onClose([&closed](bool completed) { closed.set_value(completed); }); };
 }
 
 // Reads until `marker` arrived (or the socket's read limit passed).
@@ -139,9 +140,7 @@ TEST(HttpStream, DetachedStreamsHoldNoThreadAndTheConnectionServesTheNextRequest
 TEST(HttpStream, AClientThatLeavesClosesItsStreamAndTheProducerHearsIt) {
   Detached detached;
   std::promise<bool> closed;
-  auto server = startStreamServer(detached, {}, [&](ResponseStream& stream) {
-    stream.onClose([&](bool completed) { closed.set_value(completed); });
-  });
+  auto server = startStreamServer(detached, {}, reportCloseTo(closed));
   ASSERT_TRUE(server);
   {
     UniqueFd client = connectRaw(server->port());
@@ -167,9 +166,7 @@ TEST(HttpStream, AClientThatLeavesClosesItsStreamAndTheProducerHearsIt) {
 TEST(HttpStream, AClientThatSentMoreBytesAndLeftIsStillNoticed) {
   Detached detached;
   std::promise<bool> closed;
-  auto server = startStreamServer(detached, {}, [&](ResponseStream& stream) {
-    stream.onClose([&](bool completed) { closed.set_value(completed); });
-  });
+  auto server = startStreamServer(detached, {}, reportCloseTo(closed));
   ASSERT_TRUE(server);
   {
     UniqueFd client = connectRaw(server->port());
@@ -190,9 +187,7 @@ TEST(HttpStream, AClientThatStopsReadingLosesTheStreamAfterTheWriteTimeout) {
   std::promise<bool> closed;
   ServerLimits limits;
   limits.write_timeout = 300ms;
-  auto server = startStreamServer(detached, limits, [&](ResponseStream& stream) {
-    stream.onClose([&](bool completed) { closed.set_value(completed); });
-  });
+  auto server = startStreamServer(detached, limits, reportCloseTo(closed));
   ASSERT_TRUE(server);
   UniqueFd client = connectRaw(server->port());
   int small = 4096;
@@ -312,9 +307,7 @@ TEST(HttpStream, BlockingStepsRunOnAHandlerThread) {
 TEST(HttpStream, StopEndsOpenStreamsWithoutWaitingForTheGrace) {
   Detached detached;
   std::promise<bool> closed;
-  auto server = startStreamServer(detached, {}, [&](ResponseStream& stream) {
-    stream.onClose([&](bool completed) { closed.set_value(completed); });
-  });
+  auto server = startStreamServer(detached, {}, reportCloseTo(closed));
   ASSERT_TRUE(server);
   UniqueFd client = connectRaw(server->port());
   sendRaw(client.get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
