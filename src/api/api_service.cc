@@ -1158,7 +1158,7 @@ struct ApiService::PumpKicker : std::enable_shared_from_this<PumpKicker> {
     if (!out->runBlocking([self = shared_from_this()] { self->drainWhileWoken(); })) {
       std::lock_guard lock(m);
       running = false;
-      out->abort();  // closed already, or no thread to be had: the stream cannot go on
+      out->abort();  // closed already, or the server stops: the stream cannot go on
     }
   }
 

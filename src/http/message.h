@@ -69,9 +69,10 @@ class ResponseStream {
   // While nothing was written for `idle`, writes `chunk` (a protocol's keep-alive message), so
   // a departed client is noticed and proxies keep the connection. Set before the handler returns.
   virtual void keepAlive(std::chrono::milliseconds idle, std::string chunk) = 0;
-  // Runs `task` on one of the server's handler threads: for the steps of a stream that block
-  // (an agent call, a lock another request may hold). False, and `task` is dropped, when the
-  // stream is closed or no thread can be had.
+  // Runs `task` on one of the server's stream-step threads (ServerLimits::max_stream_step_threads),
+  // now or, when all are busy, once one frees: for the steps of a stream that block (an agent
+  // call, a lock another request may hold). False, and `task` is dropped, when the stream is
+  // closed, the server stops, or as many steps as streams already wait.
   virtual bool runBlocking(std::function<void()> task) = 0;
 };
 

@@ -218,7 +218,7 @@ struct Server::Stream final : detail::DetachedStream, std::enable_shared_from_th
     std::lock_guard lock(m);
     if (is_closed || server.stopping_) return false;
     std::string why;
-    if (server.workers_->run(std::move(task), why)) return true;
+    if (server.stream_steps_->run(std::move(task), why)) return true;
     spdlog::warn("http: a stream of {} cannot run a step: {}", connection ? connection->remote : "?", why);
     return false;
   }
@@ -320,7 +320,10 @@ Server::Server(Handler handler, ServerLimits limits)
       // free for the next one only once it has handed its connection back, moments after the
       // request stopped counting, so the pool has some threads more than the limit.
       workers_(std::make_unique<detail::WorkerPool>(limits.max_running_requests + kThreadsFinishing,
-                                                    std::chrono::seconds(60))) {}
+                                                    std::chrono::seconds(60))),
+      stream_steps_(std::make_unique<detail::WorkerPool>(std::max<size_t>(1, limits.max_stream_step_threads),
+                                                         std::chrono::seconds(60),
+                                                         std::max<size_t>(1, limits.max_streams))) {}
 
 Server::~Server() { stop(std::chrono::milliseconds(0)); }
 
@@ -378,6 +381,7 @@ void Server::stop(std::chrono::milliseconds grace) {
       boost::asio::post(io_, [this] { tls_->closeAll(); });
     }
     workers_->stop();
+    stream_steps_->stop();  // the streams are closed: what steps wait find them so and return
     work_.reset();
     if (event_loop_.joinable()) event_loop_.join();
     spdlog::info("http: stopped listening on {}", address_);

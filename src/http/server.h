@@ -83,6 +83,13 @@ struct ServerLimits {
   // what its producer queued (which the producer bounds), but no thread.
   size_t max_streams = 4096;
   size_t max_streams_per_client = 1024;
+  // Threads for the blocking steps of detached streams (ResponseStream::runBlocking), apart from
+  // the request threads, so streams keep going while requests fill those. A step that finds them
+  // all busy waits its turn (up to one per open stream) instead of failing its stream. Started
+  // on demand and gone after a minute idle; well above what one tenant's streams can hold at
+  // once (each runs one step at a time, and a tenant holds 64 requests by default), so a guest
+  // that stalls its streams' steps delays others' only with several tenants' help.
+  size_t max_stream_step_threads = 256;
   // For each read: a client silent for longer is dropped. The whole request header must also
   // arrive within it, so a client trickling header bytes cannot hold the thread either.
   std::chrono::milliseconds read_timeout{30000};
@@ -193,6 +200,7 @@ class Server {
   std::unique_ptr<TlsRelays> tls_;  // null: plain HTTP; used on the event loop only
   std::thread event_loop_;
   std::unique_ptr<detail::WorkerPool> workers_;
+  std::unique_ptr<detail::WorkerPool> stream_steps_;
 
   std::mutex mutex_;
   std::condition_variable connection_ended_;

@@ -6,8 +6,8 @@
 
 namespace space::http::detail {
 
-WorkerPool::WorkerPool(size_t max_threads, std::chrono::milliseconds idle_exit)
-    : max_threads_(max_threads), idle_exit_(idle_exit) {}
+WorkerPool::WorkerPool(size_t max_threads, std::chrono::milliseconds idle_exit, size_t max_queued)
+    : max_threads_(max_threads), idle_exit_(idle_exit), max_queued_(max_queued) {}
 
 size_t WorkerPool::threads() const {
   std::lock_guard lock(mutex_);
@@ -16,7 +16,12 @@ size_t WorkerPool::threads() const {
 
 size_t WorkerPool::idleThreads() const {
   std::lock_guard lock(mutex_);
-  return idle_ - tasks_.size();
+  return idle_ > tasks_.size() ? idle_ - tasks_.size() : 0;
+}
+
+size_t WorkerPool::queuedTasks() const {
+  std::lock_guard lock(mutex_);
+  return tasks_.size() > idle_ ? tasks_.size() - idle_ : 0;
 }
 
 void WorkerPool::takeExited(std::list<Worker>& out) {
@@ -40,8 +45,16 @@ bool WorkerPool::run(std::function<void()> task, std::string& why) {
       work_ready_.notify_one();
       taken = true;
     } else if (live_ >= max_threads_) {
-      why = "the server is running " + std::to_string(live_) + " requests (the limit is " +
-            std::to_string(max_threads_) + ")";
+      if (tasks_.size() - idle_ < max_queued_) {
+        tasks_.push_back(std::move(task));  // the first thread to finish takes it
+        taken = true;
+      } else if (max_queued_ > 0) {
+        why = "all " + std::to_string(live_) + " threads are busy and " + std::to_string(tasks_.size() - idle_) +
+              " tasks wait for one (the limit is " + std::to_string(max_queued_) + ")";
+      } else {
+        why = "the server is running " + std::to_string(live_) + " requests (the limit is " +
+              std::to_string(max_threads_) + ")";
+      }
     } else {
       workers_.emplace_back();
       Worker& worker = workers_.back();
@@ -53,11 +66,15 @@ bool WorkerPool::run(std::function<void()> task, std::string& why) {
         worker.thread = std::thread([this, &worker] { loop(worker); });
         taken = true;
       } catch (const std::system_error& e) {
-        tasks_.pop_back();
         --idle_;
         --live_;
         workers_.pop_back();
-        why = std::string("cannot start a thread for the request: ") + e.what();
+        if (live_ > 0 && tasks_.size() - 1 - idle_ < max_queued_) {
+          taken = true;  // no new thread now, but a running one takes the task when it finishes
+        } else {
+          tasks_.pop_back();
+          why = std::string("cannot start a thread for the request: ") + e.what();
+        }
       }
     }
   }

@@ -20,14 +20,17 @@ namespace space::http::detail {
 
 class WorkerPool {
  public:
-  WorkerPool(size_t max_threads, std::chrono::milliseconds idle_exit);
+  // With `max_queued` > 0, a task that finds every thread busy at the maximum waits in a FIFO
+  // (at most max_queued of them) for the next thread to finish, instead of being refused.
+  WorkerPool(size_t max_threads, std::chrono::milliseconds idle_exit, size_t max_queued = 0);
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
   ~WorkerPool() { stop(); }
 
-  // Starts `task` on an idle thread or a new one. False, with the reason, when every thread is
-  // busy at the maximum, a thread cannot be created (out of memory or threads), or the pool is
-  // stopping: the task was not taken and the caller answers for it.
+  // Starts `task` on an idle thread or a new one, or queues it (see max_queued). False, with the
+  // reason, when every thread is busy at the maximum and the queue is full, a thread cannot be
+  // created (out of memory or threads) and none will free up, or the pool is stopping: the task
+  // was not taken and the caller answers for it.
   bool run(std::function<void()> task, std::string& why);
 
   // Waits for the running tasks to return and joins every thread; run() fails afterwards.
@@ -37,6 +40,8 @@ class WorkerPool {
   size_t threads() const;
   // Of those, the threads waiting for a task.
   size_t idleThreads() const;
+  // Tasks waiting for a thread (only with max_queued).
+  size_t queuedTasks() const;
 
  private:
   struct Worker {
@@ -49,9 +54,11 @@ class WorkerPool {
 
   const size_t max_threads_;
   const std::chrono::milliseconds idle_exit_;
+  const size_t max_queued_;
   mutable std::mutex mutex_;
   std::condition_variable work_ready_;
-  std::deque<std::function<void()>> tasks_;  // handed to idle threads, never more than idle_
+  // Handed to idle threads; more than idle_ only while tasks wait for a busy thread (max_queued).
+  std::deque<std::function<void()>> tasks_;
   std::list<Worker> workers_;
   size_t live_ = 0;  // threads not yet exited
   size_t idle_ = 0;  // threads waiting for a task

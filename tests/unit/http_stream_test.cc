@@ -102,7 +102,7 @@ TEST(HttpStream, DetachedStreamsHoldNoThreadAndTheConnectionServesTheNextRequest
     sendRaw(clients.back().get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
     ASSERT_TRUE(detached.waitFor(i + 1));
     // Its handler has returned, or is about to: then it counts no more.
-    for (int j = 0; j < 100 && server->runningRequests() > 0; ++j) std::this_thread::sleep_for(5ms);
+    for (int j = 0; j < 400 && server->runningRequests() > 0; ++j) std::this_thread::sleep_for(5ms);
   }
   EXPECT_EQ(server->runningRequests(), 0u);
   EXPECT_EQ(server->openStreams(), 8u);
@@ -128,7 +128,10 @@ TEST(HttpStream, DetachedStreamsHoldNoThreadAndTheConnectionServesTheNextRequest
     std::string body_lines = "hello " + std::to_string(i) + "\n";
     EXPECT_NE(got.find(body_lines), std::string::npos) << got;
     EXPECT_NE(got.find("4\r\nbye\n\r\n0\r\n\r\n"), std::string::npos) << got;
-    // The same connection serves the next request once the stream ended.
+    // The same connection serves the next request once the stream ended. The previous plain
+    // request counts among the two running until its thread is back from writing the answer
+    // (a loaded machine may take a while): only then is the server surely under its limit.
+    for (int j = 0; j < 400 && server->runningRequests() > 0; ++j) std::this_thread::sleep_for(5ms);
     sendRaw(clients[i].get(), "GET /plain HTTP/1.1\r\nHost: x\r\n\r\n");
     std::string next;
     readUntil(clients[i].get(), "plain", next);
@@ -306,6 +309,49 @@ TEST(HttpStream, BlockingStepsRunOnAHandlerThread) {
   std::string got;
   readUntil(client.get(), "0\r\n\r\n", got);
   EXPECT_NE(got.find("from a step"), std::string::npos) << got;
+}
+
+TEST(HttpStream, StepsWaitForAStepThreadAndNeedNoRequestThread) {
+  Detached detached;
+  ServerLimits limits;
+  limits.max_running_requests = 1;  // its pool has 33 threads: more steps than that wait below
+  limits.max_stream_step_threads = 2;
+  auto server = startStreamServer(detached, limits);
+  ASSERT_TRUE(server);
+  constexpr size_t kStreams = 40;
+  std::vector<UniqueFd> clients;
+  for (size_t i = 0; i < kStreams; ++i) {
+    clients.push_back(connectRaw(server->port()));
+    sendRaw(clients.back().get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+    ASSERT_TRUE(detached.waitFor(i + 1));
+  }
+  // Two steps hold both step threads; the other streams' steps wait for them, none is refused
+  // (before, steps shared the request threads, and one that found none aborted its stream).
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  std::atomic<int> steps_done{0};
+  for (size_t i = 0; i < kStreams; ++i) {
+    auto stream = detached.at(i);
+    ASSERT_TRUE(stream->runBlocking([stream, released, i, &steps_done] {
+      if (i < 2) released.wait();
+      stream->write("step " + std::to_string(i) + "\n");
+      stream->end();
+      ++steps_done;
+    }));
+  }
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(steps_done.load(), 0);
+  // Meanwhile plain requests have their own thread.
+  UniqueFd plain = connectRaw(server->port());
+  sendRaw(plain.get(), "GET /plain HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_NE(readUntilClosed(plain.get()).find("plain"), std::string::npos);
+  release.set_value();
+  for (size_t i = 0; i < kStreams; ++i) {
+    std::string got;
+    readUntil(clients[i].get(), "0\r\n\r\n", got);
+    EXPECT_NE(got.find("step " + std::to_string(i) + "\n"), std::string::npos) << got;
+  }
+  EXPECT_EQ(steps_done.load(), static_cast<int>(kStreams));
 }
 
 TEST(HttpStream, StopEndsOpenStreamsWithoutWaitingForTheGrace) {

@@ -2,7 +2,9 @@
 
 #include <atomic>
 #include <future>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "http/worker_pool.h"
 
@@ -39,6 +41,48 @@ TEST(WorkerPool, RefusesATaskWhenEveryThreadIsBusyAtTheMaximum) {
   EXPECT_EQ(started.load(), 2);
   EXPECT_FALSE(pool.run([] {}, why));
   EXPECT_NE(why.find("stopping"), std::string::npos) << why;
+}
+
+TEST(WorkerPool, AQueuedTaskWaitsForTheNextFreeThreadInOrderAndTheQueueIsBounded) {
+  WorkerPool pool(1, 10s, 2);
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  std::mutex m;
+  std::vector<int> order;
+  auto task = [&](int n) {
+    return [&, n] {
+      std::lock_guard lock(m);
+      order.push_back(n);
+    };
+  };
+  std::string why;
+  ASSERT_TRUE(pool.run([&] { released.wait(); }, why)) << why;
+  ASSERT_TRUE(pool.run(task(1), why)) << why;
+  ASSERT_TRUE(pool.run(task(2), why)) << why;
+  EXPECT_EQ(pool.queuedTasks(), 2u);
+  EXPECT_EQ(pool.idleThreads(), 0u);
+  EXPECT_FALSE(pool.run(task(3), why));
+  EXPECT_NE(why.find("2 tasks wait for one (the limit is 2)"), std::string::npos) << why;
+  EXPECT_EQ(pool.threads(), 1u);  // queued, not given threads over the maximum
+  release.set_value();
+  for (int wait = 0; wait < 1000 && pool.queuedTasks() > 0; ++wait) std::this_thread::sleep_for(1ms);
+  pool.stop();
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+}
+
+TEST(WorkerPool, TasksQueuedWhenTheStopBeginsStillRun) {
+  std::atomic<int> ran{0};
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  WorkerPool pool(1, 10s, 4);
+  std::string why;
+  ASSERT_TRUE(pool.run([&] { released.wait(), ++ran; }, why)) << why;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(pool.run([&] { ++ran; }, why)) << why;
+  std::thread stopper([&] { pool.stop(); });
+  std::this_thread::sleep_for(20ms);
+  release.set_value();
+  stopper.join();
+  EXPECT_EQ(ran.load(), 4);  // a queued task was taken, so whoever handed it need not answer for it
 }
 
 TEST(WorkerPool, IdleThreadsExit) {
