@@ -324,6 +324,8 @@ TEST(HttpStream, StepsWaitForAStepThreadAndNeedNoRequestThread) {
     clients.push_back(connectRaw(server->port()));
     sendRaw(clients.back().get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
     ASSERT_TRUE(detached.waitFor(i + 1));
+    // At the limit of one, the next request waits until this one's thread counts no more.
+    for (int j = 0; j < 400 && server->runningRequests() > 0; ++j) std::this_thread::sleep_for(5ms);
   }
   // Two steps hold both step threads; the other streams' steps wait for them, none is refused
   // (before, steps shared the request threads, and one that found none aborted its stream).
