@@ -566,6 +566,10 @@ void ApiService::metrics(Call& c) {
                                      {{"", static_cast<double>(stats.warm_pool_ready)}}};
   gauges["space_warm_pool_target"] = {"Size the warm pool is kept at (0: no pool).",
                                       {{"", static_cast<double>(stats.warm_pool_target)}}};
+  gauges["space_qemu_build_stale"] = {
+      "1 when SPACE's QEMU build comes from an older source than the installed qemu-system-x86 (a security "
+      "update): run make images and restart spaced.",
+      {{"", stats.qemu_build_stale ? 1.0 : 0.0}}};
   // Per sandbox, the newest host-side sample (sandbox/metrics.h) of each running one.
   auto& cpu = gauges["space_sandbox_cpu_used_percent"];
   cpu.help = "CPU a running sandbox's vCPUs used together, percent of them (sampled every 5 s).";

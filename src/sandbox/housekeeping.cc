@@ -274,7 +274,8 @@ void SandboxManager::markDiskStopped(Live& live, const std::string& error) {
 void SandboxManager::housekeeping() {
   auto last_purge = Clock::time_point{};
   auto last_suspended_check = Clock::time_point{};
-  auto last_collect = Clock::now();  // recovery has just collected
+  auto last_collect = Clock::now();     // recovery has just collected
+  auto last_qemu_check = Clock::now();  // start has just checked
   std::unique_lock wake(wake_mu_);
   while (!stopping_) {
     wake.unlock();
@@ -296,6 +297,10 @@ void SandboxManager::housekeeping() {
     if (layers_dirty_.exchange(false)) {
       last_collect = Clock::now();
       collectLayers(/*wait=*/false);
+    }
+    if (Clock::now() - last_qemu_check > std::chrono::minutes(1)) {
+      last_qemu_check = Clock::now();
+      (void)qemu_build_->check();  // logs when a security update makes the build stale
     }
     if (Clock::now() - last_purge > std::chrono::minutes(5)) {
       last_purge = Clock::now();

@@ -357,6 +357,9 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
                        manager->config_.default_policy},
       std::move(facts.value()), *manager->templates_);
   manager->templates_->setNetnsSource([l = manager->launcher_.get()] { return l->helperNetns(); });
+  // Warns now, and again from housekeeping if a security update lands while the node runs.
+  manager->qemu_build_ = std::make_unique<vmm::QemuBuildWatch>(manager->launcher_->facts().qemu_binary);
+  (void)manager->qemu_build_->check();
   SPACE_TRY(manager->recover());
   if (const auto& users = manager->launcher_->facts().vm_users) {
     if (size_t n = users->killStrangers(manager->config_.data_dir); n > 0) {
@@ -1529,6 +1532,8 @@ Result<std::string> SandboxManager::consoleLog(const std::string& tenant, const 
 ManagerStats SandboxManager::stats() {
   ManagerStats s;
   if (auto counts = store_.countByState(); counts.ok()) s.by_state = counts.value();
+  // Outside mu_: a check after an update reads dpkg's status file.
+  s.qemu_build_stale = qemu_build_ && qemu_build_->check().has_value();
   std::lock_guard lock(mu_);
   s.reserved_vcpus = reserved_vcpus_;
   s.reserved_memory_mb = reserved_memory_mb_;

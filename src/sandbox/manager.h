@@ -219,8 +219,9 @@ struct ManagerStats {
   uint64_t reserved_memory_mb = 0;
   uint32_t max_total_vcpus = 0;
   uint64_t max_total_memory_mb = 0;
-  size_t warm_pool_ready = 0;   // running guests waiting in the hot pool now
-  size_t warm_pool_target = 0;  // what it is being filled to now, all kinds (0: no pool)
+  size_t warm_pool_ready = 0;     // running guests waiting in the hot pool now
+  size_t warm_pool_target = 0;    // what it is being filled to now, all kinds (0: no pool)
+  bool qemu_build_stale = false;  // vmm::QemuBuildWatch: a security update waits for make images
 };
 
 class SandboxManager {
@@ -402,6 +403,7 @@ class SandboxManager {
   store::StateStore& store_;
   std::unique_ptr<snapshot::TemplateCache> templates_;
   std::unique_ptr<Launcher> launcher_;  // how every VM here is started
+  std::unique_ptr<vmm::QemuBuildWatch> qemu_build_;
   std::unique_ptr<WarmPool> pool_;
   Result<WarmVm> makeWarmVm(const PoolKey& key);
 

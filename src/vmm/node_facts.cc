@@ -213,6 +213,28 @@ std::optional<std::string> staleQemuBuild(const std::string& qemu_binary, const 
          *installed + " (a security update?): run make images and restart spaced to use it";
 }
 
+QemuBuildWatch::QemuBuildWatch(std::string qemu_binary, std::string dpkg_status_file)
+    : qemu_binary_(std::move(qemu_binary)), dpkg_status_file_(std::move(dpkg_status_file)) {}
+
+std::optional<std::string> QemuBuildWatch::check() {
+  std::lock_guard lock(mu_);
+  struct stat st {};
+  FileState now;
+  if (::stat(dpkg_status_file_.c_str(), &st) == 0) {
+    now = {static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_size),
+           static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
+  }
+  if (checked_ && now == seen_) return stale_;
+  auto stale = staleQemuBuild(qemu_binary_, dpkg_status_file_);
+  if (stale && (!checked_ || !stale_)) spdlog::warn("node: {}", *stale);
+  if (!stale && checked_ && stale_)
+    spdlog::info("node: SPACE's QEMU build agrees with the installed qemu-system-x86 again");
+  checked_ = true;
+  seen_ = now;
+  stale_ = std::move(stale);
+  return stale_;
+}
+
 Result<NodeFacts> probeNodeFacts(Accelerator requested, const std::string& qemu_binary) {
   NodeFacts facts;
   facts.kvm = probeKvm();
@@ -233,7 +255,6 @@ Result<NodeFacts> probeNodeFacts(Accelerator requested, const std::string& qemu_
     return makeError(ErrorCode::kPermissionDenied,
                      "refusing QEMU " + facts.qemu_binary + ": " + trusted.error().message);
   }
-  if (auto stale = staleQemuBuild(facts.qemu_binary)) spdlog::warn("node: {}", *stale);
   if (facts.accelerator.accelerator == Accelerator::kTcg) facts.tsc_khz = measureTscKhz();
   spdlog::info("node: accelerator {} ({}), {} CPUs, {}{}", acceleratorName(facts.accelerator.accelerator),
                facts.accelerator.reason, facts.max_vcpus, facts.qemu_binary,

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -79,6 +80,29 @@ std::optional<std::string> installedSourceVersion(std::string_view dpkg_status, 
 // operator; nullopt when they agree or either is unknown.
 std::optional<std::string> staleQemuBuild(const std::string& qemu_binary,
                                           const std::string& dpkg_status_file = "/var/lib/dpkg/status");
+
+// staleQemuBuild, asked again while the node runs (a security update installed without a
+// restart): dpkg's status file is read again only when it changed (inode, size, mtime), so each
+// check() costs one stat. The first stale answer, and the first one after it was fixed, are
+// logged. Thread-safe.
+class QemuBuildWatch {
+ public:
+  explicit QemuBuildWatch(std::string qemu_binary, std::string dpkg_status_file = "/var/lib/dpkg/status");
+  // What to tell the operator; nullopt while the build agrees with the installed QEMU.
+  std::optional<std::string> check();
+
+ private:
+  const std::string qemu_binary_;
+  const std::string dpkg_status_file_;
+  std::mutex mu_;
+  bool checked_ = false;
+  struct FileState {
+    uint64_t inode = 0, size = 0;
+    int64_t mtime_ns = 0;
+    bool operator==(const FileState&) const = default;
+  } seen_;
+  std::optional<std::string> stale_;
+};
 
 // Measures the TSC against CLOCK_MONOTONIC_RAW over `window_ms`, in kHz (within ~10 ppm over
 // 100 ms). 0 on hosts without a TSC. A guest keeps the figure it is given for its whole life, so

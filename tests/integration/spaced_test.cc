@@ -1369,6 +1369,8 @@ TEST_F(SpacedTest, SuspendReleasesTheVmAndExecResumesItOnDemand) {
   EXPECT_TRUE(std::filesystem::exists(sandboxDir(id) + "/suspended.state"));
   auto metrics = daemon_->call("GET", "/metrics");
   EXPECT_NE(metrics.body.find("space_node_memory_reserved_mb 0"), std::string::npos) << metrics.body;
+  // Its value depends on this host's packages (NodeFacts.AQemuBuildWatch... covers it).
+  EXPECT_NE(metrics.body.find("\nspace_qemu_build_stale "), std::string::npos) << metrics.body;
   EXPECT_EQ(daemon_->callJson("POST", sb + "/pause", nullptr, 409)["error"]["state"], "suspended");
 
   // A restart keeps it suspended (nothing to adopt, nothing removed).

@@ -124,5 +124,33 @@ TEST(NodeFacts, ABuildOfAnOlderQemuSourceThanTheInstalledOneIsSaidToBeStale) {
   EXPECT_EQ(staleQemuBuild(qemu, dpkg), std::nullopt);
 }
 
+TEST(NodeFacts, AQemuBuildWatchSeesASecurityUpdateInstalledWhileTheNodeRuns) {
+  auto dir = TempDir::create("/tmp", "space-qemu-watch-");
+  ASSERT_TRUE(dir.ok());
+  const std::string qemu = dir->path() + "/qemu-system-x86_64", dpkg = dir->path() + "/status";
+  auto installed = [&](const std::string& version) {
+    std::ofstream(dpkg) << "Package: qemu-system-x86\nStatus: install ok installed\nSource: qemu (" << version
+                        << ")\nVersion: " << version << "\n";
+  };
+  std::ofstream(dir->path() + "/manifest.json") << R"({"kind":"qemu","source_version":"1:7.2+dfsg-7+deb12u18"})";
+  installed("1:7.2+dfsg-7+deb12u18");
+  QemuBuildWatch watch(qemu, dpkg);
+  EXPECT_EQ(watch.check(), std::nullopt);
+  EXPECT_EQ(watch.check(), std::nullopt);
+  // apt installs an update: the status file changes (here its size; dpkg also renames it over).
+  installed("1:7.2+dfsg-7+deb12u200");
+  auto stale = watch.check();
+  ASSERT_TRUE(stale.has_value());
+  EXPECT_NE(stale->find("the installed qemu-system-x86 is 1:7.2+dfsg-7+deb12u200"), std::string::npos) << *stale;
+  EXPECT_TRUE(watch.check().has_value());  // still stale, from what it saw
+  // make images rebuilt from the new source and the node restarted: a new watch agrees again.
+  std::ofstream(dir->path() + "/manifest.json") << R"({"kind":"qemu","source_version":"1:7.2+dfsg-7+deb12u200"})";
+  EXPECT_EQ(QemuBuildWatch(qemu, dpkg).check(), std::nullopt);
+  // And the update rolled back (the status file changes again): the running watch agrees too.
+  installed("1:7.2+dfsg-7+deb12u18");
+  std::ofstream(dir->path() + "/manifest.json") << R"({"kind":"qemu","source_version":"1:7.2+dfsg-7+deb12u18"})";
+  EXPECT_EQ(watch.check(), std::nullopt);
+}
+
 }  // namespace
 }  // namespace space::vmm
