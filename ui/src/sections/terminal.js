@@ -99,7 +99,10 @@ export function terminalSection(shared) {
       if (msg.type === 'started') {
         started = true;
         status.ok(`Connected: shell pid ${msg.pid}.`);
-        term.focus();
+        // Only when nothing else has the keyboard: the shell starts a moment after the page
+        // opens, and typing already going into a field (a timeout, a name) must stay there.
+        const active = document.activeElement;
+        if (!active || active === document.body) term.focus();
       } else if (msg.type === 'exit') {
         ended = true;
         status.ok(`The shell ended: ${msg.status || 'exit code ' + msg.exit_code}. Connect opens a new one.`);
