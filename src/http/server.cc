@@ -218,7 +218,12 @@ struct Server::Stream final : detail::DetachedStream, std::enable_shared_from_th
     std::lock_guard lock(m);
     if (is_closed || server.stopping_) return false;
     std::string why;
-    if (server.stream_steps_->run(std::move(task), why)) return true;
+    // A step taken after its stream closed (it waited in the queue, or the server stops) is
+    // skipped: it costs its queue place, never a blocking call for a client that is gone.
+    auto step = [self = shared_from_this(), task = std::move(task)] {
+      if (!self->closed()) task();
+    };
+    if (server.stream_steps_->run(std::move(step), why)) return true;
     spdlog::warn("http: a stream of {} cannot run a step: {}", connection ? connection->remote : "?", why);
     return false;
   }
