@@ -85,10 +85,9 @@ struct ServerLimits {
   size_t max_streams_per_client = 1024;
   // Threads for the blocking steps of detached streams (ResponseStream::runBlocking), apart from
   // the request threads, so streams keep going while requests fill those. A step that finds them
-  // all busy waits its turn (up to one per open stream) instead of failing its stream. Started
-  // on demand and gone after a minute idle; well above what one tenant's streams can hold at
-  // once (each runs one step at a time, and a tenant holds 64 requests by default), so a guest
-  // that stalls its streams' steps delays others' only with several tenants' help.
+  // all busy waits its turn (as many as max_streams wait at most) instead of failing its stream;
+  // one taken after its stream closed is skipped. Started on demand and gone after a minute
+  // idle. Not divided among clients: docs/threat-model.md says what one tenant can hold.
   size_t max_stream_step_threads = 256;
   // For each read: a client silent for longer is dropped. The whole request header must also
   // arrive within it, so a client trickling header bytes cannot hold the thread either.

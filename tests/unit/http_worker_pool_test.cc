@@ -65,7 +65,14 @@ TEST(WorkerPool, AQueuedTaskWaitsForTheNextFreeThreadInOrderAndTheQueueIsBounded
   EXPECT_NE(why.find("2 tasks wait for one (the limit is 2)"), std::string::npos) << why;
   EXPECT_EQ(pool.threads(), 1u);  // queued, not given threads over the maximum
   release.set_value();
-  for (int wait = 0; wait < 1000 && pool.queuedTasks() > 0; ++wait) std::this_thread::sleep_for(1ms);
+  auto ran = [&] {
+    std::lock_guard lock(m);
+    return order.size();
+  };
+  // Run by the thread that finished, not by stop() below.
+  for (int wait = 0; wait < 5000 && ran() < 2; ++wait) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(ran(), 2u);
+  EXPECT_EQ(pool.queuedTasks(), 0u);
   pool.stop();
   EXPECT_EQ(order, (std::vector<int>{1, 2}));
 }
