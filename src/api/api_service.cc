@@ -1167,13 +1167,18 @@ struct ApiService::PumpKicker : std::enable_shared_from_this<PumpKicker> {
   }
 
   void drainWhileWoken() {
-    while (true) {
+    // A process that keeps writing keeps waking the pump: after this many drains in a row the
+    // step goes back in line, so the client's other streams get their turn on its step threads.
+    constexpr int kDrainsPerTurn = 16;
+    for (int drains = 1;; ++drains) {
       bool over = true;
       if (auto p = pump.lock()) over = p->handle(p->process->next(std::chrono::milliseconds(0)));
       std::lock_guard lock(m);
       if (again && !over) {
         again = false;
-        continue;
+        if (drains < kDrainsPerTurn) continue;
+        if (out->runBlocking([self = shared_from_this()] { self->drainWhileWoken(); })) return;
+        out->abort();  // closed already, or the server stops
       }
       running = false;
       return;

@@ -492,14 +492,18 @@ void EnvdFront::stream(Call& c, const std::string& method) {
       },
       // Owns nothing of the sandbox's (no lease): a callback may be destroyed on the I/O thread,
       // which must never drop the last reference to its own client.
-      [this, out, tenant = c.tenant, id = c.id](const Status& end) {
+      // Holds the tenant's place weakly: the callback may outlive this front (and its gate).
+      [this, out, tenant = c.tenant, id = c.id, weak_place = std::weak_ptr(place)](const Status& end) {
         if (end.ok()) {
           if (out->write(endStream(std::nullopt))) out->end();
           return;
         }
         // Which error the client hears depends on the sandbox's state: a step that may block.
         Error error = end.error();
-        bool ran = out->runBlocking([this, out, tenant, id, error] {
+        // The step keeps the stream's place among the tenant's streams until it returns (while
+        // the stream is open, its onClose holds the place, so it is there to take).
+        bool ran = out->runBlocking([this, out, tenant, id, error, place = weak_place.lock()] {
+          (void)place;
           Error e = manager_.agentFailed(sandbox::AgentLease{id, nullptr, false, nullptr}, error);
           if (e.code == ErrorCode::kUnavailable) {
             auto rec = manager_.get(tenant, id);

@@ -50,6 +50,9 @@ struct EnvdOptions {
   WatcherLimits watchers;
 };
 
+// Stream steps and stream callbacks hold a raw `this`: the front must outlive the HTTP server
+// that serves it (whose stop waits for every stream step) and the sandboxes' agent clients
+// (whose stream callbacks run on their I/O threads), as spaced's declaration order ensures.
 class EnvdFront {
  public:
   EnvdFront(sandbox::SandboxManager& manager, secrets::SecretVault& vault, EnvdOptions options);

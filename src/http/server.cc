@@ -123,7 +123,11 @@ struct Server::Stream final : detail::DetachedStream, std::enable_shared_from_th
   Stream(Server& s, ConnectionPtr c) : server(s), connection(std::move(c)) {}
 
   Server& server;
-  ConnectionPtr connection;  // the loop's; reset when the stream closes
+  ConnectionPtr connection;                       // the loop's; reset when the stream closes
+  const std::string client = connection->client;  // whose share its steps count against
+  // is_closed, readable without m: a step queued behind others is checked under the server's
+  // steps lock, which is taken inside m (runBlocking), so it cannot take m.
+  std::atomic<bool> closed_now{false};
 
   mutable std::mutex m;
   // Guarded by m:
@@ -191,10 +195,7 @@ struct Server::Stream final : detail::DetachedStream, std::enable_shared_from_th
     return pending_bytes;
   }
 
-  bool closed() const override {
-    std::lock_guard lock(m);
-    return is_closed;
-  }
+  bool closed() const override { return closed_now.load(); }
 
   void onClose(std::function<void(bool)> fn) override {
     std::unique_lock lock(m);
@@ -218,12 +219,7 @@ struct Server::Stream final : detail::DetachedStream, std::enable_shared_from_th
     std::lock_guard lock(m);
     if (is_closed || server.stopping_) return false;
     std::string why;
-    // A step taken after its stream closed (it waited in the queue, or the server stops) is
-    // skipped: it costs its queue place, never a blocking call for a client that is gone.
-    auto step = [self = shared_from_this(), task = std::move(task)] {
-      if (!self->closed()) task();
-    };
-    if (server.stream_steps_->run(std::move(step), why)) return true;
+    if (server.runStep(shared_from_this(), std::move(task), why)) return true;
     spdlog::warn("http: a stream of {} cannot run a step: {}", connection ? connection->remote : "?", why);
     return false;
   }
@@ -912,6 +908,61 @@ Result<std::shared_ptr<detail::DetachedStream>> Server::reserveStream(const Conn
   return std::shared_ptr<detail::DetachedStream>(stream);
 }
 
+bool Server::runStep(const StreamPtr& stream, std::function<void()> task, std::string& why) {
+  const std::string& client = stream->client;
+  {
+    std::lock_guard lock(steps_mutex_);
+    ClientSteps& steps = steps_by_client_[client];
+    if (steps.running >= std::max<size_t>(1, limits_.max_stream_steps_per_client)) {
+      if (steps.waiting.size() >= limits_.max_streams_per_client) {
+        // Steps of streams that closed while they waited hold no place.
+        std::erase_if(steps.waiting, [](const auto& waiting) { return waiting.first->closed(); });
+      }
+      if (steps.waiting.size() >= limits_.max_streams_per_client) {
+        why = "this client has " + std::to_string(steps.running) + " steps running and " +
+              std::to_string(steps.waiting.size()) + " waiting (the limit is " +
+              std::to_string(limits_.max_streams_per_client) + ")";
+        return false;
+      }
+      steps.waiting.emplace_back(stream, std::move(task));
+      return true;
+    }
+    ++steps.running;
+  }
+  auto first = [this, client, stream, task = std::move(task)]() mutable {
+    runStepsOfClient(client, std::move(stream), std::move(task));
+  };
+  if (stream_steps_->run(std::move(first), why)) return true;
+  std::lock_guard lock(steps_mutex_);
+  auto it = steps_by_client_.find(client);
+  if (--it->second.running == 0 && it->second.waiting.empty()) steps_by_client_.erase(it);
+  return false;
+}
+
+void Server::runStepsOfClient(const std::string& client, StreamPtr stream, std::function<void()> task) {
+  while (true) {
+    // A step taken after its stream closed (it waited its turn, or the server stops) is skipped:
+    // a client that is gone costs no blocking call.
+    if (!stream->closed()) {
+      try {
+        task();
+      } catch (const std::exception& e) {
+        spdlog::error("http: a stream step threw: {}", e.what());
+      }
+    }
+    task = nullptr;  // what the step captured goes before the next one runs
+    stream.reset();
+    std::lock_guard lock(steps_mutex_);
+    auto it = steps_by_client_.find(client);
+    if (it->second.waiting.empty()) {
+      if (--it->second.running == 0) steps_by_client_.erase(it);
+      return;
+    }
+    std::tie(stream, task) = std::move(it->second.waiting.front());
+    it->second.waiting.pop_front();
+  }
+}
+
 void Server::startStreaming(const StreamPtr& stream, UniqueFd fd) {
   const ConnectionPtr& connection = stream->connection;
   if (!fd.valid() || stopping_) return closeStream(stream, false);
@@ -1067,6 +1118,7 @@ void Server::closeStream(const StreamPtr& stream, bool completed) {
     std::lock_guard lock(stream->m);
     if (stream->is_closed) return;
     stream->is_closed = true;
+    stream->closed_now = true;
     stream->completed = completed;
     on_close = std::move(stream->on_close);
     stream->on_close = nullptr;

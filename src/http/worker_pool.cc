@@ -65,7 +65,7 @@ bool WorkerPool::run(std::function<void()> task, std::string& why) {
         ++live_;
         worker.thread = std::thread([this, &worker] { loop(worker); });
         taken = true;
-      } catch (const std::system_error& e) {
+      } catch (const std::exception& e) {  // no thread (system_error) or no memory for it
         --idle_;
         --live_;
         workers_.pop_back();

@@ -1499,7 +1499,11 @@ Error SandboxManager::agentFailed(const AgentLease& lease, const Error& error) {
     if (it != live_.end()) live = it->second;
   }
   if (!live) return makeError(ErrorCode::kUnavailable, "sandbox " + lease.sandbox_id + " ended: " + error.message);
-  std::lock_guard control(live->control);
+  // A lifecycle operation (a snapshot, a boot, a resume) may hold the sandbox for long, and
+  // what waits here is a client's step or request: past the deadline the error stays as it
+  // came (the operation is likely why the agent went away).
+  std::unique_lock control(live->control, std::defer_lock);
+  if (!control.try_lock_for(std::chrono::seconds(2))) return error;
   // Cut off because the guest stopped on a full disk (markDiskStopped ended the connection).
   if (!live->finished && live->state == SandboxState::kPaused && !live->disk_error.empty()) {
     return diskStopped(lease.sandbox_id, live->disk_error);

@@ -17,7 +17,9 @@
 namespace space::sandbox {
 
 struct SandboxManager::Live {
-  std::mutex control;  // serialises lifecycle operations (and QMP use) on this sandbox
+  // Serialises lifecycle operations (and QMP use) on this sandbox. Timed: a caller that only
+  // reports (agentFailed) gives up rather than wait out a snapshot or a boot.
+  std::timed_mutex control;
   std::string id;
   std::string tenant;
   uint32_t cpus = 0;

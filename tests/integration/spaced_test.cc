@@ -465,6 +465,35 @@ TEST_F(SpacedTest, SandboxLifecycleExecAndFiles) {
     }
     EXPECT_EQ(out_bytes, "one\n");
     EXPECT_EQ(err_bytes, "two\n");
+
+    // Output in many small writes (an event each, mostly): every byte arrives once and in order
+    // (a drain that output keeps waking goes back in line after a few batches).
+    stream.clear();
+    r = client->requestStreaming(
+        "POST", "/v1/sandboxes/" + id + "/exec", {{"Authorization", "Bearer " + d.key()}},
+        json{{"argv", {"sh", "-c", "i=1; while [ $i -le 10000 ]; do echo $i; i=$((i+1)); done"}}, {"stream", true}}
+            .dump(),
+        [](const http::ClientResponse& head) {
+          EXPECT_EQ(head.status, 200);
+          return okStatus();
+        },
+        [&](std::string_view chunk) {
+          stream += chunk;
+          return okStatus();
+        });
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    std::string expected;
+    for (int i = 1; i <= 10000; ++i) expected += std::to_string(i) + "\n";
+    out_bytes.clear();
+    std::string last;
+    start = 0;
+    for (size_t nl; (nl = stream.find('\n', start)) != std::string::npos; start = nl + 1) {
+      json l = json::parse(stream.substr(start, nl - start));
+      if (l["type"] == "stdout") out_bytes += agentproto::base64Decode(l["data"].get<std::string>()).value();
+      last = l["type"];
+    }
+    EXPECT_EQ(last, "exit");
+    EXPECT_TRUE(out_bytes == expected) << out_bytes.size() << " bytes of " << expected.size();
   }
 
   // Processes: background processes show in the list and can be signalled, through the API

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -79,6 +80,14 @@ std::function<void(ResponseStream&)> reportCloseTo(std::promise<bool>& closed) {
       [&closed](ResponseStream& stream) { stream.onClose([&closed](bool completed) { closed.set_value(completed); }); };
 }
 
+bool waitUntil(const std::function<bool()>& done, std::chrono::milliseconds limit = 5s) {
+  for (auto until = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < until;) {
+    if (done()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return done();
+}
+
 // Reads until `marker` arrived (or the socket's read limit passed).
 std::string readUntil(int fd, std::string_view marker, std::string& got) {
   char buf[4096];
@@ -102,7 +111,7 @@ TEST(HttpStream, DetachedStreamsHoldNoThreadAndTheConnectionServesTheNextRequest
     sendRaw(clients.back().get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
     ASSERT_TRUE(detached.waitFor(i + 1));
     // Its handler has returned, or is about to: then it counts no more.
-    for (int j = 0; j < 400 && server->runningRequests() > 0; ++j) std::this_thread::sleep_for(5ms);
+    ASSERT_TRUE(waitUntil([&] { return server->runningRequests() == 0; })) << server->runningRequests();
   }
   EXPECT_EQ(server->runningRequests(), 0u);
   EXPECT_EQ(server->openStreams(), 8u);
@@ -131,7 +140,7 @@ TEST(HttpStream, DetachedStreamsHoldNoThreadAndTheConnectionServesTheNextRequest
     // The same connection serves the next request once the stream ended. The previous plain
     // request counts among the two running until its thread is back from writing the answer
     // (a loaded machine may take a while): only then is the server surely under its limit.
-    for (int j = 0; j < 400 && server->runningRequests() > 0; ++j) std::this_thread::sleep_for(5ms);
+    ASSERT_TRUE(waitUntil([&] { return server->runningRequests() == 0; })) << server->runningRequests();
     sendRaw(clients[i].get(), "GET /plain HTTP/1.1\r\nHost: x\r\n\r\n");
     std::string next;
     readUntil(clients[i].get(), "plain", next);
@@ -325,7 +334,7 @@ TEST(HttpStream, StepsWaitForAStepThreadAndNeedNoRequestThread) {
     sendRaw(clients.back().get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
     ASSERT_TRUE(detached.waitFor(i + 1));
     // At the limit of one, the next request waits until this one's thread counts no more.
-    for (int j = 0; j < 400 && server->runningRequests() > 0; ++j) std::this_thread::sleep_for(5ms);
+    ASSERT_TRUE(waitUntil([&] { return server->runningRequests() == 0; })) << server->runningRequests();
   }
   // Two steps hold both step threads; the other streams' steps wait for them, none is refused
   // (before, steps shared the request threads, and one that found none aborted its stream).
@@ -354,6 +363,109 @@ TEST(HttpStream, StepsWaitForAStepThreadAndNeedNoRequestThread) {
     EXPECT_NE(got.find("step " + std::to_string(i) + "\n"), std::string::npos) << got;
   }
   EXPECT_EQ(steps_done.load(), static_cast<int>(kStreams));
+}
+
+// Opens `n` streams from this (loopback) client, waiting for each handler to count no more.
+std::vector<UniqueFd> openStreams(Server& server, Detached& detached, size_t n) {
+  std::vector<UniqueFd> clients;
+  size_t before = detached.count();
+  for (size_t i = 0; i < n; ++i) {
+    clients.push_back(connectRaw(server.port()));
+    sendRaw(clients.back().get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_TRUE(detached.waitFor(before + i + 1));
+  }
+  return clients;
+}
+
+// One client address holds at most max_stream_steps_per_client step threads, however many are
+// idle: its further steps wait for its own to finish, and then run in the order they came.
+TEST(HttpStream, OneClientsStepsHoldOnlyItsShareOfTheStepThreadsAndTakeTurns) {
+  Detached detached;
+  ServerLimits limits;
+  limits.max_stream_step_threads = 8;
+  limits.max_stream_steps_per_client = 2;
+  auto server = startStreamServer(detached, limits);
+  ASSERT_TRUE(server);
+  constexpr size_t kStreams = 6;
+  auto clients = openStreams(*server, detached, kStreams);
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  std::mutex m;
+  std::vector<size_t> order;
+  for (size_t i = 0; i < kStreams; ++i) {
+    auto stream = detached.at(i);
+    ASSERT_TRUE(stream->runBlocking([stream, released, i, &m, &order] {
+      if (i < 2) released.wait();
+      {
+        std::lock_guard lock(m);
+        order.push_back(i);
+      }
+      stream->write("step " + std::to_string(i) + "\n");
+      stream->end();
+    }));
+  }
+  // Six step threads are free, but this client's two are busy: nothing else of it runs.
+  std::this_thread::sleep_for(150ms);
+  {
+    std::lock_guard lock(m);
+    EXPECT_TRUE(order.empty());
+  }
+  release.set_value();
+  for (size_t i = 0; i < kStreams; ++i) {
+    std::string got;
+    readUntil(clients[i].get(), "0\r\n\r\n", got);
+    EXPECT_NE(got.find("step " + std::to_string(i) + "\n"), std::string::npos) << got;
+  }
+  std::lock_guard lock(m);
+  ASSERT_EQ(order.size(), kStreams);
+  // The waiting ones went in the order they came (each of the two threads takes the next).
+  std::vector<size_t> waited(order.begin(), order.end());
+  std::erase_if(waited, [](size_t i) { return i < 2; });
+  EXPECT_EQ(waited, (std::vector<size_t>{2, 3, 4, 5}));
+}
+
+// A step that waits for its client's share holds no place once its stream closed: a client that
+// opens streams, queues steps and leaves, again and again, cannot fill its queue. Such a step
+// never runs.
+TEST(HttpStream, StepsOfStreamsThatClosedWhileWaitingHoldNoPlaceAndNeverRun) {
+  Detached detached;
+  ServerLimits limits;
+  limits.max_stream_step_threads = 4;
+  limits.max_stream_steps_per_client = 1;
+  limits.max_streams_per_client = 4;  // the client's queue holds as many
+  auto server = startStreamServer(detached, limits);
+  ASSERT_TRUE(server);
+  auto holder = openStreams(*server, detached, 1);
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  std::promise<void> entered;
+  ASSERT_TRUE(detached.at(0)->runBlocking([released, &entered] {
+    entered.set_value();
+    released.wait();
+  }));
+  entered.get_future().wait();
+  std::atomic<int> ran_for_closed{0};
+  for (int round = 0; round < 3; ++round) {
+    auto left = openStreams(*server, detached, 3);
+    for (size_t i = detached.count() - 3; i < detached.count(); ++i) {
+      ASSERT_TRUE(detached.at(i)->runBlocking([&ran_for_closed] { ++ran_for_closed; })) << round;
+    }
+    left.clear();  // the clients leave; their steps still wait
+    ASSERT_TRUE(waitUntil([&] { return server->openStreams() == 1; })) << server->openStreams();
+  }
+  // Nine steps of closed streams came; the queue holds four: without dropping those, these fail.
+  auto staying = openStreams(*server, detached, 3);
+  std::atomic<int> ran{0};
+  for (size_t i = detached.count() - 3; i < detached.count(); ++i) {
+    auto stream = detached.at(i);
+    ASSERT_TRUE(stream->runBlocking([stream, &ran] {
+      ++ran;
+      stream->end();
+    }));
+  }
+  release.set_value();
+  EXPECT_TRUE(waitUntil([&] { return ran.load() == 3; })) << ran.load();
+  EXPECT_EQ(ran_for_closed.load(), 0);
 }
 
 TEST(HttpStream, StopEndsOpenStreamsWithoutWaitingForTheGrace) {

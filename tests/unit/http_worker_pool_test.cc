@@ -84,12 +84,17 @@ TEST(WorkerPool, TasksQueuedWhenTheStopBeginsStillRun) {
   WorkerPool pool(1, 10s, 4);
   std::string why;
   ASSERT_TRUE(pool.run([&] { released.wait(), ++ran; }, why)) << why;
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(pool.run([&] { ++ran; }, why)) << why;
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(pool.run([&] { ++ran; }, why)) << why;
   std::thread stopper([&] { pool.stop(); });
-  std::this_thread::sleep_for(20ms);
+  // The queue is full, so a refusal says why: busy until the stop has begun.
+  for (int i = 0; i < 1000 && why.find("stopping") == std::string::npos; ++i) {
+    ASSERT_FALSE(pool.run([] {}, why));
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_EQ(why, "the server is stopping");
   release.set_value();
   stopper.join();
-  EXPECT_EQ(ran.load(), 4);  // a queued task was taken, so whoever handed it need not answer for it
+  EXPECT_EQ(ran.load(), 5);  // a queued task was taken, so whoever handed it need not answer for it
 }
 
 TEST(WorkerPool, IdleThreadsExit) {
