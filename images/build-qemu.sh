@@ -59,9 +59,14 @@ mkdir -p "$apt_dir/sources" "$apt_dir/lists/partial" "$apt_dir/cache/archives/pa
     printf 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n'
   fi
 } >"$apt_dir/sources/debian-src.sources"
-# Bounded: a mirror that stops answering fails the build in minutes, not hours.
+# Bounded: a mirror that stops answering fails the build in minutes, not hours. The host's
+# apt.conf.d still applies (a proxy it needs, say), so what the check rests on is set here: a
+# host that allows unsigned or weakly signed repositories does not allow them for this source.
 apt_options=(-o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$apt_dir/sources"
   -o Dir::State::Lists="$apt_dir/lists" -o Dir::Cache="$apt_dir/cache" -o APT::Sandbox::User=root
+  -o Acquire::AllowInsecureRepositories=false -o Acquire::AllowDowngradeToInsecureRepositories=false
+  -o Acquire::AllowWeakRepositories=false -o APT::Get::AllowUnauthenticated=false
+  -o Acquire::Check-Valid-Until=true
   -o Acquire::Languages=none -o Acquire::Retries=3 -o Acquire::http::Timeout=60 -o Acquire::https::Timeout=60)
 run_step qemu "apt: the source indices of $mirror${security:+ and $security}" "$log" \
   timeout 900 apt-get "${apt_options[@]}" -q update
