@@ -231,6 +231,20 @@ Status restoreRuleset() {
   return okStatus();
 }
 
+// The slot's tap as the guest expects it: persistent, owned, our MAC and MTU, the gateway's
+// address, up. In the calling thread's namespace, which must not have one.
+Status makeTap(Netlink& nl) {
+  SPACE_TRY(createTap());
+  auto index = tapIndex();
+  if (!index.ok()) return index.error();
+  uint8_t mac[6];
+  if (sscanf(kTapMac, "%hhx:%hhx:%hhx:%hhx:%hhx:%hhx", &mac[0], &mac[1], &mac[2], &mac[3], &mac[4], &mac[5]) != 6) {
+    return makeError(ErrorCode::kInternal, "bad kTapMac");
+  }
+  SPACE_TRY(setLink(nl, *index, std::string("configure ") + kTapName, mac, kMtu));
+  return addAddress(nl, *index);
+}
+
 // Everything create() does inside the fresh namespace, in an order where a failure needs no undo:
 // the namespace dies with the thread unless the final bind mount succeeded.
 Status configureNamespace(const std::string& path) {
@@ -250,15 +264,7 @@ Status configureNamespace(const std::string& path) {
   // lo is ifindex 1 in every namespace (LOOPBACK_IFINDEX).
   SPACE_TRY(setLink(*nl, 1, "set lo up", nullptr, 0));
 
-  SPACE_TRY(createTap());
-  auto index = tapIndex();
-  if (!index.ok()) return index.error();
-  uint8_t mac[6];
-  if (sscanf(kTapMac, "%hhx:%hhx:%hhx:%hhx:%hhx:%hhx", &mac[0], &mac[1], &mac[2], &mac[3], &mac[4], &mac[5]) != 6) {
-    return makeError(ErrorCode::kInternal, "bad kTapMac");
-  }
-  SPACE_TRY(setLink(*nl, *index, std::string("configure ") + kTapName, mac, kMtu));
-  SPACE_TRY(addAddress(*nl, *index));
+  SPACE_TRY(makeTap(*nl));
 
   SPACE_TRY(loadRuleset());
   // Mid-stream TCP packets of a flow conntrack does not know (one scrubbed away when the slot
@@ -398,6 +404,14 @@ Status SlotManager::scrub(const Slot& slot) {
     // Rules first, so no connection is admitted under the old ones after conntrack forgets.
     SPACE_TRY(restoreRuleset());
     SPACE_TRY(flushConntrack());
+    // The QEMU that held the tap may have made it non-persistent (TUNSETPERSIST needs no
+    // capability from the tap's owner), and it went with that QEMU (and its neighbours with it):
+    // the slot gets its tap back as create() made it, not the bare one the next attach would make.
+    if (!tapIndex().ok()) {
+      auto nl = Netlink::open(NETLINK_ROUTE);
+      if (!nl.ok()) return nl.error();
+      return makeTap(*nl);
+    }
     SPACE_TRY(flushNeighbours());
     // A slot made by an older daemon has a tap with no owner, which the next QEMU (jailed: no
     // capabilities) could not attach to: given one here, best effort. A tap someone holds now

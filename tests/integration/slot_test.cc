@@ -466,6 +466,46 @@ TEST_F(SlotTest, TapAttachesFromInsideTheSlotOnly) {
   EXPECT_EQ(if_nametoindex(kTapName), 0u);
 }
 
+// A QEMU holding the tap may clear its persist flag (the tap's owner needs no capability for
+// that): the tap goes with that QEMU. Scrub gives the slot its tap back as create() made it,
+// not a bare one that the next VM could not use.
+TEST_F(SlotTest, ScrubRemakesATapItsQemuMadeNonPersistent) {
+  Slot slot = createOrDie(5);
+  Status st = runInNetns(slot.netns_path, [&]() -> Status {
+    UniqueFd fd(open("/dev/net/tun", O_RDWR | O_CLOEXEC));
+    if (!fd.valid()) return makeError(ErrorCode::kInternal, std::string("open tun: ") + strerror(errno));
+    ifreq ifr{};
+    strncpy(ifr.ifr_name, kTapName, IFNAMSIZ - 1);
+    ifr.ifr_flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR;
+    if (ioctl(fd.get(), TUNSETIFF, &ifr) != 0) {
+      return makeError(ErrorCode::kInternal, std::string("TUNSETIFF: ") + strerror(errno));
+    }
+    if (ioctl(fd.get(), TUNSETPERSIST, 0) != 0) {
+      return makeError(ErrorCode::kInternal, std::string("TUNSETPERSIST 0: ") + strerror(errno));
+    }
+    return okStatus();  // the fd closes: the tap is gone
+  });
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  std::string links = shIn(slot.netns_path, "ip -o link show");
+  ASSERT_EQ(links.find(std::string(kTapName) + ":"), std::string::npos) << links;
+
+  Status scrubbed = mgr_->scrub(slot);
+  ASSERT_TRUE(scrubbed.ok()) << scrubbed.error().message;
+  std::string tap = shIn(slot.netns_path, std::string("ip -d -o link show ") + kTapName);
+  EXPECT_NE(tap.find(",UP"), std::string::npos) << tap;
+  EXPECT_NE(tap.find("mtu " + std::to_string(kMtu) + " "), std::string::npos) << tap;
+  EXPECT_NE(tap.find(std::string("link/ether ") + kTapMac + " "), std::string::npos) << tap;
+  EXPECT_NE(tap.find("tun type tap pi off vnet_hdr on persist on"), std::string::npos) << tap;
+  std::string v4 = shIn(slot.netns_path, std::string("ip -o -4 addr show dev ") + kTapName);
+  EXPECT_NE(v4.find("inet " + std::string(kGatewayIp) + "/" + std::to_string(kPrefixLength) + " "), std::string::npos)
+      << v4;
+  EXPECT_EQ(readIn(slot.netns_path, std::string("/proc/sys/net/ipv6/conf/") + kTapName + "/disable_ipv6"), "1");
+  EXPECT_EQ(readIn(slot.netns_path, std::string("/proc/sys/net/ipv4/conf/") + kTapName + "/rp_filter"), "1");
+  // A second scrub, with the tap in place, keeps it as it is.
+  ASSERT_TRUE(mgr_->scrub(slot).ok());
+  EXPECT_EQ(shIn(slot.netns_path, std::string("ip -d -o link show ") + kTapName), tap);
+}
+
 TEST_F(SlotTest, TimingsOfCreateScrubDestroy) {
   constexpr int kSlots = 10;
   std::vector<double> create_ms, scrub_ms, destroy_ms;
