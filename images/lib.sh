@@ -89,18 +89,39 @@ lock_kind() {
   done
 }
 
+# pinned_by ENTRY: prints the data dir of spaced that pinned ENTRY (saved sandboxes there stand
+# on it: vmm/image_bases.h) and still exists; pins of data dirs that are gone are removed.
+pinned_by() {
+  local pin target
+  for pin in "$1"/pins/*; do
+    [[ -f $pin ]] || continue
+    target=$(head -n 1 "$pin")
+    if [[ -n $target && -d $target ]]; then
+      echo "$target"
+      return 0
+    fi
+    rm -f "$pin"
+  done
+  return 1
+}
+
 # prune_kind KIND KEEP: keeps the KEEP most recently published or used (mtime) KIND-<hash>
 # entries and removes the rest. Runs under the kind's lock. A VM still running from a removed
 # image keeps its open file; new VMs use the current links. An entry a running spaced resolved
 # at its start (it holds a shared flock on the entry's manifest.json for its life) is kept:
-# spaced starts every VM from those paths, and would fail them all until restarted.
+# spaced starts every VM from those paths, and would fail them all until restarted. So is an
+# entry that a data dir's saved sandboxes stand on (a pin names it), whether spaced runs or not.
 prune_kind() {
-  local kind=$1 keep=$2 old
+  local kind=$1 keep=$2 old by
   old=$(find "$SPACE_IMAGE_CACHE" -maxdepth 1 -type d -name "$kind-*" -printf '%T@ %p\n' | sort -rn | tail -n +$((keep + 1)) | cut -d' ' -f2-)
   [[ -z $old ]] && return 0
   while IFS= read -r dir; do
     if [[ -f $dir/manifest.json ]] && ! flock -n -x "$dir/manifest.json" true; then
       phase "$kind" "keeping old $(basename "$dir"): a running spaced uses it"
+      continue
+    fi
+    if by=$(pinned_by "$dir"); then
+      phase "$kind" "keeping old $(basename "$dir"): saved sandboxes of $by stand on it"
       continue
     fi
     phase "$kind" "pruning old $(basename "$dir")"

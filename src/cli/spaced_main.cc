@@ -44,6 +44,7 @@
 #include "sandbox/manager.h"
 #include "store/state_store.h"
 #include "vmm/disk_overlay.h"
+#include "vmm/image_bases.h"
 
 namespace {
 
@@ -713,6 +714,12 @@ int main(int argc, char** argv) {
   if (!lock.valid() || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
     return fatal("another spaced is using " + data_dir + " (" + data_dir + "/spaced.lock is locked)");
   }
+  // The images saved sandboxes stand on, current and older (a root filesystem rebuilt since
+  // their template was made): kept in the cache, and admitted in jailed VMs' disk chains.
+  auto bases = vmm::holdImageBases(data_dir, {base.rootfs_path});
+  if (!bases.ok()) return fatal(bases.error().message);
+  config.base_images = bases->images;
+  std::vector<UniqueFd> bases_in_use = std::move(bases->held);
   auto given = givenKey(api_key_file);
   if (!given.ok()) return fatal(given.error().message);
   auto key = bootstrapKey(*store.value(), data_dir, given.value());

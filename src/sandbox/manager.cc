@@ -295,6 +295,7 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
     facts->disk_images.push_back(std::filesystem::absolute(tpl.rootfs_path, ec).string());
     if (auto image = std::filesystem::canonical(tpl.rootfs_path, ec); !ec) facts->disk_images.push_back(image);
   }
+  facts->disk_images.insert(facts->disk_images.end(), config.base_images.begin(), config.base_images.end());
   facts->disk_io_per_vcpu = config.disk_io_per_vcpu;
   if (!config.jailer.empty()) {
     facts->jailer = config.jailer;

@@ -83,6 +83,10 @@ struct ManagerConfig {
   // device; vmm::vmDiskIoLimits). Zero: no limit.
   vmm::DiskIoRate disk_io_per_vcpu;
   std::map<std::string, Template> templates;
+  // Images the templates' disks stand on besides their own rootfs_path (vmm::holdImageBases):
+  // older root filesystems under sandboxes saved before an image rebuild. A jailed VM may
+  // open them in its disk chain, as it may the templates' own.
+  std::vector<std::string> base_images;
   vmm::Accelerator accelerator = vmm::Accelerator::kAuto;
   // The QEMU every VM runs (a name is looked up in PATH once, at start).
   std::string qemu_binary = "qemu-system-x86_64";

@@ -39,6 +39,7 @@
 #include "http/url.h"
 #include "net/policy.h"
 #include "vmm/accelerator.h"
+#include "vmm/image_bases.h"
 #include "vmm/qmp_client.h"
 
 namespace space {
@@ -198,10 +199,11 @@ class Daemon {
     }
     std::unique_ptr<Daemon> d(new Daemon());
     d->data_dir_ = data_dir;
-    std::vector<std::string> argv = {SPACED_BIN,           "--listen", "127.0.0.1:0",
-                                     "--data-dir",         data_dir,   "--kernel",
-                                     kImages + "/vmlinux", "--rootfs", kImages + "/rootfs.ext4",
-                                     "--log-level",        "debug"};
+    std::vector<std::string> argv = {SPACED_BIN, "--listen",           "127.0.0.1:0", "--data-dir", data_dir,
+                                     "--kernel", kImages + "/vmlinux", "--log-level", "debug"};
+    if (std::find(extra.begin(), extra.end(), "--rootfs") == extra.end()) {
+      argv.insert(argv.end(), {"--rootfs", kImages + "/rootfs.ext4"});
+    }
     argv.insert(argv.end(), extra.begin(), extra.end());
     std::filesystem::remove(data_dir + "/spaced.json");
     auto p = ChildProcess::spawn(argv, SpawnOptions{data_dir + ".log", "", true});
@@ -1377,6 +1379,50 @@ TEST_F(SpacedTest, BranchedChildrenDoNotShareTheirRandomState) {
   ASSERT_EQ(reads[0].size(), 65u + 37u) << reads[0];
   EXPECT_NE(reads[0].substr(0, 64), reads[1].substr(0, 64)) << "two children read the same bytes from /dev/urandom";
   EXPECT_NE(reads[0].substr(65), reads[1].substr(65)) << "two children made the same UUID";
+}
+
+// `make images` rebuilt the root filesystem, and spaced restarted on the new one: a sandbox
+// suspended before still stands (through its template's disk) on the old image. That entry is
+// pinned for its data dir (the cache's prune keeps it while spaced is stopped), and a jailed VM
+// may open it: the sandbox resumes with its files.
+TEST_F(SpacedTest, ASandboxSavedBeforeAnImageRebuildResumesOnTheImageItStandsOn) {
+  const std::string old_image = std::filesystem::canonical(kImages + "/rootfs.ext4").string();
+  const std::filesystem::path old_entry = std::filesystem::path(old_image).parent_path();
+  const std::string pin =
+      (old_entry / "pins" / vmm::imagePinName(std::filesystem::weakly_canonical(data_dir_))).string();
+  // The "rebuilt" image: a new entry of the same cache (a link to the same bytes is enough: the
+  // path is what a disk names).
+  const std::filesystem::path new_entry = old_entry.parent_path() / ("rootfs-spacedtest" + std::to_string(getpid()));
+  struct Cleanup {
+    std::filesystem::path entry;
+    std::string pin;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(entry, ec);
+      std::filesystem::remove(pin, ec);
+    }
+  } cleanup{new_entry, pin};
+  std::filesystem::create_directory(new_entry);
+  ASSERT_EQ(::link(old_image.c_str(), (new_entry / "rootfs.ext4").c_str()), 0) << strerror(errno);
+  ASSERT_TRUE(writeFileAtomic((new_entry / "manifest.json").string(), "{}\n", 0644).ok());
+
+  daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep", "--warm-pool", "0"});
+  ASSERT_TRUE(daemon_);
+  const std::string id = daemon_->create(json{{"cpus", 1}, {"memory_mb", 256}});
+  ASSERT_FALSE(id.empty());
+  execJson(*daemon_, id, json{{"command", "echo saved > /home/user/file.txt"}});
+  EXPECT_EQ(daemon_->callJson("POST", "/v1/sandboxes/" + id + "/suspend", nullptr, 200)["state"], "suspended");
+  EXPECT_EQ(daemon_->stop(SIGTERM).exit_code, 0);
+  auto pinned = readSmallFile(pin, 4096);
+  ASSERT_TRUE(pinned.ok()) << "no pin at " << pin;
+  EXPECT_EQ(pinned.value(), std::filesystem::weakly_canonical(data_dir_).string() + "\n");
+
+  daemon_ = Daemon::start(data_dir_, {"--warm-pool", "0", "--rootfs", (new_entry / "rootfs.ext4").string()});
+  ASSERT_TRUE(daemon_);
+  EXPECT_EQ(execJson(*daemon_, id, json{{"command", "cat /home/user/file.txt"}})["stdout"], "saved\n");
+  // Still pinned: the old template stands on it.
+  EXPECT_TRUE(std::filesystem::exists(pin));
+  daemon_->callJson("DELETE", "/v1/sandboxes/" + id, nullptr, 204);
 }
 
 TEST_F(SpacedTest, SuspendReleasesTheVmAndExecResumesItOnDemand) {
