@@ -1205,6 +1205,8 @@ void ApiService::streamProcess(Call& c, sandbox::AgentLease lease, std::unique_p
     if (!c.res.started()) fail(c, detached.error());
     return;
   }
+  // Its drains share the step threads as its tenant's, whatever address the tenant calls from.
+  detached.value()->shareStepsWith("tenant " + c.tenant);
   auto pump = std::make_shared<ProcessPump>(*this, std::move(lease), std::move(process), std::move(detached.value()),
                                             exec_started);
   if (c.ticket) pump->place = std::move(*c.ticket);

@@ -462,6 +462,8 @@ void EnvdFront::stream(Call& c, const std::string& method) {
   }
   std::shared_ptr<http::ResponseStream> out = std::move(detached.value());
   out->keepAlive(keepalive, keepalive_frame);
+  // Every tenant may call from one address (loopback, a proxy): steps are shared per tenant.
+  out->shareStepsWith("tenant " + c.tenant);
   auto held = std::make_shared<sandbox::AgentLease>(std::move(lease.value()));
   // The stream keeps its place among the tenant's streams until it closes.
   auto place = std::make_shared<api::TenantGate::Ticket>(std::move(*c.ticket));

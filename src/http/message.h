@@ -72,8 +72,13 @@ class ResponseStream {
   // Runs `task` on one of the server's stream-step threads (ServerLimits::max_stream_step_threads),
   // now or, when all are busy, once one frees: for the steps of a stream that block (an agent
   // call, a lock another request may hold). False, and `task` is dropped, when the stream is
-  // closed, the server stops, or as many steps as streams already wait.
+  // closed, the server stops, or as many steps as streams already wait. Never throws.
   virtual bool runBlocking(std::function<void()> task) = 0;
+  // Whose share of the step threads (ServerLimits::max_stream_steps_per_client) this stream's
+  // steps count against: its client's address unless the handler names the party (a tenant),
+  // which it should where many parties share an address (loopback, a proxy). Set before the
+  // first runBlocking().
+  virtual void shareStepsWith(std::string party) = 0;
 };
 
 // {"error":{"code":code,"message":message}}: the body of every error the API and the server

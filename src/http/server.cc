@@ -123,8 +123,8 @@ struct Server::Stream final : detail::DetachedStream, std::enable_shared_from_th
   Stream(Server& s, ConnectionPtr c) : server(s), connection(std::move(c)) {}
 
   Server& server;
-  ConnectionPtr connection;                       // the loop's; reset when the stream closes
-  const std::string client = connection->client;  // whose share its steps count against
+  ConnectionPtr connection;                                  // the loop's; reset when the stream closes
+  std::string step_party = "address " + connection->client;  // guarded by m; see shareStepsWith
   // is_closed, readable without m: a step queued behind others is checked under the server's
   // steps lock, which is taken inside m (runBlocking), so it cannot take m.
   std::atomic<bool> closed_now{false};
@@ -212,6 +212,11 @@ struct Server::Stream final : detail::DetachedStream, std::enable_shared_from_th
     std::lock_guard lock(m);
     keepalive_idle = idle;
     keepalive_chunk = std::move(chunk);
+  }
+
+  void shareStepsWith(std::string party) override {
+    std::lock_guard lock(m);
+    step_party = "party " + party;  // never one of the addresses' names
   }
 
   bool runBlocking(std::function<void()> task) override {
@@ -909,37 +914,66 @@ Result<std::shared_ptr<detail::DetachedStream>> Server::reserveStream(const Conn
 }
 
 bool Server::runStep(const StreamPtr& stream, std::function<void()> task, std::string& why) {
-  const std::string& client = stream->client;
+  const std::string party = stream->step_party;  // under the stream's lock (runBlocking)
+  bool counted = false;
+  try {
+    {
+      std::lock_guard lock(steps_mutex_);
+      PartySteps& steps = steps_by_party_[party];
+      if (steps.running >= std::max<size_t>(1, limits_.max_stream_steps_per_client)) {
+        if (steps.waiting.size() >= limits_.max_streams_per_client) {
+          // Steps of streams that closed while they waited hold no place. (What they captured
+          // goes here, under this lock: a tenant's ticket, a pump's reference; none of it
+          // takes a stream's lock or this one.)
+          std::erase_if(steps.waiting, [](const auto& waiting) { return waiting.first->closed(); });
+        }
+        if (steps.waiting.size() >= limits_.max_streams_per_client) {
+          why = "its party has " + std::to_string(steps.running) + " steps running and " +
+                std::to_string(steps.waiting.size()) + " waiting (the limit is " +
+                std::to_string(limits_.max_streams_per_client) + ")";
+          return false;
+        }
+        steps.waiting.emplace_back(stream, std::move(task));  // all or nothing
+        return true;
+      }
+      ++steps.running;
+      counted = true;
+    }
+    std::function<void()> first = [this, party, stream, task = std::move(task)]() mutable {
+      runStepsOfParty(party, std::move(stream), std::move(task));
+    };
+    if (stream_steps_->run(std::move(first), why)) return true;
+  } catch (const std::exception& e) {  // no memory for the step
+    why = std::string("cannot queue the step: ") + e.what();
+  }
+  if (!counted) return false;
+  // Not run: its place goes back. Steps that queued behind it meanwhile would wait for a step
+  // that never finishes: their streams end (on the loop: they are other streams, whose locks
+  // are not taken under this one's).
+  std::vector<StreamPtr> stranded;
+  std::deque<std::pair<StreamPtr, std::function<void()>>> dropped;  // goes after the lock
   {
     std::lock_guard lock(steps_mutex_);
-    ClientSteps& steps = steps_by_client_[client];
-    if (steps.running >= std::max<size_t>(1, limits_.max_stream_steps_per_client)) {
-      if (steps.waiting.size() >= limits_.max_streams_per_client) {
-        // Steps of streams that closed while they waited hold no place.
-        std::erase_if(steps.waiting, [](const auto& waiting) { return waiting.first->closed(); });
-      }
-      if (steps.waiting.size() >= limits_.max_streams_per_client) {
-        why = "this client has " + std::to_string(steps.running) + " steps running and " +
-              std::to_string(steps.waiting.size()) + " waiting (the limit is " +
-              std::to_string(limits_.max_streams_per_client) + ")";
-        return false;
-      }
-      steps.waiting.emplace_back(stream, std::move(task));
-      return true;
+    auto it = steps_by_party_.find(party);
+    if (--it->second.running == 0) {
+      dropped.swap(it->second.waiting);
+      steps_by_party_.erase(it);
     }
-    ++steps.running;
   }
-  auto first = [this, client, stream, task = std::move(task)]() mutable {
-    runStepsOfClient(client, std::move(stream), std::move(task));
-  };
-  if (stream_steps_->run(std::move(first), why)) return true;
-  std::lock_guard lock(steps_mutex_);
-  auto it = steps_by_client_.find(client);
-  if (--it->second.running == 0 && it->second.waiting.empty()) steps_by_client_.erase(it);
+  try {
+    for (auto& waiting : dropped) stranded.push_back(waiting.first);
+    if (!stranded.empty()) {
+      boost::asio::post(io_, [stranded = std::move(stranded)] {
+        for (const StreamPtr& s : stranded) s->abort();
+      });
+    }
+  } catch (const std::exception& e) {
+    spdlog::error("http: {} stream(s) lost their steps and could not be cut: {}", dropped.size(), e.what());
+  }
   return false;
 }
 
-void Server::runStepsOfClient(const std::string& client, StreamPtr stream, std::function<void()> task) {
+void Server::runStepsOfParty(const std::string& party, StreamPtr stream, std::function<void()> task) {
   while (true) {
     // A step taken after its stream closed (it waited its turn, or the server stops) is skipped:
     // a client that is gone costs no blocking call.
@@ -947,15 +981,17 @@ void Server::runStepsOfClient(const std::string& client, StreamPtr stream, std::
       try {
         task();
       } catch (const std::exception& e) {
-        spdlog::error("http: a stream step threw: {}", e.what());
+        // Its producer cannot go on (a pump left marked running): the stream ends, not hangs.
+        spdlog::error("http: a stream step threw: {}; the stream is cut", e.what());
+        stream->abort();
       }
     }
     task = nullptr;  // what the step captured goes before the next one runs
     stream.reset();
     std::lock_guard lock(steps_mutex_);
-    auto it = steps_by_client_.find(client);
+    auto it = steps_by_party_.find(party);
     if (it->second.waiting.empty()) {
-      if (--it->second.running == 0) steps_by_client_.erase(it);
+      if (--it->second.running == 0) steps_by_party_.erase(it);
       return;
     }
     std::tie(stream, task) = std::move(it->second.waiting.front());

@@ -90,9 +90,10 @@ struct ServerLimits {
   // one taken after its stream closed is skipped. Started on demand and gone after a minute
   // idle.
   size_t max_stream_step_threads = 256;
-  // Of those, what one client address's steps may hold at once (as counted for
+  // Of those, what one party's steps may hold at once: a tenant's, where the handler names it
+  // (ResponseStream::shareStepsWith), else a client address's (as counted for
   // max_connections_per_client). Its further steps wait, in order, for one of its own to finish
-  // (at most max_streams_per_client wait), so a client whose steps block cannot take the pool
+  // (at most max_streams_per_client wait), so a party whose steps block cannot take the pool
   // from the others, and its own streams still take turns.
   size_t max_stream_steps_per_client = 64;
   // For each read: a client silent for longer is dropped. The whole request header must also
@@ -185,11 +186,11 @@ class Server {
   // After a response that closes the connection, with the socket already on the loop.
   void lingerOnLoop(const ConnectionPtr& connection);
   // Stream steps (ResponseStream::runBlocking), from the stream with its lock held: runs `task`
-  // on a step thread under the client's share, or queues it behind the client's running steps.
+  // on a step thread under its party's share, or queues it behind the party's running steps.
   bool runStep(const StreamPtr& stream, std::function<void()> task, std::string& why);
-  // On a step thread: runs `task` unless its stream closed, then the client's next waiting
-  // steps, until none waits; then the client's share has a place free.
-  void runStepsOfClient(const std::string& client, StreamPtr stream, std::function<void()> task);
+  // On a step thread: runs `task` unless its stream closed, then the party's next waiting
+  // steps, until none waits; then the party's share has a place free.
+  void runStepsOfParty(const std::string& party, StreamPtr stream, std::function<void()> task);
   // Under mutex_: the handler returned, but the connection stays busy (a stream): no longer
   // counted among the running requests.
   void stopCountingRunningLocked(Connection& connection);
@@ -221,16 +222,16 @@ class Server {
   std::unordered_map<std::string, size_t> running_by_client_;  // guarded by mutex_; no zero entries
   size_t streams_ = 0;                                         // guarded by mutex_: detached streams open
   std::unordered_map<std::string, size_t> streams_by_client_;  // guarded by mutex_; no zero entries
-  // Stream steps per client: those running (or queued for a step thread), at most
+  // Stream steps per party: those running (or queued for a step thread), at most
   // max_stream_steps_per_client, and those waiting for one of them to finish.
-  struct ClientSteps {
+  struct PartySteps {
     size_t running = 0;
     std::deque<std::pair<StreamPtr, std::function<void()>>> waiting;
   };
-  std::mutex steps_mutex_;                                        // taken after a stream's lock, never before
-  std::unordered_map<std::string, ClientSteps> steps_by_client_;  // guarded by steps_mutex_; no empty entries
-  Clock::time_point last_rejection_log_{};                        // guarded by mutex_
-  size_t rejections_unlogged_ = 0;                                // guarded by mutex_
+  std::mutex steps_mutex_;                                      // taken after a stream's lock, never before
+  std::unordered_map<std::string, PartySteps> steps_by_party_;  // guarded by steps_mutex_; no empty entries
+  Clock::time_point last_rejection_log_{};                      // guarded by mutex_
+  size_t rejections_unlogged_ = 0;                              // guarded by mutex_
 };
 
 }  // namespace space::http

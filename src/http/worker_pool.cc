@@ -56,23 +56,26 @@ bool WorkerPool::run(std::function<void()> task, std::string& why) {
               std::to_string(max_threads_) + ")";
       }
     } else {
-      workers_.emplace_back();
-      Worker& worker = workers_.back();
+      // Each step undone by what was done of it: any of them may fail for want of memory, the
+      // last for want of a thread.
+      bool queued = false, listed = false;
       try {
         // The new thread starts idle and takes the task queued for it.
         tasks_.push_back(std::move(task));
+        queued = true;
+        workers_.emplace_back();
+        listed = true;
+        Worker& worker = workers_.back();
+        worker.thread = std::thread([this, &worker] { loop(worker); });
         ++idle_;
         ++live_;
-        worker.thread = std::thread([this, &worker] { loop(worker); });
         taken = true;
-      } catch (const std::exception& e) {  // no thread (system_error) or no memory for it
-        --idle_;
-        --live_;
-        workers_.pop_back();
-        if (live_ > 0 && tasks_.size() - 1 - idle_ < max_queued_) {
+      } catch (const std::exception& e) {
+        if (listed) workers_.pop_back();
+        if (queued && live_ > 0 && tasks_.size() - 1 - idle_ < max_queued_) {
           taken = true;  // no new thread now, but a running one takes the task when it finishes
         } else {
-          tasks_.pop_back();
+          if (queued) tasks_.pop_back();
           why = std::string("cannot start a thread for the request: ") + e.what();
         }
       }

@@ -87,7 +87,7 @@ TEST(WorkerPool, TasksQueuedWhenTheStopBeginsStillRun) {
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(pool.run([&] { ++ran; }, why)) << why;
   std::thread stopper([&] { pool.stop(); });
   // The queue is full, so a refusal says why: busy until the stop has begun.
-  for (int i = 0; i < 1000 && why.find("stopping") == std::string::npos; ++i) {
+  for (int i = 0; i < 5000 && why.find("stopping") == std::string::npos; ++i) {
     ASSERT_FALSE(pool.run([] {}, why));
     std::this_thread::sleep_for(1ms);
   }
