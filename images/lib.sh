@@ -89,15 +89,23 @@ lock_kind() {
   done
 }
 
-# pinned_by ENTRY: prints the data dir of spaced that pinned ENTRY (saved sandboxes there stand
-# on it: vmm/image_bases.h) and still exists; pins of data dirs that are gone are removed.
+# pinned_by ENTRY: prints the data dir of spaced whose pin on ENTRY keeps it (saved sandboxes
+# there stand on it: vmm/image_bases.h). A pin keeps its entry while its data dir is a data dir
+# of the pin's writer (its spaced.lock is theirs), and also while that cannot be known (the
+# directory above it is missing: a file system not mounted now, another mount namespace). A pin
+# whose data dir is plainly gone (its parent is there, it is not) or is not a data dir is removed.
 pinned_by() {
-  local pin target
+  local pin target owner
   for pin in "$1"/pins/*; do
     [[ -f $pin ]] || continue
     target=$(head -n 1 "$pin")
-    if [[ -n $target && -d $target ]]; then
+    owner=$(stat -c %u "$pin")
+    if [[ -n $target && -f $target/spaced.lock && $(stat -c %u "$target/spaced.lock") == "$owner" ]]; then
       echo "$target"
+      return 0
+    fi
+    if [[ -n $target && $target == /* && ! -d ${target%/*} ]]; then
+      echo "$target (not reachable now)"
       return 0
     fi
     rm -f "$pin"
@@ -111,21 +119,33 @@ pinned_by() {
 # at its start (it holds a shared flock on the entry's manifest.json for its life) is kept:
 # spaced starts every VM from those paths, and would fail them all until restarted. So is an
 # entry that a data dir's saved sandboxes stand on (a pin names it), whether spaced runs or not.
+# The checks and the move out of the way happen under the manifest's exclusive flock: a spaced
+# starting meanwhile waits for it, then finds the entry gone rather than half removed.
 prune_kind() {
-  local kind=$1 keep=$2 old by
+  local kind=$1 keep=$2 old by fd aside
   old=$(find "$SPACE_IMAGE_CACHE" -maxdepth 1 -type d -name "$kind-*" -printf '%T@ %p\n' | sort -rn | tail -n +$((keep + 1)) | cut -d' ' -f2-)
   [[ -z $old ]] && return 0
   while IFS= read -r dir; do
-    if [[ -f $dir/manifest.json ]] && ! flock -n -x "$dir/manifest.json" true; then
-      phase "$kind" "keeping old $(basename "$dir"): a running spaced uses it"
-      continue
+    fd=
+    if [[ -f $dir/manifest.json ]]; then
+      exec {fd}<"$dir/manifest.json"
+      if ! flock -n -x "$fd"; then
+        exec {fd}<&-
+        phase "$kind" "keeping old $(basename "$dir"): a running spaced uses it"
+        continue
+      fi
     fi
     if by=$(pinned_by "$dir"); then
+      [[ -n $fd ]] && exec {fd}<&-
       phase "$kind" "keeping old $(basename "$dir"): saved sandboxes of $by stand on it"
       continue
     fi
     phase "$kind" "pruning old $(basename "$dir")"
-    rm -rf --one-file-system "$dir"
+    aside="$SPACE_IMAGE_CACHE/.tmp-$kind-pruned-$(basename "$dir")"
+    rm -rf --one-file-system "$aside"
+    mv -T "$dir" "$aside"
+    [[ -n $fd ]] && exec {fd}<&-
+    rm -rf --one-file-system "$aside"
   done <<<"$old"
 }
 

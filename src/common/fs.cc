@@ -201,6 +201,14 @@ UniqueFd holdImageCacheEntry(const std::string& file) {
   while (::flock(fd.get(), LOCK_SH) != 0) {
     if (errno != EINTR) return UniqueFd();
   }
+  // The prune that held it may have moved the entry away meanwhile (it does so under its lock):
+  // then this manifest is no longer at its path, and the entry is gone.
+  struct stat held {
+  }, at{};
+  if (::fstat(fd.get(), &held) != 0 || ::stat(manifest.c_str(), &at) != 0 || held.st_dev != at.st_dev ||
+      held.st_ino != at.st_ino) {
+    return UniqueFd();
+  }
   return fd;
 }
 

@@ -102,29 +102,41 @@ check "once let go, it is pruned" test ! -e "$SPACE_IMAGE_CACHE/gadget-b1"
 check "the newest two remain" test -d "$SPACE_IMAGE_CACHE/gadget-b4" -a -d "$SPACE_IMAGE_CACHE/gadget-b5"
 
 # --- an entry a data dir's saved sandboxes stand on (a pin naming that dir) is kept while the
-# dir exists, whether or not a spaced runs; a pin of a dir that is gone keeps nothing
-for h in c1 c2; do
+# dir is a data dir (its spaced.lock), whether or not a spaced runs, and while the dir cannot be
+# seen at all (its parent missing: not mounted now); a pin of a dir that is plainly gone, or of
+# a directory that is no data dir, keeps nothing
+for h in c1 c2 c3 c4; do
   publish_one widget "$h"
   sleep 0.05
 done
 datadir=$SPACE_IMAGE_CACHE/a-data-dir
-mkdir -p "$datadir" "$SPACE_IMAGE_CACHE/widget-c1/pins" "$SPACE_IMAGE_CACHE/widget-c2/pins"
-echo "$datadir" >"$SPACE_IMAGE_CACHE/widget-c1/pins/0123456789abcdef"
-echo "$SPACE_IMAGE_CACHE/gone-data-dir" >"$SPACE_IMAGE_CACHE/widget-c2/pins/fedcba9876543210"
-for h in c3 c4; do
+mkdir -p "$datadir" "$SPACE_IMAGE_CACHE/not-a-data-dir"
+touch "$datadir/spaced.lock"
+pin_on() { # pin_on ENTRY TARGET
+  mkdir -p "$SPACE_IMAGE_CACHE/$1/pins"
+  echo "$2" >"$SPACE_IMAGE_CACHE/$1/pins/0123456789abcdef"
+}
+pin_on widget-c1 "$datadir"
+pin_on widget-c2 "$SPACE_IMAGE_CACHE/gone-data-dir"
+pin_on widget-c3 "$SPACE_IMAGE_CACHE/not-a-data-dir"
+pin_on widget-c4 "/nonexistent-mount-$$/data"
+for h in c5 c6; do
   publish_one widget "$h"
   sleep 0.05
 done
 check "a pinned entry is kept past the count" test -d "$SPACE_IMAGE_CACHE/widget-c1"
 check "an entry pinned by a data dir that is gone was pruned" test ! -e "$SPACE_IMAGE_CACHE/widget-c2"
+check "an entry pinned by a directory that is no data dir was pruned" test ! -e "$SPACE_IMAGE_CACHE/widget-c3"
+check "an entry pinned by a data dir that cannot be seen now is kept" test -d "$SPACE_IMAGE_CACHE/widget-c4"
 (
   source "$here/../../images/lib.sh"
-  publish "$(make_workdir widget)" "$SPACE_IMAGE_CACHE/widget-c5"
+  publish "$(make_workdir widget)" "$SPACE_IMAGE_CACHE/widget-c7"
 ) 2>"$SPACE_IMAGE_CACHE/pin.err"
 check "the prune said why it kept it" grep -q "keeping old widget-c1: saved sandboxes of $datadir stand on it" \
   "$SPACE_IMAGE_CACHE/pin.err"
+check "no entry was left aside" test "$(find "$SPACE_IMAGE_CACHE" -maxdepth 1 -name '.tmp-widget-*' | wc -l)" = 0
 rm -rf "$datadir"
-publish_one widget c6
+publish_one widget c8
 check "once its data dir is gone, it is pruned" test ! -e "$SPACE_IMAGE_CACHE/widget-c1"
 
 echo "$passed passed, $failed failed"

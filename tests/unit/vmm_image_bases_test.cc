@@ -52,6 +52,14 @@ TEST(ImageBases, OlderImagesTemplatesStandOnAreKeptAndPinnedAndNothingElseIsAdmi
   templateOn(data, "on-new", current);
   templateOn(data, "on-old", older);
   templateOn(data, "on-a-file", (data / "secret.db").string());  // a header may name anything
+  // A sandbox made without a template (a size without one) stands on the image directly; an
+  // eviction under way (".evict-") keeps nothing.
+  const std::string direct = entry(cache, "rootfs-direct"), evicted = entry(cache, "rootfs-evicted");
+  fs::create_directories(data / "sandboxes" / "sb_1");
+  ASSERT_TRUE(createDiskOverlay(direct, "raw", (data / "sandboxes" / "sb_1" / "disk.qcow2").string(),
+                                (data / "sb_1.log").string())
+                  .ok());
+  templateOn(data, ".evict-gone", evicted);
   // A pin this data dir left on an entry it no longer stands on, and another data dir's.
   const std::string mine = imagePinName(data.string());
   writeFile(cache / "rootfs-unused" / "pins" / mine, data.string() + "\n");
@@ -60,12 +68,14 @@ TEST(ImageBases, OlderImagesTemplatesStandOnAreKeptAndPinnedAndNothingElseIsAdmi
   {
     auto bases = holdImageBases(data.string(), {current});
     ASSERT_TRUE(bases.ok()) << bases.error().message;
-    EXPECT_EQ(bases->images, (std::vector<std::string>{current, older}));
-    EXPECT_EQ(bases->held.size(), 2u);
+    // Current first; then the rest in the order found (templates before sandboxes).
+    EXPECT_EQ(bases->images, (std::vector<std::string>{current, older, direct}));
+    EXPECT_EQ(bases->held.size(), 3u);
+    EXPECT_TRUE(pruneMayRemove(evicted));
     EXPECT_FALSE(pruneMayRemove(current));
     EXPECT_FALSE(pruneMayRemove(older));
     EXPECT_TRUE(pruneMayRemove(unused));
-    for (const std::string& image : {current, older}) {
+    for (const std::string& image : {current, older, direct}) {
       auto pin = readSmallFile((fs::path(image).parent_path() / "pins" / mine).string(), 4096);
       ASSERT_TRUE(pin.ok()) << image;
       EXPECT_EQ(pin.value(), data.string() + "\n");
@@ -80,7 +90,15 @@ TEST(ImageBases, OlderImagesTemplatesStandOnAreKeptAndPinnedAndNothingElseIsAdmi
   templateOn(data, "on-elsewhere", elsewhere);
   auto again = holdImageBases(data.string(), {current});
   ASSERT_TRUE(again.ok());
-  EXPECT_EQ(again->images, (std::vector<std::string>{current, older}));
+  EXPECT_EQ(again->images, (std::vector<std::string>{current, older, direct}));
+
+  // Beside a --rootfs of one's own (no manifest: not in a cache), nothing is an image.
+  const fs::path own = root / "own" / "rootfs.ext4";
+  fs::create_directories(own.parent_path());
+  std::ofstream(own) << "x";
+  auto beside_own = holdImageBases(data.string(), {own.string()});
+  ASSERT_TRUE(beside_own.ok());
+  EXPECT_EQ(beside_own->images, (std::vector<std::string>{own.string()}));
 }
 
 }  // namespace
