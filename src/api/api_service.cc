@@ -464,26 +464,33 @@ void ApiService::serveIngress(http::Request& req, http::Response& res, const Res
   }
   Call call{req, res, tenant};
   // The node's ingress is bounded apart from each sandbox's: proxied connections hold server
-  // threads for as long as they last, and the API must keep some for itself.
+  // threads until their guests answer, and the API must keep some for itself.
   // Each tenant may hold a quarter of them, so a few sandboxes whose guests accept and never
-  // answer cannot take every other tenant's previews down.
+  // answer cannot take every other tenant's previews down. The count lasts as long as the
+  // connection: the relay on the server's event loop holds it.
   struct Slot {
-    ApiService& api;
-    const std::string& tenant;
+    Slot(ApiService& a, std::string t) : api(a), tenant(std::move(t)) {}
+    Slot(const Slot&) = delete;
+    Slot& operator=(const Slot&) = delete;
     ~Slot() {
+      if (!counted) return;
       std::lock_guard lock(api.ingress_mu_);
       --api.ingress_open_;
       if (--api.ingress_by_tenant_[tenant] == 0) api.ingress_by_tenant_.erase(tenant);
     }
+    ApiService& api;
+    const std::string tenant;
+    bool counted = false;
   };
   const size_t tenant_cap = std::max<size_t>(1, ingress_.max_connections / 4);
   bool over_node = false, over_tenant = false;
+  auto slot = std::make_shared<Slot>(*this, tenant);
   {
     std::lock_guard lock(ingress_mu_);
+    over_tenant = ++ingress_by_tenant_[tenant] > tenant_cap;  // the one that may throw, first
     over_node = ++ingress_open_ > ingress_.max_connections;
-    over_tenant = ++ingress_by_tenant_[tenant] > tenant_cap;
+    slot->counted = true;
   }
-  Slot slot{*this, tenant};
   if (over_node || over_tenant) {
     metrics_.countError("ingress_busy");
     res.setHeader("Retry-After", "1");
@@ -498,7 +505,11 @@ void ApiService::serveIngress(http::Request& req, http::Response& res, const Res
   // public ports must not make the node restore and save it again and again.
   auto connection = manager_.connectPort(tenant, id, target.port, Clock::now() + std::chrono::seconds(5), owner_key);
   if (!connection.ok()) return fail(call, connection.error());
-  proxyToGuest(req, res, connection->connection.fd(), target, by_key, ingress_);
+  // The guest's socket and the slot go with the relay's end.
+  auto held = std::make_shared<std::pair<std::shared_ptr<Slot>, sandbox::PortConnection>>(
+      std::move(slot), std::move(connection).value());
+  const int guest = held->second.connection.fd();
+  proxyToGuest(req, res, guest, std::move(held), target, by_key, ingress_);
 }
 
 json ApiService::sandboxView(const store::SandboxRecord& record) const {

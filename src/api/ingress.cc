@@ -131,94 +131,6 @@ Result<std::string> readSomeBefore(int fd, size_t max, Clock::time_point deadlin
   }
 }
 
-// Relays bytes between the client and the guest until both directions ended (each side's end
-// of stream is passed on as a half-close), either side fails, nothing moved for
-// `idle_timeout`, or `abort_fd` fires. `both_ways` false: only guest -> client, ending when
-// the guest's stream ends or the client hangs up.
-void relay(int client, int guest, bool both_ways, std::chrono::milliseconds idle_timeout, int abort_fd) {
-  struct Direction {
-    int from, to;
-    std::string pending;  // read from `from`, not yet written to `to`
-    bool ended = false;   // `from` ended and its end was passed on
-    bool open = true;
-  };
-  Direction down{guest, client, {}, false, true};
-  Direction up{client, guest, {}, false, both_ways};
-  constexpr size_t kChunk = 64 * 1024;
-  std::vector<char> buf(kChunk);
-  auto last_activity = Clock::now();
-  while (down.open || up.open) {
-    pollfd fds[6];
-    int count = 0;
-    int index[4] = {-1, -1, -1, -1};  // down read, down write, up read, up write
-    auto add = [&](int slot, int fd, short events) {
-      index[slot] = count;
-      fds[count++] = {fd, events, 0};
-    };
-    if (down.open)
-      add(down.pending.empty() ? 0 : 1, down.pending.empty() ? down.from : down.to,
-          down.pending.empty() ? POLLIN : POLLOUT);
-    if (up.open)
-      add(up.pending.empty() ? 2 : 3, up.pending.empty() ? up.from : up.to, up.pending.empty() ? POLLIN : POLLOUT);
-    // Only relaying down: still notice a client that hung up entirely.
-    if (!both_ways) add(2, client, 0);
-    // The guest's socket shut down both ways here (the sandbox ended: GuestConnections::endAll;
-    // or both sides finished): nothing more can pass. (Errors show in recv and send.)
-    const int guest_at = count;
-    fds[count++] = {guest, 0, 0};
-    const int abort_at = count;
-    if (abort_fd >= 0) fds[count++] = {abort_fd, POLLIN, 0};
-    int ready = ::poll(fds, count, pollTimeout(last_activity + idle_timeout));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0 || Clock::now() >= last_activity + idle_timeout) return;  // idle too long
-    if (abort_fd >= 0 && fds[abort_at].revents != 0) return;
-    if (fds[guest_at].revents & POLLHUP) {
-      // Nothing more can go to the guest, and it has nothing more to send than what is queued:
-      // that goes to the client, then the relay ends.
-      Clock::time_point flush_deadline = Clock::now() + idle_timeout;
-      if (!down.pending.empty() && !writeAll(client, down.pending, flush_deadline, abort_fd).ok()) return;
-      while (true) {
-        ssize_t n = ::recv(guest, buf.data(), buf.size(), MSG_DONTWAIT);
-        if (n <= 0 ||
-            !writeAll(client, std::string_view(buf.data(), static_cast<size_t>(n)), flush_deadline, abort_fd).ok()) {
-          return;
-        }
-      }
-    }
-    if (!both_ways && index[2] >= 0 && (fds[index[2]].revents & (POLLHUP | POLLERR | POLLNVAL))) return;
-    if (fds[guest_at].revents & (POLLERR | POLLNVAL)) return;
-    auto step = [&](Direction& d, int read_slot, int write_slot) -> bool {
-      if (read_slot >= 0 && index[read_slot] >= 0 && fds[index[read_slot]].revents != 0) {
-        ssize_t n = ::recv(d.from, buf.data(), buf.size(), 0);
-        if (n > 0) {
-          d.pending.assign(buf.data(), static_cast<size_t>(n));
-          last_activity = Clock::now();
-        } else if (n == 0) {
-          ::shutdown(d.to, SHUT_WR);
-          d.ended = true;
-          d.open = false;
-        } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-          return false;
-        }
-      }
-      if (write_slot >= 0 && index[write_slot] >= 0 && fds[index[write_slot]].revents != 0) {
-        ssize_t n = ::send(d.to, d.pending.data(), d.pending.size(), MSG_NOSIGNAL);
-        if (n > 0) {
-          d.pending.erase(0, static_cast<size_t>(n));
-          last_activity = Clock::now();
-        } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-          return false;
-        }
-      }
-      return true;
-    };
-    if (down.open && !step(down, 0, 1)) return;
-    if (up.open && !step(up, 2, 3)) return;
-    // One way only: the answer is complete when the guest's stream ends.
-    if (!both_ways && !down.open) return;
-  }
-}
-
 }  // namespace
 
 std::optional<Result<IngressTarget>> ingressFromPath(std::string_view raw_target) {
@@ -446,12 +358,16 @@ std::optional<std::string> refusedOnApiOrigin(const http::Request& request) {
   return std::nullopt;
 }
 
-void proxyToGuest(http::Request& request, http::Response& response, int guest, const IngressTarget& target,
-                  bool strip_authorization, const IngressOptions& options) {
+void proxyToGuest(http::Request& request, http::Response& response, int guest, std::shared_ptr<void> keep,
+                  const IngressTarget& target, bool strip_authorization, const IngressOptions& options) {
   const std::string where = "port " + std::to_string(target.port) + " of sandbox " + target.sandbox_id;
   auto gatewayError = [&](int status, const std::string& message) {
     spdlog::debug("ingress: {} {}: {}", request.method(), where, message);
-    (void)response.sendError(status, status == 504 ? "gateway_timeout" : "bad_gateway", message);
+    (void)response.sendError(status,
+                             status == 504   ? "gateway_timeout"
+                             : status == 503 ? "unavailable"
+                                             : "bad_gateway",
+                             message);
   };
   const bool upgrade = wantsUpgrade(request);
   if (upgrade && (!request.contentLength() || *request.contentLength() > 0)) {
@@ -525,21 +441,22 @@ void proxyToGuest(http::Request& request, http::Response& response, int guest, c
   if (final_head.status == 101 && !upgrade) {
     return gatewayError(502, where + " switched protocols (101) although the client asked for no upgrade");
   }
-  auto taken = response.takeOver(final_head.status);
-  if (!taken.ok()) {
-    spdlog::warn("ingress: {} {}: cannot take the connection over: {}", request.method(), where, taken.error().message);
-    return;
-  }
   const bool switched = upgrade && final_head.status == 101;
+  // From here the server's event loop relays, and this thread returns to the pool: a WebSocket
+  // or a download that lasts hours holds no thread.
+  http::RelayPlan plan;
+  plan.peer = fd;
+  plan.both_ways = switched;
+  plan.idle_timeout = options.idle_timeout;
+  plan.to_client = heads + received;
+  plan.keep = std::move(keep);
+  if (auto relayed = response.relay(final_head.status, std::move(plan)); !relayed.ok()) {
+    if (relayed.error().code == ErrorCode::kUnavailable) response.setHeader("Retry-After", "1");
+    return gatewayError(relayed.error().code == ErrorCode::kUnavailable ? 503 : 502,
+                        "cannot relay " + where + ": " + relayed.error().message);
+  }
   spdlog::debug("ingress: {} {} -> {} ({})", request.method(), where, final_head.status,
                 switched ? "upgraded" : "relayed");
-  Clock::time_point relay_deadline = Clock::now() + options.idle_timeout;
-  if (!writeAll(taken->fd, heads + received, relay_deadline, taken->abort_fd).ok()) return;
-  if (switched && !taken->early_bytes.empty() &&
-      !writeAll(fd, taken->early_bytes, relay_deadline, taken->abort_fd).ok()) {
-    return;
-  }
-  relay(taken->fd, fd, switched, options.idle_timeout, taken->abort_fd);
 }
 
 }  // namespace space::api

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -40,8 +41,9 @@ struct IngressOptions {
   std::chrono::milliseconds idle_timeout{600000};
   // The guest's response heads (interim 1xx ones included), at most: more is a 502.
   size_t max_response_head = 64 * 1024;
-  // Proxied connections of the whole node at once (each holds a server thread); more get 503.
-  // Each sandbox also has its own cap (net::kMaxGuestConnections).
+  // Proxied connections of the whole node at once; more get 503. Each holds a server thread
+  // until the guest's answer starts (then the event loop relays it). Each sandbox also has its
+  // own cap (net::kMaxGuestConnections).
   size_t max_connections = 256;
 };
 
@@ -99,11 +101,14 @@ Result<GuestResponseHead> rewriteResponseHead(std::string_view head, bool same_o
 // for (Sec-Fetch-Site same-origin and a Sec-Fetch-Dest other than document).
 std::optional<std::string> refusedOnApiOrigin(const http::Request& request);
 
-// Sends the request (head and body) to the guest on `guest`, relays the answer, and for an
-// accepted upgrade both ways until either side ends. Answers the client itself when the guest
-// fails before its answer starts (502, 504).
-// `guest` stays the caller's (a non-blocking socket; shut down from elsewhere, it ends the relay).
-void proxyToGuest(http::Request& request, http::Response& response, int guest, const IngressTarget& target,
-                  bool strip_authorization, const IngressOptions& options);
+// Sends the request (head and body) to the guest on `guest`, waits for its answer's head on
+// this thread, and then hands the connection to the server's event loop (Response::relay),
+// which relays the answer, and for an accepted upgrade both ways until either side ends.
+// Answers the client itself when the guest fails before its answer starts (502, 504).
+// `guest` is a non-blocking socket owned by `keep`, which also holds whatever counts the
+// connection: it goes when the relay ends (on the event loop: its release must not block), or
+// when this returns without one. Shut down from elsewhere, the socket ends the relay.
+void proxyToGuest(http::Request& request, http::Response& response, int guest, std::shared_ptr<void> keep,
+                  const IngressTarget& target, bool strip_authorization, const IngressOptions& options);
 
 }  // namespace space::api

@@ -556,6 +556,11 @@ int main(int argc, char** argv) {
                  "a proxied connection to a sandbox port (a WebSocket) with no traffic for this long is closed")
       ->capture_default_str()
       ->check(CLI::Range(1, 7 * 24 * 3600));
+  app.add_option("--ingress-max-connections", ingress.max_connections,
+                 "proxied connections to sandbox ports at once, on each front end (REST, E2B); a tenant may hold a "
+                 "quarter of them; more get 503 (REST) or 429 (E2B)")
+      ->capture_default_str()
+      ->check(CLI::Range(4, 4096));
   app.add_flag("--no-snapshots", no_snapshots,
                "boot every sandbox instead of restoring its template's snapshot (slower; for comparison)");
   app.add_option("--on-shutdown", on_shutdown,

@@ -526,12 +526,18 @@ void EnvdFront::stream(Call& c, const std::string& method) {
 }
 
 void EnvdFront::proxyPort(Call& c, uint16_t port) {
-  // The node's share of proxied connections, apart from every tenant's.
+  // The node's share of proxied connections, apart from every tenant's, for as long as the
+  // connection lasts (the relay on the server's event loop holds it).
   struct Place {
-    std::atomic<size_t>& open;
+    explicit Place(std::atomic<size_t>& o) : open(o), now(++o) {}
+    Place(const Place&) = delete;
+    Place& operator=(const Place&) = delete;
     ~Place() { --open; }
-  } place{ports_open_};
-  if (++ports_open_ > options_.ports.max_connections) {
+    std::atomic<size_t>& open;
+    const size_t now;  // with this one
+  };
+  auto place = std::make_shared<Place>(ports_open_);
+  if (place->now > options_.ports.max_connections) {
     c.res.setHeader("Retry-After", "1");
     (void)sendJsonError(c.res, 503,
                         "this node proxies " + std::to_string(options_.ports.max_connections) +
@@ -558,7 +564,16 @@ void EnvdFront::proxyPort(Call& c, uint16_t port) {
     (void)sendJsonError(c.res, status, "port " + std::to_string(port) + ": " + e.message);
     return;
   }
-  api::proxyToGuest(c.req, c.res, connection->connection.fd(), target, false, options_.ports);
+  // The node's place, the tenant's (its gate's ticket) and the guest's socket go with the relay's
+  // end, not with this handler.
+  struct Held {
+    std::shared_ptr<Place> place;
+    api::TenantGate::Ticket ticket;
+    sandbox::PortConnection connection;
+  };
+  auto held = std::make_shared<Held>(Held{std::move(place), std::move(*c.ticket), std::move(connection).value()});
+  const int guest = held->connection.connection.fd();
+  api::proxyToGuest(c.req, c.res, guest, std::move(held), target, false, options_.ports);
 }
 
 void EnvdFront::download(Call& c) {

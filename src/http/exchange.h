@@ -41,6 +41,8 @@ class Exchange {
   // Makes the stream object for Response::detach, counted against the server's stream limits,
   // or says why not (unavailable).
   using StreamReserver = std::function<Result<std::shared_ptr<DetachedStream>>()>;
+  // Counts a relay for the connection (Response::relay) against the same limits, or says why not.
+  using RelayReserver = std::function<Status()>;
 
   // `parser` has read the request's header; `stopping` turns off keep-alive once set.
   Exchange(SocketStream& stream, boost::beast::flat_buffer& buffer, RequestParser& parser,
@@ -70,6 +72,12 @@ class Exchange {
   // The stream Response::detach made (its head may have failed: see ioFailed()); null if none.
   const std::shared_ptr<DetachedStream>& detached() const { return detached_; }
   bool takenOver() const { return taken_over_; }
+  void setRelayReserver(RelayReserver reserver) { relay_reserver_ = std::move(reserver); }
+  Status relay(RelayPlan plan);
+  // The relay Response::relay counted, with the client's early bytes in `early`; the server takes
+  // it once the handler returned (and must then start or count it out).
+  std::optional<RelayPlan>& relayPlan() { return relay_; }
+  const std::string& relayEarlyBytes() const { return relay_early_; }
   int abortFd() const { return stream_.abortFd(); }
   // The client hung up (or the server is stopping): see Response::clientGone.
   bool clientGone() const;
@@ -109,6 +117,9 @@ class Exchange {
   std::optional<std::pair<int, Error>> body_failure_;
   StreamReserver stream_reserver_;
   std::shared_ptr<DetachedStream> detached_;
+  RelayReserver relay_reserver_;
+  std::optional<RelayPlan> relay_;
+  std::string relay_early_;
 };
 
 }  // namespace space::http::detail

@@ -207,6 +207,16 @@ Result<TakenConnection> Response::takeOver(int status) {
   return taken;
 }
 
+Status Response::relay(int status, RelayPlan plan) {
+  if (started_) return makeError(ErrorCode::kFailedPrecondition, "the response was already started");
+  if (plan.peer < 0) return makeError(ErrorCode::kInvalidArgument, "a relay needs a peer socket");
+  SPACE_TRY(exchange_->relay(std::move(plan)));
+  started_ = true;
+  ended_ = true;
+  status_ = status;
+  return okStatus();
+}
+
 Result<std::shared_ptr<ResponseStream>> Response::detach(int status, std::string_view content_type) {
   SPACE_TRY(checkHeaders(status));
   if (statusForbidsBody(status)) {
@@ -441,6 +451,24 @@ Result<TakenConnection> Exchange::takeOver() {
   response_keep_alive_ = false;
   response_complete_ = true;
   return taken;
+}
+
+Status Exchange::relay(RelayPlan plan) {
+  if (io_failed_) return io_error_;
+  if (!parser_.is_done()) {
+    return makeError(ErrorCode::kFailedPrecondition, "the request body must be read before the connection is relayed");
+  }
+  if (!relay_reserver_) return makeError(ErrorCode::kUnimplemented, "this server cannot relay connections");
+  const auto data = buffer_.data();
+  std::string early(static_cast<const char*>(data.data()), data.size());  // before the count: may throw
+  SPACE_TRY(relay_reserver_());
+  buffer_.consume(buffer_.size());
+  relay_early_ = std::move(early);
+  relay_ = std::move(plan);
+  taken_over_ = true;
+  response_keep_alive_ = false;
+  response_complete_ = true;
+  return okStatus();
 }
 
 Result<std::shared_ptr<ResponseStream>> Exchange::detach(int status, std::string_view content_type) {

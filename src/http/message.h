@@ -39,6 +39,20 @@ struct TakenConnection {
   std::string early_bytes;
 };
 
+// A taken-over connection that the server's event loop relays to another socket after the
+// handler returned (Response::relay): a proxied connection that lasts hours holds no thread.
+struct RelayPlan {
+  int peer = -1;  // a connected, non-blocking socket, owned by `keep`
+  // Both ways (an accepted upgrade), or only peer -> client (an answer that ends the connection).
+  bool both_ways = false;
+  // No byte either way for this long ends the relay.
+  std::chrono::milliseconds idle_timeout{600000};
+  std::string to_client;  // written to the client first (the peer's answer as far as it was read)
+  // Released on the event loop once the relay ended: the peer socket's owner and whatever counts
+  // the relay (it must not block: it runs on the loop).
+  std::shared_ptr<void> keep;
+};
+
 // A streamed response that outlives its handler (Response::detach): the handler returns, and
 // with it its thread, while the server's event loop writes what producers push from any thread.
 // For streams that last minutes or days (a process's output, a file watch), which would
@@ -184,6 +198,15 @@ class Response {
   // been read to its end. `status` is only what the server logs. The connection is never kept
   // for another request.
   Result<TakenConnection> takeOver(int status);
+  // Hands the connection to the server's event loop, which writes `plan.to_client` and then
+  // relays between the client and `plan.peer` (what the client sent after the request goes to
+  // the peer first when both ways) until both directions ended (each end of stream passed on as
+  // a half-close), either side fails, the peer's socket is shut down both ways (its owner ended
+  // it), nothing moved for the idle timeout, or the server stops; one way, also when the client
+  // hangs up. The request body must have been read to its end. The relay counts as a stream
+  // (ServerLimits::max_streams): `unavailable` when none is free, and nothing was sent.
+  // `status` is only what the server logs. The plan's `keep` goes with the relay's end.
+  Status relay(int status, RelayPlan plan);
   // An eventfd that becomes readable once the server gives up on its connections (stop, after
   // the grace period): for a handler waiting on something other than the client.
   int abortFd() const;

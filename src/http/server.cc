@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/read.hpp>
@@ -110,6 +112,7 @@ struct Server::Connection {
   bool finished = false;  // counted out of open_connections_
   Clock::time_point idle_since = Clock::now();
   StreamPtr stream;  // a detached response not yet closed (busy stays set while it is)
+  RelayPtr relay;    // a relay on the loop, not yet closed (busy stays set while it is)
   // The loop's: a stream's keep-alive timer (here, not in the stream: the stream may outlive
   // the server, its connection and anything bound to the event loop do not).
   boost::asio::steady_timer stream_timer{socket.get_executor()};
@@ -236,6 +239,29 @@ struct Server::Stream final : detail::DetachedStream, std::enable_shared_from_th
   }
 };
 
+// A relayed connection (Response::relay): the loop's alone. The client's socket is the
+// connection's; the peer's belongs to the plan's `keep` and is only borrowed here.
+struct Server::Relay {
+  Relay(ConnectionPtr c, RelayPlan p, std::string early)
+      : connection(std::move(c)),
+        peer(connection->socket.get_executor()),
+        plan(std::move(p)),
+        to_peer(std::move(early)) {}
+
+  ConnectionPtr connection;
+  // A socket of any family (TCP into a guest, a socketpair): its writes are sends without
+  // SIGPIPE, where a descriptor's would be write(2)s that raise it.
+  boost::asio::generic::stream_protocol::socket peer;
+  RelayPlan plan;
+  std::string to_peer;                      // the client's bytes after its request: the peer's first (both ways)
+  std::array<char, 64 * 1024> down_buffer;  // peer -> client
+  std::array<char, 64 * 1024> up_buffer;    // client -> peer
+  bool down_open = true;
+  bool up_open = false;
+  bool closed = false;
+  Clock::time_point last_activity = Clock::now();
+};
+
 Result<std::unique_ptr<Server>> Server::start(const std::string& listen, Handler handler, ServerLimits limits,
                                               std::shared_ptr<boost::asio::ssl::context> tls) {
   auto listener = detail::listenTcp(listen, 512);
@@ -344,13 +370,16 @@ void Server::stop(std::chrono::milliseconds grace) {
         acceptor_.close(ignored);
         accept_backoff_.cancel();
         std::vector<StreamPtr> streams;
+        std::vector<RelayPtr> relays;
         {
           std::lock_guard lock(mutex_);
           for (const ConnectionPtr& connection : connections_) {
             if (connection->waiting) closeOnLoop(*connection);
             if (connection->stream) streams.push_back(connection->stream);
+            if (connection->relay) relays.push_back(connection->relay);
           }
         }
+        for (const RelayPtr& relay : relays) closeRelay(relay, false, "the server is stopping");
         // A detached stream has no handler to notice the stop: it ends now, as a handler's
         // stream ends at its next write. One not yet on the loop ends when it gets there.
         for (const StreamPtr& stream : streams) {
@@ -733,6 +762,8 @@ void Server::serveRequest(const ConnectionPtr& connection, UniqueFd fd, std::opt
   bool drain_before_close = false;
   std::shared_ptr<detail::DetachedStream> detached;
   bool detached_head_sent = false;
+  std::optional<RelayPlan> relay_plan;  // counted (reserveRelay): started below or counted out
+  std::string relay_early;
   try {
     if (early) {
       std::string bytes = errorResponseBytes(early->first, early->second.code, early->second.message);
@@ -744,6 +775,7 @@ void Server::serveRequest(const ConnectionPtr& connection, UniqueFd fd, std::opt
       auto started = Clock::now();
       detail::Exchange exchange(stream, connection->buffer, *connection->parser, stopping_);
       exchange.setStreamReserver([this, connection] { return reserveStream(connection); });
+      exchange.setRelayReserver([this, connection] { return reserveRelay(connection); });
       Request& request = exchange.request();
       Response& response = exchange.response();
       auto parsed = exchange.parseRequest(remote);
@@ -762,6 +794,10 @@ void Server::serveRequest(const ConnectionPtr& connection, UniqueFd fd, std::opt
       // Taken at once: a stream counted for this connection must be started (or closed) below.
       detached = exchange.detached();
       detached_head_sent = detached && !exchange.ioFailed();
+      if (exchange.relayPlan()) {
+        relay_plan = std::move(exchange.relayPlan());  // moves only: cannot throw
+        relay_early = std::move(exchange.relayEarlyBytes());
+      }
       if (!response.started()) {
         if (const auto& failure = exchange.bodyFailure()) {
           exchange.sendServerError(failure->first, failure->second);
@@ -784,6 +820,28 @@ void Server::serveRequest(const ConnectionPtr& connection, UniqueFd fd, std::opt
     drain_before_close = false;
   }
   connection->parser.reset();
+  if (relay_plan) {
+    // The relay goes on without this thread, on the event loop with both sockets. The
+    // connection stays busy (never evicted) but no longer counts as a running request.
+    {
+      std::lock_guard lock(mutex_);
+      stopCountingRunningLocked(*connection);
+    }
+    try {
+      auto relay = std::make_shared<Relay>(connection, std::move(*relay_plan), std::move(relay_early));
+      auto back = std::make_shared<UniqueFd>(stream.releaseFd());
+      boost::asio::post(io_, [this, relay, back] { startRelay(relay, std::move(*back)); });
+    } catch (const std::exception& e) {
+      // Out of memory: the relay never starts; its count goes, and the connection with it.
+      spdlog::error("http: relay for {} failed to start: {}", remote, e.what());
+      {
+        std::lock_guard lock(mutex_);
+        uncountRelayLocked(*connection);
+      }
+      finish(connection);
+    }
+    return;
+  }
   if (detached) {
     // The stream goes on without this thread: to the event loop with the socket. It stays busy
     // (never evicted) but no longer counts as a running request.
@@ -1197,6 +1255,182 @@ void Server::closeStream(const StreamPtr& stream, bool completed) {
   } catch (const std::exception& e) {
     // Nothing may throw on the loop; a callback that did loses only its own clean-up.
     spdlog::error("http: a stream's close callback threw: {}", e.what());
+  }
+}
+
+// ---- Relays
+
+Status Server::reserveRelay(const ConnectionPtr& connection) {
+  std::lock_guard lock(mutex_);
+  if (streams_ >= limits_.max_streams) {
+    return makeError(ErrorCode::kUnavailable, "the server has " + std::to_string(streams_) +
+                                                  " streams and relays open (the limit is " +
+                                                  std::to_string(limits_.max_streams) + "); retry later");
+  }
+  auto of_client = streams_by_client_.find(connection->client);
+  if (of_client != streams_by_client_.end() && of_client->second >= limits_.max_streams_per_client) {
+    return makeError(ErrorCode::kUnavailable, "this client has " + std::to_string(of_client->second) +
+                                                  " streams and relays open (the limit is " +
+                                                  std::to_string(limits_.max_streams_per_client) + ")");
+  }
+  ++streams_;
+  ++streams_by_client_[connection->client];
+  return okStatus();
+}
+
+void Server::uncountRelayLocked(Connection& connection) {
+  --streams_;
+  auto it = streams_by_client_.find(connection.client);
+  if (--it->second == 0) streams_by_client_.erase(it);
+  // An idle connection again (the handler's count ended when it returned).
+  connection.relay.reset();
+  connection.busy = false;
+  connection.idle_since = Clock::now();
+}
+
+void Server::startRelay(const RelayPtr& relay, UniqueFd fd) {
+  const ConnectionPtr& connection = relay->connection;
+  {
+    std::lock_guard lock(mutex_);
+    connection->relay = relay;  // for stop(), which closes it on this loop
+  }
+  if (!fd.valid() || stopping_) return closeRelay(relay, false, "the server is stopping");
+  boost::system::error_code ec;
+  connection->socket.assign(connection->protocol, fd.get(), ec);
+  if (ec) return closeRelay(relay, false, "the client's socket cannot join the loop");
+  (void)fd.release();
+  int family = 0;
+  socklen_t length = sizeof family;
+  if (::getsockopt(relay->plan.peer, SOL_SOCKET, SO_DOMAIN, &family, &length) != 0) {
+    return closeRelay(relay, false, "the peer is not a socket");
+  }
+  relay->peer.assign(boost::asio::generic::stream_protocol(family, 0), relay->plan.peer, ec);
+  if (ec) return closeRelay(relay, false, "the peer's socket cannot join the loop");
+  relay->up_open = relay->plan.both_ways;
+  armRelayIdle(relay);
+  boost::asio::async_write(connection->socket, boost::asio::buffer(relay->plan.to_client),
+                           [this, relay](boost::system::error_code write_ec, size_t) {
+                             if (relay->closed) return;
+                             if (write_ec) return closeRelay(relay, false, "the client failed");
+                             relay->last_activity = Clock::now();
+                             std::string().swap(relay->plan.to_client);
+                             pumpRelay(relay, relay->peer, relay->connection->socket, true);
+                             if (!relay->plan.both_ways) return watchRelayClient(relay);
+                             if (relay->to_peer.empty())
+                               return pumpRelay(relay, relay->connection->socket, relay->peer, false);
+                             boost::asio::async_write(relay->peer, boost::asio::buffer(relay->to_peer),
+                                                      [this, relay](boost::system::error_code early_ec, size_t) {
+                                                        if (relay->closed) return;
+                                                        if (early_ec)
+                                                          return closeRelay(relay, false, "the peer failed");
+                                                        std::string().swap(relay->to_peer);
+                                                        pumpRelay(relay, relay->connection->socket, relay->peer, false);
+                                                      });
+                           });
+}
+
+template <class From, class To>
+void Server::pumpRelay(const RelayPtr& relay, From& from, To& to, bool down) {
+  auto& buffer = down ? relay->down_buffer : relay->up_buffer;
+  from.async_read_some(
+      boost::asio::buffer(buffer), [this, relay, &from, &to, down](boost::system::error_code ec, size_t n) {
+        if (relay->closed) return;
+        if (ec == boost::asio::error::eof) {
+          // The end passes on as a half-close; the other direction goes on.
+          ::shutdown(to.native_handle(), SHUT_WR);
+          (down ? relay->down_open : relay->up_open) = false;
+          if (down) {
+            if (!relay->plan.both_ways) return closeRelay(relay, true, "the answer ended");
+            // The peer's socket shut down both ways (its owner ended it: the sandbox stopped):
+            // nothing can go to it any more either.
+            pollfd p{relay->peer.native_handle(), 0, 0};
+            if (::poll(&p, 1, 0) > 0 && (p.revents & POLLHUP) != 0) return closeRelay(relay, true, "the peer ended");
+          }
+          if (!relay->down_open && !relay->up_open) closeRelay(relay, true, "both sides ended");
+          return;
+        }
+        if (ec) return closeRelay(relay, false, down ? "the peer failed" : "the client failed");
+        relay->last_activity = Clock::now();
+        boost::asio::async_write(to, boost::asio::buffer(down ? relay->down_buffer.data() : relay->up_buffer.data(), n),
+                                 [this, relay, &from, &to, down](boost::system::error_code write_ec, size_t) {
+                                   if (relay->closed) return;
+                                   if (write_ec)
+                                     return closeRelay(relay, false, down ? "the client failed" : "the peer failed");
+                                   relay->last_activity = Clock::now();
+                                   pumpRelay(relay, from, to, down);
+                                 });
+      });
+}
+
+void Server::watchRelayClient(const RelayPtr& relay) {
+  // One way, the client sends nothing more that matters: readability means it hung up, or sent
+  // bytes that stay unread (then its hang-up is looked for each second, as for streams).
+  relay->connection->socket.async_wait(
+      boost::asio::ip::tcp::socket::wait_read, [this, relay](boost::system::error_code ec) {
+        if (ec || relay->closed) return;
+        char byte;
+        ssize_t n = ::recv(relay->connection->socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n > 0) return pollRelayClient(relay);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+          return watchRelayClient(relay);
+        }
+        closeRelay(relay, false, "the client left");
+      });
+}
+
+void Server::pollRelayClient(const RelayPtr& relay) {
+  auto& timer = relay->connection->hangup_timer;
+  timer.expires_after(std::chrono::seconds(1));
+  timer.async_wait([this, relay](boost::system::error_code ec) {
+    if (ec || relay->closed) return;
+    pollfd p{relay->connection->socket.native_handle(), POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+      return closeRelay(relay, false, "the client left");
+    }
+    pollRelayClient(relay);
+  });
+}
+
+void Server::armRelayIdle(const RelayPtr& relay) {
+  auto& timer = relay->connection->stream_timer;
+  timer.expires_at(relay->last_activity + relay->plan.idle_timeout);
+  timer.async_wait([this, relay](boost::system::error_code ec) {
+    if (ec || relay->closed) return;
+    if (Clock::now() >= relay->last_activity + relay->plan.idle_timeout) {
+      return closeRelay(relay, false, "nothing moved for the idle timeout");
+    }
+    armRelayIdle(relay);
+  });
+}
+
+void Server::closeRelay(const RelayPtr& relay, bool completed, const char* why) {
+  if (relay->closed) return;
+  relay->closed = true;
+  const ConnectionPtr connection = relay->connection;
+  spdlog::debug("http: relay for {} ended: {}", connection->remote, why);
+  connection->stream_timer.cancel();
+  connection->hangup_timer.cancel();
+  // Borrowed: released, never closed here (its owner closes it with `keep`); pending operations end.
+  boost::system::error_code ignored;
+  if (relay->peer.is_open()) (void)relay->peer.release(ignored);
+  try {
+    relay->plan.keep.reset();  // before the connection counts out: a stop waits for both
+  } catch (const std::exception& e) {
+    spdlog::error("http: a relay's clean-up threw: {}", e.what());
+  }
+  {
+    std::lock_guard lock(mutex_);
+    uncountRelayLocked(*connection);
+  }
+  if (completed && !stopping_) {
+    // Its last bytes must reach the client: a FIN (sent when the answer ended), then a linger,
+    // not a close over unread bytes, which would reset the connection.
+    ::shutdown(connection->socket.native_handle(), SHUT_WR);
+    connection->socket.cancel(ignored);
+    lingerOnLoop(connection);
+  } else {
+    closeOnLoop(*connection);
+    finish(connection);
   }
 }
 

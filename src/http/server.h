@@ -10,7 +10,8 @@
 // A handler whose response streams for long (a process's output, a watch) detaches it
 // (Response::detach): the handler returns, and its thread with it, while the event loop writes
 // what producers push, with the write timeout, and notices a client that hangs up. Such a stream
-// holds its connection and queued bytes, no thread; max_streams bounds them.
+// holds its connection and queued bytes, no thread; max_streams bounds them. A handler that
+// proxies a connection to another socket hands both to the loop the same way (Response::relay).
 //
 // Every socket operation has a timeout, so a client that stops sending or reading only holds
 // its connection for read_timeout / write_timeout. The server answers on its own, as errorBody
@@ -79,9 +80,10 @@ struct ServerLimits {
   // Of those, what one client address may run (as counted for max_connections_per_client): a
   // single address, even without a key, cannot take every thread.
   size_t max_running_requests_per_client = 128;
-  // Detached streams (Response::detach) open at once, and of one client address; over either,
-  // detach() fails and the handler answers 503. Each holds its connection (counted above) and
-  // what its producer queued (which the producer bounds), but no thread.
+  // Detached streams (Response::detach) and relays (Response::relay) open at once, and of one
+  // client address; over either, detach() or relay() fails and the handler answers 503. Each
+  // holds its connection (counted above) and what its producer queued (which the producer
+  // bounds), or a relay's two 64 KiB buffers and its peer socket, but no thread.
   size_t max_streams = 4096;
   size_t max_streams_per_client = 1024;
   // Threads for the blocking steps of detached streams (ResponseStream::runBlocking), apart from
@@ -135,7 +137,7 @@ class Server {
   // Requests whose handler has not yet returned. A client can read a response before its
   // handler returns, so a request sent right after may still find the previous one counted.
   size_t runningRequests();
-  // Detached streams not yet closed.
+  // Detached streams and relays not yet closed.
   size_t openStreams();
 
  private:
@@ -143,6 +145,8 @@ class Server {
   using ConnectionPtr = std::shared_ptr<Connection>;
   struct Stream;
   using StreamPtr = std::shared_ptr<Stream>;
+  struct Relay;
+  using RelayPtr = std::shared_ptr<Relay>;
 
   Server(Handler handler, ServerLimits limits);
   // On the event loop.
@@ -183,6 +187,20 @@ class Server {
   // Once per stream: counts it out, and the connection waits for its next request, lingers or
   // closes; then the stream's onClose callback runs.
   void closeStream(const StreamPtr& stream, bool completed);
+  // Relays (Response::relay). On the worker: counts a relay for the connection as a stream;
+  // and counts it out when it never starts.
+  Status reserveRelay(const ConnectionPtr& connection);
+  void uncountRelayLocked(Connection& connection);
+  // On the loop, from here on.
+  void startRelay(const RelayPtr& relay, UniqueFd fd);
+  // One direction: reads from `from`, writes to `to`, until an end, an error or the relay's close.
+  template <class From, class To>
+  void pumpRelay(const RelayPtr& relay, From& from, To& to, bool down);
+  void watchRelayClient(const RelayPtr& relay);
+  void pollRelayClient(const RelayPtr& relay);
+  void armRelayIdle(const RelayPtr& relay);
+  // Once per relay: counts it out; the connection lingers (completed) or closes; `keep` goes.
+  void closeRelay(const RelayPtr& relay, bool completed, const char* why);
   // After a response that closes the connection, with the socket already on the loop.
   void lingerOnLoop(const ConnectionPtr& connection);
   // Stream steps (ResponseStream::runBlocking), from the stream with its lock held: runs `task`
@@ -220,7 +238,7 @@ class Server {
   size_t open_connections_ = 0;                                // guarded by mutex_; includes evicted ones still closing
   size_t running_ = 0;                                         // guarded by mutex_: connections marked busy
   std::unordered_map<std::string, size_t> running_by_client_;  // guarded by mutex_; no zero entries
-  size_t streams_ = 0;                                         // guarded by mutex_: detached streams open
+  size_t streams_ = 0;                                         // guarded by mutex_: detached streams and relays open
   std::unordered_map<std::string, size_t> streams_by_client_;  // guarded by mutex_; no zero entries
   // Stream steps per party: those running (or queued for a step thread), at most
   // max_stream_steps_per_client, and those waiting for one of them to finish.

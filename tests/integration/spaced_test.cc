@@ -4626,7 +4626,8 @@ class SpacedIngressTest : public SpacedTest {
 // sandbox's token or (once made public) anyone; nothing else gets in, the key never reaches
 // the guest, and a WebSocket echoes both ways.
 TEST_F(SpacedIngressTest, AGuestsWebServerAndWebSocketAreReachableWithTheRightCredentials) {
-  daemon_ = Daemon::start(data_dir_, {"--ingress-domain", "preview.test"});
+  // A tenant may hold a quarter of the node's proxied connections: 8 here.
+  daemon_ = Daemon::start(data_dir_, {"--ingress-domain", "preview.test", "--ingress-max-connections", "32"});
   ASSERT_TRUE(daemon_);
   auto& d = *daemon_;
   json sb = d.callJson("POST", "/v1/sandboxes", json{{"cpus", 1}, {"memory_mb", 256}}, 201);
@@ -4683,13 +4684,13 @@ TEST_F(SpacedIngressTest, AGuestsWebServerAndWebSocketAreReachableWithTheRightCr
   EXPECT_NE(by_host.find("path=/from-host auth=None token=None prefix=None"), std::string::npos) << by_host;
 
   // A WebSocket, through the key, with a masked frame each way.
-  auto openWebSocket = [&](std::string& early) {
-    const std::string& url = d.url();
+  // The head of the answer to a WebSocket upgrade; `early`: what followed it.
+  auto upgrade = [&](const std::string& url, const std::string& request, std::string& early) {
     UniqueFd fd =
         testsupport::connectRaw(static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1))), seconds(20));
     testsupport::sendRaw(fd.get(),
-                         "GET " + ports + "8080/ws HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + d.key() +
-                             "\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                         request +
+                             "Connection: Upgrade\r\nUpgrade: websocket\r\n"
                              "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n");
     std::string got;
     char buf[4096];
@@ -4698,10 +4699,15 @@ TEST_F(SpacedIngressTest, AGuestsWebServerAndWebSocketAreReachableWithTheRightCr
       if (n <= 0) break;
       got.append(buf, static_cast<size_t>(n));
     }
-    EXPECT_EQ(got.rfind("HTTP/1.1 101", 0), 0u) << got;
-    EXPECT_NE(got.find("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo="), std::string::npos) << got;
     early = got.find("\r\n\r\n") == std::string::npos ? "" : got.substr(got.find("\r\n\r\n") + 4);
-    return fd;
+    return std::make_pair(std::move(fd), got.substr(0, got.find("\r\n\r\n")));
+  };
+  auto openWebSocket = [&](std::string& early) {
+    auto [fd, head] = upgrade(
+        d.url(), "GET " + ports + "8080/ws HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + d.key() + "\r\n", early);
+    EXPECT_EQ(head.rfind("HTTP/1.1 101", 0), 0u) << head;
+    EXPECT_NE(head.find("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo="), std::string::npos) << head;
+    return std::move(fd);
   };
   {
     std::string reply;
@@ -4717,6 +4723,42 @@ TEST_F(SpacedIngressTest, AGuestsWebServerAndWebSocketAreReachableWithTheRightCr
       reply.append(buf, static_cast<size_t>(n));
     }
     EXPECT_EQ(reply, std::string("\x81\x0d", 2) + "echo:hi there");
+  }
+
+  // An open WebSocket keeps its tenant's place for as long as it lasts (the event loop relays
+  // it; the handler has returned): with 8 open, the next is refused, and one ending frees a place.
+  {
+    std::vector<UniqueFd> sockets;
+    for (int i = 0; i < 8; ++i) {
+      std::string early;
+      sockets.push_back(openWebSocket(early));
+    }
+    auto busy = get(ports + "8080/busy", {{"Authorization", "Bearer " + d.key()}});
+    EXPECT_EQ(busy.status, 503) << busy.body;
+    EXPECT_NE(busy.body.find("ingress_busy"), std::string::npos) << busy.body;
+    sockets.pop_back();
+    int status = 0;
+    for (int i = 0; i < 50 && status != 200; ++i, std::this_thread::sleep_for(milliseconds(100))) {
+      status = get(ports + "8080/freed", {{"Authorization", "Bearer " + d.key()}}).status;
+    }
+    EXPECT_EQ(status, 200) << "a place freed when a WebSocket ended";
+  }
+  // The same through E2B's front (its traffic token is the access token): 429 past the tenant's share.
+  {
+    auto endpoint = json::parse(readSmallFile(data_dir_ + "/spaced.json", 4096).value());
+    const std::string e2b_url = endpoint["e2b_sandbox_url"].get<std::string>();
+    const std::string request = "GET /ws HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: " + id +
+                                "\r\nE2b-Sandbox-Port: 8080\r\ne2b-traffic-access-token: " + token + "\r\n";
+    std::vector<UniqueFd> sockets;
+    for (int i = 0; i < 8; ++i) {
+      std::string early;
+      auto [fd, head] = upgrade(e2b_url, request, early);
+      EXPECT_EQ(head.rfind("HTTP/1.1 101", 0), 0u) << i << ": " << head;
+      sockets.push_back(std::move(fd));
+    }
+    std::string early;
+    auto refused = upgrade(e2b_url, request, early);
+    EXPECT_EQ(refused.second.rfind("HTTP/1.1 429", 0), 0u) << refused.second;
   }
 
   // Public ports: anyone, no key or token; the policy says so and can take it back.

@@ -262,19 +262,22 @@ std::string readUntil(int fd, std::string_view end) {
 class IngressProxyTest : public testing::Test {
  protected:
   // A server whose every request is proxied to `guest` as the path form asks.
-  void serve(FakeGuest& guest) {
+  void serve(FakeGuest& guest, http::ServerLimits limits = {}) {
     options_.response_timeout = 500ms;
     options_.idle_timeout = 2s;
-    auto server = http::Server::start("127.0.0.1:0", [this, &guest](http::Request& req, http::Response& res) {
-      auto target = ingressFromPath(req.target());
-      if (!target || !target->ok()) {
-        (void)res.sendError(400, "invalid_argument", "not a port path");
-        return;
-      }
-      UniqueFd fd = guest.connect();
-      fcntl(fd.get(), F_SETFL, fcntl(fd.get(), F_GETFL) | O_NONBLOCK);
-      proxyToGuest(req, res, fd.get(), target->value(), true, options_);
-    });
+    auto server = http::Server::start(
+        "127.0.0.1:0",
+        [this, &guest](http::Request& req, http::Response& res) {
+          auto target = ingressFromPath(req.target());
+          if (!target || !target->ok()) {
+            (void)res.sendError(400, "invalid_argument", "not a port path");
+            return;
+          }
+          auto fd = std::make_shared<UniqueFd>(guest.connect());
+          fcntl(fd->get(), F_SETFL, fcntl(fd->get(), F_GETFL) | O_NONBLOCK);
+          proxyToGuest(req, res, fd->get(), fd, target->value(), true, options_);
+        },
+        limits);
     ASSERT_TRUE(server.ok()) << server.error().message;
     server_ = std::move(server.value());
   }
@@ -421,6 +424,37 @@ TEST_F(IngressProxyTest, AnUpgradeRelaysBothWaysUntilEitherEnds) {
   EXPECT_EQ(readUntil(client.get(), "echo:ping"), "echo:ping");
   shutdown(client.get(), SHUT_WR);
   EXPECT_EQ(readUntilClosed(client.get()), "bye");
+}
+
+// Once the guest answered, the server's event loop relays: open WebSockets hold no request
+// thread (before, each held one for its whole life), and the API answers beside them.
+TEST_F(IngressProxyTest, ConnectionsTheGuestAnsweredHoldNoThread) {
+  FakeGuest guest([&](int fd) {
+    readUntil(fd, "\r\n\r\n");
+    sendRaw(fd, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n");
+    char buf[256];
+    for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) sendRaw(fd, std::string(buf, static_cast<size_t>(n)));
+  });
+  http::ServerLimits limits;
+  limits.max_running_requests = 1;
+  serve(guest, limits);
+  std::vector<UniqueFd> clients;
+  for (int i = 0; i < 3; ++i) {
+    clients.push_back(connectRaw(server_->port()));
+    sendRaw(clients.back().get(),
+            "GET " + prefix() +
+                "/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n");
+    std::string got = readUntil(clients.back().get(), "\r\n\r\n");
+    ASSERT_EQ(got.rfind("HTTP/1.1 101 ", 0), 0u) << i << ": " << got;
+  }
+  for (int i = 0; i < 3; ++i) {
+    const std::string message = "m" + std::to_string(i);
+    sendRaw(clients[static_cast<size_t>(i)].get(), message);
+    EXPECT_EQ(readUntil(clients[static_cast<size_t>(i)].get(), message), message);
+  }
+  EXPECT_EQ(server_->runningRequests(), 0u);
+  EXPECT_EQ(server_->openStreams(), 3u);
 }
 
 TEST_F(IngressProxyTest, AGuestThatFailsBeforeAnsweringGetsA502OrA504) {
