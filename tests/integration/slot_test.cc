@@ -430,18 +430,26 @@ TEST_F(SlotTest, ExistingFindsLeakedSlotsForReclaiming) {
   EXPECT_TRUE(SlotManager("no-such-prefix", netns_dir_ + "/missing").existing().empty());
 }
 
+// What QEMU's -netdev tap,ifname=tap0,vnet_hdr=on does (from a thread inside the slot): opens
+// the tun device and attaches to the tap of that name.
+Result<UniqueFd> attachTap() {
+  UniqueFd fd(open("/dev/net/tun", O_RDWR | O_CLOEXEC));
+  if (!fd.valid()) return makeError(ErrorCode::kInternal, std::string("open tun: ") + strerror(errno));
+  ifreq ifr{};
+  strncpy(ifr.ifr_name, kTapName, IFNAMSIZ - 1);
+  ifr.ifr_flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR;
+  if (ioctl(fd.get(), TUNSETIFF, &ifr) != 0) {
+    return makeError(ErrorCode::kInternal, std::string("TUNSETIFF: ") + strerror(errno));
+  }
+  return fd;
+}
+
 TEST_F(SlotTest, TapAttachesFromInsideTheSlotOnly) {
   Slot slot = createOrDie(4);
-  // What QEMU's -netdev tap,ifname=tap0,vnet_hdr=on does, from a thread inside the slot.
   Status st = runInNetns(slot.netns_path, [&]() -> Status {
-    UniqueFd fd(open("/dev/net/tun", O_RDWR | O_CLOEXEC));
-    if (!fd.valid()) return makeError(ErrorCode::kInternal, std::string("open tun: ") + strerror(errno));
-    ifreq ifr{};
-    strncpy(ifr.ifr_name, kTapName, IFNAMSIZ - 1);
-    ifr.ifr_flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR;
-    if (ioctl(fd.get(), TUNSETIFF, &ifr) != 0) {
-      return makeError(ErrorCode::kInternal, std::string("TUNSETIFF: ") + strerror(errno));
-    }
+    auto attached = attachTap();
+    if (!attached.ok()) return attached.error();
+    UniqueFd fd = std::move(attached).value();
     // It attached to the slot's tap (persistent, our MAC), not a new device of that name.
     ifreq got{};
     EXPECT_EQ(ioctl(fd.get(), TUNGETIFF, &got), 0);
@@ -472,14 +480,9 @@ TEST_F(SlotTest, TapAttachesFromInsideTheSlotOnly) {
 TEST_F(SlotTest, ScrubRemakesATapItsQemuMadeNonPersistent) {
   Slot slot = createOrDie(5);
   Status st = runInNetns(slot.netns_path, [&]() -> Status {
-    UniqueFd fd(open("/dev/net/tun", O_RDWR | O_CLOEXEC));
-    if (!fd.valid()) return makeError(ErrorCode::kInternal, std::string("open tun: ") + strerror(errno));
-    ifreq ifr{};
-    strncpy(ifr.ifr_name, kTapName, IFNAMSIZ - 1);
-    ifr.ifr_flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR;
-    if (ioctl(fd.get(), TUNSETIFF, &ifr) != 0) {
-      return makeError(ErrorCode::kInternal, std::string("TUNSETIFF: ") + strerror(errno));
-    }
+    auto attached = attachTap();
+    if (!attached.ok()) return attached.error();
+    UniqueFd fd = std::move(attached).value();
     if (ioctl(fd.get(), TUNSETPERSIST, 0) != 0) {
       return makeError(ErrorCode::kInternal, std::string("TUNSETPERSIST 0: ") + strerror(errno));
     }
