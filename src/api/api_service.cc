@@ -463,53 +463,40 @@ void ApiService::serveIngress(http::Request& req, http::Response& res, const Res
     return;
   }
   Call call{req, res, tenant};
-  // The node's ingress is bounded apart from each sandbox's: proxied connections hold server
-  // threads until their guests answer, and the API must keep some for itself.
-  // Each tenant may hold a quarter of them, so a few sandboxes whose guests accept and never
-  // answer cannot take every other tenant's previews down. The count lasts as long as the
-  // connection: the relay on the server's event loop holds it.
-  struct Slot {
-    Slot(ApiService& a, std::string t) : api(a), tenant(std::move(t)) {}
-    Slot(const Slot&) = delete;
-    Slot& operator=(const Slot&) = delete;
-    ~Slot() {
-      if (!counted) return;
-      std::lock_guard lock(api.ingress_mu_);
-      --api.ingress_open_;
-      if (--api.ingress_by_tenant_[tenant] == 0) api.ingress_by_tenant_.erase(tenant);
-    }
-    ApiService& api;
-    const std::string tenant;
-    bool counted = false;
-  };
-  const size_t tenant_cap = std::max<size_t>(1, ingress_.max_connections / 4);
-  bool over_node = false, over_tenant = false;
-  auto slot = std::make_shared<Slot>(*this, tenant);
-  {
-    std::lock_guard lock(ingress_mu_);
-    over_tenant = ++ingress_by_tenant_[tenant] > tenant_cap;  // the one that may throw, first
-    over_node = ++ingress_open_ > ingress_.max_connections;
-    slot->counted = true;
+  // The node's ingress is bounded apart from each sandbox's, and each tenant may hold a quarter
+  // of it, so a few sandboxes whose guests accept and never answer cannot take every other
+  // tenant's previews down. Connections whose guest has not answered hold a server thread each,
+  // and the API must keep some for itself: they have a smaller bound of their own. The count
+  // lasts as long as the connection: the relay on the server's event loop holds it.
+  bool over_node = false;
+  std::shared_ptr<void> place = ingress_open_.enter(tenant, over_node);
+  std::shared_ptr<void> waiting;
+  IngressCounter* full = place ? nullptr : &ingress_open_;
+  if (place) {
+    waiting = ingress_waiting_.enter(tenant, over_node);
+    if (!waiting) full = &ingress_waiting_;
   }
-  if (over_node || over_tenant) {
+  if (full != nullptr) {
+    const bool of_waiting = full == &ingress_waiting_;
+    const std::string what =
+        of_waiting ? " proxied connections waiting for their guests' answers" : " proxied connections";
     metrics_.countError("ingress_busy");
     res.setHeader("Retry-After", "1");
     (void)res.sendError(503, "ingress_busy",
-                        over_node ? "this node proxies " + std::to_string(ingress_.max_connections) +
-                                        " connections to sandbox ports already; retry later"
-                                  : "this tenant's sandboxes have " + std::to_string(tenant_cap) +
-                                        " proxied connections open already; retry when one has ended");
+                        over_node ? "this node has " + std::to_string(full->nodeCap()) + what + " already; retry later"
+                                  : "this tenant's sandboxes have " + std::to_string(full->tenantCap()) + what +
+                                        " already; retry when one has ended");
     return;
   }
   // Only the owner's key wakes a suspended sandbox: a token holder or an anonymous visitor of
   // public ports must not make the node restore and save it again and again.
   auto connection = manager_.connectPort(tenant, id, target.port, Clock::now() + std::chrono::seconds(5), owner_key);
   if (!connection.ok()) return fail(call, connection.error());
-  // The guest's socket and the slot go with the relay's end.
-  auto held = std::make_shared<std::pair<std::shared_ptr<Slot>, sandbox::PortConnection>>(
-      std::move(slot), std::move(connection).value());
+  // The guest's socket and the place go with the relay's end.
+  auto held = std::make_shared<std::pair<std::shared_ptr<void>, sandbox::PortConnection>>(
+      std::move(place), std::move(connection).value());
   const int guest = held->second.connection.fd();
-  proxyToGuest(req, res, guest, std::move(held), target, by_key, ingress_);
+  proxyToGuest(req, res, guest, std::move(held), std::move(waiting), target, by_key, ingress_);
 }
 
 json ApiService::sandboxView(const store::SandboxRecord& record) const {

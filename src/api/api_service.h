@@ -159,9 +159,8 @@ class ApiService {
   IngressOptions ingress_;
   secrets::SecretVault* secrets_;
   Console* console_ = nullptr;
-  std::mutex ingress_mu_;
-  size_t ingress_open_ = 0;                          // guarded by ingress_mu_
-  std::map<std::string, size_t> ingress_by_tenant_;  // guarded by ingress_mu_
+  IngressCounter ingress_open_{ingress_.max_connections};  // proxied connections
+  IngressCounter ingress_waiting_{ingress_.max_waiting};   // of those, waiting for their guest's answer
   TenantGate tenant_gate_;
   Metrics metrics_;
   http::Router router_;

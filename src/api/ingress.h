@@ -14,9 +14,12 @@
 // network says `"public_ports": true`.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -41,10 +44,31 @@ struct IngressOptions {
   std::chrono::milliseconds idle_timeout{600000};
   // The guest's response heads (interim 1xx ones included), at most: more is a 502.
   size_t max_response_head = 64 * 1024;
-  // Proxied connections of the whole node at once; more get 503. Each holds a server thread
-  // until the guest's answer starts (then the event loop relays it). Each sandbox also has its
-  // own cap (net::kMaxGuestConnections).
-  size_t max_connections = 256;
+  // Proxied connections of the whole node at once (per front end), a tenant a quarter of them;
+  // more get 503 (429 on E2B's front). Each sandbox also has its own cap
+  // (net::kMaxGuestConnections). Once its guest answered, a connection holds no thread (the
+  // event loop relays it): two descriptors and two 64 KiB buffers.
+  size_t max_connections = 1024;
+  // Of those, the ones whose guest has not answered yet, which hold a server thread each (for
+  // up to response_timeout), a tenant a quarter of them: the API keeps its threads.
+  size_t max_waiting = 256;
+};
+
+// Proxied connections of a node and of each tenant, under a cap for the node and a quarter of
+// it for each tenant. Thread-safe; a place may outlive the counter.
+class IngressCounter {
+ public:
+  explicit IngressCounter(size_t node_cap);
+  // A place, given back when its last reference goes; null when the node or the tenant is at
+  // its cap (`over_node` says which).
+  std::shared_ptr<void> enter(const std::string& tenant, bool& over_node);
+  size_t nodeCap() const { return node_cap_; }
+  size_t tenantCap() const { return std::max<size_t>(1, node_cap_ / 4); }
+
+ private:
+  struct State;
+  size_t node_cap_;
+  std::shared_ptr<State> state_;
 };
 
 // Where an ingress request goes.
@@ -108,7 +132,10 @@ std::optional<std::string> refusedOnApiOrigin(const http::Request& request);
 // `guest` is a non-blocking socket owned by `keep`, which also holds whatever counts the
 // connection: it goes when the relay ends (on the event loop: its release must not block), or
 // when this returns without one. Shut down from elsewhere, the socket ends the relay.
+// `until_answered` (may be null) goes as soon as the guest's answer head has come, or when this
+// returns: a place among the connections that hold a thread (IngressOptions::max_waiting).
 void proxyToGuest(http::Request& request, http::Response& response, int guest, std::shared_ptr<void> keep,
-                  const IngressTarget& target, bool strip_authorization, const IngressOptions& options);
+                  std::shared_ptr<void> until_answered, const IngressTarget& target, bool strip_authorization,
+                  const IngressOptions& options);
 
 }  // namespace space::api

@@ -558,7 +558,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 7 * 24 * 3600));
   app.add_option("--ingress-max-connections", ingress.max_connections,
                  "proxied connections to sandbox ports at once, on each front end (REST, E2B); a tenant may hold a "
-                 "quarter of them; more get 503 (REST) or 429 (E2B)")
+                 "quarter of them; more get 503 (REST) or 429 (E2B). Of them, at most 256 (a tenant 64) may wait "
+                 "for their guest's first answer, each holding a thread")
       ->capture_default_str()
       ->check(CLI::Range(4, 4096));
   app.add_flag("--no-snapshots", no_snapshots,

@@ -544,6 +544,18 @@ void EnvdFront::proxyPort(Call& c, uint16_t port) {
                             " connections to sandbox ports already; retry later");
     return;
   }
+  bool over_node = false;
+  std::shared_ptr<void> waiting = ports_waiting_.enter(c.tenant, over_node);
+  if (!waiting) {
+    c.res.setHeader("Retry-After", "1");
+    (void)sendJsonError(
+        c.res, over_node ? 503 : 429,
+        over_node ? "this node has " + std::to_string(ports_waiting_.nodeCap()) +
+                        " proxied connections waiting for their guests' answers; retry later"
+                  : "this tenant's sandboxes have " + std::to_string(ports_waiting_.tenantCap()) +
+                        " proxied connections waiting for their guests' answers; retry when one has answered");
+    return;
+  }
   // The guest's own server gets the request as the client sent it (its Authorization too, which
   // may be the app's own), less the access token, which opens the sandbox's envd.
   api::IngressTarget target;
@@ -573,7 +585,7 @@ void EnvdFront::proxyPort(Call& c, uint16_t port) {
   };
   auto held = std::make_shared<Held>(Held{std::move(place), std::move(*c.ticket), std::move(connection).value()});
   const int guest = held->connection.connection.fd();
-  api::proxyToGuest(c.req, c.res, guest, std::move(held), target, false, options_.ports);
+  api::proxyToGuest(c.req, c.res, guest, std::move(held), std::move(waiting), target, false, options_.ports);
 }
 
 void EnvdFront::download(Call& c) {

@@ -181,6 +181,31 @@ TEST(IngressResponseHead, OnTheApisOriginAPageGetsNoCookiesAndAnOriginOfItsOwn) 
 
 // The registry behind "a sandbox's connections end with it": capped, and ending them all shuts
 // every registered socket down so its owner sees the end.
+TEST(IngressCounter, CapsTheNodeAndEachTenantAtAQuarterAndGivesPlacesBack) {
+  std::vector<std::shared_ptr<void>> held;
+  std::shared_ptr<void> outliving;
+  {
+    IngressCounter counter(8);  // a tenant: 2
+    bool over_node = true;
+    for (int i = 0; i < 2; ++i) held.push_back(counter.enter("a", over_node));
+    EXPECT_TRUE(held[0] && held[1]);
+    EXPECT_FALSE(counter.enter("a", over_node)) << "the tenant's quarter";
+    EXPECT_FALSE(over_node);
+    for (const char* tenant : {"b", "b", "c", "c", "d", "d"}) held.push_back(counter.enter(tenant, over_node));
+    EXPECT_TRUE(std::all_of(held.begin(), held.end(), [](const auto& p) { return p != nullptr; }));
+    EXPECT_FALSE(counter.enter("e", over_node)) << "the node's cap";
+    EXPECT_TRUE(over_node);
+    held[0].reset();
+    outliving = counter.enter("e", over_node);
+    EXPECT_TRUE(outliving) << "a place given back serves another tenant";
+    EXPECT_FALSE(counter.enter("a", over_node));
+    held[1].reset();
+    held[2].reset();
+    EXPECT_TRUE(counter.enter("a", over_node)) << "the tenant's own places came back";
+  }
+  outliving.reset();  // after the counter: the place holds what it counts in
+}
+
 TEST(GuestConnections, AreCappedAndAllShutDownWhenTheSandboxEnds) {
   auto registry = std::make_shared<net::GuestConnections>(2);
   int pairs[3][2];
@@ -275,7 +300,14 @@ class IngressProxyTest : public testing::Test {
           }
           auto fd = std::make_shared<UniqueFd>(guest.connect());
           fcntl(fd->get(), F_SETFL, fcntl(fd->get(), F_GETFL) | O_NONBLOCK);
-          proxyToGuest(req, res, fd->get(), fd, target->value(), true, options_);
+          auto waiting = std::make_shared<int>(0);  // a place among those waiting for an answer
+          {
+            std::lock_guard lock(waiting_mu_);
+            waiting_.push_back(waiting);
+            kept_.push_back(fd);
+          }
+          const int guest_fd = fd->get();  // before the move: arguments have no order
+          proxyToGuest(req, res, guest_fd, std::move(fd), std::move(waiting), target->value(), true, options_);
         },
         limits);
     ASSERT_TRUE(server.ok()) << server.error().message;
@@ -283,7 +315,20 @@ class IngressProxyTest : public testing::Test {
   }
   std::string prefix() const { return "/v1/sandboxes/" + kId + "/ports/8080"; }
 
+  // Whether request i's place among those waiting for an answer, and its guest socket, are held.
+  bool waiting(size_t i) {
+    std::lock_guard lock(waiting_mu_);
+    return !waiting_.at(i).expired();
+  }
+  bool kept(size_t i) {
+    std::lock_guard lock(waiting_mu_);
+    return !kept_.at(i).expired();
+  }
+
   IngressOptions options_;
+  std::mutex waiting_mu_;
+  std::vector<std::weak_ptr<int>> waiting_;
+  std::vector<std::weak_ptr<UniqueFd>> kept_;
   std::unique_ptr<http::Server> server_;
 };
 
@@ -455,6 +500,39 @@ TEST_F(IngressProxyTest, ConnectionsTheGuestAnsweredHoldNoThread) {
   }
   EXPECT_EQ(server_->runningRequests(), 0u);
   EXPECT_EQ(server_->openStreams(), 3u);
+}
+
+// A connection holds its place among those waiting for their guest's answer (and so hold a
+// thread) until the answer's head came; its guest socket (and its place among all proxied
+// connections) until the relay ends.
+TEST_F(IngressProxyTest, APlaceAmongTheWaitingGoesWithTheAnswerAndTheGuestSocketWithTheRelay) {
+  std::promise<void> answer;
+  std::shared_future<void> answer_now = answer.get_future().share();
+  FakeGuest guest([&](int fd) {
+    readUntil(fd, "\r\n\r\n");
+    answer_now.wait();
+    sendRaw(fd, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n");
+    char buf[256];
+    while (recv(fd, buf, sizeof buf, 0) > 0) {
+    }
+  });
+  serve(guest);
+  UniqueFd client = connectRaw(server_->port());
+  sendRaw(client.get(), "GET " + prefix() +
+                            "/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n");
+  for (int i = 0; i < 500 && guest.accepted() == 0; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(guest.accepted(), 1);
+  EXPECT_TRUE(waiting(0)) << "the guest has not answered";
+  answer.set_value();
+  std::string got = readUntil(client.get(), "\r\n\r\n");
+  ASSERT_EQ(got.rfind("HTTP/1.1 101 ", 0), 0u) << got;
+  for (int i = 0; i < 500 && waiting(0); ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_FALSE(waiting(0)) << "the guest answered";
+  EXPECT_TRUE(kept(0)) << "the relay goes on";
+  client = UniqueFd();
+  for (int i = 0; i < 500 && kept(0); ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_FALSE(kept(0)) << "the relay ended";
 }
 
 TEST_F(IngressProxyTest, AGuestThatFailsBeforeAnsweringGetsA502OrA504) {
