@@ -77,7 +77,7 @@ class Exchange {
   // The relay Response::relay counted, with the client's early bytes in `early`; the server takes
   // it once the handler returned (and must then start or count it out).
   std::optional<RelayPlan>& relayPlan() { return relay_; }
-  const std::string& relayEarlyBytes() const { return relay_early_; }
+  std::string& relayEarlyBytes() { return relay_early_; }
   int abortFd() const { return stream_.abortFd(); }
   // The client hung up (or the server is stopping): see Response::clientGone.
   bool clientGone() const;

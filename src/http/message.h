@@ -203,8 +203,10 @@ class Response {
   // the peer first when both ways) until both directions ended (each end of stream passed on as
   // a half-close), either side fails, the peer's socket is shut down both ways (its owner ended
   // it), nothing moved for the idle timeout, or the server stops; one way, also when the client
-  // hangs up. The request body must have been read to its end. The relay counts as a stream
-  // (ServerLimits::max_streams): `unavailable` when none is free, and nothing was sent.
+  // hangs up or half-closes (gone, as clientGone() counts it). While a write to a slow client
+  // waits, a peer shut down both ways is noticed within a second. The request body must have
+  // been read to its end. `unavailable` when ServerLimits::max_relays are open, and nothing was
+  // sent.
   // `status` is only what the server logs. The plan's `keep` goes with the relay's end.
   Status relay(int status, RelayPlan plan);
   // An eventfd that becomes readable once the server gives up on its connections (stop, after

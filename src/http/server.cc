@@ -248,17 +248,26 @@ struct Server::Relay {
         plan(std::move(p)),
         to_peer(std::move(early)) {}
 
+  // One direction. Each reads a buffer's worth, writes it whole, then reads again: what waits
+  // for a slow reader is one buffer, and the writer's TCP window holds back the rest.
+  struct Way {
+    std::vector<char> buffer;  // made when the way starts (a one-way relay has no up buffer)
+    const char* data = nullptr;
+    size_t left = 0;  // of data, not yet taken by the socket
+    bool open = false;
+    bool writing = false;
+  };
+
   ConnectionPtr connection;
   // A socket of any family (TCP into a guest, a socketpair): its writes are sends without
   // SIGPIPE, where a descriptor's would be write(2)s that raise it.
   boost::asio::generic::stream_protocol::socket peer;
   RelayPlan plan;
-  std::string to_peer;                      // the client's bytes after its request: the peer's first (both ways)
-  std::array<char, 64 * 1024> down_buffer;  // peer -> client
-  std::array<char, 64 * 1024> up_buffer;    // client -> peer
-  bool down_open = true;
-  bool up_open = false;
+  std::string to_peer;  // the client's bytes after its request: the peer's first (both ways)
+  Way down;             // peer -> client
+  Way up;               // client -> peer
   bool closed = false;
+  bool peer_watched = false;  // watchRelayPeer's timer is armed
   Clock::time_point last_activity = Clock::now();
 };
 
@@ -1260,28 +1269,24 @@ void Server::closeStream(const StreamPtr& stream, bool completed) {
 
 // ---- Relays
 
-Status Server::reserveRelay(const ConnectionPtr& connection) {
+Status Server::reserveRelay(const ConnectionPtr&) {
   std::lock_guard lock(mutex_);
-  if (streams_ >= limits_.max_streams) {
-    return makeError(ErrorCode::kUnavailable, "the server has " + std::to_string(streams_) +
-                                                  " streams and relays open (the limit is " +
-                                                  std::to_string(limits_.max_streams) + "); retry later");
+  if (relays_ >= limits_.max_relays) {
+    return makeError(ErrorCode::kUnavailable, "the server has " + std::to_string(relays_) +
+                                                  " connections relayed (the limit is " +
+                                                  std::to_string(limits_.max_relays) + "); retry later");
   }
-  auto of_client = streams_by_client_.find(connection->client);
-  if (of_client != streams_by_client_.end() && of_client->second >= limits_.max_streams_per_client) {
-    return makeError(ErrorCode::kUnavailable, "this client has " + std::to_string(of_client->second) +
-                                                  " streams and relays open (the limit is " +
-                                                  std::to_string(limits_.max_streams_per_client) + ")");
-  }
-  ++streams_;
-  ++streams_by_client_[connection->client];
+  ++relays_;
   return okStatus();
 }
 
+size_t Server::openRelays() {
+  std::lock_guard lock(mutex_);
+  return relays_;
+}
+
 void Server::uncountRelayLocked(Connection& connection) {
-  --streams_;
-  auto it = streams_by_client_.find(connection.client);
-  if (--it->second == 0) streams_by_client_.erase(it);
+  --relays_;
   // An idle connection again (the handler's count ended when it returned).
   connection.relay.reset();
   connection.busy = false;
@@ -1306,39 +1311,62 @@ void Server::startRelay(const RelayPtr& relay, UniqueFd fd) {
   }
   relay->peer.assign(boost::asio::generic::stream_protocol(family, 0), relay->plan.peer, ec);
   if (ec) return closeRelay(relay, false, "the peer's socket cannot join the loop");
-  relay->up_open = relay->plan.both_ways;
+  try {
+    relay->down.buffer.resize(64 * 1024);
+    if (relay->plan.both_ways) relay->up.buffer.resize(64 * 1024);
+  } catch (const std::exception&) {
+    return closeRelay(relay, false, "no memory for its buffers");
+  }
+  relay->down.open = true;
+  relay->up.open = relay->plan.both_ways;
   armRelayIdle(relay);
-  boost::asio::async_write(connection->socket, boost::asio::buffer(relay->plan.to_client),
-                           [this, relay](boost::system::error_code write_ec, size_t) {
-                             if (relay->closed) return;
-                             if (write_ec) return closeRelay(relay, false, "the client failed");
-                             relay->last_activity = Clock::now();
-                             std::string().swap(relay->plan.to_client);
-                             pumpRelay(relay, relay->peer, relay->connection->socket, true);
-                             if (!relay->plan.both_ways) return watchRelayClient(relay);
-                             if (relay->to_peer.empty())
-                               return pumpRelay(relay, relay->connection->socket, relay->peer, false);
-                             boost::asio::async_write(relay->peer, boost::asio::buffer(relay->to_peer),
-                                                      [this, relay](boost::system::error_code early_ec, size_t) {
-                                                        if (relay->closed) return;
-                                                        if (early_ec)
-                                                          return closeRelay(relay, false, "the peer failed");
-                                                        std::string().swap(relay->to_peer);
-                                                        pumpRelay(relay, relay->connection->socket, relay->peer, false);
-                                                      });
-                           });
+  relay->down.data = relay->plan.to_client.data();
+  relay->down.left = relay->plan.to_client.size();
+  writeRelay(relay, connection->socket, true, [this, relay] {
+    std::string().swap(relay->plan.to_client);
+    pumpRelay(relay, relay->peer, relay->connection->socket, true);
+    if (!relay->plan.both_ways) return watchRelayClient(relay);
+    relay->up.data = relay->to_peer.data();
+    relay->up.left = relay->to_peer.size();
+    writeRelay(relay, relay->peer, false, [this, relay] {
+      std::string().swap(relay->to_peer);
+      pumpRelay(relay, relay->connection->socket, relay->peer, false);
+    });
+  });
+}
+
+template <class To>
+void Server::writeRelay(const RelayPtr& relay, To& to, bool down, std::function<void()> done) {
+  Relay::Way& way = down ? relay->down : relay->up;
+  if (way.left == 0) {
+    way.writing = false;
+    return done();
+  }
+  way.writing = true;
+  if (down) watchRelayPeer(relay);
+  to.async_write_some(boost::asio::buffer(way.data, way.left),
+                      [this, relay, &to, down, done = std::move(done)](boost::system::error_code ec, size_t n) mutable {
+                        if (relay->closed) return;
+                        if (ec) return closeRelay(relay, false, down ? "the client failed" : "the peer failed");
+                        Relay::Way& w = down ? relay->down : relay->up;
+                        w.data += n;
+                        w.left -= n;
+                        relay->last_activity = Clock::now();  // each piece: a slow reader is not idle
+                        writeRelay(relay, to, down, std::move(done));
+                      });
 }
 
 template <class From, class To>
 void Server::pumpRelay(const RelayPtr& relay, From& from, To& to, bool down) {
-  auto& buffer = down ? relay->down_buffer : relay->up_buffer;
+  Relay::Way& way = down ? relay->down : relay->up;
   from.async_read_some(
-      boost::asio::buffer(buffer), [this, relay, &from, &to, down](boost::system::error_code ec, size_t n) {
+      boost::asio::buffer(way.buffer), [this, relay, &from, &to, down](boost::system::error_code ec, size_t n) {
         if (relay->closed) return;
+        Relay::Way& w = down ? relay->down : relay->up;
         if (ec == boost::asio::error::eof) {
           // The end passes on as a half-close; the other direction goes on.
           ::shutdown(to.native_handle(), SHUT_WR);
-          (down ? relay->down_open : relay->up_open) = false;
+          w.open = false;
           if (down) {
             if (!relay->plan.both_ways) return closeRelay(relay, true, "the answer ended");
             // The peer's socket shut down both ways (its owner ended it: the sandbox stopped):
@@ -1346,25 +1374,41 @@ void Server::pumpRelay(const RelayPtr& relay, From& from, To& to, bool down) {
             pollfd p{relay->peer.native_handle(), 0, 0};
             if (::poll(&p, 1, 0) > 0 && (p.revents & POLLHUP) != 0) return closeRelay(relay, true, "the peer ended");
           }
-          if (!relay->down_open && !relay->up_open) closeRelay(relay, true, "both sides ended");
+          if (!relay->down.open && !relay->up.open) closeRelay(relay, true, "both sides ended");
           return;
         }
         if (ec) return closeRelay(relay, false, down ? "the peer failed" : "the client failed");
         relay->last_activity = Clock::now();
-        boost::asio::async_write(to, boost::asio::buffer(down ? relay->down_buffer.data() : relay->up_buffer.data(), n),
-                                 [this, relay, &from, &to, down](boost::system::error_code write_ec, size_t) {
-                                   if (relay->closed) return;
-                                   if (write_ec)
-                                     return closeRelay(relay, false, down ? "the client failed" : "the peer failed");
-                                   relay->last_activity = Clock::now();
-                                   pumpRelay(relay, from, to, down);
-                                 });
+        w.data = w.buffer.data();
+        w.left = n;
+        writeRelay(relay, to, down, [this, relay, &from, &to, down] { pumpRelay(relay, from, to, down); });
       });
 }
 
+void Server::watchRelayPeer(const RelayPtr& relay) {
+  // The end of a peer shut down both ways shows as a read's end of stream; but a read waits
+  // while the client is slow to take what was read before. Meanwhile the peer is looked at
+  // each second, so an ended peer (a sandbox gone) does not hold its relay until the idle timeout.
+  if (relay->peer_watched) return;
+  relay->peer_watched = true;
+  auto& timer = relay->connection->timer;
+  timer.expires_after(std::chrono::seconds(1));
+  timer.async_wait([this, relay](boost::system::error_code ec) {
+    relay->peer_watched = false;
+    if (ec || relay->closed || !relay->down.writing) return;
+    pollfd p{relay->peer.native_handle(), 0, 0};
+    if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR)) != 0) {
+      return closeRelay(relay, false, "the peer ended while the client was slow");
+    }
+    watchRelayPeer(relay);
+  });
+}
+
 void Server::watchRelayClient(const RelayPtr& relay) {
-  // One way, the client sends nothing more that matters: readability means it hung up, or sent
-  // bytes that stay unread (then its hang-up is looked for each second, as for streams).
+  // One way, the client has nothing more to send: readability means it hung up or half-closed
+  // (gone, as for streams: a browser that leaves a silent answer must not hold it until the idle
+  // timeout), or sent bytes that stay unread (a pipelined request; then its end is looked for
+  // each second, POLLRDHUP seeing a FIN past unread data).
   relay->connection->socket.async_wait(
       boost::asio::ip::tcp::socket::wait_read, [this, relay](boost::system::error_code ec) {
         if (ec || relay->closed) return;
@@ -1410,6 +1454,7 @@ void Server::closeRelay(const RelayPtr& relay, bool completed, const char* why) 
   spdlog::debug("http: relay for {} ended: {}", connection->remote, why);
   connection->stream_timer.cancel();
   connection->hangup_timer.cancel();
+  connection->timer.cancel();
   // Borrowed: released, never closed here (its owner closes it with `keep`); pending operations end.
   boost::system::error_code ignored;
   if (relay->peer.is_open()) (void)relay->peer.release(ignored);

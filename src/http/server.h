@@ -11,7 +11,8 @@
 // (Response::detach): the handler returns, and its thread with it, while the event loop writes
 // what producers push, with the write timeout, and notices a client that hangs up. Such a stream
 // holds its connection and queued bytes, no thread; max_streams bounds them. A handler that
-// proxies a connection to another socket hands both to the loop the same way (Response::relay).
+// proxies a connection to another socket hands both to the loop the same way (Response::relay;
+// max_relays bounds them).
 //
 // Every socket operation has a timeout, so a client that stops sending or reading only holds
 // its connection for read_timeout / write_timeout. The server answers on its own, as errorBody
@@ -80,12 +81,15 @@ struct ServerLimits {
   // Of those, what one client address may run (as counted for max_connections_per_client): a
   // single address, even without a key, cannot take every thread.
   size_t max_running_requests_per_client = 128;
-  // Detached streams (Response::detach) and relays (Response::relay) open at once, and of one
-  // client address; over either, detach() or relay() fails and the handler answers 503. Each
-  // holds its connection (counted above) and what its producer queued (which the producer
-  // bounds), or a relay's two 64 KiB buffers and its peer socket, but no thread.
+  // Detached streams (Response::detach) open at once, and of one client address; over either,
+  // detach() fails and the handler answers 503. Each holds its connection (counted above) and
+  // what its producer queued (which the producer bounds), but no thread.
   size_t max_streams = 4096;
   size_t max_streams_per_client = 1024;
+  // Relays (Response::relay) open at once, apart from the streams: their handlers bound them
+  // per tenant (a proxied port's), and many tenants may share one address (a proxy). Over it,
+  // relay() fails. Each holds its connection, its peer's socket and up to two 64 KiB buffers.
+  size_t max_relays = 4096;
   // Threads for the blocking steps of detached streams (ResponseStream::runBlocking), apart from
   // the request threads, so streams keep going while requests fill those. A step that finds them
   // all busy waits its turn (as many as max_streams wait at most) instead of failing its stream;
@@ -137,8 +141,10 @@ class Server {
   // Requests whose handler has not yet returned. A client can read a response before its
   // handler returns, so a request sent right after may still find the previous one counted.
   size_t runningRequests();
-  // Detached streams and relays not yet closed.
+  // Detached streams not yet closed.
   size_t openStreams();
+  // Relays not yet closed.
+  size_t openRelays();
 
  private:
   struct Connection;
@@ -187,8 +193,8 @@ class Server {
   // Once per stream: counts it out, and the connection waits for its next request, lingers or
   // closes; then the stream's onClose callback runs.
   void closeStream(const StreamPtr& stream, bool completed);
-  // Relays (Response::relay). On the worker: counts a relay for the connection as a stream;
-  // and counts it out when it never starts.
+  // Relays (Response::relay). On the worker: counts a relay for the connection; and counts it
+  // out when it never starts.
   Status reserveRelay(const ConnectionPtr& connection);
   void uncountRelayLocked(Connection& connection);
   // On the loop, from here on.
@@ -196,6 +202,11 @@ class Server {
   // One direction: reads from `from`, writes to `to`, until an end, an error or the relay's close.
   template <class From, class To>
   void pumpRelay(const RelayPtr& relay, From& from, To& to, bool down);
+  // Writes relay->pending to `to` a piece at a time (each piece is activity for the idle timeout).
+  template <class To>
+  void writeRelay(const RelayPtr& relay, To& to, bool down, std::function<void()> done);
+  // While a write to the client is stalled, notices the peer's owner ending the peer.
+  void watchRelayPeer(const RelayPtr& relay);
   void watchRelayClient(const RelayPtr& relay);
   void pollRelayClient(const RelayPtr& relay);
   void armRelayIdle(const RelayPtr& relay);
@@ -238,7 +249,8 @@ class Server {
   size_t open_connections_ = 0;                                // guarded by mutex_; includes evicted ones still closing
   size_t running_ = 0;                                         // guarded by mutex_: connections marked busy
   std::unordered_map<std::string, size_t> running_by_client_;  // guarded by mutex_; no zero entries
-  size_t streams_ = 0;                                         // guarded by mutex_: detached streams and relays open
+  size_t streams_ = 0;                                         // guarded by mutex_: detached streams open
+  size_t relays_ = 0;                                          // guarded by mutex_: relays open
   std::unordered_map<std::string, size_t> streams_by_client_;  // guarded by mutex_; no zero entries
   // Stream steps per party: those running (or queued for a step thread), at most
   // max_stream_steps_per_client, and those waiting for one of them to finish.

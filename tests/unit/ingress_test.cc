@@ -499,7 +499,7 @@ TEST_F(IngressProxyTest, ConnectionsTheGuestAnsweredHoldNoThread) {
     EXPECT_EQ(readUntil(clients[static_cast<size_t>(i)].get(), message), message);
   }
   EXPECT_EQ(server_->runningRequests(), 0u);
-  EXPECT_EQ(server_->openStreams(), 3u);
+  EXPECT_EQ(server_->openRelays(), 3u);
 }
 
 // A connection holds its place among those waiting for their guest's answer (and so hold a
