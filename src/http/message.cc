@@ -455,6 +455,7 @@ Result<TakenConnection> Exchange::takeOver() {
 
 Status Exchange::relay(RelayPlan plan) {
   if (io_failed_) return io_error_;
+  if (taken_over_ || relay_) return makeError(ErrorCode::kFailedPrecondition, "the connection was already taken");
   if (!parser_.is_done()) {
     return makeError(ErrorCode::kFailedPrecondition, "the request body must be read before the connection is relayed");
   }

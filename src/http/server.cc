@@ -1396,6 +1396,9 @@ void Server::watchRelayPeer(const RelayPtr& relay) {
   timer.async_wait([this, relay](boost::system::error_code ec) {
     relay->peer_watched = false;
     if (ec || relay->closed || !relay->down.writing) return;
+    // Once the client's end was passed on (our shutdown of the peer's sending side), the peer's
+    // own FIN completes a hang-up that ends nothing: its last bytes still wait to be read.
+    if (relay->plan.both_ways && !relay->up.open) return;
     pollfd p{relay->peer.native_handle(), 0, 0};
     if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR)) != 0) {
       return closeRelay(relay, false, "the peer ended while the client was slow");

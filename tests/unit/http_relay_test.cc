@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -269,6 +271,34 @@ TEST(HttpRelay, EndsWhenThePeersOwnerShutsItDownEvenWhileTheClientIsSlow) {
   shutdown(peers.relayEnd(1), SHUT_RDWR);
   EXPECT_TRUE(waitUntil([&] { return peers.released == 2; }, 5s)) << "still relaying to a slow client";
   EXPECT_LT(std::chrono::steady_clock::now() - shut_at, 5s);
+}
+
+// The client's end passed on (our shutdown of the peer's sending side) and then the peer's own
+// end make a hang-up on the peer's socket that the owner did not cause: a slow client still gets
+// everything the peer sent.
+TEST(HttpRelay, AfterBothEndsASlowClientStillGetsTheWholeAnswer) {
+  Peers peers;
+  auto server = startRelayServer(peers, {}, 30s);
+  ASSERT_TRUE(server);
+  UniqueFd client = openRelay(server->port(), "/up");
+  EXPECT_EQ(readExactly(client.get(), kSwitched.size()), kSwitched);
+  ASSERT_TRUE(waitUntil([&] { return peers.count() == 1; }));
+  shutdown(client.get(), SHUT_WR);
+  char byte;
+  ASSERT_EQ(recv(peers.testEnd(0), &byte, 1, 0), 0) << "the client's end passed on";
+  // The whole answer and the peer's end wait in the peer's socket (a send buffer that holds it
+  // all) while the relay's write to the client stalls (more than loopback TCP holds).
+  const std::string answer(24 << 20, 'a');
+  const int forced = 64 << 20;
+  ASSERT_EQ(setsockopt(peers.testEnd(0), SOL_SOCKET, SO_SNDBUFFORCE, &forced, sizeof forced), 0) << strerror(errno);
+  std::thread writer([&] {
+    sendRaw(peers.testEnd(0), answer);
+    shutdown(peers.testEnd(0), SHUT_WR);
+  });
+  std::this_thread::sleep_for(2500ms);  // the client reads nothing for a few of the peer watch's looks
+  EXPECT_EQ(readUntilClosed(client.get()).size(), answer.size());
+  writer.join();
+  EXPECT_TRUE(waitUntil([&] { return peers.released == 1; }));
 }
 
 TEST(HttpRelay, RelaysHaveALimitOfTheirOwnAndOneOverItIsRefusedWithNothingSent) {
