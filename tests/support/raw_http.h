@@ -11,9 +11,11 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <future>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include "common/unix_socket.h"
 
@@ -48,6 +50,15 @@ inline std::string readUntilClosed(int fd) {
   ssize_t n;
   while ((n = recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
   return out;
+}
+
+// Polls `done` every 5 ms until it holds or `limit` passed; its last answer.
+inline bool waitUntil(const std::function<bool()>& done, std::chrono::milliseconds limit = std::chrono::seconds(5)) {
+  for (auto until = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < until;) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return done();
 }
 
 struct Flood {

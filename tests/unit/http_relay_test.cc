@@ -28,6 +28,7 @@ using namespace std::chrono_literals;
 using testsupport::connectRaw;
 using testsupport::readUntilClosed;
 using testsupport::sendRaw;
+using testsupport::waitUntil;
 
 constexpr std::string_view kSwitched = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n";
 constexpr std::string_view kAnswerHead = "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n";
@@ -60,14 +61,6 @@ struct Kept {
   UniqueFd fd;
   std::atomic<int>& released;
 };
-
-bool waitUntil(const std::function<bool()>& done, std::chrono::milliseconds limit = 5s) {
-  for (auto until = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < until;) {
-    if (done()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return done();
-}
 
 // /up relays both ways after a 101, /down one way after a 200 head; anything else is "plain".
 std::unique_ptr<Server> startRelayServer(Peers& peers, ServerLimits limits = {}, std::chrono::milliseconds idle = 10s) {
@@ -127,6 +120,14 @@ UniqueFd openRelay(uint16_t port, const std::string& path, const std::string& ea
                    const std::string& fields = "") {
   UniqueFd client = connectRaw(port);
   sendRaw(client.get(), "GET " + path + " HTTP/1.1\r\nHost: x\r\n" + fields + "\r\n" + early);
+  return client;
+}
+
+// A both-ways relay whose 101 head the client has read; `peers` then holds `peer_count` peers.
+UniqueFd openUpgraded(uint16_t port, Peers& peers, size_t peer_count) {
+  UniqueFd client = openRelay(port, "/up");
+  EXPECT_EQ(readExactly(client.get(), kSwitched.size()), kSwitched);
+  EXPECT_TRUE(waitUntil([&] { return peers.count() == peer_count; })) << peers.count();
   return client;
 }
 
@@ -214,17 +215,14 @@ TEST(HttpRelay, EndsWhenIdle) {
   Peers peers;
   auto server = startRelayServer(peers, {}, 300ms);
   ASSERT_TRUE(server);
-  UniqueFd idle = openRelay(server->port(), "/up");
-  EXPECT_EQ(readExactly(idle.get(), kSwitched.size()), kSwitched);
+  UniqueFd idle = openUpgraded(server->port(), peers, 1);
   auto started = std::chrono::steady_clock::now();
   EXPECT_EQ(readUntilClosed(idle.get()), "");
   EXPECT_GE(std::chrono::steady_clock::now() - started, 250ms);
   EXPECT_TRUE(waitUntil([&] { return peers.released == 1; }));
 
   // Traffic keeps it: three rounds spaced under the timeout outlast it.
-  UniqueFd busy = openRelay(server->port(), "/up");
-  EXPECT_EQ(readExactly(busy.get(), kSwitched.size()), kSwitched);
-  ASSERT_TRUE(waitUntil([&] { return peers.count() == 2; }));
+  UniqueFd busy = openUpgraded(server->port(), peers, 2);
   for (int i = 0; i < 3; ++i) {
     std::this_thread::sleep_for(150ms);
     sendRaw(busy.get(), "x");
@@ -240,9 +238,7 @@ TEST(HttpRelay, EndsWhenThePeersOwnerShutsItDownEvenWhileTheClientIsSlow) {
   Peers peers;
   auto server = startRelayServer(peers, {}, 30s);
   ASSERT_TRUE(server);
-  UniqueFd silent = openRelay(server->port(), "/up");
-  EXPECT_EQ(readExactly(silent.get(), kSwitched.size()), kSwitched);
-  ASSERT_TRUE(waitUntil([&] { return peers.count() == 1; }));
+  UniqueFd silent = openUpgraded(server->port(), peers, 1);
   auto shut_at = std::chrono::steady_clock::now();
   shutdown(peers.relayEnd(0), SHUT_RDWR);
   EXPECT_EQ(readUntilClosed(silent.get()), "");
@@ -250,9 +246,7 @@ TEST(HttpRelay, EndsWhenThePeersOwnerShutsItDownEvenWhileTheClientIsSlow) {
   EXPECT_TRUE(waitUntil([&] { return peers.released == 1; }));
 
   // This client reads nothing: the relay's write to it stalls with the peer's flood.
-  UniqueFd slow = openRelay(server->port(), "/up");
-  EXPECT_EQ(readExactly(slow.get(), kSwitched.size()), kSwitched);
-  ASSERT_TRUE(waitUntil([&] { return peers.count() == 2; }));
+  UniqueFd slow = openUpgraded(server->port(), peers, 2);
   const int flood = peers.testEnd(1);
   fcntl(flood, F_SETFL, fcntl(flood, F_GETFL) | O_NONBLOCK);
   const std::string chunk(64 * 1024, 'f');
@@ -280,9 +274,7 @@ TEST(HttpRelay, AfterBothEndsASlowClientStillGetsTheWholeAnswer) {
   Peers peers;
   auto server = startRelayServer(peers, {}, 30s);
   ASSERT_TRUE(server);
-  UniqueFd client = openRelay(server->port(), "/up");
-  EXPECT_EQ(readExactly(client.get(), kSwitched.size()), kSwitched);
-  ASSERT_TRUE(waitUntil([&] { return peers.count() == 1; }));
+  UniqueFd client = openUpgraded(server->port(), peers, 1);
   shutdown(client.get(), SHUT_WR);
   char byte;
   ASSERT_EQ(recv(peers.testEnd(0), &byte, 1, 0), 0) << "the client's end passed on";
@@ -308,10 +300,8 @@ TEST(HttpRelay, RelaysHaveALimitOfTheirOwnAndOneOverItIsRefusedWithNothingSent) 
   limits.max_relays = 2;
   auto server = startRelayServer(peers, limits);
   ASSERT_TRUE(server);
-  UniqueFd first = openRelay(server->port(), "/up");
-  EXPECT_EQ(readExactly(first.get(), kSwitched.size()), kSwitched);
-  UniqueFd second = openRelay(server->port(), "/up");
-  EXPECT_EQ(readExactly(second.get(), kSwitched.size()), kSwitched);
+  UniqueFd first = openUpgraded(server->port(), peers, 1);
+  UniqueFd second = openUpgraded(server->port(), peers, 2);
   UniqueFd third = openRelay(server->port(), "/up", "", "Connection: close\r\n");
   std::string refused = readUntilClosed(third.get());
   EXPECT_EQ(refused.rfind("HTTP/1.1 503", 0), 0u) << refused;

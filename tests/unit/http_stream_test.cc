@@ -23,6 +23,7 @@ using namespace std::chrono_literals;
 using testsupport::connectRaw;
 using testsupport::readUntilClosed;
 using testsupport::sendRaw;
+using testsupport::waitUntil;
 
 // The streams handlers detached, in order.
 struct Detached {
@@ -78,14 +79,6 @@ std::unique_ptr<Server> startStreamServer(Detached& detached, ServerLimits limit
 std::function<void(ResponseStream&)> reportCloseTo(std::promise<bool>& closed) {
   return
       [&closed](ResponseStream& stream) { stream.onClose([&closed](bool completed) { closed.set_value(completed); }); };
-}
-
-bool waitUntil(const std::function<bool()>& done, std::chrono::milliseconds limit = 5s) {
-  for (auto until = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < until;) {
-    if (done()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return done();
 }
 
 // Reads until `marker` arrived (or the socket's read limit passed).
