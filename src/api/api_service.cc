@@ -471,7 +471,7 @@ void ApiService::serveIngress(http::Request& req, http::Response& res, const Res
   bool over_node = false;
   std::shared_ptr<void> place = ingress_open_.enter(tenant, over_node);
   std::shared_ptr<void> waiting;
-  IngressCounter* full = place ? nullptr : &ingress_open_;
+  TenantPlaces* full = place ? nullptr : &ingress_open_;
   if (place) {
     waiting = ingress_waiting_.enter(tenant, over_node);
     if (!waiting) full = &ingress_waiting_;

@@ -20,6 +20,7 @@
 #include "api/auth.h"
 #include "api/console.h"
 #include "api/ingress.h"
+#include "api/tenant_places.h"
 #include "api/metrics.h"
 #include "api/tenant_gate.h"
 #include "guest/guest_ops.h"
@@ -159,8 +160,8 @@ class ApiService {
   IngressOptions ingress_;
   secrets::SecretVault* secrets_;
   Console* console_ = nullptr;
-  IngressCounter ingress_open_{ingress_.max_connections};  // proxied connections
-  IngressCounter ingress_waiting_{ingress_.max_waiting};   // of those, waiting for their guest's answer
+  TenantPlaces ingress_open_{ingress_.max_connections};  // proxied connections
+  TenantPlaces ingress_waiting_{ingress_.max_waiting};   // of those, waiting for their guest's answer
   TenantGate tenant_gate_;
   Metrics metrics_;
   http::Router router_;

@@ -13,8 +13,6 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <vector>
 
 #include "api/console.h"
@@ -358,45 +356,6 @@ std::optional<std::string> refusedOnApiOrigin(const http::Request& request) {
     return "a page of this host cannot load a sandbox's port as a " + *dest + "; open it as a page";
   }
   return std::nullopt;
-}
-
-struct IngressCounter::State {
-  std::mutex mu;
-  size_t open = 0;                          // guarded by mu
-  std::map<std::string, size_t> by_tenant;  // guarded by mu; no zero entries
-};
-
-IngressCounter::IngressCounter(size_t node_cap) : node_cap_(node_cap), state_(std::make_shared<State>()) {}
-
-std::shared_ptr<void> IngressCounter::enter(const std::string& tenant, bool& over_node) {
-  struct Place {
-    Place(std::shared_ptr<State> s, std::string t) : state(std::move(s)), tenant(std::move(t)) {}
-    Place(const Place&) = delete;
-    Place& operator=(const Place&) = delete;
-    std::shared_ptr<State> state;
-    std::string tenant;
-    bool counted = false;
-    ~Place() {
-      if (!counted) return;
-      std::lock_guard lock(state->mu);
-      --state->open;
-      auto it = state->by_tenant.find(tenant);
-      if (--it->second == 0) state->by_tenant.erase(it);
-    }
-  };
-  auto place = std::make_shared<Place>(state_, tenant);
-  std::lock_guard lock(state_->mu);
-  over_node = state_->open >= node_cap_;
-  if (over_node) return nullptr;
-  size_t& of_tenant = state_->by_tenant[tenant];  // may throw: before anything is counted
-  if (of_tenant >= tenantCap()) {
-    if (of_tenant == 0) state_->by_tenant.erase(tenant);
-    return nullptr;
-  }
-  ++of_tenant;
-  ++state_->open;
-  place->counted = true;
-  return place;
 }
 
 void proxyToGuest(http::Request& request, http::Response& response, int guest, std::shared_ptr<void> keep,

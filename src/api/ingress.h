@@ -14,7 +14,6 @@
 // network says `"public_ports": true`.
 #pragma once
 
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -50,23 +49,6 @@ struct IngressOptions {
   // Of those, the ones whose guest has not answered yet, which hold a server thread each (for
   // up to response_timeout), a tenant a quarter of them: the API keeps its threads.
   size_t max_waiting = 256;
-};
-
-// Proxied connections of a node and of each tenant, under a cap for the node and a quarter of
-// it for each tenant. Thread-safe; a place may outlive the counter.
-class IngressCounter {
- public:
-  explicit IngressCounter(size_t node_cap);
-  // A place, given back when its last reference goes; null when the node or the tenant is at
-  // its cap (`over_node` says which).
-  std::shared_ptr<void> enter(const std::string& tenant, bool& over_node);
-  size_t nodeCap() const { return node_cap_; }
-  size_t tenantCap() const { return std::max<size_t>(1, node_cap_ / 4); }
-
- private:
-  struct State;
-  size_t node_cap_;
-  std::shared_ptr<State> state_;
 };
 
 // Where an ingress request goes.

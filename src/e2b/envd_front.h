@@ -16,6 +16,7 @@
 #include <string>
 
 #include "api/ingress.h"
+#include "api/tenant_places.h"
 #include "api/tenant_gate.h"
 #include "e2b/watchers.h"
 #include "http/message.h"
@@ -86,7 +87,7 @@ class EnvdFront {
   api::TenantGate signed_files_;       // requests by signed file URL: their own bucket (see handle)
   std::atomic<size_t> ports_open_{0};  // proxied connections of the whole node
   // Of those, the ones waiting for their guest's answer (each holds a server thread).
-  api::IngressCounter ports_waiting_{options_.ports.max_waiting};
+  api::TenantPlaces ports_waiting_{options_.ports.max_waiting};
   WatcherTable watchers_;
   std::mutex tokens_mu_;
   std::map<std::string, std::string> tokens_;  // guarded by tokens_mu_: live sandbox id -> token
