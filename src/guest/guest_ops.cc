@@ -363,13 +363,17 @@ void ProcessStream::deliverStdin(int pid) {
   if (!shared_->error) shared_->error = makeError(fed.error().code, "stdin: " + fed.error().message);
 }
 
-ProcessStream::Batch ProcessStream::next(milliseconds wait) {
+ProcessStream::Batch ProcessStream::next(milliseconds wait) { return take(wait, true); }
+
+ProcessStream::Batch ProcessStream::poll() { return take(milliseconds(0), false); }
+
+ProcessStream::Batch ProcessStream::take(milliseconds wait, bool may_block) {
   Batch batch;
   if (final_) {
     batch.state = *final_;
     return batch;
   }
-  if (!stdin_done_ && !canceled_) {  // a canceled stream's consumer must not wait on the guest
+  if (may_block && !stdin_done_ && !canceled_) {  // a canceled stream's consumer must not wait on the guest
     int pid = 0;
     {
       std::lock_guard lock(shared_->m);
@@ -392,10 +396,10 @@ ProcessStream::Batch ProcessStream::next(milliseconds wait) {
     if (broken || over) batch.error = shared_->error;
   }
   if (broken) {
-    stop();
+    may_block ? stop() : cancel();
     batch.state = State::kEnded;
   } else if (overflow) {
-    stop();
+    may_block ? stop() : cancel();
     batch.state = State::kOverflow;
   } else if (over) {
     batch.state = State::kEnded;
@@ -506,6 +510,30 @@ Status GuestOps::resizePty(int pid, PtySize size) {
                    controlOptions());
   if (!result.ok()) return result.error();
   return okStatus();
+}
+
+void GuestOps::controlAsync(const std::string& method, Json request, Done done) {
+  agent_->callAsync(method, request, controlOptions(), [done = std::move(done)](Result<Json> answer) {
+    done(answer.ok() ? okStatus() : Status(answer.error()));
+  });
+}
+
+void GuestOps::sendPtyInputAsync(int pid, std::string_view data, Done done) {
+  if (data.empty()) return done(okStatus());
+  controlAsync("/process.Process/SendInput",
+               Json{{"process", {{"pid", pid}}}, {"input", {{"pty", agentproto::base64Encode(data)}}}},
+               std::move(done));
+}
+
+void GuestOps::resizePtyAsync(int pid, PtySize size, Done done) {
+  controlAsync("/process.Process/Update",
+               Json{{"process", {{"pid", pid}}}, {"pty", {{"size", {{"cols", size.cols}, {"rows", size.rows}}}}}},
+               std::move(done));
+}
+
+void GuestOps::sendSignalAsync(int pid, Signal signal, Done done) {
+  controlAsync("/process.Process/SendSignal", Json{{"process", {{"pid", pid}}}, {"signal", signalName(signal)}},
+               std::move(done));
 }
 
 Status GuestOps::closeStdin(int pid) {

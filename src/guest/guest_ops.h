@@ -109,6 +109,10 @@ class ProcessStream {
   // delivers the stdin of a started process on this thread once its start event came. Once a
   // batch says kEnded or kOverflow, later calls return that state again with no events.
   Batch next(std::chrono::milliseconds wait);
+  // What arrived, without waiting, for a consumer on an event loop (woken by onReady): never
+  // blocks, so it never delivers stdin (use it for a stream started without stdin_data, as a
+  // PTY's is), and a stream that broke or overflowed is canceled instead of stopped.
+  Batch poll();
   // Stops receiving, waiting a bounded time for the agent to see it. The process keeps running.
   void stop();
   // The same without waiting (from a thread that must not block); destroying the stream
@@ -126,6 +130,7 @@ class ProcessStream {
                 std::shared_ptr<agentproto::AgentStream> stream, std::optional<std::string> stdin_data,
                 bool close_stdin);
   void deliverStdin(int pid);
+  Batch take(std::chrono::milliseconds wait, bool may_block);
 
   std::shared_ptr<agentproto::AgentClient> agent_;
   std::shared_ptr<Shared> shared_;
@@ -199,6 +204,13 @@ class GuestOps {
   // window size (the guest's programs get SIGWINCH).
   Status sendPtyInput(int pid, std::string_view data);  // nothing is sent for empty data
   Status resizePty(int pid, PtySize size);
+  // The same calls without waiting, for an event loop: `done` runs once with the outcome, on
+  // the agent client's I/O thread (or on this thread at once), under its callback rules
+  // (AgentClient::callAsync): short, never blocking, owning what it touches.
+  using Done = std::function<void(Status)>;
+  void sendPtyInputAsync(int pid, std::string_view data, Done done);
+  void resizePtyAsync(int pid, PtySize size, Done done);
+  void sendSignalAsync(int pid, Signal signal, Done done);
 
   // `user`: "" = the sandbox's default user; the guest applies that user's permissions.
   Status remove(const std::string& path, const std::string& user);
@@ -220,6 +232,7 @@ class GuestOps {
                                             std::optional<std::string> stdin_data, bool close_stdin);
 
   agentproto::CallOptions controlOptions() const;
+  void controlAsync(const std::string& method, agentproto::Json request, Done done);
 
   std::shared_ptr<agentproto::AgentClient> agent_;
   std::optional<std::chrono::milliseconds> control_timeout_;
