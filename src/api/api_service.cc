@@ -1272,6 +1272,19 @@ void ApiService::openPty(Call& c) {
   const std::string tag = spec.tag;
   if (auto ok = guest::checkProcessSpec(spec); !ok.ok()) return fail(c, ok.error());
 
+  // Terminals hold no thread, so a tenant could otherwise open them by the thousand.
+  bool over_node = false;
+  std::shared_ptr<void> place = terminal_places_.enter(c.tenant, over_node);
+  if (!place || terminals_ == nullptr) {
+    metrics_.countError("terminals_busy");
+    c.res.setHeader("Retry-After", "1");
+    (void)c.res.sendError(over_node ? 503 : 429, "terminals_busy",
+                          over_node ? "this node has " + std::to_string(terminal_places_.nodeCap()) +
+                                          " terminals open already; retry later"
+                                    : "this tenant has " + std::to_string(terminal_places_.tenantCap()) +
+                                          " terminals open already; close one first");
+    return;
+  }
   auto agent = lease(c, "open a terminal");
   if (!agent.ok()) return fail(c, agent.error());
   guest::GuestOps ops(agent->agent);
@@ -1310,28 +1323,35 @@ void ApiService::openPty(Call& c) {
       return fail(c, makeError(ErrorCode::kUnavailable, "the guest did not start the terminal's process in 30 s"));
     }
   }
-  auto taken = c.res.takeOver(101);
-  if (!taken.ok()) {
-    (void)ops.sendSignal(pid, guest::Signal::kKill);
-    spdlog::warn("pty: sandbox {}: cannot take the connection over: {}", c.id(), taken.error().message);
-    return;
-  }
   spdlog::info("pty: sandbox {} ({}): terminal process {} started", c.id(), c.tenant, pid);
   // A terminal lasts as long as what let it in: a removed key or an ended console session ends
   // it too (checked every few seconds).
-  PtySessionLimits limits;
+  PtyProcess session{ops, std::move(process).value(), pid, std::move(pending), nullptr, {}, {}};
   if (!c.console_session.empty()) {
-    limits.authorized = [this, token = c.console_session, tenant = c.tenant] {
+    session.authorized = [this, token = c.console_session, tenant = c.tenant] {
       return console_ && console_->stillValid(token, tenant);
     };
   } else if (auto header = c.req.header("authorization"); header && bearerToken(*header)) {
-    limits.authorized = [this, key = *bearerToken(*header), tenant = c.tenant] {
+    session.authorized = [this, key = *bearerToken(*header), tenant = c.tenant] {
       return keys_.authenticate(key) == tenant;
     };
   }
-  auto end = runPtySession(c.req, std::move(taken).value(), ops, *process.value(), pid, std::move(pending), limits);
-  spdlog::info("pty: sandbox {}: terminal process {} ended: {}{}", c.id(), pid, end.outcome,
-               end.outcome == "exited" ? " (exit code " + std::to_string(end.exit_code) + ")" : "");
+  session.keep = std::make_shared<std::pair<sandbox::AgentLease, std::shared_ptr<void>>>(std::move(agent).value(),
+                                                                                         std::move(place));
+  session.ended = [id = std::string(c.id()), pid](const PtySessionEnd& end) {
+    spdlog::info("pty: sandbox {}: terminal process {} ended: {}{}", id, pid, end.outcome,
+                 end.outcome == "exited" ? " (exit code " + std::to_string(end.exit_code) + ")" : "");
+  };
+  // The server relays the client's connection to the session's socket on its event loop; the
+  // session runs on the terminals' loop: no thread waits for the client from here on.
+  auto plan = terminals_->open(c.req.target(), c.req.headers(), std::move(session));
+  if (!plan.ok()) return fail(c, plan.error());
+  if (auto relayed = c.res.relay(101, std::move(plan).value()); !relayed.ok()) {
+    // The plan went with the refusal, and the session with its socket.
+    metrics_.countError("terminals_busy");
+    c.res.setHeader("Retry-After", "1");
+    (void)c.res.sendError(503, "terminals_busy", relayed.error().message);
+  }
 }
 
 void ApiService::listProcesses(Call& c) {

@@ -20,9 +20,10 @@
 #include "api/auth.h"
 #include "api/console.h"
 #include "api/ingress.h"
-#include "api/tenant_places.h"
 #include "api/metrics.h"
+#include "api/pty_session.h"
 #include "api/tenant_gate.h"
+#include "api/tenant_places.h"
 #include "guest/guest_ops.h"
 #include "http/message.h"
 #include "http/router.h"
@@ -50,6 +51,9 @@ struct ApiLimits {
   // Buckets shared with the other front ends (one rate per tenant for the daemon); null: its own,
   // at the two values above.
   std::shared_ptr<TenantRates> tenant_rates;
+  // Terminal sessions open at once (each a guest process, a socket pair and its queues, no
+  // thread); a tenant may hold a quarter of them, more get 429 (the node's limit: 503).
+  size_t max_terminals = 1024;
 };
 
 // The served OpenAPI document (docs/openapi.json, embedded at build time).
@@ -73,6 +77,9 @@ class ApiService {
   // The web console (/ui/) and its session cookies, which then stand in for a key on every
   // route; without one, /ui is an unknown route and only keys authenticate. Set before serving.
   void setConsole(Console* console);
+  // Ends every terminal session (their processes are killed): after the servers stopped, before
+  // the console goes, since a session asks it whether its login is still valid.
+  void endTerminals() { terminals_.reset(); }
 
   // The server's handler: authentication, then routing.
   void handle(http::Request& request, http::Response& response);
@@ -165,6 +172,9 @@ class ApiService {
   TenantGate tenant_gate_;
   Metrics metrics_;
   http::Router router_;
+  TenantPlaces terminal_places_{limits_.max_terminals};  // open terminal sessions
+  // Last: its sessions ask keys_ and console_ whether they may go on, until it is gone.
+  std::unique_ptr<PtySessions> terminals_ = std::make_unique<PtySessions>();
 };
 
 }  // namespace space::api

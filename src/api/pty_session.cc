@@ -1,30 +1,33 @@
 #include "api/pty_session.h"
 
-#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 #include <boost/beast/websocket.hpp>
 #include <cctype>
+#include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "agentproto/base64.h"
 #include "common/bounded_json.h"
+#include "common/unix_socket.h"
 
 namespace space::api {
 
@@ -33,6 +36,8 @@ namespace beast = boost::beast;
 namespace websocket = beast::websocket;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
+using Socket = asio::local::stream_protocol::socket;
+using Upgrade = beast::http::request<beast::http::empty_body>;
 
 namespace {
 
@@ -47,21 +52,119 @@ bool containsTokenIgnoringCase(std::string_view value, std::string_view token) {
 
 std::string messageText(const json& message) { return message.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-class PtyBridge {
+// Hands work to the loop from any thread, for as long as the loop exists: the agent client's
+// callbacks may run after the sessions object is gone, and then drop their work instead.
+class Poster {
  public:
-  PtyBridge(guest::GuestOps& ops, guest::ProcessStream& stream, int pid, const PtySessionLimits& limits)
-      : ops_(ops), stream_(stream), pid_(pid), limits_(limits), ws_(asio::ip::tcp::socket(io_)), abort_(io_) {}
+  explicit Poster(asio::io_context& io) : io_(&io) {}
+  void post(std::function<void()> task) {
+    std::lock_guard lock(mu_);
+    if (io_ != nullptr) asio::post(*io_, std::move(task));
+  }
+  void forget() {
+    std::lock_guard lock(mu_);
+    io_ = nullptr;
+  }
 
-  PtySessionEnd run(const http::Request& req, const http::TakenConnection& connection,
-                    std::vector<guest::ProcessEvent> pending) {
-    if (!connection.early_bytes.empty()) {
-      // A client sends frames only after our 101: bytes before it are not a WebSocket client.
-      return kill({"error"});
+ private:
+  std::mutex mu_;
+  asio::io_context* io_;
+};
+
+class Terminal;
+
+}  // namespace
+
+namespace detail {
+
+// How many Terminal objects exist, for the end to wait on. Shared, so a session destroyed last
+// (by a loop stopped by force) still finds it.
+struct Tally {
+  std::mutex mu;
+  std::condition_variable changed;
+  size_t live = 0;  // guarded by mu
+};
+
+struct PtyLoop {
+  explicit PtyLoop(PtySessionLimits l) : limits(std::move(l)) {}
+
+  // First, so it goes last: sessions destroyed with the members below still have their loop, and
+  // handlers that only a loop stopped by force left behind destroy theirs with it.
+  asio::io_context io;
+  const PtySessionLimits limits;
+  std::shared_ptr<Poster> poster;
+  std::shared_ptr<Tally> tally = std::make_shared<Tally>();
+
+  std::mutex mu;
+  struct Entry {
+    // The session's owner while it runs: a session whose reading is paused, with a call to the
+    // guest out, has no handler of its own pending.
+    std::shared_ptr<Terminal> terminal;
+    std::shared_ptr<const std::function<bool()>> authorized;  // null: never asked
+  };
+  std::map<uint64_t, Entry> sessions;  // guarded by mu: those not ended
+  uint64_t next_id = 0;                // guarded by mu
+  bool stopping = false;               // guarded by mu
+  std::condition_variable changed;     // stopping was set (for the checker)
+
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::PtyLoop;
+
+class Terminal : public std::enable_shared_from_this<Terminal> {
+ public:
+  Terminal(PtyLoop& loop, uint64_t id, Socket socket, PtyProcess process)
+      : loop_(loop),
+        limits_(loop.limits),
+        id_(id),
+        process_(std::move(process)),
+        ws_(std::move(socket)),
+        close_deadline_(loop.io),
+        stall_timer_(loop.io),
+        tally_(loop.tally) {
+    std::lock_guard lock(tally_->mu);
+    ++tally_->live;
+  }
+
+  ~Terminal() {
+    if (!ended_) {
+      // Only a loop stopped by force leaves a session unended: its process goes all the same.
+      process_.stream->cancel();
+      if (!process_over_) process_.ops.sendSignalAsync(process_.pid, guest::Signal::kKill, [](Status) {});
     }
-    if (auto ok = adopt(connection); !ok.ok()) {
-      spdlog::warn("pty: sandbox process {}: {}", pid_, ok.error().message);
-      return kill({"error"});
+    {
+      std::lock_guard lock(tally_->mu);
+      --tally_->live;
     }
+    tally_->changed.notify_all();
+  }
+
+  Terminal(const Terminal&) = delete;
+  Terminal& operator=(const Terminal&) = delete;
+
+  // Before start(), on the handler's thread: the agent client wakes the session (on the loop)
+  // when the process has events. At most one wake-up waits at a time.
+  void listen() {
+    auto posted = std::make_shared<std::atomic<bool>>(false);
+    process_.stream->onReady([weak = weak_from_this(), poster = loop_.poster, posted] {
+      if (posted->exchange(true)) return;
+      poster->post([weak, posted] {
+        posted->store(false);
+        if (auto self = weak.lock()) self->drain();
+      });
+    });
+  }
+
+  // ---- on the loop from here on
+
+  void start(Upgrade upgrade) {
+    if (ended_) return;
+    upgrade_ = std::move(upgrade);
     websocket::stream_base::timeout timeouts{};
     timeouts.handshake_timeout = limits_.handshake_timeout;
     timeouts.idle_timeout = limits_.idle_timeout;
@@ -69,38 +172,44 @@ class PtyBridge {
     ws_.set_option(timeouts);
     ws_.read_message_max(limits_.max_client_message);
     ws_.auto_fragment(false);
-
-    for (const auto& [name, value] : req.headers()) upgrade_.insert(name, value);
-    upgrade_.method_string(req.method());
-    upgrade_.target(req.target());
-    upgrade_.version(11);
-    abort_.async_wait(asio::posix::stream_descriptor::wait_read, [this](beast::error_code ec) {
-      if (!ec) finish("aborted");
-    });
-    ws_.async_accept(upgrade_, [this, pending = std::move(pending)](beast::error_code ec) mutable {
+    ws_.async_accept(upgrade_, [self = shared_from_this()](beast::error_code ec) {
       if (ec) {
-        spdlog::info("pty: process {}: WebSocket handshake failed: {}", pid_, ec.message());
-        return finish("client_closed");
+        spdlog::info("pty: process {}: WebSocket handshake failed: {}", self->process_.pid, ec.message());
+        return self->finish("client_closed");
       }
-      enqueue(true, messageText(json{{"type", "started"}, {"pid", pid_}}));
-      Decoded first = decode(std::move(pending));
-      deliver(std::move(first.frames), first.end, guest::ProcessStream::State::kOpen, std::nullopt);
-      readNext();
-      pump_ = std::thread([this] { pumpEvents(); });
-      reauthorizeLater();
+      self->opened();
     });
-    io_.run();
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
+  }
+
+  // The sessions object is going: so is the session.
+  void abort() { finish("aborted"); }
+
+  // What let the client in has ended.
+  void unauthorized() {
+    if (ended_ || closing_) return;
+    if (!accepted_) return finish("unauthenticated");
+    enqueue(true, messageText(json{{"type", "error"},
+                                   {"code", "unauthenticated"},
+                                   {"message", "the key or console session that opened this terminal has ended"}}));
+    closeAfterQueue(websocket::close_code::policy_error, "unauthenticated");
+  }
+
+  // The process has events (or the client drained some output): take them while the client
+  // keeps up.
+  void drain() {
+    if (!accepted_ || ended_ || closing_) return;
+    output_paused_ = false;
+    while (queued_bytes_ < limits_.max_queued_output) {
+      auto batch = process_.stream->poll();
+      if (batch.events.empty() && batch.state == guest::ProcessStream::State::kOpen) return;
+      Decoded decoded = decode(std::move(batch.events));
+      const bool last = decoded.end || batch.state != guest::ProcessStream::State::kOpen;
+      deliver(std::move(decoded.frames), decoded.end, batch.state, batch.error);
+      if (last || ended_ || closing_) return;
     }
-    room_.notify_all();
-    if (pump_.joinable()) pump_.join();
-    if (!process_over_) {
-      // A hung-up terminal: the shell and its foreground job go with it.
-      (void)ops_.sendSignal(pid_, guest::Signal::kKill);
-    }
-    return end_;
+    // Full: the stream's own backlog takes what comes meanwhile (and overflows past its bound).
+    output_paused_ = true;
+    watchStall();
   }
 
  private:
@@ -108,55 +217,63 @@ class PtyBridge {
     bool text = false;
     std::string data;
   };
+  // Something for the guest's terminal: keystrokes, or a new window size.
+  struct Steer {
+    std::optional<guest::PtySize> resize;
+    std::string keys;
+    size_t cost = 0;  // counted in queued_input_
+  };
+  static constexpr size_t kResizeCost = 64;
 
-  PtySessionEnd kill(PtySessionEnd end) {
-    (void)ops_.sendSignal(pid_, guest::Signal::kKill);
-    return end;
+  void opened() {
+    if (ended_) return;
+    accepted_ = true;
+    enqueue(true, messageText(json{{"type", "started"}, {"pid", process_.pid}}));
+    Decoded first = decode(std::move(process_.pending));
+    process_.pending.clear();
+    deliver(std::move(first.frames), first.end, guest::ProcessStream::State::kOpen, std::nullopt);
+    readNext();
+    drain();
   }
 
-  // The server keeps (and later closes) the connection's descriptors; the session works on
-  // duplicates it owns.
-  Status adopt(const http::TakenConnection& connection) {
-    int fd = ::fcntl(connection.fd, F_DUPFD_CLOEXEC, 0);
-    if (fd < 0) return makeError(ErrorCode::kInternal, std::string("dup: ") + std::strerror(errno));
-    sockaddr_storage local{};
-    socklen_t len = sizeof local;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) {
-      ::close(fd);
-      return makeError(ErrorCode::kInternal, std::string("getsockname: ") + std::strerror(errno));
-    }
-    beast::error_code ec;
-    beast::get_lowest_layer(ws_).socket().assign(
-        local.ss_family == AF_INET6 ? asio::ip::tcp::v6() : asio::ip::tcp::v4(), fd, ec);
-    if (ec) {
-      ::close(fd);
-      return makeError(ErrorCode::kInternal, "adopting the socket: " + ec.message());
-    }
-    int abort_fd = ::fcntl(connection.abort_fd, F_DUPFD_CLOEXEC, 0);
-    if (abort_fd < 0) return makeError(ErrorCode::kInternal, std::string("dup: ") + std::strerror(errno));
-    abort_.assign(abort_fd, ec);
-    if (ec) {
-      ::close(abort_fd);
-      return makeError(ErrorCode::kInternal, "adopting the abort descriptor: " + ec.message());
-    }
-    return okStatus();
-  }
-
-  // ---- client -> guest (on the loop)
+  // ---- client -> guest
 
   void readNext() {
-    ws_.async_read(input_, [this](beast::error_code ec, size_t) {
-      if (ec) return finish("client_closed");
-      std::string data = beast::buffers_to_string(input_.data());
-      input_.consume(input_.size());
-      if (ws_.got_binary()) {
-        // Input to a process that just ended fails; its exit message is on its way.
-        if (!process_over_) steer(ops_.sendPtyInput(pid_, data));
-      } else if (auto refused = control(data); !refused.ok()) {
-        return protocolError(refused.error().message);
-      }
-      if (!ended_ && !closing_) readNext();
+    if (reading_ || ended_ || closing_) return;
+    // A guest slower than the typing: read on once it took some.
+    if (queued_input_ >= limits_.max_queued_input) return;
+    reading_ = true;
+    ws_.async_read(input_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->reading_ = false;
+      if (ec) return self->finish("client_closed");
+      self->received();
     });
+  }
+
+  void received() {
+    std::string data = beast::buffers_to_string(input_.data());
+    input_.consume(input_.size());
+    if (ws_.got_binary()) {
+      // Input to a process that just ended fails; its exit message is on its way.
+      if (!process_over_ && !data.empty()) queueKeys(std::move(data));
+    } else if (auto refused = control(data); !refused.ok()) {
+      return protocolError(refused.error().message);
+    }
+    readNext();
+  }
+
+  void queueKeys(std::string keys) {
+    queued_input_ += keys.size();
+    // Keystrokes typed while the guest takes the last ones go together, in one call.
+    if (!to_guest_.empty() && !to_guest_.back().resize &&
+        to_guest_.back().keys.size() + keys.size() <= limits_.max_client_message) {
+      to_guest_.back().keys += keys;
+      to_guest_.back().cost += keys.size();
+    } else {
+      const size_t cost = keys.size();
+      to_guest_.push_back(Steer{std::nullopt, std::move(keys), cost});
+    }
+    steerNext();
   }
 
   Status control(std::string_view text) {
@@ -178,23 +295,55 @@ class PtyBridge {
     auto rows = dimension("rows");
     if (!cols || !rows)
       return makeError(ErrorCode::kInvalidArgument, "resize: cols and rows must be integers in 1..65535");
-    if (!process_over_) steer(ops_.resizePty(pid_, guest::PtySize{*cols, *rows}));
+    if (process_over_) return okStatus();
+    // Only the latest of sizes not yet sent matters.
+    if (!to_guest_.empty() && to_guest_.back().resize) {
+      to_guest_.back().resize = guest::PtySize{*cols, *rows};
+    } else {
+      queued_input_ += kResizeCost;
+      to_guest_.push_back(Steer{guest::PtySize{*cols, *rows}, {}, kResizeCost});
+    }
+    steerNext();
     return okStatus();
   }
 
-  // The answer to a keystroke or a resize. These calls run on the loop (output waits meanwhile)
-  // with the short control deadline; a guest that does not take them in time, or whose agent is
-  // gone, ends the session. Other refusals (the terminal closed as the process ended) are the
-  // usual race with the exit message and change nothing.
-  void steer(const Status& done) {
-    if (done.ok() || ended_ || closing_) return;
-    const ErrorCode code = done.error().code;
-    if (code != ErrorCode::kDeadlineExceeded && code != ErrorCode::kUnavailable) return;
-    enqueue(true,
-            messageText(json{{"type", "error"},
-                             {"code", code == ErrorCode::kDeadlineExceeded ? "deadline_exceeded" : "unavailable"},
-                             {"message", "the guest did not take the terminal's input: " + done.error().message}}));
-    closeAfterQueue(websocket::close_code::internal_error, "error");
+  // One call to the guest at a time, so keystrokes and resizes arrive in the order typed.
+  void steerNext() {
+    if (steering_ || to_guest_.empty() || ended_ || closing_ || process_over_) return;
+    steering_ = true;
+    Steer next = std::move(to_guest_.front());
+    to_guest_.pop_front();
+    auto done = [weak = weak_from_this(), poster = loop_.poster, cost = next.cost](Status status) {
+      poster->post([weak, cost, status = std::move(status)] {
+        if (auto self = weak.lock()) self->steered(status, cost);
+      });
+    };
+    if (next.resize) {
+      process_.ops.resizePtyAsync(process_.pid, *next.resize, std::move(done));
+    } else {
+      process_.ops.sendPtyInputAsync(process_.pid, next.keys, std::move(done));
+    }
+  }
+
+  // The answer to a keystroke or a resize. A guest that does not take one within the control
+  // deadline, or whose agent is gone, ends the session. Other refusals (the terminal closed as
+  // the process ended) are the usual race with the exit message and change nothing.
+  void steered(const Status& done, size_t cost) {
+    steering_ = false;
+    queued_input_ -= cost;
+    if (ended_ || closing_) return;
+    if (!done.ok()) {
+      const ErrorCode code = done.error().code;
+      if (code == ErrorCode::kDeadlineExceeded || code == ErrorCode::kUnavailable) {
+        enqueue(true,
+                messageText(json{{"type", "error"},
+                                 {"code", code == ErrorCode::kDeadlineExceeded ? "deadline_exceeded" : "unavailable"},
+                                 {"message", "the guest did not take the terminal's input: " + done.error().message}}));
+        return closeAfterQueue(websocket::close_code::internal_error, "error");
+      }
+    }
+    steerNext();
+    readNext();
   }
 
   void protocolError(const std::string& why) {
@@ -205,69 +354,33 @@ class PtyBridge {
 
   // ---- guest -> client
 
-  // The pump thread: takes the process's events as they come, decodes them and hands them to the
-  // loop, while the client keeps up. The bytes are counted here, before the loop sees them, so
-  // a loop that is busy (an agent call) cannot make the pump run ahead of the bound: the pump
-  // waits, the stream's own backlog fills and ends the session as too slow.
-  void pumpEvents() {
-    while (true) {
-      bool stalled = false;
-      {
-        std::unique_lock lock(mutex_);
-        while (!stop_ && queued_bytes_ >= limits_.max_queued_output) {
-          room_.wait_for(lock, std::chrono::milliseconds(500));
-          if (Clock::now() - last_drain_ > limits_.stalled_client_timeout) {
-            stalled = true;
-            break;
-          }
-        }
-        if (stop_) return;
-      }
-      if (stalled) {
-        asio::post(io_, [this] { deliver({}, std::nullopt, guest::ProcessStream::State::kOverflow, std::nullopt); });
-        return;
-      }
-      auto batch = stream_.next(std::chrono::milliseconds(500));
-      if (batch.events.empty() && batch.state == guest::ProcessStream::State::kOpen) continue;
-      Decoded decoded = decode(std::move(batch.events));
-      const bool last = decoded.end || batch.state != guest::ProcessStream::State::kOpen;
-      asio::post(io_, [this, frames = std::move(decoded.frames), end = decoded.end, state = batch.state,
-                       error = std::move(batch.error)]() mutable { deliver(std::move(frames), end, state, error); });
-      if (last) return;
-    }
-  }
-
   struct Decoded {
     std::vector<Outgoing> frames;
     std::optional<guest::ProcessEnd> end;  // the process's end; events after it do not count
   };
-  // Output events become binary frames, counted in queued_bytes_ at once (see pumpEvents).
-  Decoded decode(std::vector<guest::ProcessEvent> events) {
+  // Output events become binary frames.
+  static Decoded decode(std::vector<guest::ProcessEvent> events) {
     using Kind = guest::ProcessEvent::Kind;
     Decoded out;
-    size_t bytes = 0;
     for (auto& event : events) {
       if (event.kind == Kind::kStdout || event.kind == Kind::kStderr) {
         // GuestOps checked it canonical and bounded; decoding cannot fail.
-        if (auto data = agentproto::base64Decode(event.data_base64)) {
-          bytes += data->size();
-          out.frames.push_back({false, std::move(*data)});
-        }
+        if (auto data = agentproto::base64Decode(event.data_base64)) out.frames.push_back({false, std::move(*data)});
       } else if (event.kind == Kind::kEnd) {
         out.end = event.end;
         break;
       }
     }
-    std::lock_guard lock(mutex_);
-    queued_bytes_ += bytes;
     return out;
   }
 
-  // `frames` are counted in queued_bytes_ already.
   void deliver(std::vector<Outgoing> frames, const std::optional<guest::ProcessEnd>& end,
                guest::ProcessStream::State state, const std::optional<Error>& error) {
     if (ended_ || closing_) return;
-    for (auto& frame : frames) out_.push_back(std::move(frame));
+    for (auto& frame : frames) {
+      queued_bytes_ += frame.data.size();
+      out_.push_back(std::move(frame));
+    }
     writeNext();
     if (end) {
       process_over_ = true;
@@ -283,18 +396,31 @@ class PtyBridge {
       closeAfterQueue(websocket::close_code::try_again_later, "client_too_slow");
     } else if (state == State::kEnded) {
       // The stream ended without the process's end (a malformed event, the agent's stream
-      // reset): the process may still run, and run() kills it.
+      // reset): the process may still run, and the end kills it.
       std::string message = error ? error->message : "the process's stream ended";
       enqueue(true, messageText(json{{"type", "error"}, {"code", "unavailable"}, {"message", message}}));
       closeAfterQueue(websocket::close_code::internal_error, "error");
     }
   }
 
+  // While the queue is full: a client that has taken nothing of it for stalled_client_timeout is
+  // too slow, even if it answers pings.
+  void watchStall() {
+    if (stall_watched_ || ended_ || closing_) return;
+    stall_watched_ = true;
+    stall_timer_.expires_at(last_drain_ + limits_.stalled_client_timeout);
+    stall_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      self->stall_watched_ = false;
+      if (ec || self->ended_ || self->closing_ || !self->output_paused_) return;
+      if (Clock::now() - self->last_drain_ >= self->limits_.stalled_client_timeout) {
+        return self->deliver({}, std::nullopt, guest::ProcessStream::State::kOverflow, std::nullopt);
+      }
+      self->watchStall();
+    });
+  }
+
   void enqueue(bool text, std::string data) {
-    {
-      std::lock_guard lock(mutex_);
-      queued_bytes_ += data.size();
-    }
+    queued_bytes_ += data.size();
     out_.push_back({text, std::move(data)});
     writeNext();
   }
@@ -307,46 +433,30 @@ class PtyBridge {
     // What is queued goes out first, but a client that does not read it (the too slow one
     // among others) gets only so long: then the connection is cut.
     close_deadline_.expires_after(kCloseGrace);
-    close_deadline_.async_wait([this](beast::error_code ec) {
-      if (!ec) shutdown();
+    close_deadline_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (!ec) self->shutdown();
     });
     writeNext();
   }
 
   void writeNext() {
-    if (writing_ || ended_) return;
+    if (writing_ || ended_ || !accepted_) return;
     if (out_.empty()) {
       if (!closing_) return;
       writing_ = true;
-      ws_.async_close(close_code_, [this](beast::error_code) { shutdown(); });
+      ws_.async_close(close_code_, [self = shared_from_this()](beast::error_code) { self->shutdown(); });
       return;
     }
     writing_ = true;
     ws_.text(out_.front().text);
-    ws_.async_write(asio::buffer(out_.front().data), [this](beast::error_code ec, size_t) {
-      writing_ = false;
-      {
-        std::lock_guard lock(mutex_);
-        queued_bytes_ -= out_.front().data.size();
-        last_drain_ = Clock::now();
-      }
-      room_.notify_all();
-      out_.pop_front();
-      if (ec) return finish("client_closed");
-      writeNext();
-    });
-  }
-
-  void reauthorizeLater() {
-    if (!limits_.authorized) return;
-    reauthorize_.expires_after(limits_.reauthorize_every);
-    reauthorize_.async_wait([this](beast::error_code ec) {
-      if (ec || ended_ || closing_) return;
-      if (limits_.authorized()) return reauthorizeLater();
-      enqueue(true, messageText(json{{"type", "error"},
-                                     {"code", "unauthenticated"},
-                                     {"message", "the key or console session that opened this terminal has ended"}}));
-      closeAfterQueue(websocket::close_code::policy_error, "unauthenticated");
+    ws_.async_write(asio::buffer(out_.front().data), [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->writing_ = false;
+      self->queued_bytes_ -= self->out_.front().data.size();
+      self->last_drain_ = Clock::now();
+      self->out_.pop_front();
+      if (ec) return self->finish("client_closed");
+      self->writeNext();
+      if (self->output_paused_ && self->queued_bytes_ < self->limits_.max_queued_output) self->drain();
     });
   }
 
@@ -360,53 +470,83 @@ class PtyBridge {
   void shutdown() {
     if (ended_) return;
     ended_ = true;
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    room_.notify_all();
+    auto self = shared_from_this();  // the registry's reference goes below
     beast::error_code ignored;
-    abort_.cancel(ignored);
     close_deadline_.cancel();
-    reauthorize_.cancel();
-    beast::get_lowest_layer(ws_).socket().shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-    beast::get_lowest_layer(ws_).close();
-    // Beast's idle timer outlives the socket until it next fires (up to idle_timeout): nothing
-    // is left to do, so the loop ends now; pending handlers go with it.
-    io_.stop();
+    stall_timer_.cancel();
+    ws_.next_layer().shutdown(Socket::shutdown_both, ignored);
+    ws_.next_layer().close(ignored);
+    process_.stream->cancel();
+    if (!process_over_) {
+      // A hung-up terminal: the shell and its foreground job go with it.
+      process_.ops.sendSignalAsync(process_.pid, guest::Signal::kKill, [](Status) {});
+    }
+    std::shared_ptr<Terminal> registered;
+    {
+      std::lock_guard lock(loop_.mu);
+      if (auto it = loop_.sessions.find(id_); it != loop_.sessions.end()) {
+        registered = std::move(it->second.terminal);
+        loop_.sessions.erase(it);
+      }
+    }
+    if (process_.ended) process_.ended(end_);
+    // The lease and the place go now, not when the last handler of this session has run.
+    process_.keep.reset();
   }
 
-  guest::GuestOps& ops_;
-  guest::ProcessStream& stream_;
-  const int pid_;
-  const PtySessionLimits limits_;
-
-  asio::io_context io_;
-  websocket::stream<beast::tcp_stream> ws_;
-  asio::posix::stream_descriptor abort_;
+  PtyLoop& loop_;
+  const PtySessionLimits& limits_;
+  const uint64_t id_;
+  PtyProcess process_;
+  websocket::stream<Socket> ws_;
+  Upgrade upgrade_;  // the request the handshake answers; it must outlive async_accept
   static constexpr std::chrono::seconds kCloseGrace{5};
-  asio::steady_timer close_deadline_{io_};
-  asio::steady_timer reauthorize_{io_};
-  beast::http::request<beast::http::empty_body> upgrade_;
+  asio::steady_timer close_deadline_;
+  asio::steady_timer stall_timer_;
   beast::flat_buffer input_;
-  std::thread pump_;
+  const std::shared_ptr<detail::Tally> tally_;
 
-  // The loop's own.
   std::deque<Outgoing> out_;
+  size_t queued_bytes_ = 0;
+  Clock::time_point last_drain_ = Clock::now();  // the last write the client took
+  bool output_paused_ = false;                   // the queue was full: drain again when it has room
+  bool stall_watched_ = false;
+  std::deque<Steer> to_guest_;
+  size_t queued_input_ = 0;  // read from the client, not yet taken by the guest
+  bool steering_ = false;    // a call to the guest is out
+  bool reading_ = false;
   bool writing_ = false;
-  bool closing_ = false;  // the queue ends with a close frame
+  bool accepted_ = false;  // the handshake is done
+  bool closing_ = false;   // the queue ends with a close frame
   websocket::close_code close_code_ = websocket::close_code::normal;
   bool ended_ = false;
   bool process_over_ = false;
   PtySessionEnd end_;
-
-  // Shared with the pump.
-  std::mutex mutex_;
-  std::condition_variable room_;
-  size_t queued_bytes_ = 0;
-  Clock::time_point last_drain_ = Clock::now();  // the last write the client took
-  bool stop_ = false;
 };
+
+// The checker thread: asks each session's `authorized` every reauthorize_every, off the loop,
+// since it may read the state store.
+void checkAuthorizations(PtyLoop& loop) {
+  std::unique_lock lock(loop.mu);
+  while (!loop.stopping) {
+    loop.changed.wait_for(lock, loop.limits.reauthorize_every, [&loop] { return loop.stopping; });
+    if (loop.stopping) return;
+    // Weak: the last reference to a session must not go on this thread.
+    std::vector<std::pair<std::weak_ptr<Terminal>, std::shared_ptr<const std::function<bool()>>>> asked;
+    for (const auto& [id, entry] : loop.sessions) {
+      if (entry.authorized) asked.emplace_back(entry.terminal, entry.authorized);
+    }
+    lock.unlock();
+    for (const auto& [terminal, authorized] : asked) {
+      if ((*authorized)()) continue;
+      loop.poster->post([weak = terminal] {
+        if (auto terminal = weak.lock()) terminal->unauthorized();
+      });
+    }
+    asked.clear();
+    lock.lock();
+  }
+}
 
 }  // namespace
 
@@ -415,11 +555,95 @@ bool isWebSocketUpgrade(const http::Request& req) {
   return req.method() == "GET" && upgrade && containsTokenIgnoringCase(*upgrade, "websocket");
 }
 
-PtySessionEnd runPtySession(const http::Request& req, http::TakenConnection connection, guest::GuestOps& ops,
-                            guest::ProcessStream& stream, int pid, std::vector<guest::ProcessEvent> pending,
-                            const PtySessionLimits& limits) {
-  PtyBridge bridge(ops, stream, pid, limits);
-  return bridge.run(req, connection, std::move(pending));
+PtySessions::PtySessions(PtySessionLimits limits) : loop_(std::make_unique<detail::PtyLoop>(std::move(limits))) {
+  loop_->poster = std::make_shared<Poster>(loop_->io);
+  loop_->work.emplace(loop_->io.get_executor());
+  thread_ = std::thread([loop = loop_.get()] { loop->io.run(); });
+  checker_ = std::thread([loop = loop_.get()] { checkAuthorizations(*loop); });
+}
+
+PtySessions::~PtySessions() {
+  detail::PtyLoop& loop = *loop_;
+  asio::post(loop.io, [&loop] {
+    std::vector<std::shared_ptr<Terminal>> open;
+    {
+      std::lock_guard lock(loop.mu);
+      for (const auto& [id, entry] : loop.sessions) open.push_back(entry.terminal);
+    }
+    for (const auto& terminal : open) terminal->abort();
+  });
+  loop.work.reset();
+  {
+    std::lock_guard lock(loop.mu);
+    loop.stopping = true;
+  }
+  loop.changed.notify_all();
+  {
+    // Ended sessions go once their last handler has run, at once; a loop that would not end
+    // (a bug) must not hold the daemon's exit.
+    std::unique_lock lock(loop.tally->mu);
+    if (!loop.tally->changed.wait_for(lock, std::chrono::seconds(5), [&loop] { return loop.tally->live == 0; })) {
+      spdlog::warn("pty: {} terminal sessions did not end in 5 s; stopping their loop", loop.tally->live);
+      loop.io.stop();
+    }
+  }
+  thread_.join();
+  checker_.join();
+  loop.poster->forget();
+  loop_.reset();
+}
+
+size_t PtySessions::openSessions() const {
+  std::lock_guard lock(loop_->mu);
+  return loop_->sessions.size();
+}
+
+Result<http::RelayPlan> PtySessions::open(const std::string& target,
+                                          const std::vector<std::pair<std::string, std::string>>& headers,
+                                          PtyProcess process) {
+  auto refuse = [&process](Error error) -> Result<http::RelayPlan> {
+    (void)process.ops.sendSignal(process.pid, guest::Signal::kKill);
+    return error;
+  };
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) {
+    return refuse(makeError(ErrorCode::kUnavailable, std::string("socketpair: ") + std::strerror(errno)));
+  }
+  auto peer = std::make_shared<UniqueFd>(pair[1]);
+  Socket socket(loop_->io);
+  beast::error_code ec;
+  socket.assign(asio::local::stream_protocol(), pair[0], ec);
+  if (ec) {
+    ::close(pair[0]);
+    return refuse(makeError(ErrorCode::kUnavailable, "adopting a socket: " + ec.message()));
+  }
+  Upgrade upgrade;
+  for (const auto& [name, value] : headers) upgrade.insert(name, value);
+  upgrade.method(beast::http::verb::get);
+  upgrade.target(target);
+  upgrade.version(11);
+  auto authorized =
+      process.authorized ? std::make_shared<const std::function<bool()>>(std::move(process.authorized)) : nullptr;
+  uint64_t id = 0;
+  {
+    std::lock_guard lock(loop_->mu);
+    id = ++loop_->next_id;
+  }
+  auto terminal = std::make_shared<Terminal>(*loop_, id, std::move(socket), std::move(process));
+  {
+    std::lock_guard lock(loop_->mu);
+    loop_->sessions.emplace(id, detail::PtyLoop::Entry{terminal, std::move(authorized)});
+  }
+  terminal->listen();
+  asio::post(loop_->io, [terminal, upgrade = std::move(upgrade)]() mutable { terminal->start(std::move(upgrade)); });
+
+  http::RelayPlan plan;
+  plan.peer = peer->get();
+  plan.both_ways = true;
+  // The session's pings cross the relay at least every half idle timeout while it lives.
+  plan.idle_timeout = loop_->limits.idle_timeout * 2;
+  plan.keep = std::move(peer);
+  return plan;
 }
 
 }  // namespace space::api

@@ -478,6 +478,11 @@ int main(int argc, char** argv) {
                  "requests one tenant may have running at once (streams included); more get 429")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  app.add_option("--max-terminals", api_limits.max_terminals,
+                 "terminal sessions (spacectl shell, the console's terminal) open at once; a tenant may hold a "
+                 "quarter of them, more get 429")
+      ->capture_default_str()
+      ->check(CLI::Range(4, 4096));
   app.add_option("--tenant-requests-per-s", api_limits.tenant_requests_per_s,
                  "requests one tenant may start per second, sustained (0: no limit); more get 429 with Retry-After")
       ->capture_default_str()
@@ -931,6 +936,7 @@ int main(int argc, char** argv) {
   server.value()->stop(std::chrono::seconds(10));
   if (e2b_api_server) e2b_api_server->stop(std::chrono::seconds(2));
   if (e2b_envd_server) e2b_envd_server->stop(std::chrono::seconds(2));
+  service.endTerminals();
   manager.value()->shutdown(on_shutdown == "stop" ? sandbox::ShutdownMode::kStop : sandbox::ShutdownMode::kKeepRunning);
   std::filesystem::remove(data_dir + "/spaced.json", ec);
   spdlog::info("spaced: stopped");

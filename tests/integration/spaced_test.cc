@@ -3264,6 +3264,78 @@ TEST_F(SpacedTest, ATerminalFollowsItsWindowRunsFullScreenProgramsAndEndsWithThe
 
 // Every spacectl command a user relies on, against the real daemon, found the way a user finds
 // it: through <data-dir>/spaced.json and the key file next to it (no --api, no key given).
+size_t threadsOf(pid_t pid) {
+  auto status = readSmallFile("/proc/" + std::to_string(pid) + "/status", 1 << 16);
+  if (!status.ok()) return 0;
+  const size_t at = status.value().find("\nThreads:");
+  return at == std::string::npos ? 0 : std::stoul(status.value().substr(at + 9));
+}
+
+// Terminals hold no thread of the daemon's (one loop serves them all), a tenant holds at most a
+// quarter of --max-terminals, and keystrokes still go through while the others sit open.
+TEST_F(SpacedTest, OpenTerminalsHoldNoThreadAndATenantHoldsAQuarterOfThem) {
+  daemon_ = Daemon::start(data_dir_, {"--max-terminals", "40"});
+  ASSERT_TRUE(daemon_);
+  const std::string id = daemon_->create();
+  ASSERT_FALSE(id.empty());
+  auto api = apiclient::Client::create(apiclient::Endpoint{daemon_->url(), "", daemon_->key(), "test"});
+  ASSERT_TRUE(api.ok());
+  auto typeInto = [&](const std::string& word) {
+    int keys[2];
+    EXPECT_EQ(::pipe2(keys, O_CLOEXEC), 0);
+    const std::string typed = word + "\r";
+    EXPECT_EQ(::write(keys[1], typed.data(), typed.size()), static_cast<ssize_t>(typed.size()));
+    apiclient::TerminalOptions options;
+    options.argv = {"/bin/sh", "-c", "read x; echo got-$x"};
+    std::string output;
+    apiclient::TerminalIo io;
+    io.input_fd = keys[0];
+    io.on_output = [&output](std::string_view data) { output += data; };
+    auto end = apiclient::runTerminal(api.value(), id, options, io);
+    ::close(keys[0]);
+    ::close(keys[1]);
+    EXPECT_TRUE(end.ok()) << (end.ok() ? "" : end.error().message);
+    return output;
+  };
+  EXPECT_NE(typeInto("first").find("got-first"), std::string::npos);
+  const size_t threads_before = threadsOf(daemon_->pid());
+  ASSERT_GT(threads_before, 0u);
+  std::vector<UniqueFd> open;
+  for (int i = 0; i < 10; ++i) {  // the tenant's quarter of 40
+    int fd = -1;
+    std::string got = rawTerminal(*daemon_, id, "arg=sleep&arg=" + std::to_string(700 + i), fd);
+    open.emplace_back(fd);
+    ASSERT_NE(got.find("\"started\""), std::string::npos) << i << ": " << got;
+  }
+  const size_t threads_open = threadsOf(daemon_->pid());
+  EXPECT_LE(threads_open, threads_before + 3) << "ten open terminals took threads";
+  {
+    int fd = -1;
+    std::string refused = rawTerminal(*daemon_, id, "arg=sleep&arg=799", fd);
+    UniqueFd owned(fd);
+    EXPECT_NE(refused.find("HTTP/1.1 429"), std::string::npos) << refused;
+    EXPECT_NE(refused.find("terminals_busy"), std::string::npos) << refused;
+    EXPECT_FALSE(processRuns(*daemon_, id, "799")) << "a refused terminal started its process";
+  }
+  // One closed gives its place back (once its session noticed), and a terminal typed into
+  // works beside the nine still open.
+  open.pop_back();
+  std::string output;
+  for (auto until = Clock::now() + seconds(10); Clock::now() < until; std::this_thread::sleep_for(milliseconds(200))) {
+    output = typeInto("second");
+    if (output.find("got-second") != std::string::npos) break;
+  }
+  EXPECT_NE(output.find("got-second"), std::string::npos) << output;
+  EXPECT_TRUE(processRuns(*daemon_, id, "700"));
+  open.clear();
+  bool gone = false;
+  for (auto until = Clock::now() + seconds(10); !gone && Clock::now() < until;
+       std::this_thread::sleep_for(milliseconds(200))) {
+    gone = !processRuns(*daemon_, id, "700") && !processRuns(*daemon_, id, "708");
+  }
+  EXPECT_TRUE(gone) << "the processes of closed terminals still run";
+}
+
 TEST_F(SpacedTest, SpacectlCommandsAgainstTheDaemonFoundThroughItsDataDir) {
   daemon_ = Daemon::start(data_dir_);
   ASSERT_TRUE(daemon_);
