@@ -82,7 +82,8 @@ namespace detail {
 struct Tally {
   std::mutex mu;
   std::condition_variable changed;
-  size_t live = 0;  // guarded by mu
+  size_t live = 0;   // guarded by mu
+  size_t kills = 0;  // guarded by mu: calls to kill a session's process not yet answered
 };
 
 struct PtyLoop {
@@ -135,7 +136,7 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
     if (!ended_) {
       // Only a loop stopped by force leaves a session unended: its process goes all the same.
       process_.stream->cancel();
-      if (!process_over_) process_.ops.sendSignalAsync(process_.pid, guest::Signal::kKill, [](Status) {});
+      if (!process_over_) kill();
     }
     {
       std::lock_guard lock(tally_->mu);
@@ -199,7 +200,13 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
   void drain() {
     if (!accepted_ || ended_ || closing_) return;
     output_paused_ = false;
-    while (queued_bytes_ < limits_.max_queued_output) {
+    for (int turn = 0; queued_bytes_ < limits_.max_queued_output; ++turn) {
+      if (turn == kBatchesPerTurn) {
+        // A guest that keeps events coming (empty ones too) must not hold the loop that every
+        // terminal shares: this session goes on after the others' waiting work.
+        asio::post(loop_.io, [self = shared_from_this()] { self->drain(); });
+        return;
+      }
       auto batch = process_.stream->poll();
       if (batch.events.empty() && batch.state == guest::ProcessStream::State::kOpen) return;
       Decoded decoded = decode(std::move(batch.events));
@@ -224,6 +231,12 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
     size_t cost = 0;  // counted in queued_input_
   };
   static constexpr size_t kResizeCost = 64;
+  static constexpr size_t kFrameBytes = 64 * 1024;
+  // What a queued frame costs beyond its bytes (its entry, its frame header), so the queue's
+  // bound holds for many small frames too.
+  static constexpr size_t kFrameOverhead = 64;
+  // Batches taken per wake-up: then the loop serves the other sessions before this one goes on.
+  static constexpr int kBatchesPerTurn = 8;
 
   void opened() {
     if (ended_) return;
@@ -358,14 +371,21 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
     std::vector<Outgoing> frames;
     std::optional<guest::ProcessEnd> end;  // the process's end; events after it do not count
   };
-  // Output events become binary frames.
+  // Output events become binary frames of up to kFrameBytes each: a guest that writes a byte
+  // (or nothing) per event makes no more frames than one that writes in large pieces.
   static Decoded decode(std::vector<guest::ProcessEvent> events) {
     using Kind = guest::ProcessEvent::Kind;
     Decoded out;
     for (auto& event : events) {
       if (event.kind == Kind::kStdout || event.kind == Kind::kStderr) {
         // GuestOps checked it canonical and bounded; decoding cannot fail.
-        if (auto data = agentproto::base64Decode(event.data_base64)) out.frames.push_back({false, std::move(*data)});
+        auto data = agentproto::base64Decode(event.data_base64);
+        if (!data || data->empty()) continue;
+        if (out.frames.empty() || out.frames.back().data.size() + data->size() > kFrameBytes) {
+          out.frames.push_back({false, std::move(*data)});
+        } else {
+          out.frames.back().data += *data;
+        }
       } else if (event.kind == Kind::kEnd) {
         out.end = event.end;
         break;
@@ -378,7 +398,7 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
                guest::ProcessStream::State state, const std::optional<Error>& error) {
     if (ended_ || closing_) return;
     for (auto& frame : frames) {
-      queued_bytes_ += frame.data.size();
+      queued_bytes_ += frame.data.size() + kFrameOverhead;
       out_.push_back(std::move(frame));
     }
     writeNext();
@@ -420,7 +440,7 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
   }
 
   void enqueue(bool text, std::string data) {
-    queued_bytes_ += data.size();
+    queued_bytes_ += data.size() + kFrameOverhead;
     out_.push_back({text, std::move(data)});
     writeNext();
   }
@@ -451,7 +471,7 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
     ws_.text(out_.front().text);
     ws_.async_write(asio::buffer(out_.front().data), [self = shared_from_this()](beast::error_code ec, size_t) {
       self->writing_ = false;
-      self->queued_bytes_ -= self->out_.front().data.size();
+      self->queued_bytes_ -= self->out_.front().data.size() + kFrameOverhead;
       self->last_drain_ = Clock::now();
       self->out_.pop_front();
       if (ec) return self->finish("client_closed");
@@ -461,6 +481,22 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
   }
 
   // ---- the end
+
+  // Counted until the guest answers, so the end of all sessions (a daemon stopping) can wait for
+  // their processes to go.
+  void kill() {
+    {
+      std::lock_guard lock(tally_->mu);
+      ++tally_->kills;
+    }
+    process_.ops.sendSignalAsync(process_.pid, guest::Signal::kKill, [tally = tally_](Status) {
+      {
+        std::lock_guard lock(tally->mu);
+        --tally->kills;
+      }
+      tally->changed.notify_all();
+    });
+  }
 
   void finish(const char* outcome) {
     if (end_.outcome.empty()) end_.outcome = outcome;
@@ -477,10 +513,7 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
     ws_.next_layer().shutdown(Socket::shutdown_both, ignored);
     ws_.next_layer().close(ignored);
     process_.stream->cancel();
-    if (!process_over_) {
-      // A hung-up terminal: the shell and its foreground job go with it.
-      process_.ops.sendSignalAsync(process_.pid, guest::Signal::kKill, [](Status) {});
-    }
+    if (!process_over_) kill();  // a hung-up terminal: the shell and its foreground job go with it
     std::shared_ptr<Terminal> registered;
     {
       std::lock_guard lock(loop_.mu);
@@ -538,7 +571,13 @@ void checkAuthorizations(PtyLoop& loop) {
     }
     lock.unlock();
     for (const auto& [terminal, authorized] : asked) {
-      if ((*authorized)()) continue;
+      try {
+        if ((*authorized)()) continue;
+      } catch (const std::exception& e) {
+        // The store failed us, not the session's client: it goes on until the next check.
+        spdlog::warn("pty: checking a terminal's key or login failed: {}", e.what());
+        continue;
+      }
       loop.poster->post([weak = terminal] {
         if (auto terminal = weak.lock()) terminal->unauthorized();
       });
@@ -552,13 +591,28 @@ void checkAuthorizations(PtyLoop& loop) {
 
 bool isWebSocketUpgrade(const http::Request& req) {
   auto upgrade = req.header("upgrade");
-  return req.method() == "GET" && upgrade && containsTokenIgnoringCase(*upgrade, "websocket");
+  auto connection = req.header("connection");
+  auto key = req.header("sec-websocket-key");
+  auto version = req.header("sec-websocket-version");
+  // All that the handshake needs (RFC 6455, 4.2.1), before a process starts for it.
+  return req.method() == "GET" && upgrade && containsTokenIgnoringCase(*upgrade, "websocket") && connection &&
+         containsTokenIgnoringCase(*connection, "upgrade") && key && !key->empty() && version && *version == "13";
 }
 
 PtySessions::PtySessions(PtySessionLimits limits) : loop_(std::make_unique<detail::PtyLoop>(std::move(limits))) {
   loop_->poster = std::make_shared<Poster>(loop_->io);
   loop_->work.emplace(loop_->io.get_executor());
-  thread_ = std::thread([loop = loop_.get()] { loop->io.run(); });
+  thread_ = std::thread([loop = loop_.get()] {
+    // A handler that throws (memory ran out) costs its session, not the daemon.
+    while (true) {
+      try {
+        loop->io.run();
+        return;
+      } catch (const std::exception& e) {
+        spdlog::error("pty: a terminal session failed: {}; the others go on", e.what());
+      }
+    }
+  });
   checker_ = std::thread([loop = loop_.get()] { checkAuthorizations(*loop); });
 }
 
@@ -579,11 +633,14 @@ PtySessions::~PtySessions() {
   }
   loop.changed.notify_all();
   {
-    // Ended sessions go once their last handler has run, at once; a loop that would not end
-    // (a bug) must not hold the daemon's exit.
+    // Ended sessions go once their last handler has run, at once, and their processes once their
+    // guests take the kill; a loop that would not end (a bug) or a guest that does not answer must
+    // not hold the daemon's exit.
     std::unique_lock lock(loop.tally->mu);
-    if (!loop.tally->changed.wait_for(lock, std::chrono::seconds(5), [&loop] { return loop.tally->live == 0; })) {
-      spdlog::warn("pty: {} terminal sessions did not end in 5 s; stopping their loop", loop.tally->live);
+    if (!loop.tally->changed.wait_for(lock, std::chrono::seconds(5),
+                                      [&loop] { return loop.tally->live == 0 && loop.tally->kills == 0; })) {
+      spdlog::warn("pty: {} terminal sessions did not end in 5 s ({} processes not yet killed); stopping their loop",
+                   loop.tally->live, loop.tally->kills);
       loop.io.stop();
     }
   }
@@ -629,13 +686,26 @@ Result<http::RelayPlan> PtySessions::open(const std::string& target,
     std::lock_guard lock(loop_->mu);
     id = ++loop_->next_id;
   }
-  auto terminal = std::make_shared<Terminal>(*loop_, id, std::move(socket), std::move(process));
-  {
-    std::lock_guard lock(loop_->mu);
-    loop_->sessions.emplace(id, detail::PtyLoop::Entry{terminal, std::move(authorized)});
+  const int pid = process.pid;
+  guest::GuestOps ops = process.ops;
+  std::shared_ptr<Terminal> terminal;
+  try {
+    terminal = std::make_shared<Terminal>(*loop_, id, std::move(socket), std::move(process));
+    // Woken before it is found (the checker) or started.
+    terminal->listen();
+    {
+      std::lock_guard lock(loop_->mu);
+      loop_->sessions.emplace(id, detail::PtyLoop::Entry{terminal, std::move(authorized)});
+    }
+    asio::post(loop_->io, [terminal, upgrade = std::move(upgrade)]() mutable { terminal->start(std::move(upgrade)); });
+  } catch (const std::exception& e) {
+    {
+      std::lock_guard lock(loop_->mu);
+      loop_->sessions.erase(id);
+    }
+    (void)ops.sendSignal(pid, guest::Signal::kKill);
+    return makeError(ErrorCode::kUnavailable, std::string("opening the terminal: ") + e.what());
   }
-  terminal->listen();
-  asio::post(loop_->io, [terminal, upgrade = std::move(upgrade)]() mutable { terminal->start(std::move(upgrade)); });
 
   http::RelayPlan plan;
   plan.peer = peer->get();

@@ -83,7 +83,8 @@ struct PtyProcess {
   std::function<void(const PtySessionEnd&)> ended;
 };
 
-// Whether the request asks for a WebSocket (Upgrade: websocket, GET).
+// Whether the request is a WebSocket upgrade with all that its handshake needs (GET, Upgrade:
+// websocket, Connection: upgrade, a key, version 13), so no process starts for one that fails.
 bool isWebSocketUpgrade(const http::Request& req);
 
 class PtySessions {

@@ -127,9 +127,11 @@ class PtySessionsTest : public testing::Test {
                          [this](const Json& req, const agent::CallContext&, std::shared_ptr<agent::ServerStream> s) {
                            const int pid = ++next_pid_;
                            s->send(Json{{"event", {{"start", {{"pid", pid}}}}}});
-                           if (req["process"].value("cmd", "") == "flood") {
+                           const std::string cmd = req["process"].value("cmd", "");
+                           if (cmd == "flood" || cmd == "empty") {
                              auto flood = std::make_shared<Flood>();
                              flood->s = s;
+                             if (cmd == "empty") flood->event = Json{{"event", {{"data", {{"pty", ""}}}}}};
                              flood->pump();
                            }
                            std::lock_guard lock(m_);
@@ -368,6 +370,34 @@ TEST_F(PtySessionsTest, AClientThatReadsNothingIsTooSlowAndItsProcessIsKilled) {
   ::setsockopt(plan.peer, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
   EXPECT_TRUE(waitFor([&] { return ended_ == std::vector<std::string>{"client_too_slow"}; }, seconds(20)));
   EXPECT_TRUE(waitFor([&] { return killed_.size() == 1; }));
+}
+
+// A guest that floods its terminal with empty pieces of output: they cost the client nothing
+// (no frames), and the loop still serves another session meanwhile.
+TEST_F(PtySessionsTest, AGuestFloodingEmptyOutputSendsNoFramesAndHoldsNoLoop) {
+  startSessions({});
+  http::RelayPlan flooded = open("empty");
+  WsClient flooded_client(flooded.peer);
+  ASSERT_NE(flooded_client.readHead().find("HTTP/1.1 101"), std::string::npos);
+  ASSERT_NE(flooded_client.readText().payload.find("\"started\""), std::string::npos);
+  http::RelayPlan other = open();
+  WsClient client(other.peer);
+  const auto opened = Clock::now();
+  ASSERT_NE(client.readHead().find("HTTP/1.1 101"), std::string::npos);
+  ASSERT_NE(client.readText().payload.find("\"started\""), std::string::npos);
+  ASSERT_TRUE(client.send(0x2, "bye\r"));
+  auto exit = client.readText();
+  EXPECT_NE(exit.payload.find("\"exit_code\":3"), std::string::npos) << exit.payload;
+  EXPECT_LT(Clock::now() - opened, seconds(3)) << "the flooding session held the loop";
+  EXPECT_EQ(client.readText().opcode, 0x8);
+  ASSERT_TRUE(client.send(0x8, ""));
+  ::shutdown(other.peer, SHUT_WR);
+  size_t frames = 0;
+  for (auto until = Clock::now() + seconds(2); Clock::now() < until;) {
+    if (flooded_client.readFrame(milliseconds(200)).opcode == 0x2) ++frames;
+  }
+  EXPECT_EQ(frames, 0u) << "empty output became frames";
+  EXPECT_EQ(sessions_->openSessions(), 1u) << "the flooded session ended";
 }
 
 TEST_F(PtySessionsTest, ADroppedPlanARevokedKeyAndTheEndOfAllSessionsEachEndTheirs) {
