@@ -106,7 +106,9 @@ struct PtyLoop {
   std::map<uint64_t, Entry> sessions;  // guarded by mu: those not ended
   uint64_t next_id = 0;                // guarded by mu
   bool stopping = false;               // guarded by mu
-  std::condition_variable changed;     // stopping was set (for the checker)
+  // What ended sessions leave to release off the loop (see Terminal::shutdown).
+  std::vector<std::shared_ptr<void>> releases;  // guarded by mu
+  std::condition_variable changed;              // stopping was set, or releases came (for the side thread)
 
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
 };
@@ -523,8 +525,17 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
       }
     }
     if (process_.ended) process_.ended(end_);
-    // The lease and the place go now, not when the last handler of this session has run.
-    process_.keep.reset();
+    // What ties the session to its sandbox (the lease, the place, the agent client) goes now, not
+    // when the last handler of this session has run, and on the side thread: the last reference
+    // to an agent client (its sandbox was deleted) joins that client's thread, which must not
+    // stall every terminal. The kill above holds nothing of it: a sandbox that still runs holds
+    // its client.
+    auto leftovers = std::make_shared<PtyProcess>(std::move(process_));
+    {
+      std::lock_guard lock(loop_.mu);
+      loop_.releases.push_back(std::move(leftovers));
+    }
+    loop_.changed.notify_all();
   }
 
   PtyLoop& loop_;
@@ -557,13 +568,25 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
   PtySessionEnd end_;
 };
 
-// The checker thread: asks each session's `authorized` every reauthorize_every, off the loop,
-// since it may read the state store.
-void checkAuthorizations(PtyLoop& loop) {
+// The side thread: releases what ended sessions leave (see Terminal::shutdown), and asks each
+// session's `authorized` every reauthorize_every, since it may read the state store. Both may
+// block, so neither runs on the loop.
+void sideWork(PtyLoop& loop) {
+  auto next_check = Clock::now() + loop.limits.reauthorize_every;
   std::unique_lock lock(loop.mu);
-  while (!loop.stopping) {
-    loop.changed.wait_for(lock, loop.limits.reauthorize_every, [&loop] { return loop.stopping; });
+  while (true) {
+    loop.changed.wait_until(lock, next_check, [&loop] { return loop.stopping || !loop.releases.empty(); });
+    if (!loop.releases.empty()) {
+      std::vector<std::shared_ptr<void>> released;
+      released.swap(loop.releases);
+      lock.unlock();
+      released.clear();
+      lock.lock();
+      continue;
+    }
     if (loop.stopping) return;
+    if (Clock::now() < next_check) continue;
+    next_check = Clock::now() + loop.limits.reauthorize_every;
     // Weak: the last reference to a session must not go on this thread.
     std::vector<std::pair<std::weak_ptr<Terminal>, std::shared_ptr<const std::function<bool()>>>> asked;
     for (const auto& [id, entry] : loop.sessions) {
@@ -613,7 +636,7 @@ PtySessions::PtySessions(PtySessionLimits limits) : loop_(std::make_unique<detai
       }
     }
   });
-  checker_ = std::thread([loop = loop_.get()] { checkAuthorizations(*loop); });
+  side_ = std::thread([loop = loop_.get()] { sideWork(*loop); });
 }
 
 PtySessions::~PtySessions() {
@@ -645,7 +668,7 @@ PtySessions::~PtySessions() {
     }
   }
   thread_.join();
-  checker_.join();
+  side_.join();
   loop.poster->forget();
   loop_.reset();
 }
@@ -691,7 +714,7 @@ Result<http::RelayPlan> PtySessions::open(const std::string& target,
   std::shared_ptr<Terminal> terminal;
   try {
     terminal = std::make_shared<Terminal>(*loop_, id, std::move(socket), std::move(process));
-    // Woken before it is found (the checker) or started.
+    // Woken before it is found (the side thread) or started.
     terminal->listen();
     {
       std::lock_guard lock(loop_->mu);

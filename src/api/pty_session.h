@@ -17,8 +17,9 @@
 // resizes, writes output, pings, and is woken by the agent client when the process has events
 // (ProcessStream::onReady). Agent calls never block it: keystrokes and resizes go one at a time,
 // in order, as asynchronous calls with the GuestOps' control deadline (a guest that does not take
-// one in time ends the session). A second thread asks every few seconds whether what let each
-// session in is still valid, since that may read the state store.
+// one in time ends the session). A second thread does what may block: it asks every few seconds
+// whether what let each session in is still valid (that may read the state store), and releases
+// what ended sessions held (the last reference to an agent client joins its thread).
 //
 // Memory per session is bounded by max_queued_output plus the process stream's backlog
 // (StreamLimits) plus one batch, and max_queued_input: a client that reads slower than the process
@@ -110,7 +111,7 @@ class PtySessions {
  private:
   std::unique_ptr<detail::PtyLoop> loop_;
   std::thread thread_;
-  std::thread checker_;
+  std::thread side_;
 };
 
 }  // namespace space::api
