@@ -3280,7 +3280,8 @@ TEST_F(SpacedTest, OpenTerminalsHoldNoThreadAndATenantHoldsAQuarterOfThem) {
   ASSERT_FALSE(id.empty());
   auto api = apiclient::Client::create(apiclient::Endpoint{daemon_->url(), "", daemon_->key(), "test"});
   ASSERT_TRUE(api.ok());
-  auto typeInto = [&](const std::string& word) {
+  // `may_be_busy`: a refusal for want of a place is no failure (the caller tries again).
+  auto typeInto = [&](const std::string& word, bool may_be_busy = false) {
     int keys[2];
     EXPECT_EQ(::pipe2(keys, O_CLOEXEC), 0);
     const std::string typed = word + "\r";
@@ -3294,7 +3295,8 @@ TEST_F(SpacedTest, OpenTerminalsHoldNoThreadAndATenantHoldsAQuarterOfThem) {
     auto end = apiclient::runTerminal(api.value(), id, options, io);
     ::close(keys[0]);
     ::close(keys[1]);
-    EXPECT_TRUE(end.ok()) << (end.ok() ? "" : end.error().message);
+    const bool busy = !end.ok() && end.error().reason == "terminals_busy";
+    EXPECT_TRUE(end.ok() || (may_be_busy && busy)) << (end.ok() ? "" : end.error().message);
     return output;
   };
   EXPECT_NE(typeInto("first").find("got-first"), std::string::npos);
@@ -3322,7 +3324,7 @@ TEST_F(SpacedTest, OpenTerminalsHoldNoThreadAndATenantHoldsAQuarterOfThem) {
   open.pop_back();
   std::string output;
   for (auto until = Clock::now() + seconds(10); Clock::now() < until; std::this_thread::sleep_for(milliseconds(200))) {
-    output = typeInto("second");
+    output = typeInto("second", true);
     if (output.find("got-second") != std::string::npos) break;
   }
   EXPECT_NE(output.find("got-second"), std::string::npos) << output;
