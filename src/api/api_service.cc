@@ -1336,8 +1336,8 @@ void ApiService::openPty(Call& c) {
       return keys_.authenticate(key) == tenant;
     };
   }
-  session.keep = std::make_shared<std::pair<sandbox::AgentLease, std::shared_ptr<void>>>(std::move(agent).value(),
-                                                                                         std::move(place));
+  session.keep =
+      std::make_shared<std::pair<sandbox::AgentLease, std::shared_ptr<void>>>(std::move(agent).value(), place);
   session.ended = [id = std::string(c.id()), pid](const PtySessionEnd& end) {
     spdlog::info("pty: sandbox {}: terminal process {} ended: {}{}", id, pid, end.outcome,
                  end.outcome == "exited" ? " (exit code " + std::to_string(end.exit_code) + ")" : "");
@@ -1346,6 +1346,10 @@ void ApiService::openPty(Call& c) {
   // session runs on the terminals' loop: no thread waits for the client from here on.
   auto plan = terminals_->open(c.req.target(), c.req.headers(), std::move(session));
   if (!plan.ok()) return fail(c, plan.error());
+  // The relay holds the place as well, until it ends: a client that keeps its connection after
+  // its session ended (a close handshake it never finishes) counts among its tenant's quarter.
+  plan->keep = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(std::move(plan->keep),
+                                                                                         std::move(place));
   if (auto relayed = c.res.relay(101, std::move(plan).value()); !relayed.ok()) {
     // The plan went with the refusal, and the session with its socket.
     metrics_.countError("terminals_busy");

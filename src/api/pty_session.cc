@@ -13,7 +13,6 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/websocket.hpp>
-#include <cctype>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -22,6 +21,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -40,15 +40,6 @@ using Socket = asio::local::stream_protocol::socket;
 using Upgrade = beast::http::request<beast::http::empty_body>;
 
 namespace {
-
-bool containsTokenIgnoringCase(std::string_view value, std::string_view token) {
-  auto lower = [](std::string_view s) {
-    std::string out(s);
-    for (char& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    return out;
-  };
-  return lower(value).find(lower(token)) != std::string::npos;
-}
 
 std::string messageText(const json& message) { return message.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -158,7 +149,7 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
       if (posted->exchange(true)) return;
       poster->post([weak, posted] {
         posted->store(false);
-        if (auto self = weak.lock()) self->drain();
+        if (auto self = weak.lock()) self->guarded([&self] { self->drain(); });
       });
     });
   }
@@ -180,8 +171,20 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
         spdlog::info("pty: process {}: WebSocket handshake failed: {}", self->process_.pid, ec.message());
         return self->finish("client_closed");
       }
-      self->opened();
+      self->guarded([&self] { self->opened(); });
     });
+  }
+
+  // Runs a handler's work: one that throws (memory ran out) ends its session, which would
+  // otherwise stay with nothing pending, holding its place and its process.
+  template <class Work>
+  void guarded(Work&& work) {
+    try {
+      work();
+    } catch (const std::exception& e) {
+      spdlog::error("pty: process {}: {}; the session ends", process_.pid, e.what());
+      finish("error");
+    }
   }
 
   // The sessions object is going: so is the session.
@@ -206,7 +209,7 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
       if (turn == kBatchesPerTurn) {
         // A guest that keeps events coming (empty ones too) must not hold the loop that every
         // terminal shares: this session goes on after the others' waiting work.
-        asio::post(loop_.io, [self = shared_from_this()] { self->drain(); });
+        asio::post(loop_.io, [self = shared_from_this()] { self->guarded([&self] { self->drain(); }); });
         return;
       }
       auto batch = process_.stream->poll();
@@ -261,7 +264,7 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
     ws_.async_read(input_, [self = shared_from_this()](beast::error_code ec, size_t) {
       self->reading_ = false;
       if (ec) return self->finish("client_closed");
-      self->received();
+      self->guarded([&self] { self->received(); });
     });
   }
 
@@ -330,7 +333,7 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
     to_guest_.pop_front();
     auto done = [weak = weak_from_this(), poster = loop_.poster, cost = next.cost](Status status) {
       poster->post([weak, cost, status = std::move(status)] {
-        if (auto self = weak.lock()) self->steered(status, cost);
+        if (auto self = weak.lock()) self->guarded([&] { self->steered(status, cost); });
       });
     };
     if (next.resize) {
@@ -435,7 +438,8 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
       self->stall_watched_ = false;
       if (ec || self->ended_ || self->closing_ || !self->output_paused_) return;
       if (Clock::now() - self->last_drain_ >= self->limits_.stalled_client_timeout) {
-        return self->deliver({}, std::nullopt, guest::ProcessStream::State::kOverflow, std::nullopt);
+        return self->guarded(
+            [&self] { self->deliver({}, std::nullopt, guest::ProcessStream::State::kOverflow, std::nullopt); });
       }
       self->watchStall();
     });
@@ -477,8 +481,10 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
       self->last_drain_ = Clock::now();
       self->out_.pop_front();
       if (ec) return self->finish("client_closed");
-      self->writeNext();
-      if (self->output_paused_ && self->queued_bytes_ < self->limits_.max_queued_output) self->drain();
+      self->guarded([&self] {
+        self->writeNext();
+        if (self->output_paused_ && self->queued_bytes_ < self->limits_.max_queued_output) self->drain();
+      });
     });
   }
 
@@ -594,6 +600,13 @@ void sideWork(PtyLoop& loop) {
     }
     lock.unlock();
     for (const auto& [terminal, authorized] : asked) {
+      // Releases do not wait for a whole round of checks (each may read the store).
+      std::vector<std::shared_ptr<void>> released;
+      {
+        std::lock_guard take(loop.mu);
+        released.swap(loop.releases);
+      }
+      released.clear();
       try {
         if ((*authorized)()) continue;
       } catch (const std::exception& e) {
@@ -602,7 +615,7 @@ void sideWork(PtyLoop& loop) {
         continue;
       }
       loop.poster->post([weak = terminal] {
-        if (auto terminal = weak.lock()) terminal->unauthorized();
+        if (auto terminal = weak.lock()) terminal->guarded([&terminal] { terminal->unauthorized(); });
       });
     }
     asked.clear();
@@ -613,13 +626,15 @@ void sideWork(PtyLoop& loop) {
 }  // namespace
 
 bool isWebSocketUpgrade(const http::Request& req) {
-  auto upgrade = req.header("upgrade");
-  auto connection = req.header("connection");
+  // What Beast's accept checks (RFC 6455, 4.2.1), before a process starts for the handshake.
+  Upgrade upgrade;
+  for (const auto& [name, value] : req.headers()) upgrade.insert(name, value);
+  upgrade.method_string(req.method());
+  upgrade.version(11);
   auto key = req.header("sec-websocket-key");
   auto version = req.header("sec-websocket-version");
-  // All that the handshake needs (RFC 6455, 4.2.1), before a process starts for it.
-  return req.method() == "GET" && upgrade && containsTokenIgnoringCase(*upgrade, "websocket") && connection &&
-         containsTokenIgnoringCase(*connection, "upgrade") && key && !key->empty() && version && *version == "13";
+  return websocket::is_upgrade(upgrade) && req.header("host") && key && !key->empty() && key->size() <= 24 && version &&
+         *version == "13";
 }
 
 PtySessions::PtySessions(PtySessionLimits limits) : loop_(std::make_unique<detail::PtyLoop>(std::move(limits))) {
@@ -718,6 +733,7 @@ Result<http::RelayPlan> PtySessions::open(const std::string& target,
     terminal->listen();
     {
       std::lock_guard lock(loop_->mu);
+      if (loop_->stopping) throw std::runtime_error("the terminals are ending (the daemon stops)");
       loop_->sessions.emplace(id, detail::PtyLoop::Entry{terminal, std::move(authorized)});
     }
     asio::post(loop_->io, [terminal, upgrade = std::move(upgrade)]() mutable { terminal->start(std::move(upgrade)); });

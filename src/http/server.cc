@@ -1373,6 +1373,9 @@ void Server::pumpRelay(const RelayPtr& relay, From& from, To& to, bool down) {
             // nothing can go to it any more either.
             pollfd p{relay->peer.native_handle(), 0, 0};
             if (::poll(&p, 1, 0) > 0 && (p.revents & POLLHUP) != 0) return closeRelay(relay, true, "the peer ended");
+            // A peer that sent its end first and closes later (a WebSocket server's close
+            // handshake) must not leave the relay to the client's whims or the idle timeout.
+            if (relay->up.open) watchRelayPeer(relay);
           }
           if (!relay->down.open && !relay->up.open) closeRelay(relay, true, "both sides ended");
           return;
@@ -1389,13 +1392,23 @@ void Server::watchRelayPeer(const RelayPtr& relay) {
   // The end of a peer shut down both ways shows as a read's end of stream; but a read waits
   // while the client is slow to take what was read before. Meanwhile the peer is looked at
   // each second, so an ended peer (a sandbox gone) does not hold its relay until the idle timeout.
+  // Both ways, a peer whose end of stream came first is looked at the same way while the
+  // client may still send: once it closed altogether, nothing can go either way.
   if (relay->peer_watched) return;
   relay->peer_watched = true;
   auto& timer = relay->connection->timer;
   timer.expires_after(std::chrono::seconds(1));
   timer.async_wait([this, relay](boost::system::error_code ec) {
     relay->peer_watched = false;
-    if (ec || relay->closed || !relay->down.writing) return;
+    const bool after_peer_end = relay->plan.both_ways && !relay->down.open && relay->up.open;
+    if (ec || relay->closed || (!relay->down.writing && !after_peer_end)) return;
+    if (after_peer_end) {
+      pollfd p{relay->peer.native_handle(), 0, 0};
+      if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR)) != 0) {
+        return closeRelay(relay, true, "the peer ended");
+      }
+      return watchRelayPeer(relay);
+    }
     // Once the client's end was passed on (our shutdown of the peer's sending side), the peer's
     // own FIN completes a hang-up that ends nothing: its last bytes still wait to be read.
     if (relay->plan.both_ways && !relay->up.open) return;

@@ -3319,6 +3319,19 @@ TEST_F(SpacedTest, OpenTerminalsHoldNoThreadAndATenantHoldsAQuarterOfThem) {
     EXPECT_NE(refused.find("terminals_busy"), std::string::npos) << refused;
     EXPECT_FALSE(processRuns(*daemon_, id, "799")) << "a refused terminal started its process";
   }
+  {
+    // An upgrade without what its handshake needs (here the key) is refused before anything starts.
+    const uint16_t port = static_cast<uint16_t>(std::stoi(daemon_->url().substr(daemon_->url().rfind(':') + 1)));
+    UniqueFd raw = testsupport::connectRaw(port, seconds(10));
+    testsupport::sendRaw(raw.get(), "GET /v1/sandboxes/" + id +
+                                        "/pty?arg=sleep&arg=798 HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer " +
+                                        daemon_->key() +
+                                        "\r\nUpgrade: websocket\r\nConnection: Upgrade, close\r\n"
+                                        "Sec-WebSocket-Version: 13\r\n\r\n");
+    const std::string answer = testsupport::readUntilClosed(raw.get());
+    EXPECT_NE(answer.find("HTTP/1.1 400"), std::string::npos) << answer;
+    EXPECT_FALSE(processRuns(*daemon_, id, "798")) << "a failed handshake started its process";
+  }
   // One closed gives its place back (once its session noticed), and a terminal typed into
   // works beside the nine still open.
   open.pop_back();

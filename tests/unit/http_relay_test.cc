@@ -293,6 +293,29 @@ TEST(HttpRelay, AfterBothEndsASlowClientStillGetsTheWholeAnswer) {
   EXPECT_TRUE(waitUntil([&] { return peers.released == 1; }));
 }
 
+// A peer that sends its end first and closes altogether later (a WebSocket server after its
+// close handshake) ends the relay then, though the client, which may still send, keeps its
+// connection open.
+TEST(HttpRelay, APeerThatSentItsEndAndThenClosedEndsTheRelayThoughTheClientStays) {
+  Peers peers;
+  auto server = startRelayServer(peers, {}, 30s);
+  ASSERT_TRUE(server);
+  UniqueFd client = openUpgraded(server->port(), peers, 1);
+  std::this_thread::sleep_for(1500ms);  // no write to the client is under way: no watch is armed
+  shutdown(peers.testEnd(0), SHUT_WR);
+  char byte;
+  ASSERT_EQ(recv(client.get(), &byte, 1, 0), 0) << "the peer's end passed on";
+  std::this_thread::sleep_for(1500ms);  // the relay goes on: the client may still send
+  EXPECT_EQ(peers.released, 0);
+  sendRaw(client.get(), "late");
+  EXPECT_EQ(readExactly(peers.testEnd(0), 4), "late");
+  const auto closed_at = std::chrono::steady_clock::now();
+  shutdown(peers.testEnd(0), SHUT_RDWR);
+  EXPECT_TRUE(waitUntil([&] { return peers.released == 1; }, 5s)) << "the relay outlived its closed peer";
+  EXPECT_LT(std::chrono::steady_clock::now() - closed_at, 5s);
+  EXPECT_EQ(server->openRelays(), 0u);
+}
+
 TEST(HttpRelay, RelaysHaveALimitOfTheirOwnAndOneOverItIsRefusedWithNothingSent) {
   Peers peers;
   ServerLimits limits;
