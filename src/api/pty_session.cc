@@ -513,11 +513,18 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
 
   void shutdown() {
     if (ended_) return;
+    // Made first, so that nothing past the point of no return allocates (see guarded()).
+    auto leftovers = std::make_shared<std::optional<PtyProcess>>();
     ended_ = true;
     auto self = shared_from_this();  // the registry's reference goes below
     beast::error_code ignored;
     close_deadline_.cancel();
     stall_timer_.cancel();
+    // The client's bytes left unread at the close would reset the socket pair (ECONNRESET), and
+    // the relay would then cut the client's connection instead of letting it read the last frames.
+    char unread[16384];
+    for (int i = 0; i < 64 && ::recv(ws_.next_layer().native_handle(), unread, sizeof unread, MSG_DONTWAIT) > 0; ++i) {
+    }
     ws_.next_layer().shutdown(Socket::shutdown_both, ignored);
     ws_.next_layer().close(ignored);
     process_.stream->cancel();
@@ -530,16 +537,22 @@ class Terminal : public std::enable_shared_from_this<Terminal> {
         loop_.sessions.erase(it);
       }
     }
-    if (process_.ended) process_.ended(end_);
+    try {
+      if (process_.ended) process_.ended(end_);
+    } catch (const std::exception& e) {
+      spdlog::warn("pty: process {}: reporting the session's end failed: {}", process_.pid, e.what());
+    }
     // What ties the session to its sandbox (the lease, the place, the agent client) goes now, not
     // when the last handler of this session has run, and on the side thread: the last reference
     // to an agent client (its sandbox was deleted) joins that client's thread, which must not
     // stall every terminal. The kill above holds nothing of it: a sandbox that still runs holds
     // its client.
-    auto leftovers = std::make_shared<PtyProcess>(std::move(process_));
-    {
+    leftovers->emplace(std::move(process_));
+    try {
       std::lock_guard lock(loop_.mu);
       loop_.releases.push_back(std::move(leftovers));
+    } catch (const std::exception&) {
+      // Memory ran out: released here, on the loop, rather than never.
     }
     loop_.changed.notify_all();
   }
@@ -656,6 +669,11 @@ PtySessions::PtySessions(PtySessionLimits limits) : loop_(std::make_unique<detai
 
 PtySessions::~PtySessions() {
   detail::PtyLoop& loop = *loop_;
+  {
+    // First: a session opened from now on is refused, so the sweep below finds every one.
+    std::lock_guard lock(loop.mu);
+    loop.stopping = true;
+  }
   asio::post(loop.io, [&loop] {
     std::vector<std::shared_ptr<Terminal>> open;
     {
@@ -665,10 +683,6 @@ PtySessions::~PtySessions() {
     for (const auto& terminal : open) terminal->abort();
   });
   loop.work.reset();
-  {
-    std::lock_guard lock(loop.mu);
-    loop.stopping = true;
-  }
   loop.changed.notify_all();
   {
     // Ended sessions go once their last handler has run, at once, and their processes once their
@@ -736,7 +750,9 @@ Result<http::RelayPlan> PtySessions::open(const std::string& target,
       if (loop_->stopping) throw std::runtime_error("the terminals are ending (the daemon stops)");
       loop_->sessions.emplace(id, detail::PtyLoop::Entry{terminal, std::move(authorized)});
     }
-    asio::post(loop_->io, [terminal, upgrade = std::move(upgrade)]() mutable { terminal->start(std::move(upgrade)); });
+    asio::post(loop_->io, [terminal, upgrade = std::move(upgrade)]() mutable {
+      terminal->guarded([&] { terminal->start(std::move(upgrade)); });
+    });
   } catch (const std::exception& e) {
     {
       std::lock_guard lock(loop_->mu);

@@ -204,8 +204,9 @@ class Response {
   // a half-close), either side fails, the peer's socket is shut down both ways (its owner ended
   // it), nothing moved for the idle timeout, or the server stops; one way, also when the client
   // hangs up or half-closes (gone, as clientGone() counts it). While a write to a slow client
-  // waits, or both ways after the peer's end of stream, a peer shut down both ways (closed) is
-  // noticed within a second. The request body must have
+  // waits, or both ways after the peer's end of stream, a peer shut down both ways is noticed
+  // within a second (a socket pair's other end closed; a TCP peer's close after its FIN shows
+  // only when the client sends again). The request body must have
   // been read to its end. `unavailable` when ServerLimits::max_relays are open, and nothing was
   // sent.
   // `status` is only what the server logs. The plan's `keep` goes with the relay's end.
