@@ -564,6 +564,12 @@ void ApiService::metrics(Call& c) {
                                      {{"", static_cast<double>(stats.warm_pool_ready)}}};
   gauges["space_warm_pool_target"] = {"Size the warm pool is kept at (0: no pool).",
                                       {{"", static_cast<double>(stats.warm_pool_target)}}};
+  gauges["space_warm_pool_vcpus"] = {
+      "vCPUs of this node's limit held by the warm pool's guests (given back to sandboxes that need them).",
+      {{"", static_cast<double>(stats.warm_pool_vcpus)}}};
+  gauges["space_warm_pool_memory_mb"] = {
+      "Memory (MB) of this node's limit held by the warm pool's guests (given back to sandboxes that need it).",
+      {{"", static_cast<double>(stats.warm_pool_memory_mb)}}};
   gauges["space_qemu_build_stale"] = {
       "1 when SPACE's QEMU build comes from an older source than the installed qemu-system-x86 (a security "
       "update): run make images and restart spaced.",

@@ -451,7 +451,8 @@ int main(int argc, char** argv) {
   app.add_option("--warm-pool", config.warm_pool_size,
                  "sandboxes of template base and the default size kept running and warmed up ahead of need, so "
                  "a create only gives one its identity (0: no pool at all; each costs its guest's memory in use "
-                 "and ~0.1% of a core when idle under TCG)")
+                 "and ~0.1% of a core when idle under TCG). Pooled guests count against --max-memory-mb and "
+                 "--max-vcpus, and give way to a sandbox that would not fit otherwise")
       ->capture_default_str()
       ->check(CLI::Range(0, 64));
   app.add_option("--warm-pool-budget-mb", config.warm_pool_budget_mb,

@@ -401,7 +401,11 @@ SandboxManager::~SandboxManager() { shutdown(ShutdownMode::kKeepRunning); }
 Result<WarmVm> SandboxManager::makeWarmVm(const PoolKey& key) {
   auto tpl = launcher_->findTemplate(key.template_name);
   if (!tpl.ok()) return tpl.error();
+  // Its share of the node first: a pool never holds capacity that sandboxes have.
+  auto claim = claimForPool(key);
+  if (!claim.ok()) return claim.error();
   WarmVm warm;
+  warm.claim = std::move(claim.value());
   warm.sandbox_id = newSandboxId();
   auto launch = launcher_->fromTemplate(*tpl.value(), key.cpus, key.memory_mb, sandboxDir(warm.sandbox_id));
   if (!launch.ok()) return launch.error();
@@ -426,6 +430,9 @@ Result<WarmVm> SandboxManager::makeWarmVm(const PoolKey& key) {
     if (!ran.ok()) return makeError(ran.error().code, "warm pool: warm-up: " + ran.error().message);
   }
   warm.runtime = std::move(runtime.value());
+  if (!warm.claim->held()) {  // a sandbox took its capacity meanwhile: the VM goes with `warm`
+    return makeError(ErrorCode::kResourceExhausted, "a sandbox took its capacity while it started", kNoCapacityReason);
+  }
   return warm;
 }
 
@@ -542,17 +549,82 @@ Result<TenantQuotaReport> SandboxManager::quotaReport(const std::string& tenant)
   return report;
 }
 
-Status SandboxManager::reserve(const std::shared_ptr<Live>& live) {
+// A pooled guest's share of the node's capacity: counted in pooled_* from the start of its
+// making until it becomes a sandbox (moved into that reservation), is taken back for a sandbox
+// (revoked), or goes with its guest.
+class SandboxManager::PoolClaim final : public CapacityClaim {
+ public:
+  PoolClaim(SandboxManager& manager, uint32_t cpus, uint64_t memory_mb)
+      : manager(manager), cpus(cpus), memory_mb(memory_mb) {}
+  ~PoolClaim() override {
+    if (registered) manager.releasePoolClaim(*this);
+  }
+  bool held() const override { return counted.load(); }
+
+  SandboxManager& manager;
+  const uint32_t cpus;
+  const uint64_t memory_mb;
+  // Written under manager.mu_; read by the pool without it.
+  std::atomic<bool> counted{false};
+  // A create took its guest and is about to reserve with it: taken back last.
+  std::atomic<bool> taken{false};
+  bool registered = false;  // in pool_claims_, at `at`
+  std::list<PoolClaim*>::iterator at;
+};
+
+Result<std::unique_ptr<CapacityClaim>> SandboxManager::claimForPool(const PoolKey& key) {
+  auto claim = std::make_unique<PoolClaim>(*this, key.cpus, key.memory_mb);  // allocated before the lock
+  std::lock_guard lock(mu_);
+  if (stopping_) return makeError(ErrorCode::kUnavailable, "spaced is shutting down", "shutting_down");
+  if (reserved_vcpus_ + pooled_vcpus_ + key.cpus > config_.max_total_vcpus ||
+      reserved_memory_mb_ + pooled_memory_mb_ + key.memory_mb > config_.max_total_memory_mb) {
+    return makeError(ErrorCode::kResourceExhausted,
+                     "sandboxes hold " + std::to_string(reserved_vcpus_) + " vCPUs and " +
+                         std::to_string(reserved_memory_mb_) + " MB, waiting guests " + std::to_string(pooled_vcpus_) +
+                         " and " + std::to_string(pooled_memory_mb_) + " MB, of the node's " +
+                         std::to_string(config_.max_total_vcpus) + " and " +
+                         std::to_string(config_.max_total_memory_mb) + " MB",
+                     kNoCapacityReason);
+  }
+  claim->at = pool_claims_.insert(pool_claims_.end(), claim.get());  // may throw: before any count
+  claim->registered = true;
+  claim->counted = true;
+  pooled_vcpus_ += key.cpus;
+  pooled_memory_mb_ += key.memory_mb;
+  return std::unique_ptr<CapacityClaim>(std::move(claim));
+}
+
+void SandboxManager::releasePoolClaim(PoolClaim& claim) {
+  std::lock_guard lock(mu_);
+  if (claim.counted) {
+    pooled_vcpus_ -= claim.cpus;
+    pooled_memory_mb_ -= claim.memory_mb;
+    claim.counted = false;
+  }
+  pool_claims_.erase(claim.at);
+  claim.registered = false;
+}
+
+Status SandboxManager::reserve(const std::shared_ptr<Live>& live, CapacityClaim* from_pool) {
   // Read before the lock: the store is not asked while every other create waits on mu_.
   auto tenant_quota = quotaOf(live->tenant);
   if (!tenant_quota.ok()) return tenant_quota.error();
+  size_t revoked = 0;
+  auto reserved = reserveLocked(live, tenant_quota.value(), static_cast<PoolClaim*>(from_pool), revoked);
+  // The waiting guests whose capacity this sandbox took are killed before it starts using it
+  // (outside mu_: each claim gives itself back under it).
+  if (revoked > 0 && pool_) pool_->prune();
+  return reserved;
+}
+
+Status SandboxManager::reserveLocked(const std::shared_ptr<Live>& live, const TenantQuota& quota, PoolClaim* from_pool,
+                                     size_t& revoked) {
   std::lock_guard lock(mu_);
   if (stopping_) return makeError(ErrorCode::kUnavailable, "spaced is shutting down", "shutting_down");
   if (live_.count(live->id)) {
     return makeError(ErrorCode::kUnavailable, "sandbox " + live->id + " is changing state; retry");
   }
   // The tenant's quota first: a tenant at its quota is told so, whatever the node has free.
-  const TenantQuota& quota = tenant_quota.value();
   const auto usage = tenant_usage_.find(live->tenant);
   const TenantUsage used = usage == tenant_usage_.end() ? TenantUsage{} : usage->second;
   auto overQuota = [&](const std::string& what, uint64_t have, uint64_t want, uint64_t max, const char* unit) {
@@ -575,21 +647,54 @@ Status SandboxManager::reserve(const std::shared_ptr<Live>& live) {
                      "this node already runs its maximum of " + std::to_string(config_.max_sandboxes) + " sandboxes",
                      "too_many_sandboxes");
   }
-  if (reserved_vcpus_ + live->cpus > config_.max_total_vcpus) {
+  // The pool's guests give way, except the one becoming this sandbox (its capacity is this
+  // sandbox's) and those other creates have taken (about to become sandboxes themselves).
+  PoolClaim* own = from_pool != nullptr && from_pool->counted ? from_pool : nullptr;
+  uint32_t kept_vcpus = 0;  // pooled capacity that does not give way
+  uint64_t kept_memory_mb = 0;
+  for (const PoolClaim* claim : pool_claims_) {
+    if (claim->counted && claim != own && claim->taken) {
+      kept_vcpus += claim->cpus;
+      kept_memory_mb += claim->memory_mb;
+    }
+  }
+  if (reserved_vcpus_ + kept_vcpus + live->cpus > config_.max_total_vcpus) {
     return makeError(ErrorCode::kResourceExhausted,
                      "not enough vCPU capacity: " + std::to_string(live->cpus) + " requested, " +
-                         std::to_string(config_.max_total_vcpus - reserved_vcpus_) + " of " +
+                         std::to_string(config_.max_total_vcpus - reserved_vcpus_ - kept_vcpus) + " of " +
                          std::to_string(config_.max_total_vcpus) + " free on this node",
                      "insufficient_capacity");
   }
-  if (reserved_memory_mb_ + live->memory_mb > config_.max_total_memory_mb) {
+  if (reserved_memory_mb_ + kept_memory_mb + live->memory_mb > config_.max_total_memory_mb) {
     return makeError(ErrorCode::kResourceExhausted,
                      "not enough memory: " + std::to_string(live->memory_mb) + " MB requested, " +
-                         std::to_string(config_.max_total_memory_mb - reserved_memory_mb_) + " of " +
+                         std::to_string(config_.max_total_memory_mb - reserved_memory_mb_ - kept_memory_mb) + " of " +
                          std::to_string(config_.max_total_memory_mb) + " MB free on this node",
                      "insufficient_capacity");
   }
+  // It fits once enough waiting guests give their capacity back: the oldest first.
+  const uint32_t own_vcpus = own ? own->cpus : 0;
+  const uint64_t own_memory_mb = own ? own->memory_mb : 0;
+  for (PoolClaim* claim : pool_claims_) {
+    if (reserved_vcpus_ + pooled_vcpus_ - own_vcpus + live->cpus <= config_.max_total_vcpus &&
+        reserved_memory_mb_ + pooled_memory_mb_ - own_memory_mb + live->memory_mb <= config_.max_total_memory_mb) {
+      break;
+    }
+    if (!claim->counted || claim == own || claim->taken) continue;
+    claim->counted = false;
+    pooled_vcpus_ -= claim->cpus;
+    pooled_memory_mb_ -= claim->memory_mb;
+    ++revoked;
+  }
+  if (revoked > 0) {
+    spdlog::info("sandbox {}: {} waiting guest(s) of the pool give their capacity to it", live->id, revoked);
+  }
   countIn(live);
+  if (own) {  // after countIn, which may throw: the guest's capacity moves, never counted twice
+    own->counted = false;
+    pooled_vcpus_ -= own->cpus;
+    pooled_memory_mb_ -= own->memory_mb;
+  }
   return okStatus();
 }
 
@@ -689,6 +794,9 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   std::optional<WarmVm> warm;
   const PoolKey pool_key{template_name, cpus, memory_mb};
   if (pool_ && !from_snapshot) warm = pool_->take(pool_key);
+  // Its capacity is about to become this sandbox's: other reservations take it back last.
+  auto* warm_claim = warm ? static_cast<PoolClaim*>(warm->claim.get()) : nullptr;
+  if (warm_claim) warm_claim->taken = true;
   // A guest taken is handed back (put) or kept (used) on every path; an exception before
   // either must not leave its place counted as taken, or the pool would never refill it.
   bool pool_settled = !warm.has_value();
@@ -720,8 +828,9 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   rec.run_dir = sandboxDir(rec.id);
   auto live = liveFromRecord(rec);
   std::unique_lock control(live->control);  // held through boot: other requests on it wait
-  if (auto reserved = reserve(live); !reserved.ok()) {
+  if (auto reserved = reserve(live, warm_claim); !reserved.ok()) {
     pool_settled = true;  // first: put() counts the take back even if it then throws
+    if (warm_claim) warm_claim->taken = false;
     if (warm) pool_->put(pool_key, std::move(*warm));
     return reserved.error();
   }
@@ -1539,15 +1648,17 @@ ManagerStats SandboxManager::stats() {
   if (auto counts = store_.countByState(); counts.ok()) s.by_state = counts.value();
   // Outside mu_: a check after an update reads dpkg's status file.
   s.qemu_build_stale = qemu_build_ && qemu_build_->check().has_value();
-  std::lock_guard lock(mu_);
-  s.reserved_vcpus = reserved_vcpus_;
-  s.reserved_memory_mb = reserved_memory_mb_;
-  s.max_total_vcpus = config_.max_total_vcpus;
-  s.max_total_memory_mb = config_.max_total_memory_mb;
-  if (pool_) {
+  if (pool_) {  // before mu_: the pool's lock is never taken inside it
     s.warm_pool_ready = pool_->size();
     s.warm_pool_target = pool_->target();
   }
+  std::lock_guard lock(mu_);
+  s.reserved_vcpus = reserved_vcpus_;
+  s.reserved_memory_mb = reserved_memory_mb_;
+  s.warm_pool_vcpus = pooled_vcpus_;
+  s.warm_pool_memory_mb = pooled_memory_mb_;
+  s.max_total_vcpus = config_.max_total_vcpus;
+  s.max_total_memory_mb = config_.max_total_memory_mb;
   return s;
 }
 

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -223,8 +224,10 @@ struct ManagerStats {
   uint64_t reserved_memory_mb = 0;
   uint32_t max_total_vcpus = 0;
   uint64_t max_total_memory_mb = 0;
-  size_t warm_pool_ready = 0;     // running guests waiting in the hot pool now
-  size_t warm_pool_target = 0;    // what it is being filled to now, all kinds (0: no pool)
+  size_t warm_pool_ready = 0;    // running guests waiting in the hot pool now
+  size_t warm_pool_target = 0;   // what it is being filled to now, all kinds (0: no pool)
+  uint32_t warm_pool_vcpus = 0;  // what the pool's guests hold of the node's capacity
+  uint64_t warm_pool_memory_mb = 0;
   bool qemu_build_stale = false;  // vmm::QemuBuildWatch: a security update waits for make images
 };
 
@@ -372,8 +375,20 @@ class SandboxManager {
   void collectLayers(bool wait);
   std::string snapshotDir(const std::string& snapshot_id) const;
   // The node's limits, in one place: counts the sandbox in (live_ and the reservations) if it
-  // fits, else the refusal (429/503 reasons). unreserve() undoes it.
-  Status reserve(const std::shared_ptr<Live>& live);
+  // fits, else the refusal (429/503 reasons). unreserve() undoes it. The hot pool's guests
+  // count against the node too, but give way: a sandbox that fits only without some of them
+  // takes their capacity back (their claims), and they are killed before this returns.
+  // `from_pool`: the claim of the pooled guest this sandbox becomes; its capacity moves to the
+  // sandbox's reservation.
+  class PoolClaim;
+  Status reserve(const std::shared_ptr<Live>& live, CapacityClaim* from_pool = nullptr);
+  // The node's capacity for one more waiting guest of `key`, or kResourceExhausted with reason
+  // kNoCapacityReason. Given back when the claim goes (with its guest).
+  Result<std::unique_ptr<CapacityClaim>> claimForPool(const PoolKey& key);
+  // reserve()'s decision under mu_; `revoked`: how many waiting guests gave their capacity.
+  Status reserveLocked(const std::shared_ptr<Live>& live, const TenantQuota& quota, PoolClaim* from_pool,
+                       size_t& revoked);
+  void releasePoolClaim(PoolClaim& claim);
   // The quota that applies to `tenant`: the values it was given (store), else the node's. Read
   // on every check, so `spaced tenant quota` takes effect on a running daemon at once.
   // `own_values`, if given, says whether the tenant has values of its own.
@@ -420,6 +435,10 @@ class SandboxManager {
   std::map<std::string, PendingSuspends> suspending_;  // guarded by mu_: suspends under way, per tenant
   uint32_t reserved_vcpus_ = 0;
   uint64_t reserved_memory_mb_ = 0;
+  // What the hot pool's guests hold (their claims' sizes), and the claims, oldest first.
+  uint32_t pooled_vcpus_ = 0;
+  uint64_t pooled_memory_mb_ = 0;
+  std::list<PoolClaim*> pool_claims_;
   struct TenantUsage {
     uint32_t sandboxes = 0;
     uint32_t vcpus = 0;

@@ -51,6 +51,7 @@ void WarmPool::used(const PoolKey& key) {
 }
 
 std::optional<WarmVm> WarmPool::take(const PoolKey& key) {
+  std::deque<WarmVm> gone;  // destroyed after the lock is released: a claim's end takes the maker's lock
   std::lock_guard lock(mu_);
   if (stopping_) return std::nullopt;
   sizer_.recordCreate(key, Clock::now());
@@ -61,13 +62,33 @@ std::optional<WarmVm> WarmPool::take(const PoolKey& key) {
   while (!kind.ready.empty()) {
     WarmVm vm = std::move(kind.ready.front());
     kind.ready.pop_front();
-    if (alive_(vm)) {
+    if (usable(vm)) {
       ++kind.taken;  // its place is refilled only once the taker says it keeps it (used())
       return vm;
     }
-    spdlog::warn("warm pool: VM {} died while waiting; dropped", vm.sandbox_id);
+    if (!vm.claim || vm.claim->held()) spdlog::warn("warm pool: VM {} died while waiting; dropped", vm.sandbox_id);
+    gone.push_back(std::move(vm));
   }
   return std::nullopt;
+}
+
+void WarmPool::prune() {
+  std::deque<WarmVm> gone;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [key, kind] : kinds_) {
+      for (auto it = kind.ready.begin(); it != kind.ready.end();) {
+        if (usable(*it)) {
+          ++it;
+        } else {
+          gone.push_back(std::move(*it));
+          it = kind.ready.erase(it);
+        }
+      }
+    }
+  }
+  changed_.notify_all();  // the refill sees the room (and takes it when the maker's capacity allows)
+  gone.clear();           // their QEMUs are killed outside the lock
 }
 
 void WarmPool::put(const PoolKey& key, WarmVm vm) {
@@ -76,7 +97,7 @@ void WarmPool::put(const PoolKey& key, WarmVm vm) {
   if (it == kinds_.end()) return;  // dropped: its runtime cleans up
   Kind& kind = it->second;
   if (kind.taken > 0) --kind.taken;
-  if (stopping_ || kind.ready.size() >= kind.target) {
+  if (stopping_ || kind.ready.size() >= kind.target || !usable(vm)) {
     lock.unlock();
     return;  // dropped: its runtime cleans up, outside the lock
   }
@@ -181,6 +202,7 @@ void WarmPool::refill() {
     Kind& kind = kinds_[key];
     if (made.ok()) {
       sizer_.recordRefill(key, took);
+      kind.waiting_for_capacity = false;
       kind.backoff = std::chrono::milliseconds(0);
       kind.retry_after = {};
       // Full meanwhile (a taker put its VM back, or demand fell): never kept over the target.
@@ -190,6 +212,15 @@ void WarmPool::refill() {
         lock.unlock();
         made = makeError(ErrorCode::kCanceled, "");  // the VM goes here, outside the lock
         lock.lock();
+      }
+    } else if (made.error().reason == kNoCapacityReason) {
+      // The node's sandboxes hold its capacity: not a fault, and over as soon as one goes.
+      kind.backoff = std::chrono::milliseconds(0);
+      kind.retry_after = Clock::now() + std::chrono::seconds(1);
+      if (!kind.waiting_for_capacity) {
+        kind.waiting_for_capacity = true;
+        spdlog::info("warm pool: no room for a waiting VM of {} until capacity frees: {}", key.describe(),
+                     made.error().message);
       }
     } else {
       // E.g. the template cannot be built: said once per attempt, retried less and less often.

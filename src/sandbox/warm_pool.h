@@ -8,8 +8,9 @@
 // restored from its kind's template snapshot, with its agent connected, its own entropy and
 // clock given at once, and a warm-up command run (so the guest code on the exec path is
 // already translated under TCG). It already has its sandbox id (its run directory is named by
-// it). Entries hold no reservation and no record: a daemon that dies leaves them to the next
-// start's orphan sweep, and shutting the pool down kills them. An idle entry costs about 0.1%
+// it). Entries hold no record, and their capacity only as a claim the maker gives them
+// (CapacityClaim): a daemon that dies leaves them to the next start's orphan sweep, and
+// shutting the pool down kills them. An idle entry costs about 0.1%
 // of a core under TCG (bench/RESULTS.md, idle CPU).
 #pragma once
 
@@ -32,9 +33,24 @@ namespace space::sandbox {
 
 // The nice value the pool's refill, and the guests it starts, run at until taken.
 inline constexpr int kRefillNice = 10;
+// The reason a maker gives when the node has no capacity for one more waiting guest: the pool
+// then looks again each second (capacity comes back when a sandbox goes), and says so once.
+inline constexpr const char* kNoCapacityReason = "pool_no_capacity";
+
+// What a waiting guest holds of the node's capacity (the maker's accounting: SandboxManager
+// counts pooled guests against the node's vCPUs and memory, and takes that back for a sandbox
+// that would not fit otherwise). A guest whose claim was taken back is dropped, never handed out.
+class CapacityClaim {
+ public:
+  virtual ~CapacityClaim() = default;  // gives back what it still holds
+  virtual bool held() const = 0;
+};
 
 struct WarmVm {
-  std::string sandbox_id;                   // the id the sandbox will have
+  std::string sandbox_id;  // the id the sandbox will have
+  // Declared before the runtime, so it goes after it: the capacity is given back once the
+  // guest's QEMU is gone. Null: the guest counts against nothing (tests).
+  std::unique_ptr<CapacityClaim> claim;
   std::unique_ptr<SandboxRuntime> runtime;  // running, agent connected, warmed up
 };
 
@@ -60,6 +76,9 @@ class WarmPool {
   void used(const PoolKey& key);
   // Returns a VM taken but not used (e.g. the request was refused by a node limit).
   void put(const PoolKey& key, WarmVm vm);
+  // Kills the waiting VMs whose capacity was taken back (or whose QEMU died) now, rather than
+  // when a take() passes them: a reservation that took their capacity is about to use it.
+  void prune();
   // Stops refilling and kills the waiting VMs; take() finds nothing and put() drops, from now on.
   void stop();
   size_t size();                      // waiting guests, all kinds
@@ -74,8 +93,11 @@ class WarmPool {
     size_t target = 0;
     Clock::time_point retry_after{};  // after a failed make: backing off
     std::chrono::milliseconds backoff{0};
+    bool waiting_for_capacity = false;  // said once, until a guest is made again
   };
   void refill();
+  // Whether a waiting guest can still be handed out: its capacity is its own and its QEMU runs.
+  bool usable(const WarmVm& vm) const { return (!vm.claim || vm.claim->held()) && alive_(vm); }
   // Under mu_: new targets from the sizer; guests over a kind's target move to `surplus`.
   void retarget(std::deque<WarmVm>& surplus);
 

@@ -2147,6 +2147,54 @@ TEST_F(SpacedTest, ThePoolKeepsGuestsOfTheKindsCreatesAskFor) {
   for (const auto& id : ids) EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + id).status, 204);
 }
 
+// The pool's guests count against the node's capacity, and give it to sandboxes that need it.
+// With room for three guests of 256 MB: two waiting guests leave room for a sandbox of 512 MB
+// only once one of them gives way; a create then takes the other, and the node is full (no
+// refill, no third QEMU, a further create refused); the pool refills once a sandbox goes.
+TEST_F(SpacedTest, PooledGuestsHoldNodeCapacityAndGiveItToSandboxes) {
+  daemon_ = Daemon::start(
+      data_dir_, {"--warm-pool", "2", "--default-memory-mb", "256", "--default-cpus", "1", "--max-memory-mb", "768"});
+  ASSERT_TRUE(daemon_);
+  auto metric = [&](const std::string& name) {
+    auto body = daemon_->call("GET", "/metrics").body;
+    auto at = body.find("\n" + name + " ");
+    return at == std::string::npos ? -1 : std::stoi(body.substr(at + name.size() + 2));
+  };
+  auto poolReady = [&] {
+    return metric("space_warm_pool_target") == 2 && metric("space_warm_pool_ready") == 2 &&
+           metric("space_warm_pool_memory_mb") == 512;
+  };
+  auto deadline = Clock::now() + seconds(90);
+  while (Clock::now() < deadline && !poolReady()) std::this_thread::sleep_for(milliseconds(100));
+  ASSERT_TRUE(poolReady()) << metric("space_warm_pool_ready") << " ready, " << metric("space_warm_pool_memory_mb")
+                           << " MB";
+  const std::string big = daemon_->create(json{{"cpus", 1}, {"memory_mb", 512}});
+  ASSERT_FALSE(big.empty());
+  EXPECT_TRUE(
+      waitForLog("sandbox " + big + ": 1 waiting guest(s) of the pool give their capacity to it", 0, seconds(1)));
+  EXPECT_EQ(metric("space_warm_pool_memory_mb"), 256);
+  EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 2u) << "the guest that gave way was killed before the sandbox ran";
+  const std::string small = daemon_->create(json::object());
+  ASSERT_FALSE(small.empty());
+  EXPECT_TRUE(waitForLog("sandbox " + small + ": running (tenant default, 1 vCPU, 256 MB, taken from the pool in", 0,
+                         seconds(1)));
+  // Full: 768 MB reserved by sandboxes, so the pool starts nothing.
+  EXPECT_TRUE(waitForLog("warm pool: no room for a waiting VM of base 1 vCPU 256 MB", 0, seconds(10)));
+  std::this_thread::sleep_for(seconds(2));
+  EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 2u);
+  EXPECT_EQ(metric("space_warm_pool_memory_mb"), 0);
+  EXPECT_EQ(metric("space_node_memory_reserved_mb"), 768);
+  auto refused = daemon_->call("POST", "/v1/sandboxes", json::object().dump());
+  EXPECT_EQ(refused.status, 503) << refused.body;
+  EXPECT_NE(refused.body.find("insufficient_capacity"), std::string::npos) << refused.body;
+  // A sandbox goes: the pool takes the room again, within about a second of retries.
+  EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + big).status, 204);
+  deadline = Clock::now() + seconds(60);
+  while (Clock::now() < deadline && !poolReady()) std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_TRUE(poolReady()) << metric("space_warm_pool_ready") << " ready";
+  EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + small).status, 204);
+}
+
 TEST_F(SpacedTest, WarmPoolVmsBecomeSandboxesAndNeverOutliveTheDaemon) {
   daemon_ = Daemon::start(
       data_dir_, {"--on-shutdown", "keep", "--warm-pool", "2", "--default-memory-mb", "256", "--default-cpus", "1"});

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "sandbox/pool_sizer.h"
 
@@ -102,14 +104,36 @@ TEST(PoolSizer, RemembersABoundedNumberOfCreates) {
   EXPECT_EQ(sizer.targets(t)[kPython], sizer.config().max_per_key);
 }
 
-// A pool whose guests are plain tokens: the maker counts what it made.
+// A claim the test takes back by hand; it counts its own end.
+struct FakeClaim : CapacityClaim {
+  explicit FakeClaim(std::atomic<int>& ended) : ended(ended) {}
+  ~FakeClaim() override { ++ended; }
+  bool held() const override { return holds; }
+  std::atomic<bool> holds{true};
+  std::atomic<int>& ended;
+};
+
+// A pool whose guests are plain tokens: the maker counts what it made, and gives each guest a
+// claim when `claims` is set.
 struct FakeMaker {
   std::atomic<int> made{0};
   std::atomic<bool> fail{false};
+  std::atomic<bool> no_capacity{false};
+  bool claims = false;
+  std::mutex mu;
+  std::vector<FakeClaim*> given;  // guarded by mu
+  std::atomic<int> claims_ended{0};
   Result<WarmVm> operator()(const PoolKey& key) {
     if (fail) return makeError(ErrorCode::kUnavailable, "no template " + key.template_name);
+    if (no_capacity) return makeError(ErrorCode::kResourceExhausted, "the node is full", kNoCapacityReason);
     WarmVm vm;
     vm.sandbox_id = key.template_name + "-" + std::to_string(++made);
+    if (claims) {
+      auto claim = std::make_unique<FakeClaim>(claims_ended);
+      std::lock_guard lock(mu);
+      given.push_back(claim.get());
+      vm.claim = std::move(claim);
+    }
     return vm;
   }
 };
@@ -172,6 +196,44 @@ TEST(WarmPool, AFailingKindBacksOffWithoutStoppingTheOthers) {
   maker.fail = false;
   // The first retry comes after a second.
   ASSERT_TRUE(waitFor([&] { return pool->size() == 1; }, 5s));
+}
+
+// A waiting guest whose capacity was taken back for a sandbox is never handed out: prune() kills
+// it at once, and one put back after its claim was taken is dropped too.
+TEST(WarmPool, AGuestWhoseCapacityWasTakenBackIsDroppedNotHandedOut) {
+  FakeMaker maker;
+  maker.claims = true;
+  auto pool = startPool(sizing(2, 0), maker);
+  ASSERT_TRUE(waitFor([&] { return pool->size() == 2; }));
+  maker.no_capacity = true;  // what is taken back is not made again while the node is full
+  {
+    std::lock_guard lock(maker.mu);
+    maker.given[0]->holds = false;
+  }
+  pool->prune();
+  EXPECT_EQ(pool->size(), 1u);
+  EXPECT_EQ(maker.claims_ended.load(), 1);
+  auto taken = pool->take(kDefault);
+  ASSERT_TRUE(taken);
+  EXPECT_EQ(taken->sandbox_id, "base-2");
+  EXPECT_TRUE(taken->claim->held());
+  static_cast<FakeClaim*>(taken->claim.get())->holds = false;  // taken back while the create reserved
+  pool->put(kDefault, std::move(*taken));
+  EXPECT_EQ(pool->size(), 0u);
+  EXPECT_EQ(maker.claims_ended.load(), 2);
+  EXPECT_FALSE(pool->take(kDefault));
+}
+
+// A node without room for a waiting guest is no fault: the pool looks again each second, not
+// less and less often, so it refills soon after a sandbox gives the capacity back.
+TEST(WarmPool, ANodeWithoutRoomIsAskedAgainEachSecond) {
+  FakeMaker maker;
+  maker.no_capacity = true;
+  auto pool = startPool(sizing(1, 0), maker);
+  std::this_thread::sleep_for(3500ms);  // backing off as for a fault, the next try would be at 7 s
+  EXPECT_EQ(pool->size(), 0u);
+  maker.no_capacity = false;
+  EXPECT_TRUE(waitFor([&] { return pool->size() == 1; }, 2500ms));
 }
 
 TEST(WarmPool, StopDropsWaitingGuestsAndRefusesTakes) {
