@@ -409,13 +409,20 @@ Result<WarmVm> SandboxManager::makeWarmVm(const PoolKey& key) {
   warm.sandbox_id = newSandboxId();
   auto launch = launcher_->fromTemplate(*tpl.value(), key.cpus, key.memory_mb, sandboxDir(warm.sandbox_id));
   if (!launch.ok()) return launch.error();
+  // A sandbox may take the claim's capacity back while the guest is made: the making stops at
+  // its next step (the VM goes with `runtime`).
+  auto given_way = [] {
+    return makeError(ErrorCode::kResourceExhausted, "a sandbox took its capacity while it started", kNoCapacityReason);
+  };
   auto runtime = SandboxRuntime::start(launch.value());
   if (!runtime.ok()) return runtime.error();
+  if (!warm.claim->held()) return given_way();
   auto& agent = runtime.value()->vm().agent();
   // Its own random state at once: a clone of the template must never hand out the template's
   // randomness, not even to a warm-up command. (The create gives it fresh entropy again.)
   auto seeded = agent.call("/agent.Agent/Configure", nlohmann::json{{"timeMs", nowMs()}, {"entropy", freshEntropy()}});
   if (!seeded.ok()) return makeError(seeded.error().code, "warm pool: configure: " + seeded.error().message);
+  if (!warm.claim->held()) return given_way();
   // The guest code on the exec path (the agent's process start, bash's start-up) is translated
   // now, under TCG, rather than on the new sandbox's first exec.
   for (bool shell : {true, false}) {
@@ -429,10 +436,9 @@ Result<WarmVm> SandboxManager::makeWarmVm(const PoolKey& key) {
     auto ran = agentproto::runCommand(agent, warm_up, 4096);
     if (!ran.ok()) return makeError(ran.error().code, "warm pool: warm-up: " + ran.error().message);
   }
+  if (!warm.claim->held()) return given_way();
   warm.runtime = std::move(runtime.value());
-  if (!warm.claim->held()) {  // a sandbox took its capacity meanwhile: the VM goes with `warm`
-    return makeError(ErrorCode::kResourceExhausted, "a sandbox took its capacity while it started", kNoCapacityReason);
-  }
+  setPoolClaim(warm.claim.get(), true, false);  // waiting: the first to give way
   return warm;
 }
 
@@ -564,10 +570,12 @@ class SandboxManager::PoolClaim final : public CapacityClaim {
   SandboxManager& manager;
   const uint32_t cpus;
   const uint64_t memory_mb;
-  // Written under manager.mu_; read by the pool without it.
+  // Written under manager.mu_; read by the pool and the maker without it.
   std::atomic<bool> counted{false};
-  // A create took its guest and is about to reserve with it: taken back last.
-  std::atomic<bool> taken{false};
+  // Under manager.mu_ (setPoolClaim): its guest is made and waiting (given way first), or a
+  // create took it and is about to reserve with it (given way last).
+  bool ready = false;
+  bool taken = false;
   bool registered = false;  // in pool_claims_, at `at`
   std::list<PoolClaim*>::iterator at;
 };
@@ -592,6 +600,14 @@ Result<std::unique_ptr<CapacityClaim>> SandboxManager::claimForPool(const PoolKe
   pooled_vcpus_ += key.cpus;
   pooled_memory_mb_ += key.memory_mb;
   return std::unique_ptr<CapacityClaim>(std::move(claim));
+}
+
+void SandboxManager::setPoolClaim(CapacityClaim* claim, bool ready, bool taken) {
+  if (claim == nullptr) return;
+  auto& ours = static_cast<PoolClaim&>(*claim);
+  std::lock_guard lock(mu_);
+  ours.ready = ready;
+  ours.taken = taken;
 }
 
 void SandboxManager::releasePoolClaim(PoolClaim& claim) {
@@ -647,53 +663,49 @@ Status SandboxManager::reserveLocked(const std::shared_ptr<Live>& live, const Te
                      "this node already runs its maximum of " + std::to_string(config_.max_sandboxes) + " sandboxes",
                      "too_many_sandboxes");
   }
-  // The pool's guests give way, except the one becoming this sandbox (its capacity is this
-  // sandbox's) and those other creates have taken (about to become sandboxes themselves).
+  // Every pooled guest but the one becoming this sandbox gives way if need be: the sandbox fits
+  // if it fits beside the other sandboxes' reservations.
   PoolClaim* own = from_pool != nullptr && from_pool->counted ? from_pool : nullptr;
-  uint32_t kept_vcpus = 0;  // pooled capacity that does not give way
-  uint64_t kept_memory_mb = 0;
-  for (const PoolClaim* claim : pool_claims_) {
-    if (claim->counted && claim != own && claim->taken) {
-      kept_vcpus += claim->cpus;
-      kept_memory_mb += claim->memory_mb;
-    }
-  }
-  if (reserved_vcpus_ + kept_vcpus + live->cpus > config_.max_total_vcpus) {
+  if (reserved_vcpus_ + live->cpus > config_.max_total_vcpus) {
     return makeError(ErrorCode::kResourceExhausted,
                      "not enough vCPU capacity: " + std::to_string(live->cpus) + " requested, " +
-                         std::to_string(config_.max_total_vcpus - reserved_vcpus_ - kept_vcpus) + " of " +
+                         std::to_string(config_.max_total_vcpus - reserved_vcpus_) + " of " +
                          std::to_string(config_.max_total_vcpus) + " free on this node",
                      "insufficient_capacity");
   }
-  if (reserved_memory_mb_ + kept_memory_mb + live->memory_mb > config_.max_total_memory_mb) {
+  if (reserved_memory_mb_ + live->memory_mb > config_.max_total_memory_mb) {
     return makeError(ErrorCode::kResourceExhausted,
                      "not enough memory: " + std::to_string(live->memory_mb) + " MB requested, " +
-                         std::to_string(config_.max_total_memory_mb - reserved_memory_mb_ - kept_memory_mb) + " of " +
+                         std::to_string(config_.max_total_memory_mb - reserved_memory_mb_) + " of " +
                          std::to_string(config_.max_total_memory_mb) + " MB free on this node",
                      "insufficient_capacity");
   }
-  // It fits once enough waiting guests give their capacity back: the oldest first.
-  const uint32_t own_vcpus = own ? own->cpus : 0;
-  const uint64_t own_memory_mb = own ? own->memory_mb : 0;
-  for (PoolClaim* claim : pool_claims_) {
-    if (reserved_vcpus_ + pooled_vcpus_ - own_vcpus + live->cpus <= config_.max_total_vcpus &&
-        reserved_memory_mb_ + pooled_memory_mb_ - own_memory_mb + live->memory_mb <= config_.max_total_memory_mb) {
-      break;
-    }
-    if (!claim->counted || claim == own || claim->taken) continue;
-    claim->counted = false;
-    pooled_vcpus_ -= claim->cpus;
-    pooled_memory_mb_ -= claim->memory_mb;
-    ++revoked;
-  }
-  if (revoked > 0) {
-    spdlog::info("sandbox {}: {} waiting guest(s) of the pool give their capacity to it", live->id, revoked);
-  }
-  countIn(live);
-  if (own) {  // after countIn, which may throw: the guest's capacity moves, never counted twice
+  countIn(live);  // may throw (it allocates): before any claim moves or is taken back
+  if (own) {      // the guest's capacity becomes this sandbox's: never counted twice
     own->counted = false;
     pooled_vcpus_ -= own->cpus;
     pooled_memory_mb_ -= own->memory_mb;
+  }
+  // Then as many claims as the node needs back: guests waiting first (the oldest first), then
+  // guests still being made (their making stops at its next step), then guests other creates
+  // have taken (each such create then reserves afresh, as if it had found no guest).
+  auto over = [&] {
+    return reserved_vcpus_ + pooled_vcpus_ > config_.max_total_vcpus ||
+           reserved_memory_mb_ + pooled_memory_mb_ > config_.max_total_memory_mb;
+  };
+  auto rank = [](const PoolClaim& claim) { return claim.taken ? 2 : claim.ready ? 0 : 1; };
+  for (int giving = 0; giving < 3 && over(); ++giving) {
+    for (PoolClaim* claim : pool_claims_) {
+      if (!over()) break;
+      if (!claim->counted || rank(*claim) != giving) continue;
+      claim->counted = false;
+      pooled_vcpus_ -= claim->cpus;
+      pooled_memory_mb_ -= claim->memory_mb;
+      ++revoked;
+    }
+  }
+  if (revoked > 0) {
+    spdlog::info("sandbox {}: {} guest(s) of the pool give their capacity to it", live->id, revoked);
   }
   return okStatus();
 }
@@ -795,8 +807,8 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   const PoolKey pool_key{template_name, cpus, memory_mb};
   if (pool_ && !from_snapshot) warm = pool_->take(pool_key);
   // Its capacity is about to become this sandbox's: other reservations take it back last.
-  auto* warm_claim = warm ? static_cast<PoolClaim*>(warm->claim.get()) : nullptr;
-  if (warm_claim) warm_claim->taken = true;
+  CapacityClaim* warm_claim = warm ? warm->claim.get() : nullptr;
+  setPoolClaim(warm_claim, true, true);
   // A guest taken is handed back (put) or kept (used) on every path; an exception before
   // either must not leave its place counted as taken, or the pool would never refill it.
   bool pool_settled = !warm.has_value();
@@ -830,7 +842,7 @@ Result<store::SandboxRecord> SandboxManager::create(const CreateRequest& request
   std::unique_lock control(live->control);  // held through boot: other requests on it wait
   if (auto reserved = reserve(live, warm_claim); !reserved.ok()) {
     pool_settled = true;  // first: put() counts the take back even if it then throws
-    if (warm_claim) warm_claim->taken = false;
+    setPoolClaim(warm_claim, true, false);
     if (warm) pool_->put(pool_key, std::move(*warm));
     return reserved.error();
   }

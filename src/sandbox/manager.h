@@ -389,6 +389,8 @@ class SandboxManager {
   Status reserveLocked(const std::shared_ptr<Live>& live, const TenantQuota& quota, PoolClaim* from_pool,
                        size_t& revoked);
   void releasePoolClaim(PoolClaim& claim);
+  // Under mu_: whether the claim's guest is made and waiting, and whether a create took it.
+  void setPoolClaim(CapacityClaim* claim, bool ready, bool taken);
   // The quota that applies to `tenant`: the values it was given (store), else the node's. Read
   // on every check, so `spaced tenant quota` takes effect on a running daemon at once.
   // `own_values`, if given, says whether the tenant has values of its own.
@@ -423,7 +425,6 @@ class SandboxManager {
   std::unique_ptr<snapshot::TemplateCache> templates_;
   std::unique_ptr<Launcher> launcher_;  // how every VM here is started
   std::unique_ptr<vmm::QemuBuildWatch> qemu_build_;
-  std::unique_ptr<WarmPool> pool_;
   Result<WarmVm> makeWarmVm(const PoolKey& key);
 
   std::mutex mu_;  // guards live_ and the reservations
@@ -439,6 +440,9 @@ class SandboxManager {
   uint32_t pooled_vcpus_ = 0;
   uint64_t pooled_memory_mb_ = 0;
   std::list<PoolClaim*> pool_claims_;
+  // After mu_ and the claims: it goes first, and a guest it still held gives its claim back to
+  // a manager that is still whole.
+  std::unique_ptr<WarmPool> pool_;
   struct TenantUsage {
     uint32_t sandboxes = 0;
     uint32_t vcpus = 0;

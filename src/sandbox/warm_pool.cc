@@ -206,7 +206,9 @@ void WarmPool::refill() {
       kind.backoff = std::chrono::milliseconds(0);
       kind.retry_after = {};
       // Full meanwhile (a taker put its VM back, or demand fell): never kept over the target.
-      if (kind.ready.size() + kind.taken < kind.target) {
+      // Checked under the lock that prune() takes: a guest whose claim was taken back after
+      // its maker looked is never left waiting, uncounted.
+      if (kind.ready.size() + kind.taken < kind.target && usable(made.value())) {
         kind.ready.push_back(std::move(made.value()));
       } else {
         lock.unlock();
