@@ -2171,7 +2171,7 @@ TEST_F(SpacedTest, PooledGuestsHoldNodeCapacityAndGiveItToSandboxes) {
   const std::string big = daemon_->create(json{{"cpus", 1}, {"memory_mb", 512}});
   ASSERT_FALSE(big.empty());
   EXPECT_TRUE(
-      waitForLog("sandbox " + big + ": 1 waiting guest(s) of the pool give their capacity to it", 0, seconds(1)));
+      waitForLog("sandbox " + big + ": 1 guest(s) of the pool give their capacity to it", 0, seconds(1)));
   EXPECT_EQ(metric("space_warm_pool_memory_mb"), 256);
   EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 2u) << "the guest that gave way was killed before the sandbox ran";
   const std::string small = daemon_->create(json::object());
@@ -2651,6 +2651,38 @@ TEST_F(SpacedTest, AnExceptionMidCreateOrResumeGivesItsReservationBack) {
   daemon_->callJson("POST", "/v1/sandboxes/" + last + "/resume", nullptr, 500);
   EXPECT_EQ(daemon_->callJson("GET", "/v1/sandboxes/" + last, nullptr, 200)["state"], "running");
   EXPECT_EQ(execJson(*daemon_, last, json{{"command", "echo continued"}})["stdout"], "continued\n");
+  EXPECT_EQ(daemon_->callJson("POST", "/v1/sandboxes/" + last + "/suspend", nullptr, 200)["state"], "suspended");
+  EXPECT_EQ(daemon_->stop(SIGTERM).exit_code, 0);
+
+  // The same exception, but the restored guest's QEMU died meanwhile (killed while the resume
+  // was recorded): it cannot be continued, so the sandbox is failed, with its reservation given
+  // back and nothing left running, rather than recorded running with no guest.
+  const size_t log_from = logSize();
+  ::setenv("SPACE_FAULT_THROW", "resume.state_removed", 1);
+  ::setenv("SPACE_FAULT_DELAY", "resume.recorded@3000", 1);
+  daemon_ = Daemon::start(data_dir_, {"--warm-pool", "0"});
+  ::unsetenv("SPACE_FAULT_THROW");
+  ::unsetenv("SPACE_FAULT_DELAY");
+  ASSERT_TRUE(daemon_);
+  std::atomic<int> killed{0};
+  std::thread killer([&] {
+    // The resume's QEMU is restored (and the resume recorded) well within the delay.
+    if (!waitForLog("fault point reached, delaying: resume.recorded", log_from, seconds(60))) return;
+    for (pid_t pid : qemuProcessesUnder(sandboxDir(last))) {
+      if (::kill(pid, SIGKILL) == 0) ++killed;
+    }
+  });
+  auto failed_resume = daemon_->call("POST", "/v1/sandboxes/" + last + "/resume", "");
+  killer.join();
+  EXPECT_EQ(killed.load(), 1);
+  EXPECT_EQ(failed_resume.status, 500) << failed_resume.body;
+  auto after = daemon_->callJson("GET", "/v1/sandboxes/" + last, nullptr, 200);
+  EXPECT_EQ(after["state"], "failed") << after;
+  EXPECT_EQ(after.value("state_reason", ""), "spaced failed while resuming it") << after;
+  EXPECT_FALSE(waitForLog("its guest was continued", log_from, milliseconds(1)));
+  EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+  EXPECT_NE(daemon_->call("GET", "/metrics").body.find("space_node_memory_reserved_mb 0"), std::string::npos);
+  EXPECT_EQ(daemon_->call("GET", "/healthz").status, 200) << "spaced runs on";
 }
 
 // Threads spaced needs from the start (housekeeping, its workers, the warm pool's refill): one
