@@ -16,8 +16,8 @@
 #include <string>
 
 #include "api/ingress.h"
-#include "api/tenant_places.h"
 #include "api/tenant_gate.h"
+#include "api/tenant_places.h"
 #include "e2b/watchers.h"
 #include "http/message.h"
 #include "sandbox/manager.h"

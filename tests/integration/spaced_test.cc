@@ -2170,8 +2170,7 @@ TEST_F(SpacedTest, PooledGuestsHoldNodeCapacityAndGiveItToSandboxes) {
                            << " MB";
   const std::string big = daemon_->create(json{{"cpus", 1}, {"memory_mb", 512}});
   ASSERT_FALSE(big.empty());
-  EXPECT_TRUE(
-      waitForLog("sandbox " + big + ": 1 guest(s) of the pool give their capacity to it", 0, seconds(1)));
+  EXPECT_TRUE(waitForLog("sandbox " + big + ": 1 guest(s) of the pool give their capacity to it", 0, seconds(1)));
   EXPECT_EQ(metric("space_warm_pool_memory_mb"), 256);
   EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 2u) << "the guest that gave way was killed before the sandbox ran";
   const std::string small = daemon_->create(json::object());
