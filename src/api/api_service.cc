@@ -1279,17 +1279,18 @@ void ApiService::openPty(Call& c) {
   if (auto ok = guest::checkProcessSpec(spec); !ok.ok()) return fail(c, ok.error());
 
   // Terminals hold no thread, so a tenant could otherwise open them by the thousand.
+  auto busy = [&c, this](int status, const std::string& message) {
+    metrics_.countError("terminals_busy");
+    c.res.setHeader("Retry-After", "1");
+    (void)c.res.sendError(status, "terminals_busy", message);
+  };
   bool over_node = false;
   std::shared_ptr<void> place = terminal_places_.enter(c.tenant, over_node);
   if (!place || terminals_ == nullptr) {
-    metrics_.countError("terminals_busy");
-    c.res.setHeader("Retry-After", "1");
-    (void)c.res.sendError(over_node ? 503 : 429, "terminals_busy",
-                          over_node ? "this node has " + std::to_string(terminal_places_.nodeCap()) +
-                                          " terminals open already; retry later"
-                                    : "this tenant has " + std::to_string(terminal_places_.tenantCap()) +
-                                          " terminals open already; close one first");
-    return;
+    return busy(over_node ? 503 : 429, over_node ? "this node has " + std::to_string(terminal_places_.nodeCap()) +
+                                                       " terminals open already; retry later"
+                                                 : "this tenant has " + std::to_string(terminal_places_.tenantCap()) +
+                                                       " terminals open already; close one first");
   }
   auto agent = lease(c, "open a terminal");
   if (!agent.ok()) return fail(c, agent.error());
@@ -1357,10 +1358,7 @@ void ApiService::openPty(Call& c) {
   plan->keep = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(std::move(plan->keep),
                                                                                          std::move(place));
   if (auto relayed = c.res.relay(101, std::move(plan).value()); !relayed.ok()) {
-    // The plan went with the refusal, and the session with its socket.
-    metrics_.countError("terminals_busy");
-    c.res.setHeader("Retry-After", "1");
-    (void)c.res.sendError(503, "terminals_busy", relayed.error().message);
+    busy(503, relayed.error().message);  // the plan went with the refusal, and the session with its socket
   }
 }
 

@@ -377,7 +377,8 @@ class SandboxManager {
   // The node's limits, in one place: counts the sandbox in (live_ and the reservations) if it
   // fits, else the refusal (429/503 reasons). unreserve() undoes it. The hot pool's guests
   // count against the node too, but give way: a sandbox that fits only without some of them
-  // takes their capacity back (their claims), and they are killed before this returns.
+  // takes their capacity back (their claims); those waiting are killed before this returns,
+  // those being made stop at their maker's next step.
   // `from_pool`: the claim of the pooled guest this sandbox becomes; its capacity moves to the
   // sandbox's reservation.
   class PoolClaim;
@@ -385,7 +386,7 @@ class SandboxManager {
   // The node's capacity for one more waiting guest of `key`, or kResourceExhausted with reason
   // kNoCapacityReason. Given back when the claim goes (with its guest).
   Result<std::unique_ptr<CapacityClaim>> claimForPool(const PoolKey& key);
-  // reserve()'s decision under mu_; `revoked`: how many waiting guests gave their capacity.
+  // reserve()'s decision under mu_; `revoked`: how many pooled guests gave their capacity.
   Status reserveLocked(const std::shared_ptr<Live>& live, const TenantQuota& quota, PoolClaim* from_pool,
                        size_t& revoked);
   void releasePoolClaim(PoolClaim& claim);
