@@ -570,6 +570,9 @@ void ApiService::metrics(Call& c) {
   gauges["space_warm_pool_memory_mb"] = {
       "Memory (MB) of this node's limit held by the warm pool's guests (given back to sandboxes that need it).",
       {{"", static_cast<double>(stats.warm_pool_memory_mb)}}};
+  gauges["space_snapshot_helpers_memory_mb"] = {
+      "Memory (MB) of this node's limit held by the helper VMs making snapshots' memory files now.",
+      {{"", static_cast<double>(stats.snapshot_helpers_memory_mb)}}};
   gauges["space_qemu_build_stale"] = {
       "1 when SPACE's QEMU build comes from an older source than the installed qemu-system-x86 (a security "
       "update): run make images and restart spaced.",

@@ -585,14 +585,14 @@ Result<std::unique_ptr<CapacityClaim>> SandboxManager::claimForPool(const PoolKe
   std::lock_guard lock(mu_);
   if (stopping_) return makeError(ErrorCode::kUnavailable, "spaced is shutting down", "shutting_down");
   if (reserved_vcpus_ + pooled_vcpus_ + key.cpus > config_.max_total_vcpus ||
-      reserved_memory_mb_ + pooled_memory_mb_ + key.memory_mb > config_.max_total_memory_mb) {
-    return makeError(ErrorCode::kResourceExhausted,
-                     "sandboxes hold " + std::to_string(reserved_vcpus_) + " vCPUs and " +
-                         std::to_string(reserved_memory_mb_) + " MB, waiting guests " + std::to_string(pooled_vcpus_) +
-                         " and " + std::to_string(pooled_memory_mb_) + " MB, of the node's " +
-                         std::to_string(config_.max_total_vcpus) + " and " +
-                         std::to_string(config_.max_total_memory_mb) + " MB",
-                     kNoCapacityReason);
+      reserved_memory_mb_ + helper_memory_mb_ + pooled_memory_mb_ + key.memory_mb > config_.max_total_memory_mb) {
+    return makeError(
+        ErrorCode::kResourceExhausted,
+        "sandboxes hold " + std::to_string(reserved_vcpus_) + " vCPUs and " + std::to_string(reserved_memory_mb_) +
+            " MB, snapshots' helpers " + std::to_string(helper_memory_mb_) + " MB, waiting guests " +
+            std::to_string(pooled_vcpus_) + " and " + std::to_string(pooled_memory_mb_) + " MB, of the node's " +
+            std::to_string(config_.max_total_vcpus) + " and " + std::to_string(config_.max_total_memory_mb) + " MB",
+        kNoCapacityReason);
   }
   claim->at = pool_claims_.insert(pool_claims_.end(), claim.get());  // may throw: before any count
   claim->registered = true;
@@ -673,11 +673,12 @@ Status SandboxManager::reserveLocked(const std::shared_ptr<Live>& live, const Te
                          std::to_string(config_.max_total_vcpus) + " free on this node",
                      "insufficient_capacity");
   }
-  if (reserved_memory_mb_ + live->memory_mb > config_.max_total_memory_mb) {
+  // Snapshots' helper QEMUs hold theirs until their snapshot is made (seconds); they never give way.
+  if (reserved_memory_mb_ + helper_memory_mb_ + live->memory_mb > config_.max_total_memory_mb) {
     return makeError(ErrorCode::kResourceExhausted,
                      "not enough memory: " + std::to_string(live->memory_mb) + " MB requested, " +
-                         std::to_string(config_.max_total_memory_mb - reserved_memory_mb_) + " of " +
-                         std::to_string(config_.max_total_memory_mb) + " MB free on this node",
+                         std::to_string(config_.max_total_memory_mb - reserved_memory_mb_ - helper_memory_mb_) +
+                         " of " + std::to_string(config_.max_total_memory_mb) + " MB free on this node",
                      "insufficient_capacity");
   }
   countIn(live);  // may throw (it allocates): before any claim moves or is taken back
@@ -686,14 +687,23 @@ Status SandboxManager::reserveLocked(const std::shared_ptr<Live>& live, const Te
     pooled_vcpus_ -= own->cpus;
     pooled_memory_mb_ -= own->memory_mb;
   }
-  // Then as many claims as the node needs back: guests waiting first (the oldest first), then
-  // guests still being made (their making stops at its next step), then guests other creates
-  // have taken (each such create then reserves afresh, as if it had found no guest).
+  revoked = takeBackPoolCapacityLocked();
+  if (revoked > 0) {
+    spdlog::info("sandbox {}: {} guest(s) of the pool give their capacity to it", live->id, revoked);
+  }
+  return okStatus();
+}
+
+size_t SandboxManager::takeBackPoolCapacityLocked() {
+  // As many claims as the node needs back: guests waiting first (the oldest first), then guests
+  // still being made (their making stops at its next step), then guests other creates have
+  // taken (each such create then reserves afresh, as if it had found no guest).
   auto over = [&] {
     return reserved_vcpus_ + pooled_vcpus_ > config_.max_total_vcpus ||
-           reserved_memory_mb_ + pooled_memory_mb_ > config_.max_total_memory_mb;
+           reserved_memory_mb_ + helper_memory_mb_ + pooled_memory_mb_ > config_.max_total_memory_mb;
   };
   auto rank = [](const PoolClaim& claim) { return claim.taken ? 2 : claim.ready ? 0 : 1; };
+  size_t revoked = 0;
   for (int giving = 0; giving < 3 && over(); ++giving) {
     for (PoolClaim* claim : pool_claims_) {
       if (!over()) break;
@@ -704,10 +714,7 @@ Status SandboxManager::reserveLocked(const std::shared_ptr<Live>& live, const Te
       ++revoked;
     }
   }
-  if (revoked > 0) {
-    spdlog::info("sandbox {}: {} guest(s) of the pool give their capacity to it", live->id, revoked);
-  }
-  return okStatus();
+  return revoked;
 }
 
 void SandboxManager::countIn(const std::shared_ptr<Live>& live) {
@@ -1669,6 +1676,7 @@ ManagerStats SandboxManager::stats() {
   s.reserved_memory_mb = reserved_memory_mb_;
   s.warm_pool_vcpus = pooled_vcpus_;
   s.warm_pool_memory_mb = pooled_memory_mb_;
+  s.snapshot_helpers_memory_mb = helper_memory_mb_;
   s.max_total_vcpus = config_.max_total_vcpus;
   s.max_total_memory_mb = config_.max_total_memory_mb;
   return s;

@@ -228,7 +228,8 @@ struct ManagerStats {
   size_t warm_pool_target = 0;   // what it is being filled to now, all kinds (0: no pool)
   uint32_t warm_pool_vcpus = 0;  // what the pool's guests hold of the node's capacity
   uint64_t warm_pool_memory_mb = 0;
-  bool qemu_build_stale = false;  // vmm::QemuBuildWatch: a security update waits for make images
+  uint64_t snapshot_helpers_memory_mb = 0;  // held by the QEMUs making snapshots' memory files
+  bool qemu_build_stale = false;            // vmm::QemuBuildWatch: a security update waits for make images
 };
 
 class SandboxManager {
@@ -389,6 +390,16 @@ class SandboxManager {
   // reserve()'s decision under mu_; `revoked`: how many pooled guests gave their capacity.
   Status reserveLocked(const std::shared_ptr<Live>& live, const TenantQuota& quota, PoolClaim* from_pool,
                        size_t& revoked);
+  // Under mu_, once something was counted in: takes back as many pooled guests' claims as the
+  // node needs to be within its limits again, and says how many (the pool's prune() kills the
+  // waiting ones).
+  size_t takeBackPoolCapacityLocked();
+  // The memory of the helper QEMU that makes a snapshot's memory file (sized like its sandbox;
+  // its vCPUs never run, so it holds none): counted against the node's memory (pooled guests
+  // give way) and against the tenant's, whose helpers hold at most its memory quota at once.
+  // Given back when the guard goes; else the refusal (insufficient_capacity, tenant_quota).
+  Result<std::shared_ptr<void>> reserveSnapshotHelper(const std::string& tenant, const std::string& sandbox_id,
+                                                      uint64_t memory_mb);
   void releasePoolClaim(PoolClaim& claim);
   // Under mu_: whether the claim's guest is made and waiting, and whether a create took it.
   void setPoolClaim(CapacityClaim* claim, bool ready, bool taken);
@@ -437,6 +448,9 @@ class SandboxManager {
   std::map<std::string, PendingSuspends> suspending_;  // guarded by mu_: suspends under way, per tenant
   uint32_t reserved_vcpus_ = 0;
   uint64_t reserved_memory_mb_ = 0;
+  // What snapshots' helper QEMUs hold now, on the node and per tenant.
+  uint64_t helper_memory_mb_ = 0;
+  std::map<std::string, uint64_t> tenant_helper_memory_mb_;
   // What the hot pool's guests hold (their claims' sizes), and the claims, oldest first.
   uint32_t pooled_vcpus_ = 0;
   uint64_t pooled_memory_mb_ = 0;

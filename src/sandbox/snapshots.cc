@@ -67,6 +67,10 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
       ::stat(sandbox.vm().paths().disk.c_str(), &overlay) == 0 ? static_cast<uint64_t>(overlay.st_blocks) * 512 : 0;
   auto pending = claimSnapshotPlace(request.tenant, (rec->memory_mb << 20) + disk_bytes);
   if (!pending.ok()) return pending.error();
+  // The helper QEMU of step 2 maps a memory file of the guest's size and fills it: room for it
+  // is reserved before anything is frozen, so a refusal changes nothing.
+  auto helper_room = reserveSnapshotHelper(request.tenant, sandbox.id, rec->memory_mb);
+  if (!helper_room.ok()) return helper_room.error();
   store::SnapshotRecord snap;
   snap.id = newSnapshotId();
   snap.tenant = request.tenant;
@@ -125,6 +129,7 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
     policy = current.ok() && current.value() ? *current.value() : launcher_->defaultPolicy();
   }
   control.unlock();
+  faultPoint("snapshot.sandbox_released");
   auto files = snapshot::finishSnapshot(std::move(capture.value()), take);
   if (!files.ok()) {
     layers_dirty_ = true;
@@ -209,6 +214,55 @@ Result<std::shared_ptr<void>> SandboxManager::claimSnapshotPlace(const std::stri
     --found->second.count;
     found->second.bytes -= estimate_bytes;
     if (found->second.count == 0) snapshots_pending_.erase(found);
+  });
+}
+
+Result<std::shared_ptr<void>> SandboxManager::reserveSnapshotHelper(const std::string& tenant,
+                                                                    const std::string& sandbox_id, uint64_t memory_mb) {
+  auto tenant_quota = quotaOf(tenant);
+  if (!tenant_quota.ok()) return tenant_quota.error();
+  const uint64_t quota_mb = tenant_quota->max_memory_mb;
+  size_t revoked = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return makeError(ErrorCode::kUnavailable, "spaced is shutting down", "shutting_down");
+    // A tenant's helpers, apart from its sandboxes: a tenant that uses all its memory quota in
+    // sandboxes can still snapshot them, one at a time at least.
+    auto mine = tenant_helper_memory_mb_.find(tenant);
+    const uint64_t tenant_helpers = mine == tenant_helper_memory_mb_.end() ? 0 : mine->second;
+    if (quota_mb && tenant_helpers + memory_mb > quota_mb) {
+      return makeError(ErrorCode::kResourceExhausted,
+                       "tenant " + tenant + "'s snapshots being taken hold " + std::to_string(tenant_helpers) +
+                           " MB in helper VMs, and this one needs " + std::to_string(memory_mb) +
+                           " MB more: at most its memory quota (" + std::to_string(quota_mb) +
+                           " MB) at once; retry once one is done",
+                       "tenant_quota");
+    }
+    if (reserved_memory_mb_ + helper_memory_mb_ + memory_mb > config_.max_total_memory_mb) {
+      return makeError(ErrorCode::kResourceExhausted,
+                       "not enough memory on this node for the helper VM that makes sandbox " + sandbox_id +
+                           "'s snapshot (" + std::to_string(memory_mb) + " MB, like the sandbox): " +
+                           std::to_string(config_.max_total_memory_mb - reserved_memory_mb_ - helper_memory_mb_) +
+                           " of " + std::to_string(config_.max_total_memory_mb) + " MB free",
+                       "insufficient_capacity");
+    }
+    tenant_helper_memory_mb_[tenant] += memory_mb;  // may throw: before the node's count
+    helper_memory_mb_ += memory_mb;
+    revoked = takeBackPoolCapacityLocked();
+  }
+  if (revoked > 0) {
+    spdlog::info("sandbox {}: {} guest(s) of the pool give their capacity to its snapshot's helper", sandbox_id,
+                 revoked);
+    if (pool_) pool_->prune();
+  }
+  // The deleter runs if making the guard throws, too: nothing stays counted.
+  return std::shared_ptr<void>(nullptr, [this, tenant, memory_mb](void*) {
+    std::lock_guard lock(mu_);
+    helper_memory_mb_ -= memory_mb;
+    auto found = tenant_helper_memory_mb_.find(tenant);
+    if (found == tenant_helper_memory_mb_.end()) return;
+    found->second -= memory_mb;
+    if (found->second == 0) tenant_helper_memory_mb_.erase(found);
   });
 }
 
@@ -363,7 +417,7 @@ Result<std::vector<store::SandboxRecord>> SandboxManager::branch(const CreateReq
                     "too_many_sandboxes");
     }
     if (reserved_vcpus_ + vcpus > config_.max_total_vcpus ||
-        reserved_memory_mb_ + memory_mb > config_.max_total_memory_mb) {
+        reserved_memory_mb_ + helper_memory_mb_ + memory_mb > config_.max_total_memory_mb) {
       return refuse("not enough vCPU or memory capacity free on this node", "insufficient_capacity");
     }
   }

@@ -1597,7 +1597,8 @@ TEST_F(SpacedTest, CrashAtEachStepOfCreateAndDelete) {
 // snapshot exists only if it was recorded (and then branches), and no build directory,
 // unrecorded snapshot or unreferenced layer is left.
 TEST_F(SpacedTest, CrashAtEachStepOfASnapshot) {
-  for (const char* fault : {"snapshot.disk_frozen", "snapshot.captured", "snapshot.published", "snapshot.recorded"}) {
+  for (const char* fault : {"snapshot.disk_frozen", "snapshot.captured", "snapshot.sandbox_released",
+                            "snapshot.published", "snapshot.recorded"}) {
     SCOPED_TRACE(fault);
     const bool kept = std::string(fault) == "snapshot.recorded";
     startWithFault(fault);
@@ -2150,7 +2151,8 @@ TEST_F(SpacedTest, ThePoolKeepsGuestsOfTheKindsCreatesAskFor) {
 // The pool's guests count against the node's capacity, and give it to sandboxes that need it.
 // With room for three guests of 256 MB: two waiting guests leave room for a sandbox of 512 MB
 // only once one of them gives way; a create then takes the other, and the node is full (no
-// refill, no third QEMU, a further create refused); the pool refills once a sandbox goes.
+// refill, no third QEMU, a further create refused); the pool refills once a sandbox goes, and
+// gives a snapshot's helper VM room too.
 TEST_F(SpacedTest, PooledGuestsHoldNodeCapacityAndGiveItToSandboxes) {
   daemon_ = Daemon::start(
       data_dir_, {"--warm-pool", "2", "--default-memory-mb", "256", "--default-cpus", "1", "--max-memory-mb", "768"});
@@ -2191,7 +2193,65 @@ TEST_F(SpacedTest, PooledGuestsHoldNodeCapacityAndGiveItToSandboxes) {
   deadline = Clock::now() + seconds(60);
   while (Clock::now() < deadline && !poolReady()) std::this_thread::sleep_for(milliseconds(100));
   EXPECT_TRUE(poolReady()) << metric("space_warm_pool_ready") << " ready";
+  // The node is full again (a sandbox, two guests): a snapshot's helper VM takes a guest's room.
+  daemon_->callJson("POST", "/v1/sandboxes/" + small + "/snapshots", json::object(), 201);
+  EXPECT_TRUE(waitForLog("sandbox " + small + ": 1 guest(s) of the pool give their capacity to its snapshot's helper",
+                         0, seconds(1)));
   EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + small).status, 204);
+}
+
+// The helper VM that makes a snapshot's memory file holds its sandbox's memory of the node's
+// limit while it works (held here 6 s once the sandbox is released, so that the same sandbox can
+// be snapshotted again meanwhile), and of its tenant's quota: a tenant's
+// helpers hold at most its memory quota at once, creates and snapshots that do not fit beside
+// them are refused (nothing touched), and all is given back when the snapshot is made.
+TEST_F(SpacedTest, SnapshotHelpersHoldTheirMemoryOfTheNodeAndOfTheirTenant) {
+  ::setenv("SPACE_FAULT_DELAY", "snapshot.sandbox_released@6000", 1);
+  daemon_ = Daemon::start(data_dir_, {"--max-memory-mb", "1024", "--tenant-max-memory-mb", "512"});
+  ::unsetenv("SPACE_FAULT_DELAY");
+  ASSERT_TRUE(daemon_);
+  auto& d = *daemon_;
+  auto metric = [&](const std::string& name) {
+    auto body = d.call("GET", "/metrics").body;
+    auto at = body.find("\n" + name + " ");
+    return at == std::string::npos ? -1 : std::stoi(body.substr(at + name.size() + 2));
+  };
+  const std::string bob = addTenant("bob");
+  ASSERT_FALSE(bob.empty());
+  const json small{{"cpus", 1}, {"memory_mb", 256}};
+  const std::string mine = d.create(small);
+  ASSERT_FALSE(mine.empty());
+  const std::string bobs = d.callJson("POST", "/v1/sandboxes", small, 201, bob).value("id", "");
+  ASSERT_FALSE(bobs.empty());
+  const std::string my_snaps = "/v1/sandboxes/" + mine + "/snapshots";
+  const std::string bobs_snaps = "/v1/sandboxes/" + bobs + "/snapshots";
+  // Two of mine at once: 512 MB of helpers, the tenant's quota; the node holds 1024 of 1024.
+  size_t log_from = logSize();
+  auto first = std::async(std::launch::async, [&] { return d.callJson("POST", my_snaps, json::object(), 201); });
+  ASSERT_TRUE(waitForLog("fault point reached, delaying: snapshot.sandbox_released", log_from, seconds(60)));
+  log_from = logSize();
+  auto second = std::async(std::launch::async, [&] { return d.callJson("POST", my_snaps, json::object(), 201); });
+  ASSERT_TRUE(waitForLog("fault point reached, delaying: snapshot.sandbox_released", log_from, seconds(60)));
+  EXPECT_EQ(metric("space_snapshot_helpers_memory_mb"), 512);
+  json refused = d.callJson("POST", my_snaps, json::object(), 429);
+  EXPECT_EQ(refused["error"]["code"], "tenant_quota") << refused;
+  EXPECT_NE(refused.dump().find("helper VMs"), std::string::npos) << refused;
+  // Bob is within his quota, but the node has no room beside the helpers: neither a sandbox
+  // nor a snapshot's helper (a tenant is not told what others hold).
+  refused = d.callJson("POST", "/v1/sandboxes", small, 503, bob);
+  EXPECT_EQ(refused["error"]["code"], "insufficient_capacity") << refused;
+  refused = d.callJson("POST", bobs_snaps, json::object(), 503, bob);
+  EXPECT_EQ(refused["error"]["code"], "insufficient_capacity") << refused;
+  // Refused before the sandbox was touched: it runs on, and has no snapshot.
+  EXPECT_EQ(d.callJson("POST", "/v1/sandboxes/" + bobs + "/exec", json{{"command", "echo still"}}, 200, bob)["stdout"],
+            "still\n");
+  EXPECT_EQ(d.callJson("GET", "/v1/snapshots", json(), 200, bob)["snapshots"].size(), 0u);
+  EXPECT_FALSE(first.get().value("id", "").empty());
+  EXPECT_FALSE(second.get().value("id", "").empty());
+  EXPECT_EQ(metric("space_snapshot_helpers_memory_mb"), 0);
+  // Given back: bob's second sandbox and a snapshot beside it fit (768 + 256 of 1024).
+  ASSERT_FALSE(d.callJson("POST", "/v1/sandboxes", small, 201, bob).value("id", "").empty());
+  EXPECT_FALSE(d.callJson("POST", bobs_snaps, json::object(), 201, bob).value("id", "").empty());
 }
 
 TEST_F(SpacedTest, WarmPoolVmsBecomeSandboxesAndNeverOutliveTheDaemon) {
@@ -5222,10 +5282,11 @@ TEST_F(SpacedSoakTest, RandomKillsLeaveEverySandboxUsableAndNothingBehind) {
   };
   const size_t spare_slots = 1;
   const std::vector<std::string> args = {"--on-shutdown", "keep", "--spare-slots", std::to_string(spare_slots)};
-  const std::vector<std::string> faults = {
-      "create.inserted",   "create.configured",  "create.recorded",  "delete.vm_removed",    "suspend.saved",
-      "suspend.recorded",  "resume.restored",    "resume.recorded",  "resume.state_removed", "snapshot.disk_frozen",
-      "snapshot.captured", "snapshot.published", "snapshot.recorded"};
+  const std::vector<std::string> faults = {"create.inserted",      "create.configured", "create.recorded",
+                                           "delete.vm_removed",    "suspend.saved",     "suspend.recorded",
+                                           "resume.restored",      "resume.recorded",   "resume.state_removed",
+                                           "snapshot.disk_frozen", "snapshot.captured", "snapshot.sandbox_released",
+                                           "snapshot.published",   "snapshot.recorded"};
   daemon_ = Daemon::start(data_dir_, args);
   ASSERT_TRUE(daemon_);
   // The template is built, and a snapshot taken, before anything is killed: a build cut short
