@@ -282,11 +282,18 @@ int main(int argc, char** argv) {
     }
   }
   if (auto dropped = dropPrivileges(user); !dropped.ok()) return fail(dropped.error().message);
+  // The gateway is one thread and makes no process (the filter below refuses any): a
+  // compromised one that made threads without end would use up the host's pids, and it is in no
+  // cgroup whose task limit would stop it. Its uid is its own (one per slot), so the bound is its alone.
+  constexpr rlim_t kMaxTasks = 16;
+  const rlimit tasks{kMaxTasks, kMaxTasks};
+  if (setrlimit(RLIMIT_NPROC, &tasks) != 0) return fail(errnoText("RLIMIT_NPROC"));
   // It holds its sandbox's credential values: no core dump, no ptrace by another process of its uid.
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return fail(errnoText("PR_SET_DUMPABLE"));
-  // A gateway reads guest bytes and never executes, debugs, mounts
+  // A gateway reads guest bytes and never executes, debugs, forks, mounts
   // or makes namespaces; a compromised one gets none of it (jail/seccomp_policy.h).
-  if (int rc = space::jail::denyWhatNoConfinedProcessNeeds({.no_exec = true, .no_debug = true}); rc != 0) {
+  if (int rc = space::jail::denyWhatNoConfinedProcessNeeds({.no_exec = true, .no_debug = true, .no_fork = true});
+      rc != 0) {
     return fail(std::string("cannot install the seccomp filter: ") + std::strerror(-rc));
   }
 

@@ -31,6 +31,12 @@ int denyWhatNoConfinedProcessNeeds(SeccompExtras extras) {
     refuseAll({SCMP_SYS(ptrace), SCMP_SYS(process_vm_readv), SCMP_SYS(process_vm_writev), SCMP_SYS(perf_event_open),
                SCMP_SYS(bpf), SCMP_SYS(userfaultfd)});
   }
+  if (extras.no_fork) {
+    refuseAll({SCMP_SYS(fork), SCMP_SYS(vfork)});
+    if (rc == 0) {
+      rc = seccomp_rule_add(filter, refuse, SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0));
+    }
+  }
   // One rule per flag: a rule's argument test is (flags & mask) == value, so "any of them" is
   // several rules. CLONE_NEWTIME is left out: in clone's flags its bit is part of the exit signal.
   for (const uint64_t flag :

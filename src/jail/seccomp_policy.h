@@ -12,6 +12,10 @@ struct SeccompExtras {
   // The process never debugs or profiles another: ptrace, process_vm_readv/writev,
   // perf_event_open, bpf and userfaultfd fail. QEMU's own filter decides these for QEMU.
   bool no_debug = false;
+  // The process makes threads, never another process: fork, vfork and clone without
+  // CLONE_THREAD fail. A gateway is in no cgroup that would take a child down with it, so a
+  // compromised one could otherwise leave processes running after it was stopped.
+  bool no_fork = false;
 };
 
 // Installs the filter on every thread of the process (and those they create), after

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -884,6 +885,16 @@ TEST_F(GatewayTest, RunsWithoutAnyCapability) {
   for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(gateway_->pid()) + "/task")) {
     EXPECT_NE(readFile(task.path().string() + "/status").find("\nSeccomp:\t2\n"), std::string::npos) << task.path();
   }
+  // No process of its own (the filter refuses fork) and few tasks for its uid: soft and hard
+  // RLIMIT_NPROC of 16, which a process without capabilities cannot raise.
+  const std::string limits = readFile("/proc/" + std::to_string(gateway_->pid()) + "/limits");
+  const size_t tasks_at = limits.find("Max processes");
+  ASSERT_NE(tasks_at, std::string::npos) << limits;
+  std::istringstream tasks(limits.substr(tasks_at + std::strlen("Max processes")));
+  std::string soft, hard;
+  tasks >> soft >> hard;
+  EXPECT_EQ(soft, "16");
+  EXPECT_EQ(hard, "16");
   passwd* nobody = getpwnam("nobody");
   ASSERT_NE(nobody, nullptr);
   std::string uid = std::to_string(nobody->pw_uid);

@@ -59,6 +59,18 @@ int execAndDebugRefused() {
   return errno == EPERM ? 0 : 3;
 }
 
+// Threads only: fork (glibc's goes through clone), the raw calls and clone without
+// CLONE_THREAD are refused, and a thread still starts.
+int forkRefusedThreadsKept() {
+  if (fork() != -1 || errno != EPERM) return 1;
+  if (syscall(SYS_fork) != -1 || errno != EPERM) return 2;
+  if (syscall(SYS_vfork) != -1 || errno != EPERM) return 3;
+  if (syscall(SYS_clone, SIGCHLD, nullptr, nullptr, nullptr, 0) != -1 || errno != EPERM) return 4;
+  bool ran = false;
+  std::thread([&] { ran = true; }).join();
+  return ran ? 0 : 5;
+}
+
 int execAllowed() {
   char* const argv[] = {const_cast<char*>("/bin/sh"), const_cast<char*>("-c"), const_cast<char*>("exit 42"), nullptr};
   execv("/bin/sh", argv);
@@ -70,10 +82,13 @@ TEST(SeccompPolicy, RefusesKeysNamespacesLeasesAndIoUringAndKeepsThreadsAndFork)
   EXPECT_EQ(underPolicy({.no_exec = true, .no_debug = true}, refusedEverywhere), 0);
 }
 
-// The gateway's extras: no program runs and nothing is debugged. Without them (space-jail's
-// case) an exec works, since the jail's last act is executing QEMU.
-TEST(SeccompPolicy, TheGatewaysExtrasRefuseExecAndDebugging) {
+// The gateway's extras: no program runs, nothing is debugged, no process is made. Without them
+// (space-jail's case) an exec works, since the jail's last act is executing QEMU.
+TEST(SeccompPolicy, TheGatewaysExtrasRefuseExecDebuggingAndFork) {
   EXPECT_EQ(underPolicy({.no_exec = true, .no_debug = true}, execAndDebugRefused), 0);
+  EXPECT_EQ(underPolicy({.no_fork = true}, forkRefusedThreadsKept), 0);
+  EXPECT_EQ(underPolicy({.no_exec = true, .no_debug = true, .no_fork = true}, refusedEverywhere), 7)
+      << "all as without no_fork but the fork (check 7)";
   EXPECT_EQ(underPolicy({}, execAllowed), 42);
 }
 
