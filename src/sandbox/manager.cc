@@ -669,17 +669,19 @@ Status SandboxManager::reserveLocked(const std::shared_ptr<Live>& live, const Te
   if (reserved_vcpus_ + live->cpus > config_.max_total_vcpus) {
     return makeError(ErrorCode::kResourceExhausted,
                      "not enough vCPU capacity: " + std::to_string(live->cpus) + " requested, " +
-                         std::to_string(config_.max_total_vcpus - reserved_vcpus_) + " of " +
-                         std::to_string(config_.max_total_vcpus) + " free on this node",
+                         std::to_string(config_.max_total_vcpus - std::min(config_.max_total_vcpus, reserved_vcpus_)) +
+                         " of " + std::to_string(config_.max_total_vcpus) + " free on this node",
                      "insufficient_capacity");
   }
   // Snapshots' helper QEMUs hold theirs until their snapshot is made (seconds); they never give way.
   if (reserved_memory_mb_ + helper_memory_mb_ + live->memory_mb > config_.max_total_memory_mb) {
-    return makeError(ErrorCode::kResourceExhausted,
-                     "not enough memory: " + std::to_string(live->memory_mb) + " MB requested, " +
-                         std::to_string(config_.max_total_memory_mb - reserved_memory_mb_ - helper_memory_mb_) +
-                         " of " + std::to_string(config_.max_total_memory_mb) + " MB free on this node",
-                     "insufficient_capacity");
+    return makeError(
+        ErrorCode::kResourceExhausted,
+        "not enough memory: " + std::to_string(live->memory_mb) + " MB requested, " +
+            std::to_string(config_.max_total_memory_mb -
+                           std::min(config_.max_total_memory_mb, reserved_memory_mb_ + helper_memory_mb_)) +
+            " of " + std::to_string(config_.max_total_memory_mb) + " MB free on this node",
+        "insufficient_capacity");
   }
   countIn(live);  // may throw (it allocates): before any claim moves or is taken back
   if (own) {      // the guest's capacity becomes this sandbox's: never counted twice

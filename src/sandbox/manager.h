@@ -396,7 +396,7 @@ class SandboxManager {
   size_t takeBackPoolCapacityLocked();
   // The memory of the helper QEMU that makes a snapshot's memory file (sized like its sandbox;
   // its vCPUs never run, so it holds none): counted against the node's memory (pooled guests
-  // give way) and against the tenant's, whose helpers hold at most its memory quota at once.
+  // give way) and against the tenant's: its helpers hold at most what its sandboxes hold.
   // Given back when the guard goes; else the refusal (insufficient_capacity, tenant_quota).
   Result<std::shared_ptr<void>> reserveSnapshotHelper(const std::string& tenant, const std::string& sandbox_id,
                                                       uint64_t memory_mb);

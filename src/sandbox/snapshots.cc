@@ -219,30 +219,42 @@ Result<std::shared_ptr<void>> SandboxManager::claimSnapshotPlace(const std::stri
 
 Result<std::shared_ptr<void>> SandboxManager::reserveSnapshotHelper(const std::string& tenant,
                                                                     const std::string& sandbox_id, uint64_t memory_mb) {
-  auto tenant_quota = quotaOf(tenant);
-  if (!tenant_quota.ok()) return tenant_quota.error();
-  const uint64_t quota_mb = tenant_quota->max_memory_mb;
+  // Made before anything is counted (it copies the tenant's name, which may throw); once the
+  // counts are in, only the guard's own making can throw, and then it runs the deleter.
+  auto give_back = [this, tenant, memory_mb](void*) {
+    std::lock_guard lock(mu_);
+    helper_memory_mb_ -= memory_mb;
+    auto found = tenant_helper_memory_mb_.find(tenant);
+    if (found == tenant_helper_memory_mb_.end()) return;
+    found->second -= memory_mb;
+    if (found->second == 0) tenant_helper_memory_mb_.erase(found);
+  };
   size_t revoked = 0;
   {
     std::lock_guard lock(mu_);
     if (stopping_) return makeError(ErrorCode::kUnavailable, "spaced is shutting down", "shutting_down");
-    // A tenant's helpers, apart from its sandboxes: a tenant that uses all its memory quota in
-    // sandboxes can still snapshot them, one at a time at least.
+    // A tenant's helpers hold at most what its sandboxes hold (each snapshot one helper of its
+    // sandbox's size): a snapshot of each at once, but a tenant cannot take many snapshots of
+    // one sandbox at once to hold the node's memory. Its first always fits: the sandbox being
+    // snapshotted counts in its usage.
     auto mine = tenant_helper_memory_mb_.find(tenant);
     const uint64_t tenant_helpers = mine == tenant_helper_memory_mb_.end() ? 0 : mine->second;
-    if (quota_mb && tenant_helpers + memory_mb > quota_mb) {
+    auto usage = tenant_usage_.find(tenant);
+    const uint64_t tenant_sandboxes = usage == tenant_usage_.end() ? 0 : usage->second.memory_mb;
+    if (tenant_helpers > 0 && tenant_helpers + memory_mb > tenant_sandboxes) {
       return makeError(ErrorCode::kResourceExhausted,
                        "tenant " + tenant + "'s snapshots being taken hold " + std::to_string(tenant_helpers) +
                            " MB in helper VMs, and this one needs " + std::to_string(memory_mb) +
-                           " MB more: at most its memory quota (" + std::to_string(quota_mb) +
+                           " MB more: at most what its running sandboxes hold (" + std::to_string(tenant_sandboxes) +
                            " MB) at once; retry once one is done",
                        "tenant_quota");
     }
-    if (reserved_memory_mb_ + helper_memory_mb_ + memory_mb > config_.max_total_memory_mb) {
+    const uint64_t held = reserved_memory_mb_ + helper_memory_mb_;
+    if (held + memory_mb > config_.max_total_memory_mb) {
       return makeError(ErrorCode::kResourceExhausted,
                        "not enough memory on this node for the helper VM that makes sandbox " + sandbox_id +
                            "'s snapshot (" + std::to_string(memory_mb) + " MB, like the sandbox): " +
-                           std::to_string(config_.max_total_memory_mb - reserved_memory_mb_ - helper_memory_mb_) +
+                           std::to_string(config_.max_total_memory_mb > held ? config_.max_total_memory_mb - held : 0) +
                            " of " + std::to_string(config_.max_total_memory_mb) + " MB free",
                        "insufficient_capacity");
     }
@@ -250,20 +262,13 @@ Result<std::shared_ptr<void>> SandboxManager::reserveSnapshotHelper(const std::s
     helper_memory_mb_ += memory_mb;
     revoked = takeBackPoolCapacityLocked();
   }
+  std::shared_ptr<void> guard(nullptr, std::move(give_back));
   if (revoked > 0) {
     spdlog::info("sandbox {}: {} guest(s) of the pool give their capacity to its snapshot's helper", sandbox_id,
                  revoked);
     if (pool_) pool_->prune();
   }
-  // The deleter runs if making the guard throws, too: nothing stays counted.
-  return std::shared_ptr<void>(nullptr, [this, tenant, memory_mb](void*) {
-    std::lock_guard lock(mu_);
-    helper_memory_mb_ -= memory_mb;
-    auto found = tenant_helper_memory_mb_.find(tenant);
-    if (found == tenant_helper_memory_mb_.end()) return;
-    found->second -= memory_mb;
-    if (found->second == 0) tenant_helper_memory_mb_.erase(found);
-  });
+  return guard;
 }
 
 std::function<bool(const std::string&)> SandboxManager::nodeDisk() const {
