@@ -31,6 +31,7 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "gateway/gateway.h"
+#include "jail/landlock.h"
 #include "jail/seccomp_policy.h"
 #include "net/addressing.h"
 
@@ -281,6 +282,20 @@ int main(int argc, char** argv) {
       setrlimit(RLIMIT_NOFILE, &nofile);
     }
   }
+  // What it opens once serving: its own directory (policy, audit log and its rotation), its
+  // credentials file, and the trust store and the libraries' files (OpenSSL reads certificates
+  // from /etc/ssl/certs as it verifies). The directories are opened now, while root reaches
+  // them (spaced's data dir is closed to --user), and bind once privileges are gone.
+  std::vector<space::jail::FsRule> reachable = {{work_dir.string(), true}, {"/etc", false}, {"/usr", false}};
+  if (!credentials_path.empty()) {
+    const std::filesystem::path credentials_dir = std::filesystem::absolute(credentials_path).parent_path();
+    std::error_code ec;
+    if (credentials_dir != work_dir && std::filesystem::is_directory(credentials_dir, ec)) {
+      reachable.push_back({credentials_dir.string(), false});
+    }
+  }
+  auto confinement = space::jail::FsConfinement::prepare(reachable);
+  if (!confinement.ok()) return fail(confinement.error().message);
   if (auto dropped = dropPrivileges(user); !dropped.ok()) return fail(dropped.error().message);
   // The gateway is one thread and makes no process (the filter below refuses any): a
   // compromised one that made threads without end would use up the host's pids, and it is in no
@@ -290,6 +305,14 @@ int main(int argc, char** argv) {
   if (setrlimit(RLIMIT_NPROC, &tasks) != 0) return fail(errnoText("RLIMIT_NPROC"));
   // It holds its sandbox's credential values: no core dump, no ptrace by another process of its uid.
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return fail(errnoText("PR_SET_DUMPABLE"));
+  // One thread so far: the confinement holds for the whole process.
+  if (auto confined = confinement->apply(); !confined.ok()) return fail(confined.error().message);
+  if (confinement->abi() > 0) {
+    spdlog::info("space-gateway: files confined to {} (read-write), {}/etc and /usr (read) by Landlock ABI {}",
+                 work_dir.string(), reachable.size() > 3 ? reachable.back().dir + ", " : "", confinement->abi());
+  } else {
+    spdlog::warn("space-gateway: files not confined: this kernel has no Landlock (Linux 5.13+, lsm=landlock)");
+  }
   // A gateway reads guest bytes and never executes, debugs, forks, mounts
   // or makes namespaces; a compromised one gets none of it (jail/seccomp_policy.h).
   if (int rc = space::jail::denyWhatNoConfinedProcessNeeds({.no_exec = true, .no_debug = true, .no_fork = true});

@@ -895,6 +895,9 @@ TEST_F(GatewayTest, RunsWithoutAnyCapability) {
   tasks >> soft >> hard;
   EXPECT_EQ(soft, "16");
   EXPECT_EQ(hard, "16");
+  // Its files confined to its own directory (jail/landlock.h, FsConfinementTest.*).
+  EXPECT_NE(readFile(dir_ + "/gateway.log").find("files confined to " + dir_ + " (read-write)"), std::string::npos)
+      << readFile(dir_ + "/gateway.log");
   passwd* nobody = getpwnam("nobody");
   ASSERT_NE(nobody, nullptr);
   std::string uid = std::to_string(nobody->pw_uid);
