@@ -303,6 +303,13 @@ int main(int argc, char** argv) {
   constexpr rlim_t kMaxTasks = 16;
   const rlimit tasks{kMaxTasks, kMaxTasks};
   if (setrlimit(RLIMIT_NPROC, &tasks) != 0) return fail(errnoText("RLIMIT_NPROC"));
+  // Nor is its memory in a cgroup: its address space is bounded instead (measured: 15 MB idle,
+  // 50 MB with 250 connections open, about 140 KB each), with room for every connection to
+  // take several times that. Memory outside the address space (memfd, System V) is refused by
+  // the filter below; its own directory is what it can still fill.
+  const rlim_t address_space = (rlim_t{64} << 20) + static_cast<rlim_t>(max_connections) * (rlim_t{1} << 20);
+  const rlimit memory{address_space, address_space};
+  if (setrlimit(RLIMIT_AS, &memory) != 0) return fail(errnoText("RLIMIT_AS"));
   // It holds its sandbox's credential values: no core dump, no ptrace by another process of its uid.
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return fail(errnoText("PR_SET_DUMPABLE"));
   // One thread so far: the confinement holds for the whole process.
@@ -313,9 +320,10 @@ int main(int argc, char** argv) {
   } else {
     spdlog::warn("space-gateway: files not confined: this kernel has no Landlock (Linux 5.13+, lsm=landlock)");
   }
-  // A gateway reads guest bytes and never executes, debugs, forks, mounts
+  // A gateway reads guest bytes and never executes, debugs, forks, shares memory, mounts
   // or makes namespaces; a compromised one gets none of it (jail/seccomp_policy.h).
-  if (int rc = space::jail::denyWhatNoConfinedProcessNeeds({.no_exec = true, .no_debug = true, .no_fork = true});
+  if (int rc = space::jail::denyWhatNoConfinedProcessNeeds(
+          {.no_exec = true, .no_debug = true, .no_fork = true, .no_shared_memory = true});
       rc != 0) {
     return fail(std::string("cannot install the seccomp filter: ") + std::strerror(-rc));
   }

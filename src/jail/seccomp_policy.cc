@@ -37,6 +37,9 @@ int denyWhatNoConfinedProcessNeeds(SeccompExtras extras) {
       rc = seccomp_rule_add(filter, refuse, SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0));
     }
   }
+  if (extras.no_shared_memory) {
+    refuseAll({SCMP_SYS(memfd_create), SCMP_SYS(memfd_secret), SCMP_SYS(shmget), SCMP_SYS(msgget)});
+  }
   // One rule per flag: a rule's argument test is (flags & mask) == value, so "any of them" is
   // several rules. CLONE_NEWTIME is left out: in clone's flags its bit is part of the exit signal.
   for (const uint64_t flag :

@@ -16,6 +16,9 @@ struct SeccompExtras {
   // CLONE_THREAD fail. A gateway is in no cgroup that would take a child down with it, so a
   // compromised one could otherwise leave processes running after it was stopped.
   bool no_fork = false;
+  // The process keeps its memory in its own address space: memfd_create, memfd_secret, shmget
+  // and msgget fail. Their pages are outside RLIMIT_AS (a gateway's bound, in no memory cgroup).
+  bool no_shared_memory = false;
 };
 
 // Installs the filter on every thread of the process (and those they create), after

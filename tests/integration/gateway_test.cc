@@ -886,7 +886,8 @@ TEST_F(GatewayTest, RunsWithoutAnyCapability) {
     EXPECT_NE(readFile(task.path().string() + "/status").find("\nSeccomp:\t2\n"), std::string::npos) << task.path();
   }
   // No process of its own (the filter refuses fork) and few tasks for its uid: soft and hard
-  // RLIMIT_NPROC of 16, which a process without capabilities cannot raise.
+  // RLIMIT_NPROC of 16, which a process without capabilities cannot raise; likewise its
+  // address space.
   const std::string limits = readFile("/proc/" + std::to_string(gateway_->pid()) + "/limits");
   const size_t tasks_at = limits.find("Max processes");
   ASSERT_NE(tasks_at, std::string::npos) << limits;
@@ -895,6 +896,13 @@ TEST_F(GatewayTest, RunsWithoutAnyCapability) {
   tasks >> soft >> hard;
   EXPECT_EQ(soft, "16");
   EXPECT_EQ(hard, "16");
+  // Its memory: 64 MiB and 1 MiB for each of its (default) 256 connections.
+  const size_t space_at = limits.find("Max address space");
+  ASSERT_NE(space_at, std::string::npos) << limits;
+  std::istringstream space(limits.substr(space_at + std::strlen("Max address space")));
+  space >> soft >> hard;
+  EXPECT_EQ(soft, std::to_string(320u << 20));
+  EXPECT_EQ(hard, std::to_string(320u << 20));
   // Its files confined to its own directory (jail/landlock.h, FsConfinementTest.*).
   EXPECT_NE(readFile(dir_ + "/gateway.log").find("files confined to " + dir_ + " (read-write)"), std::string::npos)
       << readFile(dir_ + "/gateway.log");

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/ipc.h>
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
 #include <sys/syscall.h>
@@ -71,6 +72,13 @@ int forkRefusedThreadsKept() {
   return ran ? 0 : 5;
 }
 
+int sharedMemoryRefused() {
+  if (syscall(SYS_memfd_create, "x", 0) != -1 || errno != EPERM) return 1;
+  if (syscall(SYS_shmget, IPC_PRIVATE, 4096, IPC_CREAT | 0600) != -1 || errno != EPERM) return 2;
+  if (syscall(SYS_msgget, IPC_PRIVATE, IPC_CREAT | 0600) != -1 || errno != EPERM) return 3;
+  return 0;
+}
+
 int execAllowed() {
   char* const argv[] = {const_cast<char*>("/bin/sh"), const_cast<char*>("-c"), const_cast<char*>("exit 42"), nullptr};
   execv("/bin/sh", argv);
@@ -82,11 +90,13 @@ TEST(SeccompPolicy, RefusesKeysNamespacesLeasesAndIoUringAndKeepsThreadsAndFork)
   EXPECT_EQ(underPolicy({.no_exec = true, .no_debug = true}, refusedEverywhere), 0);
 }
 
-// The gateway's extras: no program runs, nothing is debugged, no process is made. Without them
+// The gateway's extras: no program runs, nothing is debugged, no process is made, no memory
+// outside its address space. Without them
 // (space-jail's case) an exec works, since the jail's last act is executing QEMU.
-TEST(SeccompPolicy, TheGatewaysExtrasRefuseExecDebuggingAndFork) {
+TEST(SeccompPolicy, TheGatewaysExtrasRefuseExecDebuggingForkAndSharedMemory) {
   EXPECT_EQ(underPolicy({.no_exec = true, .no_debug = true}, execAndDebugRefused), 0);
   EXPECT_EQ(underPolicy({.no_fork = true}, forkRefusedThreadsKept), 0);
+  EXPECT_EQ(underPolicy({.no_shared_memory = true}, sharedMemoryRefused), 0);
   EXPECT_EQ(underPolicy({.no_exec = true, .no_debug = true, .no_fork = true}, refusedEverywhere), 7)
       << "all as without no_fork but the fork (check 7)";
   EXPECT_EQ(underPolicy({}, execAllowed), 42);
