@@ -832,6 +832,35 @@ TEST_F(GatewayTest, MaxConnectionsResetsTheExcessAndRecovers) {
   EXPECT_TRUE(recovered);
 }
 
+// Its address space is bounded (RLIMIT_AS: 64 MiB + 1 MiB per connection), and the bound
+// leaves room for its whole maximum of relayed connections: each of 256 gets the server's
+// banner. The peak is printed for bench/RESULTS.md.
+TEST_F(GatewayTest, ItsMaximumOfConnectionsFitsItsAddressSpace) {
+  writePolicy(Json{{"egress", "allow"}});
+  startGateway();  // the default: 256 connections
+  auto statusField = [&](const std::string& name) {
+    const std::string status = readFile("/proc/" + std::to_string(gateway_->pid()) + "/status");
+    const size_t at = status.find("\n" + name + ":");
+    return at == std::string::npos ? std::string() : status.substr(at + 1, status.find('\n', at + 1) - at - 1);
+  };
+  const std::string idle = statusField("VmPeak");
+  // All opened first: the gateway waits a quiet window on each before the server speaks.
+  std::vector<UniqueFd> held;
+  for (int i = 0; i < 256; ++i) {
+    held.push_back(guestConnect(FakeInternet::kAllowedIp, FakeInternet::kBannerPort));
+    ASSERT_TRUE(held.back().valid()) << i;
+  }
+  for (size_t i = 0; i < held.size(); ++i) {
+    std::string banner(strlen(FakeInternet::kBanner), '\0');
+    timeval limit{10, 0};
+    setsockopt(held[i].get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    ASSERT_EQ(recv(held[i].get(), banner.data(), banner.size(), MSG_WAITALL), static_cast<ssize_t>(banner.size())) << i;
+  }
+  std::cout << "gateway, idle: " << idle << "; with 256 connections: " << statusField("VmPeak") << ", "
+            << statusField("VmHWM") << std::endl;
+  EXPECT_TRUE(gateway_->tryWait() == std::nullopt) << "the gateway exited: " << readFile(dir_ + "/gateway.log");
+}
+
 TEST_F(GatewayTest, BandwidthIsLimited) {
   writePolicy(Json{{"egress", "allow"}});
   startGateway({"--max-bytes-per-s", "1000000"});

@@ -240,6 +240,7 @@ class Echo(socketserver.BaseRequestHandler):
 class Tcp(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 512  # a burst of connections through a gateway (the default is 5)
 
 class UdpEcho(socketserver.BaseRequestHandler):
     def handle(self):
