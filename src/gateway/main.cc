@@ -297,10 +297,11 @@ int main(int argc, char** argv) {
   auto confinement = space::jail::FsConfinement::prepare(reachable);
   if (!confinement.ok()) return fail(confinement.error().message);
   if (auto dropped = dropPrivileges(user); !dropped.ok()) return fail(dropped.error().message);
-  // The gateway is one thread and makes no process (the filter below refuses any): a
-  // compromised one that made threads without end would use up the host's pids, and it is in no
-  // cgroup whose task limit would stop it. Its uid is its own (one per slot), so the bound is its alone.
-  constexpr rlim_t kMaxTasks = 16;
+  // The gateway is one thread and makes no process (the filter below refuses any), and it is in
+  // no cgroup whose task or CPU limit would stop a compromised one that made threads: one that
+  // made them without end would use up the host's pids, and each could spin a core. So its uid
+  // (its own, one per slot) holds one task: a new thread fails (EAGAIN), and it uses one core.
+  constexpr rlim_t kMaxTasks = 1;
   const rlimit tasks{kMaxTasks, kMaxTasks};
   if (setrlimit(RLIMIT_NPROC, &tasks) != 0) return fail(errnoText("RLIMIT_NPROC"));
   // Nor is its memory in a cgroup: its address space is bounded instead (measured: 15 MB idle,

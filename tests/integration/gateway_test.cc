@@ -914,17 +914,17 @@ TEST_F(GatewayTest, RunsWithoutAnyCapability) {
   for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(gateway_->pid()) + "/task")) {
     EXPECT_NE(readFile(task.path().string() + "/status").find("\nSeccomp:\t2\n"), std::string::npos) << task.path();
   }
-  // No process of its own (the filter refuses fork) and few tasks for its uid: soft and hard
-  // RLIMIT_NPROC of 16, which a process without capabilities cannot raise; likewise its
-  // address space.
+  // No process of its own (the filter refuses fork) and one task for its uid: soft and hard
+  // RLIMIT_NPROC of 1 (no thread either), which a process without capabilities cannot raise;
+  // likewise its address space.
   const std::string limits = readFile("/proc/" + std::to_string(gateway_->pid()) + "/limits");
   const size_t tasks_at = limits.find("Max processes");
   ASSERT_NE(tasks_at, std::string::npos) << limits;
   std::istringstream tasks(limits.substr(tasks_at + std::strlen("Max processes")));
   std::string soft, hard;
   tasks >> soft >> hard;
-  EXPECT_EQ(soft, "16");
-  EXPECT_EQ(hard, "16");
+  EXPECT_EQ(soft, "1");
+  EXPECT_EQ(hard, "1");
   // Its memory: 64 MiB and 1 MiB for each of its (default) 256 connections.
   const size_t space_at = limits.find("Max address space");
   ASSERT_NE(space_at, std::string::npos) << limits;
