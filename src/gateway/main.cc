@@ -283,13 +283,20 @@ int main(int argc, char** argv) {
     }
   }
   // What it opens once serving: its own directory (policy, audit log and its rotation), its
-  // credentials file, and the trust store and the libraries' files (OpenSSL reads certificates
-  // from /etc/ssl/certs as it verifies). The directories are opened now, while root reaches
-  // them (spaced's data dir is closed to --user), and bind once privileges are gone.
-  std::vector<space::jail::FsRule> reachable = {{work_dir.string(), true}, {"/etc", false}, {"/usr", false}};
+  // credentials file, and the trust store and the libraries' files: OpenSSL reads its
+  // configuration and the certificates as it verifies (Debian's /usr/lib/ssl links into
+  // /etc/ssl, whose links lead into /usr/share/ca-certificates). Nothing else of /etc: a host's
+  // world-readable configuration is not the gateway's to read. The directories are opened now,
+  // while root reaches them (spaced's data dir is closed to --user), and bind once privileges
+  // are gone.
+  std::vector<space::jail::FsRule> reachable = {{work_dir.string(), true}, {"/usr", false}};
+  std::error_code ec;
+  if (std::filesystem::is_directory("/etc/ssl", ec)) reachable.push_back({"/etc/ssl", false});
+  if (const auto audit_dir = std::filesystem::absolute(audit_path).parent_path(); audit_dir != work_dir) {
+    reachable.push_back({audit_dir.string(), true});  // its rotation renames and makes files there
+  }
   if (!credentials_path.empty()) {
     const std::filesystem::path credentials_dir = std::filesystem::absolute(credentials_path).parent_path();
-    std::error_code ec;
     if (credentials_dir != work_dir && std::filesystem::is_directory(credentials_dir, ec)) {
       reachable.push_back({credentials_dir.string(), false});
     }
@@ -313,18 +320,27 @@ int main(int argc, char** argv) {
   if (setrlimit(RLIMIT_AS, &memory) != 0) return fail(errnoText("RLIMIT_AS"));
   // It holds its sandbox's credential values: no core dump, no ptrace by another process of its uid.
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return fail(errnoText("PR_SET_DUMPABLE"));
-  // One thread so far: the confinement holds for the whole process.
+  // Landlock binds the calling thread (and those it starts) only: checked, not assumed, to be
+  // the process's one thread.
+  if (auto tasks = std::distance(std::filesystem::directory_iterator("/proc/self/task", ec),
+                                 std::filesystem::directory_iterator());
+      ec || tasks != 1) {
+    return fail("cannot confine the gateway's files: it runs " + std::to_string(tasks) + " threads");
+  }
   if (auto confined = confinement->apply(); !confined.ok()) return fail(confined.error().message);
   if (confinement->abi() > 0) {
-    spdlog::info("space-gateway: files confined to {} (read-write), {}/etc and /usr (read) by Landlock ABI {}",
-                 work_dir.string(), reachable.size() > 3 ? reachable.back().dir + ", " : "", confinement->abi());
+    std::string dirs;
+    for (const auto& rule : reachable) {
+      dirs += (dirs.empty() ? "" : ", ") + rule.dir + (rule.write ? " (read-write)" : " (read)");
+    }
+    spdlog::info("space-gateway: files confined to {} by Landlock ABI {}", dirs, confinement->abi());
   } else {
     spdlog::warn("space-gateway: files not confined: this kernel has no Landlock (Linux 5.13+, lsm=landlock)");
   }
-  // A gateway reads guest bytes and never executes, debugs, forks, shares memory, mounts
+  // A gateway reads guest bytes and never executes, debugs, forks, shares memory, listens, mounts
   // or makes namespaces; a compromised one gets none of it (jail/seccomp_policy.h).
   if (int rc = space::jail::denyWhatNoConfinedProcessNeeds(
-          {.no_exec = true, .no_debug = true, .no_fork = true, .no_shared_memory = true});
+          {.no_exec = true, .no_debug = true, .no_fork = true, .no_shared_memory = true, .no_listen = true});
       rc != 0) {
     return fail(std::string("cannot install the seccomp filter: ") + std::strerror(-rc));
   }

@@ -38,8 +38,10 @@ int denyWhatNoConfinedProcessNeeds(SeccompExtras extras) {
     }
   }
   if (extras.no_shared_memory) {
-    refuseAll({SCMP_SYS(memfd_create), SCMP_SYS(memfd_secret), SCMP_SYS(shmget), SCMP_SYS(msgget)});
+    refuseAll({SCMP_SYS(memfd_create), SCMP_SYS(memfd_secret), SCMP_SYS(shmget), SCMP_SYS(msgget), SCMP_SYS(semget),
+               SCMP_SYS(mq_open)});
   }
+  if (extras.no_listen) refuseAll({SCMP_SYS(listen)});
   // One rule per flag: a rule's argument test is (flags & mask) == value, so "any of them" is
   // several rules. CLONE_NEWTIME is left out: in clone's flags its bit is part of the exit signal.
   for (const uint64_t flag :

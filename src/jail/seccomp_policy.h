@@ -16,9 +16,16 @@ struct SeccompExtras {
   // CLONE_THREAD fail. A gateway is in no cgroup that would take a child down with it, so a
   // compromised one could otherwise leave processes running after it was stopped.
   bool no_fork = false;
-  // The process keeps its memory in its own address space: memfd_create, memfd_secret, shmget
-  // and msgget fail. Their pages are outside RLIMIT_AS (a gateway's bound, in no memory cgroup).
+  // The process keeps its memory in its own address space and leaves nothing behind it: memfd_create,
+  // memfd_secret, shmget, msgget, semget and mq_open fail. Their pages are outside RLIMIT_AS (a
+  // gateway's bound, in no memory cgroup), and System V and POSIX IPC objects outlive the
+  // process, where the next sandbox of its slot (the same uid) would find them.
   bool no_shared_memory = false;
+  // The process accepts connections only on the sockets it was given: listen fails (a compromised
+  // gateway opens no TCP port in the host's network namespace, where it makes its upstream
+  // sockets). bind stays: listing addresses (getifaddrs) binds a netlink socket, and a filter
+  // cannot read the address bind is given, so a UDP port can still be bound.
+  bool no_listen = false;
 };
 
 // Installs the filter on every thread of the process (and those they create), after

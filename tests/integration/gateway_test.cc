@@ -933,7 +933,8 @@ TEST_F(GatewayTest, RunsWithoutAnyCapability) {
   EXPECT_EQ(soft, std::to_string(320u << 20));
   EXPECT_EQ(hard, std::to_string(320u << 20));
   // Its files confined to its own directory (jail/landlock.h, FsConfinementTest.*).
-  EXPECT_NE(readFile(dir_ + "/gateway.log").find("files confined to " + dir_ + " (read-write)"), std::string::npos)
+  EXPECT_NE(readFile(dir_ + "/gateway.log").find("files confined to " + dir_ + " (read-write), /usr (read)"),
+            std::string::npos)
       << readFile(dir_ + "/gateway.log");
   passwd* nobody = getpwnam("nobody");
   ASSERT_NE(nobody, nullptr);

@@ -1,11 +1,14 @@
 // The seccomp policy of the processes that face a guest, applied in a child process: what it
 // refuses fails with the answer the policy names, and what such a process needs still works.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <sys/ipc.h>
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -76,6 +79,23 @@ int sharedMemoryRefused() {
   if (syscall(SYS_memfd_create, "x", 0) != -1 || errno != EPERM) return 1;
   if (syscall(SYS_shmget, IPC_PRIVATE, 4096, IPC_CREAT | 0600) != -1 || errno != EPERM) return 2;
   if (syscall(SYS_msgget, IPC_PRIVATE, IPC_CREAT | 0600) != -1 || errno != EPERM) return 3;
+  if (syscall(SYS_semget, IPC_PRIVATE, 1, IPC_CREAT | 0600) != -1 || errno != EPERM) return 4;
+  if (syscall(SYS_mq_open, "space-test", O_RDWR | O_CREAT, 0600, nullptr) != -1 || errno != EPERM) return 5;
+  return 0;
+}
+
+// No new TCP port: listen is refused, bound or not; a socket still sends.
+int listenRefused() {
+  int tcp = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listen(tcp, 1) != -1 || errno != EPERM) return 1;
+  sockaddr_in loopback{};
+  loopback.sin_family = AF_INET;
+  loopback.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(tcp, reinterpret_cast<sockaddr*>(&loopback), sizeof loopback) != 0) return 2;
+  if (listen(tcp, 1) != -1 || errno != EPERM) return 3;
+  int udp = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  loopback.sin_port = htons(9);
+  if (sendto(udp, "x", 1, 0, reinterpret_cast<sockaddr*>(&loopback), sizeof loopback) != 1) return 4;
   return 0;
 }
 
@@ -93,10 +113,11 @@ TEST(SeccompPolicy, RefusesKeysNamespacesLeasesAndIoUringAndKeepsThreadsAndFork)
 // The gateway's extras: no program runs, nothing is debugged, no process is made, no memory
 // outside its address space. Without them
 // (space-jail's case) an exec works, since the jail's last act is executing QEMU.
-TEST(SeccompPolicy, TheGatewaysExtrasRefuseExecDebuggingForkAndSharedMemory) {
+TEST(SeccompPolicy, TheGatewaysExtrasRefuseExecDebuggingForkSharedMemoryAndListeners) {
   EXPECT_EQ(underPolicy({.no_exec = true, .no_debug = true}, execAndDebugRefused), 0);
   EXPECT_EQ(underPolicy({.no_fork = true}, forkRefusedThreadsKept), 0);
   EXPECT_EQ(underPolicy({.no_shared_memory = true}, sharedMemoryRefused), 0);
+  EXPECT_EQ(underPolicy({.no_listen = true}, listenRefused), 0);
   EXPECT_EQ(underPolicy({.no_exec = true, .no_debug = true, .no_fork = true}, refusedEverywhere), 7)
       << "all as without no_fork but the fork (check 7)";
   EXPECT_EQ(underPolicy({}, execAllowed), 42);
