@@ -2,8 +2,6 @@
 
 #include <fcntl.h>
 #include <linux/landlock.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 

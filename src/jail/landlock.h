@@ -1,6 +1,6 @@
-// Filesystem confinement of a process by itself, with Landlock (Linux 5.13 and later): after
-// an FsConfinement is applied the process opens nothing outside the directories it names, whatever its
-// uid may open. The network gateway uses it: its uid may create files in every world-writable
+// Filesystem confinement of a process by itself, with Landlock (Linux 5.13 and later): once an
+// FsConfinement is applied, the process opens nothing outside the directories it names,
+// whatever its uid may open. The network gateway uses it: its uid may create files in every world-writable
 // directory of the host (/tmp, /dev/shm), and read every world-readable file, which a
 // compromised gateway would use to fill the host's disks and memory or to learn about it.
 // Descriptors opened before stay usable. Landlock is the kernel's own interface for this and
@@ -26,7 +26,8 @@ class FsConfinement {
  public:
   // Only directories (and what lies beneath them) that a rule names can be opened once it is
   // applied, and only for what the rule allows: no program can be executed and no device,
-  // FIFO, socket file, link or directory made anywhere. abi() is 0 if the kernel has no
+  // FIFO, socket file, symbolic link or directory made anywhere (a hard link, as a regular
+  // file, within a writable directory only). abi() is 0 if the kernel has no
   // Landlock (then apply() confines nothing: the caller decides whether that is acceptable).
   // An error if a rule's directory cannot be opened or the kernel refuses the ruleset.
   static Result<FsConfinement> prepare(const std::vector<FsRule>& rules);

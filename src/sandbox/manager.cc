@@ -585,7 +585,7 @@ Result<std::unique_ptr<CapacityClaim>> SandboxManager::claimForPool(const PoolKe
   std::lock_guard lock(mu_);
   if (stopping_) return makeError(ErrorCode::kUnavailable, "spaced is shutting down", "shutting_down");
   if (reserved_vcpus_ + pooled_vcpus_ + key.cpus > config_.max_total_vcpus ||
-      reserved_memory_mb_ + helper_memory_mb_ + pooled_memory_mb_ + key.memory_mb > config_.max_total_memory_mb) {
+      memoryHeldLocked() + pooled_memory_mb_ + key.memory_mb > config_.max_total_memory_mb) {
     return makeError(
         ErrorCode::kResourceExhausted,
         "sandboxes hold " + std::to_string(reserved_vcpus_) + " vCPUs and " + std::to_string(reserved_memory_mb_) +
@@ -674,12 +674,11 @@ Status SandboxManager::reserveLocked(const std::shared_ptr<Live>& live, const Te
                      "insufficient_capacity");
   }
   // Snapshots' helper QEMUs hold theirs until their snapshot is made (seconds); they never give way.
-  if (reserved_memory_mb_ + helper_memory_mb_ + live->memory_mb > config_.max_total_memory_mb) {
+  if (memoryHeldLocked() + live->memory_mb > config_.max_total_memory_mb) {
     return makeError(
         ErrorCode::kResourceExhausted,
         "not enough memory: " + std::to_string(live->memory_mb) + " MB requested, " +
-            std::to_string(config_.max_total_memory_mb -
-                           std::min(config_.max_total_memory_mb, reserved_memory_mb_ + helper_memory_mb_)) +
+            std::to_string(config_.max_total_memory_mb - std::min(config_.max_total_memory_mb, memoryHeldLocked())) +
             " of " + std::to_string(config_.max_total_memory_mb) + " MB free on this node",
         "insufficient_capacity");
   }
@@ -702,7 +701,7 @@ size_t SandboxManager::takeBackPoolCapacityLocked() {
   // taken (each such create then reserves afresh, as if it had found no guest).
   auto over = [&] {
     return reserved_vcpus_ + pooled_vcpus_ > config_.max_total_vcpus ||
-           reserved_memory_mb_ + helper_memory_mb_ + pooled_memory_mb_ > config_.max_total_memory_mb;
+           memoryHeldLocked() + pooled_memory_mb_ > config_.max_total_memory_mb;
   };
   auto rank = [](const PoolClaim& claim) { return claim.taken ? 2 : claim.ready ? 0 : 1; };
   size_t revoked = 0;

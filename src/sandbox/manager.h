@@ -450,6 +450,9 @@ class SandboxManager {
   uint64_t reserved_memory_mb_ = 0;
   // What snapshots' helper QEMUs hold now, on the node and per tenant.
   uint64_t helper_memory_mb_ = 0;
+  // Under mu_: the node's memory that nothing gives back on demand (sandboxes and helpers);
+  // pooled guests' comes on top and gives way.
+  uint64_t memoryHeldLocked() const { return reserved_memory_mb_ + helper_memory_mb_; }
   std::map<std::string, uint64_t> tenant_helper_memory_mb_;
   // What the hot pool's guests hold (their claims' sizes), and the claims, oldest first.
   uint32_t pooled_vcpus_ = 0;

@@ -249,7 +249,7 @@ Result<std::shared_ptr<void>> SandboxManager::reserveSnapshotHelper(const std::s
                            " MB) at once; retry once one is done",
                        "tenant_quota");
     }
-    const uint64_t held = reserved_memory_mb_ + helper_memory_mb_;
+    const uint64_t held = memoryHeldLocked();
     if (held + memory_mb > config_.max_total_memory_mb) {
       return makeError(ErrorCode::kResourceExhausted,
                        "not enough memory on this node for the helper VM that makes sandbox " + sandbox_id +
@@ -422,7 +422,7 @@ Result<std::vector<store::SandboxRecord>> SandboxManager::branch(const CreateReq
                     "too_many_sandboxes");
     }
     if (reserved_vcpus_ + vcpus > config_.max_total_vcpus ||
-        reserved_memory_mb_ + helper_memory_mb_ + memory_mb > config_.max_total_memory_mb) {
+        memoryHeldLocked() + memory_mb > config_.max_total_memory_mb) {
       return refuse("not enough vCPU or memory capacity free on this node", "insufficient_capacity");
     }
   }

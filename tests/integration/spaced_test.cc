@@ -360,6 +360,12 @@ class SpacedTest : public testing::Test {
     }
     return false;
   }
+  // A gauge without labels from the daemon's /metrics, or -1 when it is missing.
+  int metric(const std::string& name) const {
+    auto body = daemon_->call("GET", "/metrics").body;
+    auto at = body.find("\n" + name + " ");
+    return at == std::string::npos ? -1 : std::stoi(body.substr(at + name.size() + 2));
+  }
   size_t logSize() const {
     std::error_code ec;
     auto size = std::filesystem::file_size(logPath(), ec);
@@ -2108,11 +2114,6 @@ TEST_F(SpacedTest, ThePoolKeepsGuestsOfTheKindsCreatesAskFor) {
   daemon_ = Daemon::start(data_dir_, {"--warm-pool", "1", "--warm-pool-budget-mb", "896", "--default-memory-mb", "256",
                                       "--default-cpus", "1"});
   ASSERT_TRUE(daemon_);
-  auto metric = [&](const std::string& name) {
-    auto body = daemon_->call("GET", "/metrics").body;
-    auto at = body.find("\n" + name + " ");
-    return at == std::string::npos ? -1 : std::stoi(body.substr(at + name.size() + 2));
-  };
   auto waitForPool = [&](int target) {
     auto deadline = Clock::now() + seconds(120);
     while (Clock::now() < deadline &&
@@ -2157,11 +2158,6 @@ TEST_F(SpacedTest, PooledGuestsHoldNodeCapacityAndGiveItToSandboxes) {
   daemon_ = Daemon::start(
       data_dir_, {"--warm-pool", "2", "--default-memory-mb", "256", "--default-cpus", "1", "--max-memory-mb", "768"});
   ASSERT_TRUE(daemon_);
-  auto metric = [&](const std::string& name) {
-    auto body = daemon_->call("GET", "/metrics").body;
-    auto at = body.find("\n" + name + " ");
-    return at == std::string::npos ? -1 : std::stoi(body.substr(at + name.size() + 2));
-  };
   auto poolReady = [&] {
     return metric("space_warm_pool_target") == 2 && metric("space_warm_pool_ready") == 2 &&
            metric("space_warm_pool_memory_mb") == 512;
@@ -2211,11 +2207,6 @@ TEST_F(SpacedTest, SnapshotHelpersHoldTheirMemoryOfTheNodeAndOfTheirTenant) {
   ::unsetenv("SPACE_FAULT_DELAY");
   ASSERT_TRUE(daemon_);
   auto& d = *daemon_;
-  auto metric = [&](const std::string& name) {
-    auto body = d.call("GET", "/metrics").body;
-    auto at = body.find("\n" + name + " ");
-    return at == std::string::npos ? -1 : std::stoi(body.substr(at + name.size() + 2));
-  };
   const std::string bob = addTenant("bob");
   ASSERT_FALSE(bob.empty());
   const json small{{"cpus", 1}, {"memory_mb", 256}};
