@@ -536,6 +536,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--gateway-binary", network_options.gateway_binary,
                  "the space-gateway program (default: next to spaced)");
+  bool require_gateway_confinement = false;
+  app.add_flag("--require-gateway-confinement", require_gateway_confinement,
+               "refuse to start unless a gateway is refused everything a compromised one would try "
+               "(no Landlock in this kernel, for one, leaves its files open to it); spaced checks this at start "
+               "either way, and says what it found");
   app.add_option("--gateway-upstream-netns", network_options.upstream_netns,
                  "a network namespace (path) the gateways reach the outside from (default: spaced's own)");
   app.add_option("--gateway-upstream-dns", network_options.upstream_dns,
@@ -791,6 +796,31 @@ int main(int argc, char** argv) {
       }
     }
     config.network = net::NetworkPool::create(network_options);
+    // A gateway confined as every gateway will be, trying what a compromised one would: what
+    // this host's kernel actually refuses, said once, rather than assumed.
+    auto probe = config.network->probeGatewayConfinement(data_dir + "/network/.gateway-probe");
+    std::string allowed;
+    if (!probe.ok()) {
+      allowed = probe.error().message;
+    } else {
+      for (const auto& [name, check] : probe.value()["checks"].items()) {
+        const auto refused = check.is_object() ? check.find("refused") : check.end();
+        if (refused != check.end() && refused->is_boolean() && refused->get<bool>()) continue;
+        allowed += (allowed.empty() ? "" : ", ") + name;
+      }
+      if (allowed.empty() && !probe.value()["confined"].get<bool>()) allowed = "(unnamed)";
+    }
+    if (allowed.empty()) {
+      spdlog::info(
+          "network: gateways are confined (Landlock ABI {}): {} checks of what a compromised one would "
+          "try, all refused",
+          probe.value().value("landlock_abi", 0), probe.value()["checks"].size());
+    } else if (require_gateway_confinement) {
+      return fatal("--require-gateway-confinement: a gateway is not confined: " + allowed +
+                   (probe.ok() ? " allowed" : ""));
+    } else {
+      spdlog::warn("network: gateways are not fully confined: {}{}", allowed, probe.ok() ? " allowed" : "");
+    }
   }
   // Tenants' secrets are sealed under <data-dir>/secret-key: state.db alone reveals none.
   auto secret_box = secrets::SecretBox::openOrCreateKey(data_dir + "/secret-key");

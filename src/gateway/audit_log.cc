@@ -14,14 +14,34 @@ namespace space::gateway {
 
 namespace {
 
-UniqueFd openAppend(const std::string& path) {
-  return UniqueFd(::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640));
+// O_NONBLOCK: a FIFO put at the path must not block the open (a regular file ignores it).
+constexpr int kOpenFlags = O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+
+// `path` as a regular file with no other name, made where missing. Whatever else stands there
+// (a symbolic link, a FIFO, a device, a second name of another file: left by an earlier
+// gateway that could write the directory) is removed first, never opened; a directory cannot
+// be, and the result is then invalid with errno set.
+UniqueFd openOwnFile(const std::string& path, int flags) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && !(S_ISREG(st.st_mode) && st.st_nlink == 1)) {
+    if (S_ISDIR(st.st_mode)) {
+      errno = EISDIR;
+      return UniqueFd();
+    }
+    if (::unlink(path.c_str()) != 0) return UniqueFd();
+  }
+  UniqueFd fd(::open(path.c_str(), flags | O_CREAT | kOpenFlags, 0640));
+  if (fd.valid() && (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1)) {
+    errno = EEXIST;  // replaced again since the check: not ours to write
+    fd.reset();
+  }
+  return fd;
 }
 
 }  // namespace
 
 Result<AuditLog> AuditLog::open(const std::string& path, uint64_t max_bytes) {
-  UniqueFd fd = openAppend(path);
+  UniqueFd fd = openOwnFile(path, O_RDWR | O_APPEND);
   if (!fd.valid()) {
     return makeError(ErrorCode::kInternal, "cannot open the audit log " + path + ": " + strerror(errno));
   }
@@ -29,7 +49,11 @@ Result<AuditLog> AuditLog::open(const std::string& path, uint64_t max_bytes) {
   if (fstat(fd.get(), &st) != 0) {
     return makeError(ErrorCode::kInternal, "cannot stat the audit log " + path + ": " + strerror(errno));
   }
-  return AuditLog(path, max_bytes, std::move(fd), static_cast<uint64_t>(st.st_size));
+  UniqueFd rotated = openOwnFile(path + ".1", O_RDWR);
+  if (!rotated.valid()) {
+    spdlog::warn("audit: {}.1 cannot be a regular file; past {} bytes, {} is truncated instead", path, max_bytes, path);
+  }
+  return AuditLog(path, max_bytes, std::move(fd), std::move(rotated), static_cast<uint64_t>(st.st_size));
 }
 
 void AuditLog::write(nlohmann::json entry) {
@@ -66,20 +90,37 @@ void AuditLog::dropPartialLine(size_t written) {
   size_ -= std::min<uint64_t>(size_, written);
 }
 
-void AuditLog::rotate() {
-  const std::string old = path_ + ".1";
-  if (::rename(path_.c_str(), old.c_str()) == 0) {
-    UniqueFd fresh = openAppend(path_);
-    if (fresh.valid()) {
-      fd_ = std::move(fresh);
-      size_ = 0;
-      return;
+bool AuditLog::copyToRotated() {
+  if (!rotated_.valid()) return false;
+  if (::ftruncate(rotated_.get(), 0) != 0) return false;
+  // By hand rather than copy_file_range: the file is at most max_bytes, and this works on
+  // every filesystem and kernel alike.
+  char buffer[64 << 10];
+  off_t at = 0;
+  for (;;) {
+    ssize_t n = ::pread(fd_.get(), buffer, sizeof buffer, at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;
+    if (n == 0) return true;
+    for (ssize_t done = 0; done < n;) {
+      ssize_t w = ::pwrite(rotated_.get(), buffer + done, static_cast<size_t>(n - done), at + done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return false;
+      done += w;
     }
-    spdlog::warn("audit: cannot reopen {} after rotation: {}; truncating instead", path_, strerror(errno));
-  } else {
-    spdlog::warn("audit: cannot rotate {}: {}; truncating instead", path_, strerror(errno));
+    at += n;
   }
-  // Still bounded when the directory is not ours to write: the history is lost, the disk is not.
+}
+
+void AuditLog::rotate() {
+  if (!copyToRotated()) {
+    spdlog::warn("audit: cannot keep {}'s lines in {}.1: {}; truncating it", path_, path_,
+                 rotated_.valid() ? strerror(errno) : "no such file");
+    // A copy cut short would end in the middle of a line: none is better than a broken one.
+    if (rotated_.valid() && ::ftruncate(rotated_.get(), 0) != 0) spdlog::error("audit: cannot empty {}.1", path_);
+  }
+  // Bounded whatever happened above: the history may be lost, the disk is not. The next
+  // appends start at 0 again (O_APPEND).
   if (::ftruncate(fd_.get(), 0) != 0) spdlog::error("audit: cannot truncate {}: {}", path_, strerror(errno));
   size_ = 0;
 }

@@ -8,15 +8,10 @@
 // and drops to an unprivileged user with no capabilities before reading a byte from the guest.
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <grp.h>
-#include <linux/capability.h>
-#include <pwd.h>
 #include <sched.h>
 #include <spdlog/spdlog.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -30,9 +25,8 @@
 
 #include "common/fs.h"
 #include "common/log.h"
+#include "gateway/confinement.h"
 #include "gateway/gateway.h"
-#include "jail/landlock.h"
-#include "jail/seccomp_policy.h"
 #include "net/addressing.h"
 
 namespace {
@@ -123,55 +117,48 @@ Result<space::gateway::Listeners> makeListeners(const std::string& slot_path, in
   return space::gateway::Listeners{std::move(tcp.value()), std::move(dns_udp.value()), std::move(dns_tcp.value())};
 }
 
-// No way back to root: no supplementary groups, the user's uid/gid, an empty bounding set, no
-// new privileges through exec. Checked after the fact, since a silent failure here would leave
-// a root process reading guest bytes.
-// `user` is a name, or "#<id>" for a uid (and gid) of its own that no account has: spaced
-// gives every slot's gateway its own, so one compromised gateway cannot signal another.
-Status dropPrivileges(const std::string& user) {
-  uid_t uid = 0;
-  gid_t gid = 0;
-  if (user.size() > 1 && user[0] == '#') {
-    char* end = nullptr;
-    errno = 0;
-    unsigned long id = std::strtoul(user.c_str() + 1, &end, 10);
-    if (errno != 0 || *end != '\0' || id == 0 || id >= 0xffffffffUL) {
-      return makeError(ErrorCode::kInvalidArgument, "--user " + user + ": not a valid id");
-    }
-    uid = static_cast<uid_t>(id);
-    gid = static_cast<gid_t>(id);
-  } else {
-    errno = 0;
-    passwd* pw = getpwnam(user.c_str());
-    if (!pw) return makeError(ErrorCode::kInvalidArgument, "no such user \"" + user + "\"");
-    uid = pw->pw_uid;
-    gid = pw->pw_gid;
-  }
-  if (uid == 0) return makeError(ErrorCode::kInvalidArgument, "--user must not be root");
-  for (int cap = 0; cap <= 63; ++cap) {
-    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)
-      return makeError(ErrorCode::kInternal, errnoText("PR_CAPBSET_DROP"));
-  }
-  if (setgroups(0, nullptr) != 0) return makeError(ErrorCode::kInternal, errnoText("setgroups"));
-  if (setresgid(gid, gid, gid) != 0) return makeError(ErrorCode::kInternal, errnoText("setresgid"));
-  if (setresuid(uid, uid, uid) != 0) return makeError(ErrorCode::kInternal, errnoText("setresuid"));
-  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
-    return makeError(ErrorCode::kInternal, errnoText("PR_SET_NO_NEW_PRIVS"));
-  if (setuid(0) == 0 || geteuid() != uid || getegid() != gid) {
-    return makeError(ErrorCode::kInternal, "privileges were not dropped");
-  }
-  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct data[2]{};
-  if (syscall(SYS_capget, &header, data) != 0) return makeError(ErrorCode::kInternal, errnoText("capget"));
-  if (data[0].effective || data[1].effective || data[0].permitted || data[1].permitted) {
-    return makeError(ErrorCode::kInternal, "capabilities remain after dropping privileges");
-  }
-  return space::okStatus();
-}
-
 int fail(const std::string& message, int code = 1) {
   spdlog::error("space-gateway: {}", message);
   return code;
+}
+
+// The plan every gateway confines itself by (and --probe-confinement checks): `dir` is its
+// directory, read-only; each file it writes is bounded by its audit log's size and room for
+// its own log (stderr, which spaced keeps small: NetworkPool::spawnGateway).
+space::gateway::ConfinementPlan confinementPlan(const std::string& dir, const std::string& user, size_t max_connections,
+                                                uint64_t audit_max_bytes) {
+  space::gateway::ConfinementPlan plan;
+  plan.user = user;
+  plan.max_connections = max_connections;
+  plan.max_file_bytes = audit_max_bytes + (uint64_t{4} << 20);
+  plan.reachable = {{dir, false}, {"/usr", false}};
+  std::error_code ec;
+  if (std::filesystem::is_directory("/etc/ssl", ec)) plan.reachable.push_back({"/etc/ssl", false});
+  return plan;
+}
+
+// --probe-confinement DIR: confines itself as a gateway would, in DIR (an empty scratch
+// directory, given to --user), tries what a
+// compromised one would, prints what was refused (JSON) and exits: 0 if everything was, 3 if
+// not. spaced runs it at start to report (or require) confinement.
+int probe(const std::string& dir, const std::string& user, size_t max_connections, uint64_t audit_max_bytes) {
+  // Opened as root before the confinement, unnamed (nothing is left behind), for the file-size check.
+  space::UniqueFd written(::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+  if (!written.valid()) return fail(errnoText("cannot make a file in " + dir));
+  // The directory becomes the user's, so that only the confinement can refuse a file made in it.
+  auto ids = space::gateway::resolveUser(user);
+  if (!ids.ok()) return fail(ids.error().message);
+  if (::chown(dir.c_str(), ids->first, ids->second) != 0 || ::chmod(dir.c_str(), 0700) != 0) {
+    return fail(errnoText("cannot give " + dir + " to " + user));
+  }
+  if (chdir(dir.c_str()) != 0) return fail(errnoText("chdir " + dir));
+  space::gateway::ConfinementPlan plan = confinementPlan(dir, user, max_connections, audit_max_bytes);
+  auto confined = space::gateway::confine(plan);
+  if (!confined.ok()) return fail(confined.error().message);
+  nlohmann::json report = space::gateway::probeConfinement(plan, confined.value(), written.get());
+  std::printf("%s\n", report.dump().c_str());
+  std::fflush(stdout);
+  return report["confined"].get<bool>() ? 0 : 3;
 }
 
 }  // namespace
@@ -184,9 +171,16 @@ int main(int argc, char** argv) {
   size_t max_connections = 256;
   int64_t handshake_timeout_ms = 10000, idle_timeout_ms = 600000;
   uint64_t audit_max_bytes = 1 << 20, max_bytes_per_s = 0;
-  app.add_option("--slot-netns", slot_netns, "the slot's network namespace (a bind-mounted nsfs path)")->required();
-  app.add_option("--policy", policy_path, "the egress policy (JSON), re-read when it changes")->required();
-  app.add_option("--audit", audit_path, "the audit log (JSON lines), rotated to FILE.1")->required();
+  // Required to serve; --probe-confinement needs none of them.
+  app.add_option("--slot-netns", slot_netns, "the slot's network namespace (a bind-mounted nsfs path); required");
+  app.add_option("--policy", policy_path, "the egress policy (JSON), re-read when it changes; required");
+  app.add_option("--audit", audit_path, "the audit log (JSON lines), rotated to FILE.1; required");
+  std::string probe_dir;
+  app.add_option("--probe-confinement", probe_dir,
+                 "confine itself as a gateway in DIR (an empty scratch directory, given to --user), try what a "
+                 "compromised gateway would, "
+                 "print what was refused as JSON and exit: 0 if everything was, 3 if not")
+      ->check(CLI::ExistingDirectory);
   app.add_option("--credentials", credentials_path,
                  "the values of the policy's credential secrets (JSON), re-read when it changes; absent: none");
   app.add_option("--upstream-netns", upstream_netns, "the namespace of upstream sockets (default: ours)");
@@ -205,8 +199,9 @@ int main(int argc, char** argv) {
   app.add_option("--idle-timeout-ms", idle_timeout_ms, "a relayed connection's longest silence")
       ->check(CLI::Range(int64_t{1}, int64_t{86400000}))
       ->capture_default_str();
+  // At most 64 MiB: rotation copies the file, on the gateway's one thread.
   app.add_option("--audit-max-bytes", audit_max_bytes, "the audit log's size before rotation")
-      ->check(CLI::Range(uint64_t{1024}, uint64_t{1} << 40))
+      ->check(CLI::Range(uint64_t{1024}, uint64_t{64} << 20))
       ->capture_default_str();
   std::vector<std::string> openable_cidrs;
   app.add_option("--openable-cidr", openable_cidrs,
@@ -215,14 +210,23 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (!probe_dir.empty()) {
+    if (auto logging = space::initLogging(log_level, false); !logging.ok()) return fail(logging.error().message);
+    return probe(std::filesystem::absolute(probe_dir).string(), user, max_connections, audit_max_bytes);
+  }
+  if (slot_netns.empty() || policy_path.empty() || audit_path.empty()) {
+    std::fprintf(stderr, "--slot-netns, --policy and --audit are required\nRun with --help for more information.\n");
+    return 2;
+  }
 
   if (auto logging = space::initLogging(log_level, false); !logging.ok()) return fail(logging.error().message);
   // A guest that resets a connection must not kill the gateway with a write to it.
   signal(SIGPIPE, SIG_IGN);
 
-  // The gateway works in its policy's directory (spaced makes one per sandbox, owned by --user)
-  // and names its files relative to it: once it has dropped privileges, that directory's
-  // ancestors (spaced's private data dir) are closed to it, but its working directory is not.
+  // The gateway works in its policy's directory (spaced makes one per sandbox, root's, which
+  // --user may search) and names its files relative to it: once it has dropped privileges, that
+  // directory's ancestors (spaced's private data dir) are closed to it, but its working
+  // directory is not.
   const std::filesystem::path work_dir = std::filesystem::absolute(policy_path).parent_path();
   if (chdir(work_dir.c_str()) != 0) return fail(errnoText("chdir " + work_dir.string()));
   for (std::string* path : {&policy_path, &audit_path, &credentials_path}) {
@@ -265,7 +269,7 @@ int main(int argc, char** argv) {
     options.openable.push_back(rule.value());
   }
 
-  // Opened as root; the directory should be writable by --user for rotation (see AuditLog).
+  // Both of its files opened as root, now: it rotates through them and makes no file (AuditLog).
   auto audit = space::gateway::AuditLog::open(audit_path, audit_max_bytes);
   if (!audit.ok()) return fail(audit.error().message);
 
@@ -282,67 +286,31 @@ int main(int argc, char** argv) {
       setrlimit(RLIMIT_NOFILE, &nofile);
     }
   }
-  // What it opens once serving: its own directory (policy, audit log and its rotation), its
-  // credentials file, and the trust store and the libraries' files: OpenSSL reads its
+  // What it opens by path once serving: its policy (read again when it changes) in its
+  // directory, read-only (the audit log's two files are open already, and it makes no file),
+  // its credentials file, and the trust store and the libraries' files: OpenSSL reads its
   // configuration and the certificates as it verifies (Debian's /usr/lib/ssl links into
   // /etc/ssl, whose links lead into /usr/share/ca-certificates). Nothing else of /etc: a host's
-  // world-readable configuration is not the gateway's to read. The directories are opened now,
-  // while root reaches them (spaced's data dir is closed to --user), and bind once privileges
-  // are gone.
-  std::vector<space::jail::FsRule> reachable = {{work_dir.string(), true}, {"/usr", false}};
-  std::error_code ec;
-  if (std::filesystem::is_directory("/etc/ssl", ec)) reachable.push_back({"/etc/ssl", false});
-  if (const auto audit_dir = std::filesystem::absolute(audit_path).parent_path(); audit_dir != work_dir) {
-    reachable.push_back({audit_dir.string(), true});  // its rotation renames and makes files there
-  }
+  // world-readable configuration is not the gateway's to read. The directories are opened
+  // while root reaches them (spaced's data dir is closed to --user).
+  space::gateway::ConfinementPlan plan = confinementPlan(work_dir.string(), user, max_connections, audit_max_bytes);
   if (!credentials_path.empty()) {
+    std::error_code ec;
     const std::filesystem::path credentials_dir = std::filesystem::absolute(credentials_path).parent_path();
     if (credentials_dir != work_dir && std::filesystem::is_directory(credentials_dir, ec)) {
-      reachable.push_back({credentials_dir.string(), false});
+      plan.reachable.push_back({credentials_dir.string(), false});
     }
   }
-  auto confinement = space::jail::FsConfinement::prepare(reachable);
-  if (!confinement.ok()) return fail(confinement.error().message);
-  if (auto dropped = dropPrivileges(user); !dropped.ok()) return fail(dropped.error().message);
-  // The gateway is one thread and makes no process (the filter below refuses any), and it is in
-  // no cgroup whose task or CPU limit would stop a compromised one that made threads: one that
-  // made them without end would use up the host's pids, and each could spin a core. So its uid
-  // (its own, one per slot) holds one task: a new thread fails (EAGAIN), and it uses one core.
-  constexpr rlim_t kMaxTasks = 1;
-  const rlimit tasks{kMaxTasks, kMaxTasks};
-  if (setrlimit(RLIMIT_NPROC, &tasks) != 0) return fail(errnoText("RLIMIT_NPROC"));
-  // Nor is its memory in a cgroup: its address space is bounded instead (measured: 15 MB idle,
-  // 50 MB with 250 connections open, about 140 KB each), with room for every connection to
-  // take several times that. Memory outside the address space (memfd, System V) is refused by
-  // the filter below; its own directory is what it can still fill.
-  const rlim_t address_space = (rlim_t{64} << 20) + static_cast<rlim_t>(max_connections) * (rlim_t{1} << 20);
-  const rlimit memory{address_space, address_space};
-  if (setrlimit(RLIMIT_AS, &memory) != 0) return fail(errnoText("RLIMIT_AS"));
-  // It holds its sandbox's credential values: no core dump, no ptrace by another process of its uid.
-  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return fail(errnoText("PR_SET_DUMPABLE"));
-  // Landlock binds the calling thread (and those it starts) only: checked, not assumed, to be
-  // the process's one thread.
-  if (auto tasks = std::distance(std::filesystem::directory_iterator("/proc/self/task", ec),
-                                 std::filesystem::directory_iterator());
-      ec || tasks != 1) {
-    return fail("cannot confine the gateway's files: it runs " + std::to_string(tasks) + " threads");
-  }
-  if (auto confined = confinement->apply(); !confined.ok()) return fail(confined.error().message);
-  if (confinement->abi() > 0) {
+  auto confined = space::gateway::confine(plan);
+  if (!confined.ok()) return fail(confined.error().message);
+  if (confined.value() > 0) {
     std::string dirs;
-    for (const auto& rule : reachable) {
+    for (const auto& rule : plan.reachable) {
       dirs += (dirs.empty() ? "" : ", ") + rule.dir + (rule.write ? " (read-write)" : " (read)");
     }
-    spdlog::info("space-gateway: files confined to {} by Landlock ABI {}", dirs, confinement->abi());
+    spdlog::info("space-gateway: files confined to {} by Landlock ABI {}", dirs, confined.value());
   } else {
     spdlog::warn("space-gateway: files not confined: this kernel has no Landlock (Linux 5.13+, lsm=landlock)");
-  }
-  // A gateway reads guest bytes and never executes, debugs, forks, shares memory, listens, mounts
-  // or makes namespaces; a compromised one gets none of it (jail/seccomp_policy.h).
-  if (int rc = space::jail::denyWhatNoConfinedProcessNeeds(
-          {.no_exec = true, .no_debug = true, .no_fork = true, .no_shared_memory = true, .no_listen = true});
-      rc != 0) {
-    return fail(std::string("cannot install the seccomp filter: ") + std::strerror(-rc));
   }
 
   spdlog::info("space-gateway: upstream DNS {}:{}, at most {} connections", options.upstream_dns.address().to_string(),

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <seccomp.h>
+#include <sys/socket.h>
 
 #include <cerrno>
 #include <cstdint>
@@ -42,6 +43,13 @@ int denyWhatNoConfinedProcessNeeds(SeccompExtras extras) {
                SCMP_SYS(mq_open)});
   }
   if (extras.no_listen) refuseAll({SCMP_SYS(listen)});
+  if (extras.no_disk_reservation) refuseAll({SCMP_SYS(fallocate)});
+  if (extras.no_unix_sockets) {
+    // The domain is an int: compared on its low 32 bits, as the kernel reads it (see fcntl below).
+    for (const int call : {SCMP_SYS(socket), SCMP_SYS(socketpair)}) {
+      if (rc == 0) rc = seccomp_rule_add(filter, refuse, call, 1, SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, AF_UNIX));
+    }
+  }
   // One rule per flag: a rule's argument test is (flags & mask) == value, so "any of them" is
   // several rules. CLONE_NEWTIME is left out: in clone's flags its bit is part of the exit signal.
   for (const uint64_t flag :

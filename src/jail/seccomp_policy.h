@@ -26,6 +26,16 @@ struct SeccompExtras {
   // sockets). bind stays: listing addresses (getifaddrs) binds a netlink socket, and a filter
   // cannot read the address bind is given, so a UDP port can still be bound.
   bool no_listen = false;
+  // The process reserves no disk blocks: fallocate fails. RLIMIT_FSIZE bounds what a write
+  // adds to a file, but with FALLOC_FL_KEEP_SIZE the file's size does not change, and ext4, xfs
+  // and btrfs check the limit only against the size: a descriptor of any file would otherwise
+  // fill the disk (review helper-72).
+  bool no_disk_reservation = false;
+  // The process makes no Unix socket (socket and socketpair of AF_UNIX fail): Landlock (before
+  // ABI 9) does not stop a connect to a named one, so a confined process could still reach the
+  // host's log daemons (/dev/log, journald: logs it fills and forges) and, in the host's
+  // network namespace, every abstract socket there (review helper-72).
+  bool no_unix_sockets = false;
 };
 
 // Installs the filter on every thread of the process (and those they create), after

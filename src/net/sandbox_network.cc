@@ -31,15 +31,22 @@ namespace {
 
 constexpr const char* kGatewayLog = "gateway.log";
 
-// The gateway drops to its user after it has opened what it needs; its directory must be its
-// own so that it can rotate its audit log there.
-Status giveDirectoryTo(const std::string& dir, uid_t uid, gid_t gid) {
-  if (::chown(dir.c_str(), uid, gid) != 0 || ::chmod(dir.c_str(), 0700) != 0) {
-    return makeError(ErrorCode::kInternal,
-                     "cannot hand " + dir + " to uid " + std::to_string(uid) + ": " + strerror(errno));
+// The gateway's directory is root's: its user may find the policy there (search, no listing)
+// and read it, and writes only the audit log's two files, which it opened as root before it
+// dropped privileges (gateway/audit_log.h). It makes no file anywhere, so that a compromised
+// gateway cannot fill the disk (earlier versions gave it the directory, to rotate by rename).
+Status keepDirectoryFromGateway(const std::string& dir) {
+  if (::chown(dir.c_str(), 0, 0) != 0 || ::chmod(dir.c_str(), 0711) != 0) {
+    return makeError(ErrorCode::kInternal, "cannot make " + dir + " root's: " + strerror(errno));
   }
   return Ok{};
 }
+
+// The gateway's stderr, kept for its next start: past this, the previous one becomes .1 (the
+// gateway's own writes are bounded by its RLIMIT_FSIZE, gateway/confinement.h).
+constexpr off_t kGatewayLogMaxBytes = 1 << 20;
+// spaced's own lines in a gateway's audit log stop past this (the gateway rotates it at 1 MiB).
+constexpr off_t kAuditAppendMaxBytes = 8 << 20;
 
 // A file the gateway's user could have replaced: no symlink followed, no FIFO opened for
 // reading (it would block), at most `max_bytes` from its end.
@@ -266,7 +273,8 @@ Status SandboxNetwork::restartGateway() {
   UniqueFd audit(::open((NetworkPool::gatewayDir(state_dir_) + "/" + kAuditFile).c_str(),
                         O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   struct stat st {};
-  if (audit.valid() && ::fstat(audit.get(), &st) == 0 && S_ISREG(st.st_mode)) {
+  // Bounded too: a gateway that dies at every start would otherwise grow it a line at a time.
+  if (audit.valid() && ::fstat(audit.get(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size < kAuditAppendMaxBytes) {
     std::string line = entry.dump() + "\n";
     if (::write(audit.get(), line.data(), line.size()) < 0) spdlog::warn("network: audit append: {}", strerror(errno));
   }
@@ -470,6 +478,8 @@ Result<ChildProcess> NetworkPool::spawnGateway(const Slot& slot, const std::stri
   UniqueFd read_end(ready[0]);
   UniqueFd write_end(ready[1]);
   const std::string gw = gatewayDir(state_dir);
+  // At every start, restarts of adopted sandboxes included: an earlier version gave it to the gateway.
+  SPACE_TRY(keepDirectoryFromGateway(gw));
   std::vector<std::string> argv = {options_.gateway_binary,
                                    "--slot-netns",
                                    slot.netns_path,
@@ -487,7 +497,13 @@ Result<ChildProcess> NetworkPool::spawnGateway(const Slot& slot, const std::stri
   if (!options_.upstream_netns.empty()) argv.insert(argv.end(), {"--upstream-netns", options_.upstream_netns});
   if (!options_.upstream_dns.empty()) argv.insert(argv.end(), {"--upstream-dns", options_.upstream_dns});
   if (!options_.upstream_ca.empty()) argv.insert(argv.end(), {"--upstream-ca", options_.upstream_ca});
-  SpawnOptions spawn{state_dir + "/" + kGatewayLog, "", true};
+  const std::string log = state_dir + "/" + kGatewayLog;
+  if (struct stat st{}; ::lstat(log.c_str(), &st) == 0 && st.st_size > kGatewayLogMaxBytes) {
+    if (::rename(log.c_str(), (log + ".1").c_str()) != 0) {
+      spdlog::warn("network: cannot rotate {}: {}", log, strerror(errno));
+    }
+  }
+  SpawnOptions spawn{log, "", true};
   spawn.pass_fds = {{write_end.get(), 3}};
   auto child = ChildProcess::spawn(argv, spawn);
   write_end.reset();
@@ -506,6 +522,53 @@ Result<ChildProcess> NetworkPool::spawnGateway(const Slot& slot, const std::stri
                                                   "): " + tail);
   }
   return child;
+}
+
+Result<nlohmann::json> NetworkPool::probeGatewayConfinement(const std::string& scratch_dir) const {
+  std::error_code ec;
+  std::filesystem::remove_all(scratch_dir, ec);
+  if (!std::filesystem::create_directories(scratch_dir, ec) || ec) {
+    return makeError(ErrorCode::kInternal, "cannot make " + scratch_dir + ": " + ec.message());
+  }
+  const std::string report_path = scratch_dir + ".json";
+  const std::string log_path = scratch_dir + ".log";
+  auto cleanUp = [&] {
+    std::filesystem::remove_all(scratch_dir, ec);
+    ::unlink(report_path.c_str());
+    ::unlink(log_path.c_str());
+  };
+  ::unlink(report_path.c_str());
+  ::unlink(log_path.c_str());
+  // A uid no gateway has (the one below their range), so that no gateway, compromised, can
+  // signal the probe; where gateways share a user, that user.
+  const std::string user =
+      options_.gateway_uid_base > 1 ? "#" + std::to_string(options_.gateway_uid_base - 1) : options_.gateway_user;
+  SpawnOptions spawn{report_path, log_path, true};
+  auto child = ChildProcess::spawn(
+      {options_.gateway_binary, "--probe-confinement", scratch_dir, "--user", user, "--log-level", "warn"}, spawn);
+  if (!child.ok()) {
+    cleanUp();
+    return child.error();
+  }
+  auto status = child->waitFor(options_.gateway_ready_timeout);
+  if (!status) {
+    child->kill();
+    cleanUp();
+    return makeError(ErrorCode::kUnavailable, options_.gateway_binary + " --probe-confinement did not finish in time");
+  }
+  std::filesystem::remove_all(scratch_dir, ec);
+  auto text = readFileTail(report_path, 64 << 10);
+  std::string tail;
+  if (auto log = readFileTail(log_path, 2048); log.ok()) tail = log.value();
+  ::unlink(report_path.c_str());
+  ::unlink(log_path.c_str());
+  auto report = text.ok() ? parseJsonBounded(text.value()) : Result<nlohmann::json>(text.error());
+  if (!report.ok() || !report->is_object() || !report->contains("confined") || !(*report)["confined"].is_boolean() ||
+      !report->contains("checks") || !(*report)["checks"].is_object()) {
+    return makeError(ErrorCode::kUnavailable, options_.gateway_binary + " --probe-confinement " + status->describe() +
+                                                  " without a report: " + tail);
+  }
+  return report.value();
 }
 
 Status NetworkPool::writePolicy(const std::string& dir, const Policy& policy, bool durable) {
@@ -546,11 +609,6 @@ Result<std::unique_ptr<SandboxNetwork>> NetworkPool::attach(const std::optional<
   ::chmod(state_dir.c_str(), 0700);
   auto slot = takeSlot();
   if (!slot.ok()) return slot.error();
-  auto [uid, gid] = gatewayIds(slot.value());
-  if (auto given = giveDirectoryTo(gatewayDir(state_dir), uid, gid); !given.ok()) {
-    releaseSlot(slot.value());
-    return given.error();
-  }
   std::unique_ptr<SandboxNetwork> network(new SandboxNetwork(shared_from_this(), std::move(slot.value()), state_dir));
   // Figures only: a slot whose counters cannot be read counts from 0 (a reused one overstates).
   if (auto counters = readTapBytes(network->slot()); counters.ok()) {

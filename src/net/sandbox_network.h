@@ -5,10 +5,11 @@
 // A sandbox's network files live in its own directory (`state_dir`), which outlives any one
 // VM of it (suspend, resume). It is root's and holds what only spaced writes: gateway.log and
 // attachment.json (slot and gateway process, for re-adoption by the next spaced). Its gw/
-// subdirectory belongs to the gateway's own uid and is its working directory: policy.json
-// (written by spaced, atomically: the gateway applies it to its next connection) and
-// audit.jsonl (+ .1, bounded by the gateway). spaced reads what is in gw/ as a hostile file:
-// no symlinks followed, regular files only, bounded.
+// subdirectory, root's too, is the gateway's working directory: policy.json (written by
+// spaced, atomically: the gateway applies it to its next connection) and audit.jsonl (+ .1,
+// opened by the gateway while root, and bounded by it). The gateway writes those two files and
+// makes none. spaced reads what is in gw/ as a hostile file: no symlinks followed, regular
+// files only, bounded.
 #pragma once
 
 #include <sys/socket.h>
@@ -19,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -205,6 +207,12 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   // a snapshot being re-saved); give it back with releaseSlot.
   Result<Slot> takeSlot();
   void releaseSlot(const Slot& slot);
+
+  // Runs `space-gateway --probe-confinement` in `scratch_dir` (made, then removed), as the uid
+  // below the gateways' range: a gateway confined as every gateway is, which tries what a
+  // compromised one would. Its report
+  // (gateway/confinement.h: "landlock_abi", "confined", "checks"), or why there is none.
+  Result<nlohmann::json> probeGatewayConfinement(const std::string& scratch_dir) const;
 
   const NetworkOptions& options() const { return options_; }
   // Slots in use and spare, for metrics and tests.

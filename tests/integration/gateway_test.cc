@@ -133,12 +133,11 @@ class GatewayTest : public ::testing::Test {
     char dir[] = "/tmp/gwtest-XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
     dir_ = dir;
-    // The gateway runs as nobody: it must read the policy and write (and rotate) its audit log.
+    // The gateway runs as nobody: it must read the policy. Its audit log's directory is root's,
+    // as spaced makes it: the gateway opens both files of the log as root and rotates through
+    // them, with no right to make a file (AuditLogIsBoundedByRotation).
     ASSERT_EQ(chmod(dir_.c_str(), 0755), 0);
-    ASSERT_EQ(mkdir((dir_ + "/audit").c_str(), 0755), 0);
-    passwd* nobody = getpwnam("nobody");
-    ASSERT_NE(nobody, nullptr);
-    ASSERT_EQ(chown((dir_ + "/audit").c_str(), nobody->pw_uid, nobody->pw_gid), 0);
+    ASSERT_EQ(mkdir((dir_ + "/audit").c_str(), 0711), 0);
     policy_path_ = dir_ + "/policy.json";
     audit_path_ = dir_ + "/audit/audit.jsonl";
 
@@ -932,8 +931,17 @@ TEST_F(GatewayTest, RunsWithoutAnyCapability) {
   space >> soft >> hard;
   EXPECT_EQ(soft, std::to_string(320u << 20));
   EXPECT_EQ(hard, std::to_string(320u << 20));
-  // Its files confined to its own directory (jail/landlock.h, FsConfinementTest.*).
-  EXPECT_NE(readFile(dir_ + "/gateway.log").find("files confined to " + dir_ + " (read-write), /usr (read)"),
+  // Each file it writes (audit log, its rotation, its own log) at most the audit log's 1 MiB
+  // and 4 MiB of room.
+  const size_t file_at = limits.find("Max file size");
+  ASSERT_NE(file_at, std::string::npos) << limits;
+  std::istringstream file(limits.substr(file_at + std::strlen("Max file size")));
+  file >> soft >> hard;
+  EXPECT_EQ(soft, std::to_string(5u << 20));
+  EXPECT_EQ(hard, std::to_string(5u << 20));
+  // Its files confined to reading its own directory (jail/landlock.h, FsConfinementTest.*):
+  // it makes no file anywhere.
+  EXPECT_NE(readFile(dir_ + "/gateway.log").find("files confined to " + dir_ + " (read), /usr (read)"),
             std::string::npos)
       << readFile(dir_ + "/gateway.log");
   passwd* nobody = getpwnam("nobody");
@@ -941,6 +949,53 @@ TEST_F(GatewayTest, RunsWithoutAnyCapability) {
   std::string uid = std::to_string(nobody->pw_uid);
   EXPECT_EQ(field("Uid"), uid + "\t" + uid + "\t" + uid + "\t" + uid);
   EXPECT_EQ(field("Groups"), "");
+}
+
+// The whole of a gateway's confinement, applied by the code every gateway runs
+// (gateway/confinement.h), then tried from inside as a compromised gateway would try it: each
+// step alone is tested elsewhere, this fails if any is left out of the sequence.
+TEST_F(GatewayTest, ItsProbeFindsEveryPartOfItsConfinementInPlace) {
+  const std::string scratch = dir_ + "/probe";
+  ASSERT_EQ(mkdir(scratch.c_str(), 0700), 0);
+  SpawnOptions options;
+  options.stdout_path = dir_ + "/probe.json";
+  options.stderr_path = dir_ + "/probe.log";
+  auto child =
+      ChildProcess::spawn({SPACE_GATEWAY_BIN, "--probe-confinement", scratch, "--user", "#1499999999"}, options);
+  ASSERT_TRUE(child.ok()) << child.error().message;
+  auto status = child->waitFor(std::chrono::seconds(10));
+  ASSERT_TRUE(status.has_value());
+  const std::string text = readFile(dir_ + "/probe.json");
+  EXPECT_EQ(status->exit_code, 0) << text << readFile(dir_ + "/probe.log");
+  auto report = Json::parse(text, nullptr, false);
+  ASSERT_TRUE(report.is_object()) << text << readFile(dir_ + "/probe.log");
+  EXPECT_GE(report.value("landlock_abi", 0), 1) << "this kernel has Landlock (FsConfinementTest)";
+  EXPECT_EQ(report.value("confined", false), true);
+  const std::vector<std::string> expected = {"become_root",
+                                             "fork",
+                                             "thread",
+                                             "exec",
+                                             "debug",
+                                             "new_namespace",
+                                             "listen",
+                                             "unix_socket",
+                                             "shared_memory",
+                                             "memory_beyond_its_bound",
+                                             "file_beyond_its_bound",
+                                             "disk_reserved_beyond_its_bound",
+                                             "make_file_in_own_dir",
+                                             "make_file_in_tmp",
+                                             "make_file_in_dev_shm",
+                                             "read_host_file",
+                                             "read_proc"};
+  ASSERT_TRUE(report["checks"].is_object()) << text;
+  EXPECT_EQ(report["checks"].size(), expected.size()) << text;
+  for (const std::string& name : expected) {
+    ASSERT_TRUE(report["checks"].contains(name)) << name;
+    EXPECT_EQ(report["checks"][name].value("refused", false), true) << name << ": " << report["checks"][name].dump();
+  }
+  // It left nothing behind: its file was unnamed, and each file it made it would have removed.
+  EXPECT_TRUE(std::filesystem::is_empty(scratch));
 }
 
 TEST_F(GatewayTest, InvalidPolicyExitsWithTwo) {

@@ -2837,6 +2837,35 @@ TEST_F(SpacedTest, SnapshotsAndBranchesWorkOnABtrfsDataDir) {
   daemon_.reset();  // before the mount goes
 }
 
+// spaced runs a confined gateway at start that tries what a compromised one would
+// (GatewayTest.ItsProbeFindsEveryPartOfItsConfinementInPlace), and says what it found; with
+// --require-gateway-confinement a gateway that is not confined, or cannot say, stops it.
+TEST_F(SpacedTest, ItSaysAtStartWhetherGatewaysAreConfinedAndCanRequireIt) {
+  const std::string log = dir_->path() + "/required.log";
+  auto refused = ChildProcess::spawn(
+      {SPACED_BIN, "--listen", "127.0.0.1:0", "--data-dir", data_dir_, "--kernel", kImages + "/vmlinux", "--rootfs",
+       kImages + "/rootfs.ext4", "--require-gateway-confinement", "--gateway-binary", "/bin/false"},
+      SpawnOptions{log, "", true});
+  ASSERT_TRUE(refused.ok());
+  auto status = refused->waitFor(seconds(30));
+  ASSERT_TRUE(status.has_value()) << "spaced started with a gateway that cannot say it is confined";
+  EXPECT_EQ(status->exit_code, 1);
+  auto text = readSmallFile(log, 1 << 20);
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find("--require-gateway-confinement: a gateway is not confined: /bin/false --probe-confinement"),
+            std::string::npos)
+      << *text;
+  EXPECT_FALSE(std::filesystem::exists(data_dir_ + "/network/.gateway-probe"));
+
+  daemon_ = Daemon::start(data_dir_, {"--require-gateway-confinement"});
+  ASSERT_TRUE(daemon_);
+  EXPECT_TRUE(waitForLog("network: gateways are confined (Landlock ABI ", 0, seconds(1)));
+  EXPECT_TRUE(waitForLog(": 17 checks of what a compromised one would try, all refused", 0, seconds(1)));
+  for (const char* left : {"", ".json", ".log"}) {
+    EXPECT_FALSE(std::filesystem::exists(data_dir_ + "/network/.gateway-probe" + left)) << "the probe leaves nothing";
+  }
+}
+
 TEST_F(SpacedTest, OneDaemonPerDataDir) {
   daemon_ = Daemon::start(data_dir_);
   ASSERT_TRUE(daemon_);

@@ -1,8 +1,9 @@
 // The gateway's audit log (src/gateway/audit_log.h): one complete JSON object per line, and a
-// file bounded however many entries a guest provokes: past max_bytes it becomes FILE.1
-// (replacing the previous one), or, where the directory cannot be written (the gateway has
-// dropped privileges), it is truncated in place. Tests that need another user or a resource
-// limit run in a forked child, so the test process keeps its own.
+// file bounded however many entries a guest provokes: past max_bytes its lines move to FILE.1
+// (replacing the previous ones) through descriptors opened once, so rotation needs no right on
+// the directory (the gateway has dropped privileges and may make no file); where FILE.1
+// cannot be a regular file, FILE is truncated in place. Tests that need another user or a
+// resource limit run in a forked child, so the test process keeps its own.
 #include <grp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -13,6 +14,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -128,8 +130,9 @@ TEST_F(AuditLogTest, OpenAppendsToWhatIsThereAndCountsIt) {
 
 TEST_F(AuditLogTest, ItRotatesToDotOneBeforeALineWouldPassMaxBytesAndLosesNoLine) {
   AuditLog log = openOrDie();
+  EXPECT_TRUE(exists(old_)) << "FILE.1 is made at the open: rotation needs no right on the directory";
   int seq = 0;
-  while (!exists(old_)) {
+  while (fileSize(old_) == 0) {
     ASSERT_LT(seq, 100) << "never rotated";
     log.write(entry(seq++));
     EXPECT_LE(fileSize(path_), kMax);
@@ -191,12 +194,33 @@ TEST_F(AuditLogTest, BytesThatAreNotUtf8StillMakeACompleteLine) {
   EXPECT_EQ(entries[1]["name"], "\"quoted\"\n{\"kind\":\"forged\"}") << "a newline in a value cannot forge a line";
 }
 
-TEST_F(AuditLogTest, OpenRefusesASymlinkAtThePath) {
+TEST_F(AuditLogTest, ASymlinkOrASecondNameAtEitherPathIsReplacedAndNeverWrittenThrough) {
+  // What an earlier gateway, which could write its directory, may have left there: a link to a
+  // file root may write, or FILE.1 as a second name of FILE (whose rotation would then empty
+  // FILE's history at every turn).
   const std::string victim = dir_.path() + "/victim";
   std::ofstream(victim) << "keep\n";
   ASSERT_EQ(::symlink(victim.c_str(), path_.c_str()), 0);
-  EXPECT_FALSE(AuditLog::open(path_, kMax).ok());
+  ASSERT_EQ(::link(victim.c_str(), old_.c_str()), 0);
+  AuditLog log = openOrDie();
+  for (int seq = 0; seq < 30; ++seq) log.write(entry(seq));
   EXPECT_EQ(fileSize(victim), 5u);
+  for (const std::string& path : {path_, old_}) {
+    struct stat st {};
+    ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISREG(st.st_mode) && st.st_nlink == 1) << path;
+  }
+  auto all = seqs(readEntries(old_));
+  ASSERT_FALSE(all.empty());
+  for (int seq : seqs(readEntries(path_))) all.push_back(seq);
+  EXPECT_EQ(all.back(), 29);
+}
+
+TEST_F(AuditLogTest, ADirectoryAtThePathIsAnError) {
+  ASSERT_EQ(::mkdir(path_.c_str(), 0700), 0);
+  auto log = AuditLog::open(path_, kMax);
+  ASSERT_FALSE(log.ok());
+  EXPECT_NE(log.error().message.find(path_), std::string::npos) << log.error().message;
 }
 
 TEST_F(AuditLogTest, RotationReplacesASymlinkAtDotOneAndNeverWritesThroughIt) {
@@ -211,8 +235,8 @@ TEST_F(AuditLogTest, RotationReplacesASymlinkAtDotOneAndNeverWritesThroughIt) {
   EXPECT_EQ(fileSize(victim), 5u);
 }
 
-TEST_F(AuditLogTest, WhenDotOneCannotBeReplacedTheFileIsTruncatedInstead) {
-  // A non-empty directory at FILE.1: rename fails whoever we are (root included).
+TEST_F(AuditLogTest, WhenDotOneCannotBeARegularFileTheFileIsTruncatedInstead) {
+  // A non-empty directory at FILE.1: nobody, root included, can make a file of it.
   ASSERT_EQ(::mkdir(old_.c_str(), 0700), 0);
   std::ofstream(old_ + "/inside") << "x";
   AuditLog log = openOrDie();
@@ -227,9 +251,19 @@ TEST_F(AuditLogTest, WhenDotOneCannotBeReplacedTheFileIsTruncatedInstead) {
   EXPECT_TRUE(exists(old_ + "/inside"));
 }
 
-TEST_F(AuditLogTest, WhenTheDirectoryIsNotWritableTheFileIsTruncatedInstead) {
+TEST_F(AuditLogTest, AFifoAtDotOneDoesNotBlockTheOpen) {
+  ASSERT_EQ(::mkfifo(old_.c_str(), 0600), 0);
+  AuditLog log = openOrDie();  // would hang (no reader) without O_NONBLOCK
+  for (int seq = 0; seq < 30; ++seq) log.write(entry(seq));
+  EXPECT_LE(fileSize(path_), kMax);
+  EXPECT_EQ(seqs(readEntries(path_)).back(), 29);
+}
+
+TEST_F(AuditLogTest, RotationKeepsTheHistoryWhereTheDirectoryIsClosedToTheWriterAndMakesNoFile) {
   // As in the gateway: opened while privileged, written after dropping to a user that may not
-  // write in the directory (root would be allowed to rename anyway, hence the child).
+  // write in the directory (root could write there anyway, hence the child). Rotation used to
+  // rename, which the gateway's user cannot: it lost the history, or, given the directory,
+  // could make files there without end.
   ASSERT_EQ(::chmod(dir_.path().c_str(), 0755), 0);
   AuditLog log = openOrDie();
   int status = inChild([&]() -> int {
@@ -248,12 +282,16 @@ TEST_F(AuditLogTest, WhenTheDirectoryIsNotWritableTheFileIsTruncatedInstead) {
   });
   ::chmod(dir_.path().c_str(), 0700);
   ASSERT_EQ(status, 0);
-  EXPECT_FALSE(exists(old_));
   EXPECT_LE(fileSize(path_), kMax);
-  auto current = seqs(readEntries(path_));
-  ASSERT_FALSE(current.empty());
-  EXPECT_EQ(current.back(), 99);
-  for (size_t i = 1; i < current.size(); ++i) EXPECT_EQ(current[i], current[i - 1] + 1);
+  EXPECT_LE(fileSize(old_), kMax);
+  std::vector<int> all = seqs(readEntries(old_));
+  ASSERT_FALSE(all.empty()) << "the rotated lines were kept";
+  for (int seq : seqs(readEntries(path_))) all.push_back(seq);
+  ASSERT_EQ(all.back(), 99);
+  for (size_t i = 1; i < all.size(); ++i) EXPECT_EQ(all[i], all[i - 1] + 1) << "FILE.1 then FILE, no line lost";
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir_.path())) files += e.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(files, 2u) << "FILE and FILE.1, nothing else";
 }
 
 TEST_F(AuditLogTest, AWriteCutShortByAFullDiskLeavesNoPartialLine) {

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/netlink.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <sys/ipc.h>
@@ -99,6 +100,34 @@ int listenRefused() {
   return 0;
 }
 
+// No disk reserved past the file-size limit (FALLOC_FL_KEEP_SIZE leaves the size alone); a
+// write still works.
+int diskReservationRefused() {
+  char path[] = "/tmp/space-seccomp-XXXXXX";
+  int fd = mkstemp(path);
+  if (fd < 0) return 1;
+  unlink(path);
+  if (fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 4096) != -1 || errno != EPERM) return 2;
+  if (fallocate(fd, 0, 0, 4096) != -1 || errno != EPERM) return 3;
+  if (write(fd, "x", 1) != 1) return 4;
+  return 0;
+}
+
+// No Unix socket, named, abstract or a pair, in any form of the domain's register; IP and
+// netlink sockets stay.
+int unixSocketsRefused() {
+  if (socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0) != -1 || errno != EPERM) return 1;
+  if (socket(AF_UNIX, SOCK_STREAM, 0) != -1 || errno != EPERM) return 2;
+  if (syscall(SYS_socket, (1ULL << 32) | AF_UNIX, SOCK_STREAM, 0) != -1 || errno != EPERM) return 3;
+  int pair[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != -1 || errno != EPERM) return 4;
+  int ip = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (ip < 0) return 5;
+  int netlink = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+  if (netlink < 0) return 6;
+  return 0;
+}
+
 int execAllowed() {
   char* const argv[] = {const_cast<char*>("/bin/sh"), const_cast<char*>("-c"), const_cast<char*>("exit 42"), nullptr};
   execv("/bin/sh", argv);
@@ -113,11 +142,14 @@ TEST(SeccompPolicy, RefusesKeysNamespacesLeasesAndIoUringAndKeepsThreadsAndFork)
 // The gateway's extras: no program runs, nothing is debugged, no process is made, no memory
 // outside its address space. Without them
 // (space-jail's case) an exec works, since the jail's last act is executing QEMU.
-TEST(SeccompPolicy, TheGatewaysExtrasRefuseExecDebuggingForkSharedMemoryAndListeners) {
+TEST(SeccompPolicy, TheGatewaysExtrasRefuseExecDebuggingForkSharedMemoryListenersDiskReservationAndUnixSockets) {
   EXPECT_EQ(underPolicy({.no_exec = true, .no_debug = true}, execAndDebugRefused), 0);
   EXPECT_EQ(underPolicy({.no_fork = true}, forkRefusedThreadsKept), 0);
   EXPECT_EQ(underPolicy({.no_shared_memory = true}, sharedMemoryRefused), 0);
   EXPECT_EQ(underPolicy({.no_listen = true}, listenRefused), 0);
+  EXPECT_EQ(underPolicy({.no_disk_reservation = true}, diskReservationRefused), 0);
+  EXPECT_EQ(underPolicy({.no_unix_sockets = true}, unixSocketsRefused), 0);
+  EXPECT_EQ(underPolicy({}, unixSocketsRefused), 1) << "allowed without the extra";
   EXPECT_EQ(underPolicy({.no_exec = true, .no_debug = true, .no_fork = true}, refusedEverywhere), 7)
       << "all as without no_fork but the fork (check 7)";
   EXPECT_EQ(underPolicy({}, execAllowed), 42);
