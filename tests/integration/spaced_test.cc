@@ -2153,10 +2153,13 @@ TEST_F(SpacedTest, ThePoolKeepsGuestsOfTheKindsCreatesAskFor) {
 // With room for three guests of 256 MB: two waiting guests leave room for a sandbox of 512 MB
 // only once one of them gives way; a create then takes the other, and the node is full (no
 // refill, no third QEMU, a further create refused); the pool refills once a sandbox goes, and
-// gives a snapshot's helper VM room too.
+// gives a snapshot's helper VM room too, and starts no guest in the room the helper holds.
 TEST_F(SpacedTest, PooledGuestsHoldNodeCapacityAndGiveItToSandboxes) {
+  // The snapshot at the end holds its helper's memory 5 s once its sandbox is released.
+  ::setenv("SPACE_FAULT_DELAY", "snapshot.sandbox_released@5000", 1);
   daemon_ = Daemon::start(
       data_dir_, {"--warm-pool", "2", "--default-memory-mb", "256", "--default-cpus", "1", "--max-memory-mb", "768"});
+  ::unsetenv("SPACE_FAULT_DELAY");
   ASSERT_TRUE(daemon_);
   auto poolReady = [&] {
     return metric("space_warm_pool_target") == 2 && metric("space_warm_pool_ready") == 2 &&
@@ -2190,9 +2193,22 @@ TEST_F(SpacedTest, PooledGuestsHoldNodeCapacityAndGiveItToSandboxes) {
   while (Clock::now() < deadline && !poolReady()) std::this_thread::sleep_for(milliseconds(100));
   EXPECT_TRUE(poolReady()) << metric("space_warm_pool_ready") << " ready";
   // The node is full again (a sandbox, two guests): a snapshot's helper VM takes a guest's room.
-  daemon_->callJson("POST", "/v1/sandboxes/" + small + "/snapshots", json::object(), 201);
+  const size_t log_from = logSize();
+  auto snapshot = std::async(std::launch::async, [&] {
+    return daemon_->callJson("POST", "/v1/sandboxes/" + small + "/snapshots", json::object(), 201);
+  });
+  ASSERT_TRUE(waitForLog("fault point reached, delaying: snapshot.sandbox_released", log_from, seconds(60)));
   EXPECT_TRUE(waitForLog("sandbox " + small + ": 1 guest(s) of the pool give their capacity to its snapshot's helper",
-                         0, seconds(1)));
+                         log_from, seconds(1)));
+  // While the helper holds that room, the pool (one guest short) makes no guest in it.
+  EXPECT_TRUE(
+      waitForLog("warm pool: no room for a waiting VM of base 1 vCPU 256 MB until capacity frees: sandboxes "
+                 "hold 1 vCPUs and 256 MB, snapshots' helpers 256 MB",
+                 log_from, seconds(3)));
+  std::this_thread::sleep_for(seconds(1));
+  EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 2u) << "the sandbox and one waiting guest (the helper starts later)";
+  EXPECT_EQ(metric("space_warm_pool_memory_mb"), 256);
+  EXPECT_FALSE(snapshot.get().value("id", "").empty());
   EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + small).status, 204);
 }
 
