@@ -538,7 +538,8 @@ int main(int argc, char** argv) {
                  "the space-gateway program (default: next to spaced)");
   bool require_gateway_confinement = false;
   app.add_flag("--require-gateway-confinement", require_gateway_confinement,
-               "refuse to start unless a gateway is refused everything a compromised one would try "
+               "refuse to start unless a gateway is refused everything a compromised one would try, and can read "
+               "what it needs (the host's trust store) "
                "(no Landlock in this kernel, for one, leaves its files open to it); spaced checks this at start "
                "either way, and says what it found");
   app.add_option("--gateway-upstream-netns", network_options.upstream_netns,
@@ -820,6 +821,15 @@ int main(int argc, char** argv) {
                    (probe.ok() ? " allowed" : ""));
     } else {
       spdlog::warn("network: gateways are not fully confined: {}{}", allowed, probe.ok() ? " allowed" : "");
+    }
+    // And what a confined gateway must still read: the trust store that credential rules' TLS
+    // verifies upstream servers against.
+    if (probe.ok() && probe.value().value("works", true) != true) {
+      const std::string what = probe.value().value("needs", nlohmann::json::object()).dump();
+      if (require_gateway_confinement) {
+        return fatal("--require-gateway-confinement: a confined gateway cannot read what it needs: " + what);
+      }
+      spdlog::warn("network: a confined gateway cannot read what it needs (credential rules' TLS will fail): {}", what);
     }
   }
   // Tenants' secrets are sealed under <data-dir>/secret-key: state.db alone reveals none.

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/capability.h>
+#include <openssl/x509.h>
 #include <pthread.h>
 #include <pwd.h>
 #include <sched.h>
@@ -244,7 +245,23 @@ nlohmann::json probeConfinement(const ConfinementPlan& plan, int landlock_abi, i
   check("read_host_file", EACCES, [&] { return readFile("/etc/passwd"); });
   // Its own entry, which every process may read: only Landlock closes /proc.
   check("read_proc", EACCES, [&] { return readFile("/proc/self/status"); });
-  return {{"landlock_abi", landlock_abi}, {"confined", confined}, {"checks", checks}};
+  // And what it needs stays open: the trust store OpenSSL verifies upstream certificates
+  // against (Debian's default file is a link from /usr/lib/ssl into /etc/ssl, to a bundle
+  // made from /usr/share/ca-certificates). A host without one has nothing to read.
+  nlohmann::json needs = nlohmann::json::object();
+  bool works = true;
+  const char* trust_store = X509_get_default_cert_file();
+  errno = 0;
+  const int opened = readFile(trust_store);
+  const int error = errno;
+  const bool absent = opened != 0 && error == ENOENT;
+  needs["trust_store"] = {{"path", trust_store},
+                          {"readable", opened == 0},
+                          {"absent", absent},
+                          {"error", opened != 0 ? strerror(error) : ""}};
+  works = works && (opened == 0 || absent);
+  return {
+      {"landlock_abi", landlock_abi}, {"confined", confined}, {"checks", checks}, {"works", works}, {"needs", needs}};
 }
 
 }  // namespace space::gateway

@@ -54,8 +54,10 @@ Result<int> confine(const ConfinementPlan& plan);
 // Run after confine(): tries what a compromised gateway would, in the working directory (the
 // plan's first, a scratch directory its user owns, so that only the confinement refuses there) and
 // elsewhere, and says what was refused, each by the error the confinement gives:
-//   {"landlock_abi": N, "confined": bool, "checks": {"fork": {"refused": bool, "error": "..."}, ...}}
-// `confined` is true when every check was refused. `written` was opened (as root) before
+//   {"landlock_abi": N, "confined": bool, "checks": {"fork": {"refused": bool, "error": "..."}, ...},
+//    "works": bool, "needs": {"trust_store": {"path": "...", "readable": bool, "absent": bool, "error": "..."}}}
+// `confined` is true when every check was refused; `works` when what a gateway needs to read
+// (the host's trust store, where it has one) is still readable. `written` was opened (as root) before
 // confine(), for the file-size check. Nothing it tries outlives it or leaves a file.
 nlohmann::json probeConfinement(const ConfinementPlan& plan, int landlock_abi, int written);
 

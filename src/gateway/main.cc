@@ -138,9 +138,9 @@ space::gateway::ConfinementPlan confinementPlan(const std::string& dir, const st
 }
 
 // --probe-confinement DIR: confines itself as a gateway would, in DIR (an empty scratch
-// directory, given to --user), tries what a
-// compromised one would, prints what was refused (JSON) and exits: 0 if everything was, 3 if
-// not. spaced runs it at start to report (or require) confinement.
+// directory, given to --user), tries what a compromised one would and reads what a gateway
+// needs, prints what it found (JSON) and exits: 0 if everything was refused and what it needs
+// was read, 3 if not. spaced runs it at start to report (or require) confinement.
 int probe(const std::string& dir, const std::string& user, size_t max_connections, uint64_t audit_max_bytes) {
   // Opened as root before the confinement, unnamed (nothing is left behind), for the file-size check.
   space::UniqueFd written(::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
@@ -158,7 +158,7 @@ int probe(const std::string& dir, const std::string& user, size_t max_connection
   nlohmann::json report = space::gateway::probeConfinement(plan, confined.value(), written.get());
   std::printf("%s\n", report.dump().c_str());
   std::fflush(stdout);
-  return report["confined"].get<bool>() ? 0 : 3;
+  return report["confined"].get<bool>() && report["works"].get<bool>() ? 0 : 3;
 }
 
 }  // namespace
@@ -178,8 +178,8 @@ int main(int argc, char** argv) {
   std::string probe_dir;
   app.add_option("--probe-confinement", probe_dir,
                  "confine itself as a gateway in DIR (an empty scratch directory, given to --user), try what a "
-                 "compromised gateway would, "
-                 "print what was refused as JSON and exit: 0 if everything was, 3 if not")
+                 "compromised gateway would and read what a gateway needs (the trust store), print what it found "
+                 "as JSON and exit: 0 if everything was refused and what it needs read, 3 if not")
       ->check(CLI::ExistingDirectory);
   app.add_option("--credentials", credentials_path,
                  "the values of the policy's credential secrets (JSON), re-read when it changes; absent: none");

@@ -564,7 +564,8 @@ Result<nlohmann::json> NetworkPool::probeGatewayConfinement(const std::string& s
   ::unlink(log_path.c_str());
   auto report = text.ok() ? parseJsonBounded(text.value()) : Result<nlohmann::json>(text.error());
   if (!report.ok() || !report->is_object() || !report->contains("confined") || !(*report)["confined"].is_boolean() ||
-      !report->contains("checks") || !(*report)["checks"].is_object()) {
+      !report->contains("checks") || !(*report)["checks"].is_object() || !report->contains("works") ||
+      !(*report)["works"].is_boolean()) {
     return makeError(ErrorCode::kUnavailable, options_.gateway_binary + " --probe-confinement " + status->describe() +
                                                   " without a report: " + tail);
   }

@@ -994,6 +994,14 @@ TEST_F(GatewayTest, ItsProbeFindsEveryPartOfItsConfinementInPlace) {
     ASSERT_TRUE(report["checks"].contains(name)) << name;
     EXPECT_EQ(report["checks"][name].value("refused", false), true) << name << ": " << report["checks"][name].dump();
   }
+  // What a gateway needs stays readable: the host's trust store (where the host has one), which
+  // lies in /etc/ssl behind a link from /usr/lib/ssl.
+  EXPECT_EQ(report.value("works", false), true) << text;
+  const Json& trust_store = report["needs"]["trust_store"];
+  ASSERT_TRUE(trust_store.is_object()) << text;
+  const std::string path = trust_store.value("path", "");
+  EXPECT_FALSE(path.empty()) << text;
+  EXPECT_EQ(trust_store.value("readable", false), std::filesystem::exists(path)) << text;
   // It left nothing behind: its file was unnamed, and each file it made it would have removed.
   EXPECT_TRUE(std::filesystem::is_empty(scratch));
 }
