@@ -72,6 +72,18 @@ Result<std::string> readHostileTail(const std::string& path, size_t max_bytes) {
   return out;
 }
 
+// Whether process `pid` runs the program file at `path` (the same file, not one of the same
+// name: an upgrade replaces it). Where that cannot be read, it is taken to.
+bool runsProgram(pid_t pid, const std::string& path) {
+  struct stat running {
+  }, installed{};
+  if (::stat(("/proc/" + std::to_string(pid) + "/exe").c_str(), &running) != 0 ||
+      ::stat(path.c_str(), &installed) != 0) {
+    return true;
+  }
+  return running.st_dev == installed.st_dev && running.st_ino == installed.st_ino;
+}
+
 // Kills every process whose network namespace is the one bind-mounted at `netns_path`: what an
 // earlier run left in a slot it no longer owns (its gateway, a QEMU the orphan sweep missed).
 // Unmounting alone would leave them running, holding the namespace and its upstream side.
@@ -655,6 +667,13 @@ Result<std::unique_ptr<SandboxNetwork>> NetworkPool::adopt(const std::string& st
   }
   if (!network->gateway_) {
     spdlog::warn("network: the gateway of slot {} is gone; starting a new one", slot.name);
+    SPACE_TRY(network->restartGateway());
+  } else if (!runsProgram(pid, options_.gateway_binary)) {
+    // Started by an earlier version (spaced was upgraded with its sandboxes kept running): it
+    // lacks what this version's gateways are confined by and fixed in, for as long as it would
+    // otherwise run. Its open connections end, as at any restart, and its audit log says so.
+    spdlog::warn("network: the gateway of slot {} runs another program than {} (an earlier version's); restarting it",
+                 slot.name, options_.gateway_binary);
     SPACE_TRY(network->restartGateway());
   }
   return network;

@@ -4573,10 +4573,56 @@ TEST_F(SpacedNetworkTest, KilledGatewaysAndDaemonsLeaveNoHoleAndNoLeftovers) {
   ASSERT_TRUE(daemon_);
   EXPECT_EQ(daemon_->callJson("GET", "/v1/sandboxes/" + id, json(), 200)["state"], "running");
   EXPECT_EQ(slotsOnHost(), 1u) << "the dead daemon's spare slots were not reclaimed";
+  EXPECT_FALSE(waitForLog("runs another program than", 0, milliseconds(1))) << "the same program's gateway is kept";
   auto [again_rc, again_out] = sh(*daemon_, id, "curl -sS -m 10 http://allowed.test/");
   EXPECT_EQ(again_rc, 0) << again_out;
   daemon_->stop(SIGTERM);  // --on-shutdown stop: the sandbox goes, and its slot with it
   EXPECT_EQ(slotsOnHost(), 0u);
+}
+
+// After an upgrade with sandboxes kept running, an adopted gateway that runs another program
+// than the installed one (an earlier version's, without what this one is confined by) is
+// replaced by the installed one, and the sandbox's network works on under its policy.
+TEST_F(SpacedNetworkTest, AnAdoptedGatewayOfAnEarlierProgramIsReplaced) {
+  const std::string installed = (std::filesystem::path(SPACED_BIN).parent_path() / "space-gateway").string();
+  const std::string earlier = dir_->path() + "/earlier-space-gateway";
+  std::filesystem::copy_file(installed, earlier);
+  std::vector<std::string> args = networkArgs();
+  args.insert(args.end(), {"--on-shutdown", "keep", "--gateway-binary", earlier});
+  daemon_ = Daemon::start(data_dir_, args);
+  ASSERT_TRUE(daemon_);
+  const std::string id = daemon_->create(
+      json{{"cpus", 1}, {"memory_mb", 256}, {"network", {{"egress", "policy"}, {"allow", {"allowed.test"}}}}});
+  ASSERT_FALSE(id.empty());
+  auto gatewayPid = [&] {
+    auto attachment = readSmallFile(data_dir_ + "/network/" + id + "/attachment.json", 4096);
+    return attachment.ok() ? json::parse(attachment.value()).value("gateway_pid", -1) : -1;
+  };
+  const int first = gatewayPid();
+  ASSERT_GT(first, 0);
+  daemon_->stop(SIGKILL);
+  args = networkArgs();
+  args.insert(args.end(), {"--on-shutdown", "stop"});
+  const size_t log_from = logSize();
+  daemon_ = Daemon::start(data_dir_, args);
+  ASSERT_TRUE(daemon_);
+  EXPECT_TRUE(waitForLog("runs another program than " + installed + " (an earlier version's); restarting it", log_from,
+                         seconds(1)));
+  const int second = gatewayPid();
+  EXPECT_GT(second, 0);
+  EXPECT_NE(second, first);
+  bool stopped = false;  // and reaped by whoever inherited it, in a moment
+  for (auto until = Clock::now() + seconds(5); Clock::now() < until && !stopped;
+       std::this_thread::sleep_for(milliseconds(50))) {
+    stopped = ::kill(first, 0) != 0;
+  }
+  EXPECT_TRUE(stopped) << "the earlier gateway was stopped";
+  std::error_code ec;
+  EXPECT_TRUE(std::filesystem::equivalent("/proc/" + std::to_string(second) + "/exe", installed, ec)) << ec.message();
+  auto [rc, out] = sh(*daemon_, id, "curl -sS -m 10 http://allowed.test/ && curl -sS -m 10 http://other.test/");
+  EXPECT_NE(out.find("host allowed.test"), std::string::npos) << out;
+  EXPECT_NE(rc, 0) << "the new gateway forgot the policy: " << out;
+  EXPECT_TRUE(logged(auditLog(*daemon_, id), "reason", "gateway-restarted", false));
 }
 
 // A node that turns networking on keeps what it made without: sandboxes suspended and
