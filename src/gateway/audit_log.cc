@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 
 namespace space::gateway {
 
@@ -18,17 +19,18 @@ namespace {
 constexpr int kOpenFlags = O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
 
 // `path` as a regular file with no other name, made where missing. Whatever else stands there
-// (a symbolic link, a FIFO, a device, a second name of another file: left by an earlier
-// gateway that could write the directory) is removed first, never opened; a directory cannot
-// be, and the result is then invalid with errno set.
+// (a symbolic link, a FIFO, a device, a directory, a second name of another file: left by an
+// earlier gateway that could write the directory) is removed first, never opened or followed;
+// where that fails, the result is invalid with errno set.
 UniqueFd openOwnFile(const std::string& path, int flags) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0 && !(S_ISREG(st.st_mode) && st.st_nlink == 1)) {
-    if (S_ISDIR(st.st_mode)) {
-      errno = EISDIR;
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);  // a symbolic link inside is removed, not followed
+    if (ec) {
+      errno = ec.value();
       return UniqueFd();
     }
-    if (::unlink(path.c_str()) != 0) return UniqueFd();
   }
   UniqueFd fd(::open(path.c_str(), flags | O_CREAT | kOpenFlags, 0640));
   if (fd.valid() && (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1)) {

@@ -22,9 +22,9 @@ class AuditLog {
  public:
   // Opens (creates, appends to) `path`, and opens (creates) `path`.1 for the rotated lines.
   // Each must be a regular file with no other name: anything else there (a symbolic link, a
-  // FIFO, a hard link to another file) is replaced, never written through. Where `path`.1
-  // cannot be one (a directory is there), rotation truncates `path` in place: the history is
-  // lost, not the bound; where `path` cannot, an error.
+  // FIFO, a directory, a hard link to another file) is replaced, never written through. Where
+  // `path`.1 cannot be made (a directory closed to us), rotation truncates `path` in place:
+  // the history is lost, not the bound; where `path` cannot, an error.
   static Result<AuditLog> open(const std::string& path, uint64_t max_bytes);
 
   // Appends `entry` with "time_ms" (wall clock, ms since the epoch) added. Never fails: an

@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/capability.h>
+#include <linux/netlink.h>
 #include <openssl/x509.h>
 #include <pthread.h>
 #include <pwd.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -16,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -92,6 +95,8 @@ Result<std::pair<uid_t, gid_t>> resolveUser(const std::string& user) {
   return std::pair{uid, gid};
 }
 
+uint64_t gatewayDescriptors(size_t max_connections) { return uint64_t{2} * max_connections + 256; }
+
 uint64_t gatewayAddressSpace(size_t max_connections) {
   return (uint64_t{64} << 20) + static_cast<uint64_t>(max_connections) * (uint64_t{1} << 20);
 }
@@ -112,6 +117,12 @@ Result<int> confine(const ConfinementPlan& plan) {
   // stops growing here.
   signal(SIGXFSZ, SIG_IGN);
   SPACE_TRY(limit(RLIMIT_FSIZE, plan.max_file_bytes, "RLIMIT_FSIZE"));
+  // Nor the kernel memory its descriptors hold (socket buffers, pipes): as many as its
+  // connections need, soft and hard, where spaced's hard limit would let it raise its own.
+  rlimit descriptors{};
+  if (getrlimit(RLIMIT_NOFILE, &descriptors) != 0) return makeError(ErrorCode::kInternal, errnoText("RLIMIT_NOFILE"));
+  SPACE_TRY(limit(RLIMIT_NOFILE, std::min<rlim_t>(gatewayDescriptors(plan.max_connections), descriptors.rlim_max),
+                  "RLIMIT_NOFILE"));
   // It holds its sandbox's credential values: no core dump, no ptrace by another process of its uid.
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return makeError(ErrorCode::kInternal, errnoText("PR_SET_DUMPABLE"));
   // Landlock binds the calling thread (and those it starts) only: checked, not assumed, to be
@@ -125,15 +136,16 @@ Result<int> confine(const ConfinementPlan& plan) {
   }
   SPACE_TRY(files->apply());
   // A gateway reads guest bytes and never executes, debugs, forks, shares memory, listens,
-  // reserves disk, talks to a Unix socket, mounts or makes namespaces; a compromised one gets
-  // none of it.
+  // reserves disk, makes a socket other than IPv4 and routing netlink, uses legacy AIO, mounts
+  // or makes namespaces; a compromised one gets none of it.
   if (int rc = jail::denyWhatNoConfinedProcessNeeds({.no_exec = true,
                                                      .no_debug = true,
                                                      .no_fork = true,
                                                      .no_shared_memory = true,
                                                      .no_listen = true,
                                                      .no_disk_reservation = true,
-                                                     .no_unix_sockets = true});
+                                                     .inet_sockets_only = true,
+                                                     .no_async_io = true});
       rc != 0) {
     return makeError(ErrorCode::kInternal, std::string("cannot install the seccomp filter: ") + std::strerror(-rc));
   }
@@ -219,6 +231,24 @@ nlohmann::json probeConfinement(const ConfinementPlan& plan, int landlock_abi, i
     ::close(fd);
     return 0;
   });
+  check("diagnose_sockets", EPERM, [] {
+    int fd = ::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (fd < 0) return -1;
+    ::close(fd);
+    return 0;
+  });
+  check("more_descriptors", EPERM, [] {
+    rlimit now{};
+    if (getrlimit(RLIMIT_NOFILE, &now) != 0) return 0;
+    const rlimit more{now.rlim_max + 1, now.rlim_max + 1};
+    return setrlimit(RLIMIT_NOFILE, &more);
+  });
+  check("async_io", ENOSYS, [] {
+    unsigned long context = 0;
+    if (syscall(SYS_io_setup, 1, &context) != 0) return -1;
+    syscall(SYS_io_destroy, context);
+    return 0;
+  });
   check("shared_memory", EPERM, [] {
     int fd = static_cast<int>(syscall(SYS_memfd_create, "space-gateway-probe", 0));
     if (fd < 0) return -1;
@@ -234,6 +264,19 @@ nlohmann::json probeConfinement(const ConfinementPlan& plan, int landlock_abi, i
   });
   check("file_beyond_its_bound", EFBIG,
         [&] { return ::pwrite(written, "x", 1, static_cast<off_t>(plan.max_file_bytes)) == 1 ? 0 : -1; });
+  // FS_IOC_RESVSP64 (not in Debian 12's headers): _IOW('X', 42, struct space_resv), 48 bytes;
+  // the kernel makes it a fallocate that keeps the size.
+  check("disk_reserved_by_ioctl", EPERM, [&] {
+    struct {
+      int16_t type, whence;
+      int64_t start, length;
+      int32_t sysid;
+      uint32_t pid;
+      int32_t pad[4];
+    } reservation{0, SEEK_SET, 0, static_cast<int64_t>(plan.max_file_bytes) * 2, 0, 0, {}};
+    static_assert(sizeof reservation == 48);
+    return ioctl(written, _IOW('X', 42, decltype(reservation)), &reservation);
+  });
   check("disk_reserved_beyond_its_bound", EPERM,
         [&] { return fallocate(written, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(plan.max_file_bytes) * 2); });
   // Landlock answers EACCES; the scratch directory (the working one: its ancestors may be
@@ -250,16 +293,20 @@ nlohmann::json probeConfinement(const ConfinementPlan& plan, int landlock_abi, i
   // made from /usr/share/ca-certificates). A host without one has nothing to read.
   nlohmann::json needs = nlohmann::json::object();
   bool works = true;
-  const char* trust_store = X509_get_default_cert_file();
-  errno = 0;
-  const int opened = readFile(trust_store);
-  const int error = errno;
-  const bool absent = opened != 0 && error == ENOENT;
-  needs["trust_store"] = {{"path", trust_store},
-                          {"readable", opened == 0},
-                          {"absent", absent},
-                          {"error", opened != 0 ? strerror(error) : ""}};
-  works = works && (opened == 0 || absent);
+  // Where OpenSSL looks: its environment variables (inherited from spaced) first, as it does.
+  auto need = [&](const char* name, const char* env, const char* fallback, int flags) {
+    const char* set = std::getenv(env);
+    const std::string path = set != nullptr && *set != '\0' ? set : fallback;
+    errno = 0;
+    int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+    const int error = errno;
+    if (fd >= 0) ::close(fd);
+    const bool absent = fd < 0 && error == ENOENT;
+    needs[name] = {{"path", path}, {"readable", fd >= 0}, {"absent", absent}, {"error", fd < 0 ? strerror(error) : ""}};
+    works = works && (fd >= 0 || absent);
+  };
+  need("trust_store", X509_get_default_cert_file_env(), X509_get_default_cert_file(), O_RDONLY);
+  need("trust_store_dir", X509_get_default_cert_dir_env(), X509_get_default_cert_dir(), O_RDONLY | O_DIRECTORY);
   return {
       {"landlock_abi", landlock_abi}, {"confined", confined}, {"checks", checks}, {"works", works}, {"needs", needs}};
 }

@@ -36,6 +36,9 @@ struct ConfinementPlan {
 // The uid and gid of `user` (a name, or "#<id>"); an error for root or an unknown name.
 Result<std::pair<uid_t, gid_t>> resolveUser(const std::string& user);
 
+// RLIMIT_NOFILE for a gateway of `max_connections`: two per connection and some for DNS.
+uint64_t gatewayDescriptors(size_t max_connections);
+
 // RLIMIT_AS for a gateway of `max_connections`: 64 MiB + 1 MiB per connection (measured: 15 MB
 // idle, 50 MB with 250 connections open; bench/RESULTS.md).
 uint64_t gatewayAddressSpace(size_t max_connections);
@@ -43,22 +46,26 @@ uint64_t gatewayAddressSpace(size_t max_connections);
 // In this order: the Landlock ruleset is made (its directories opened as root); privileges go
 // for good (no groups, the user's uid/gid, an empty bounding set, no_new_privs, checked after
 // the fact); the user holds one task (no thread or process can be made: it spins one core at
-// most, and it is in no cgroup that would count them), a bounded address space and file size
-// (SIGXFSZ ignored: a write past it fails with EFBIG rather than killing it), and is not
-// dumpable (it holds credential values); the ruleset binds (the process must have one thread,
-// checked); and the seccomp filter refuses exec, debugging, fork, shared memory, listening,
-// disk reservation and Unix sockets (jail/seccomp_policy.h). Returns the Landlock ABI that confines its files, 0 if the
-// kernel has none (then only the rest holds). An error leaves the process to exit: it may be half done.
+// most, and it is in no cgroup that would count them), a bounded address space, number of
+// descriptors and file size (SIGXFSZ ignored: a write past it fails with EFBIG rather than
+// killing it), and is not dumpable (it holds credential values); the ruleset binds (the
+// process must have one thread, checked); and the seccomp filter refuses exec, debugging,
+// fork, shared memory, listening, disk reservation, sockets but IPv4 and routing netlink, and
+// legacy AIO (jail/seccomp_policy.h). Returns the Landlock ABI that confines its files, 0 if
+// the kernel has none (then only the rest holds). An error leaves the process to exit: it may
+// be half done.
 Result<int> confine(const ConfinementPlan& plan);
 
 // Run after confine(): tries what a compromised gateway would, in the working directory (the
-// plan's first, a scratch directory its user owns, so that only the confinement refuses there) and
-// elsewhere, and says what was refused, each by the error the confinement gives:
+// plan's first, a scratch directory its user owns, so that only the confinement refuses
+// there) and elsewhere, and says what was refused, each by the error the confinement gives:
 //   {"landlock_abi": N, "confined": bool, "checks": {"fork": {"refused": bool, "error": "..."}, ...},
-//    "works": bool, "needs": {"trust_store": {"path": "...", "readable": bool, "absent": bool, "error": "..."}}}
+//    "works": bool, "needs": {"trust_store": {"path": "...", "readable": bool, "absent": bool,
+//    "error": "..."}, "trust_store_dir": {...}}}
 // `confined` is true when every check was refused; `works` when what a gateway needs to read
-// (the host's trust store, where it has one) is still readable. `written` was opened (as root) before
-// confine(), for the file-size check. Nothing it tries outlives it or leaves a file.
+// (the host's trust store, file and directory, where it has them: OpenSSL's environment
+// variables first) is still readable. `written` was opened (as root) before confine(), for the
+// file-size checks. Nothing it tries outlives it or leaves a file.
 nlohmann::json probeConfinement(const ConfinementPlan& plan, int landlock_abi, int written);
 
 }  // namespace space::gateway

@@ -277,15 +277,6 @@ int main(int argc, char** argv) {
   if (!listeners.ok()) return fail(listeners.error().message);
   upstream = UniqueFd();
 
-  // Two descriptors per connection, and some for DNS: raise the soft limit within the hard one.
-  rlimit nofile{};
-  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
-    rlim_t want = static_cast<rlim_t>(max_connections) * 2 + 256;
-    if (nofile.rlim_cur < want) {
-      nofile.rlim_cur = std::min(want, nofile.rlim_max);
-      setrlimit(RLIMIT_NOFILE, &nofile);
-    }
-  }
   // What it opens by path once serving: its policy (read again when it changes) in its
   // directory, read-only (the audit log's two files are open already, and it makes no file),
   // its credentials file, and the trust store and the libraries' files: OpenSSL reads its

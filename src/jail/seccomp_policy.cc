@@ -1,6 +1,7 @@
 #include "jail/seccomp_policy.h"
 
 #include <fcntl.h>
+#include <linux/netlink.h>
 #include <sched.h>
 #include <seccomp.h>
 #include <sys/socket.h>
@@ -43,13 +44,31 @@ int denyWhatNoConfinedProcessNeeds(SeccompExtras extras) {
                SCMP_SYS(mq_open)});
   }
   if (extras.no_listen) refuseAll({SCMP_SYS(listen)});
-  if (extras.no_disk_reservation) refuseAll({SCMP_SYS(fallocate)});
-  if (extras.no_unix_sockets) {
-    // The domain is an int: compared on its low 32 bits, as the kernel reads it (see fcntl below).
-    for (const int call : {SCMP_SYS(socket), SCMP_SYS(socketpair)}) {
-      if (rc == 0) rc = seccomp_rule_add(filter, refuse, call, 1, SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, AF_UNIX));
-    }
+  if (extras.no_disk_reservation) {
+    refuseAll({SCMP_SYS(fallocate)});
+    // An ioctl's command is an unsigned int (its low 32 bits, as for fcntl below); its type is
+    // bits 8-15.
+    if (rc == 0)
+      rc = seccomp_rule_add(filter, refuse, SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_MASKED_EQ, 0xff00u, 'X' << 8));
   }
+  if (extras.inet_sockets_only) {
+    // Every family but AF_INET and AF_NETLINK, on the domain's low 32 bits (an int, as the
+    // kernel reads it); families past 63 do not exist (EAFNOSUPPORT) whatever the filter says.
+    for (uint64_t family = 0; family < 64; ++family) {
+      if (family == AF_INET || family == AF_NETLINK) continue;
+      if (rc == 0)
+        rc = seccomp_rule_add(filter, refuse, SCMP_SYS(socket), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, family));
+    }
+    // Netlink: routing only. A protocol other than 0 in any bit is refused (an upper half
+    // with a 0 below is refused too: never a protocol a caller needs).
+    if (rc == 0) {
+      rc = seccomp_rule_add(filter, refuse, SCMP_SYS(socket), 2, SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, AF_NETLINK),
+                            SCMP_A2(SCMP_CMP_NE, NETLINK_ROUTE));
+    }
+    if (rc == 0)
+      rc = seccomp_rule_add(filter, refuse, SCMP_SYS(socketpair), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, AF_UNIX));
+  }
+  if (extras.no_async_io && rc == 0) rc = seccomp_rule_add(filter, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(io_setup), 0);
   // One rule per flag: a rule's argument test is (flags & mask) == value, so "any of them" is
   // several rules. CLONE_NEWTIME is left out: in clone's flags its bit is part of the exit signal.
   for (const uint64_t flag :

@@ -26,16 +26,24 @@ struct SeccompExtras {
   // sockets). bind stays: listing addresses (getifaddrs) binds a netlink socket, and a filter
   // cannot read the address bind is given, so a UDP port can still be bound.
   bool no_listen = false;
-  // The process reserves no disk blocks: fallocate fails. RLIMIT_FSIZE bounds what a write
-  // adds to a file, but with FALLOC_FL_KEEP_SIZE the file's size does not change, and ext4, xfs
-  // and btrfs check the limit only against the size: a descriptor of any file would otherwise
-  // fill the disk (review helper-72).
+  // The process reserves no disk blocks: fallocate fails, and so do the ioctls of type 'X'
+  // (FS_IOC_RESVSP, _RESVSP64, _UNRESVSP*, _ZERO_RANGE, which the kernel turns into fallocate,
+  // and XFS's own). RLIMIT_FSIZE bounds what a write adds to a file, but with
+  // FALLOC_FL_KEEP_SIZE the file's size does not change, and ext4, xfs and btrfs check the
+  // limit only against the size: a descriptor of any file would otherwise fill the disk
+  // (reviews helper-72, helper-73).
   bool no_disk_reservation = false;
-  // The process makes no Unix socket (socket and socketpair of AF_UNIX fail): Landlock (before
-  // ABI 9) does not stop a connect to a named one, so a confined process could still reach the
-  // host's log daemons (/dev/log, journald: logs it fills and forges) and, in the host's
-  // network namespace, every abstract socket there (review helper-72).
-  bool no_unix_sockets = false;
+  // The process makes IPv4 sockets and NETLINK_ROUTE ones (getifaddrs) only: socket of any other
+  // family or netlink protocol fails, and socketpair of AF_UNIX. Landlock (before ABI 9) does
+  // not stop a connect to a named Unix socket, so a confined process could reach the host's log
+  // daemons (/dev/log, journald: logs it fills and forges) and the abstract sockets of its
+  // network namespace; NETLINK_SOCK_DIAG would list every socket of the namespace, other
+  // sandboxes' gateways' peers included; other families load kernel modules on demand
+  // (reviews helper-72, helper-73).
+  bool inet_sockets_only = false;
+  // The process makes no legacy AIO context: io_setup answers ENOSYS (a context counts against
+  // the host-wide aio-max-nr, which one process can use up for every other, helper-73).
+  bool no_async_io = false;
 };
 
 // Installs the filter on every thread of the process (and those they create), after

@@ -72,6 +72,12 @@ Result<std::string> readHostileTail(const std::string& path, size_t max_bytes) {
   return out;
 }
 
+// The gateways' confinement as this version makes it (gateway/confinement.h), recorded in
+// attachment.json with each gateway: one adopted from an attachment without it, or with
+// another, was started by an earlier version and is restarted. 2: confine() in one function,
+// no files made, RLIMIT_FSIZE and RLIMIT_NOFILE, no fallocate, IPv4 and routing sockets only.
+constexpr int kGatewayConfinement = 2;
+
 // Whether process `pid` runs the program file at `path` (the same file, not one of the same
 // name: an upgrade replaces it). Where that cannot be read, it is taken to.
 bool runsProgram(pid_t pid, const std::string& path) {
@@ -273,6 +279,7 @@ Status SandboxNetwork::restartGateway() {
     how = status.known ? "exited (" + status.describe() + ")" : "exited";
   }
   gateway_.reset();
+  pool_->killLeftoversOf(slot_);
   // In the sandbox's audit log, where its owner looks for why connections broke. O_APPEND:
   // the gateway appends there too, one whole line per write.
   nlohmann::json entry{{"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -282,11 +289,15 @@ Status SandboxNetwork::restartGateway() {
                        {"allowed", false},
                        {"reason", "gateway-restarted"},
                        {"detail", "the gateway " + how + "; open connections were lost"}};
+  // The directory is root's first (an earlier version gave it to the gateway), and the file
+  // written only if it has no other name (a hard link to a file elsewhere).
+  SPACE_TRY(keepDirectoryFromGateway(NetworkPool::gatewayDir(state_dir_)));
   UniqueFd audit(::open((NetworkPool::gatewayDir(state_dir_) + "/" + kAuditFile).c_str(),
                         O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   struct stat st {};
   // Bounded too: a gateway that dies at every start would otherwise grow it a line at a time.
-  if (audit.valid() && ::fstat(audit.get(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size < kAuditAppendMaxBytes) {
+  if (audit.valid() && ::fstat(audit.get(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 &&
+      st.st_size < kAuditAppendMaxBytes) {
     std::string line = entry.dump() + "\n";
     if (::write(audit.get(), line.data(), line.size()) < 0) spdlog::warn("network: audit append: {}", strerror(errno));
   }
@@ -306,7 +317,8 @@ Status SandboxNetwork::writeAttachment() const {
   nlohmann::json a = {{"slot", slot_.index},
                       {"gateway_pid", gateway_ ? gateway_->pid() : -1},
                       {"tap_sent_at_attach", tap_baseline_.guest_sent},
-                      {"tap_received_at_attach", tap_baseline_.guest_received}};
+                      {"tap_received_at_attach", tap_baseline_.guest_received},
+                      {"gateway_confinement", kGatewayConfinement}};
   if (gateway_) {
     if (auto started = processStartTime(gateway_->pid()); started.ok()) a["gateway_start"] = started.value();
   }
@@ -479,6 +491,22 @@ std::pair<uid_t, gid_t> NetworkPool::gatewayIds(const Slot& slot) const {
   return pw ? std::make_pair(pw->pw_uid, pw->pw_gid) : std::make_pair(uid_t{65534}, gid_t{65534});
 }
 
+void NetworkPool::killLeftoversOf(const Slot& slot) const {
+  // Only a uid of the slot's own: a user that gateways share may run anything else too.
+  if (options_.gateway_uid_base == 0) return;
+  const uid_t uid = gatewayIds(slot).first;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    if (auto owner = processUid(pid); owner.ok() && owner.value() == uid && ::kill(pid, SIGKILL) == 0) {
+      spdlog::warn("network: killed process {} of slot {}'s gateway uid {}, left by an earlier gateway", pid, slot.name,
+                   uid);
+    }
+  }
+}
+
 std::string NetworkPool::gatewayUser(const Slot& slot) const {
   if (options_.gateway_uid_base == 0) return options_.gateway_user;
   return "#" + std::to_string(gatewayIds(slot).first);
@@ -577,7 +605,8 @@ Result<nlohmann::json> NetworkPool::probeGatewayConfinement(const std::string& s
   auto report = text.ok() ? parseJsonBounded(text.value()) : Result<nlohmann::json>(text.error());
   if (!report.ok() || !report->is_object() || !report->contains("confined") || !(*report)["confined"].is_boolean() ||
       !report->contains("checks") || !(*report)["checks"].is_object() || !report->contains("works") ||
-      !(*report)["works"].is_boolean()) {
+      !(*report)["works"].is_boolean() || !report->contains("landlock_abi") ||
+      !(*report)["landlock_abi"].is_number_integer()) {
     return makeError(ErrorCode::kUnavailable, options_.gateway_binary + " --probe-confinement " + status->describe() +
                                                   " without a report: " + tail);
   }
@@ -667,6 +696,14 @@ Result<std::unique_ptr<SandboxNetwork>> NetworkPool::adopt(const std::string& st
   }
   if (!network->gateway_) {
     spdlog::warn("network: the gateway of slot {} is gone; starting a new one", slot.name);
+    SPACE_TRY(network->restartGateway());
+  } else if (const auto made = a.find("gateway_confinement");
+             made == a.end() || !made->is_number_integer() || made->get<int>() != kGatewayConfinement) {
+    // Also where its program file was replaced in place, or /proc/PID/exe cannot be read.
+    spdlog::warn(
+        "network: the gateway of slot {} was started by an earlier version (confinement {}, now {}); "
+        "restarting it",
+        slot.name, made == a.end() ? "unrecorded" : made->dump(), kGatewayConfinement);
     SPACE_TRY(network->restartGateway());
   } else if (!runsProgram(pid, options_.gateway_binary)) {
     // Started by an earlier version (spaced was upgraded with its sandboxes kept running): it

@@ -225,6 +225,9 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   Result<ChildProcess> spawnGateway(const Slot& slot, const std::string& state_dir);
   std::pair<uid_t, gid_t> gatewayIds(const Slot& slot) const;
   std::string gatewayUser(const Slot& slot) const;
+  // Kills what runs as the slot's gateway uid (a gateway is stopped first): what a gateway of
+  // an earlier version, which could fork, may have left to signal the next one.
+  void killLeftoversOf(const Slot& slot) const;
   Result<Slot> newSlot();
   void refillLoop();
 

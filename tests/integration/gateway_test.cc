@@ -939,6 +939,13 @@ TEST_F(GatewayTest, RunsWithoutAnyCapability) {
   file >> soft >> hard;
   EXPECT_EQ(soft, std::to_string(5u << 20));
   EXPECT_EQ(hard, std::to_string(5u << 20));
+  // Its descriptors (socket buffers are kernel memory): two per connection and 256, soft and hard.
+  const size_t files_at = limits.find("Max open files");
+  ASSERT_NE(files_at, std::string::npos) << limits;
+  std::istringstream files(limits.substr(files_at + std::strlen("Max open files")));
+  files >> soft >> hard;
+  EXPECT_EQ(soft, "768");
+  EXPECT_EQ(hard, "768");
   // Its files confined to reading its own directory (jail/landlock.h, FsConfinementTest.*):
   // it makes no file anywhere.
   EXPECT_NE(readFile(dir_ + "/gateway.log").find("files confined to " + dir_ + " (read), /usr (read)"),
@@ -979,9 +986,13 @@ TEST_F(GatewayTest, ItsProbeFindsEveryPartOfItsConfinementInPlace) {
                                              "new_namespace",
                                              "listen",
                                              "unix_socket",
+                                             "diagnose_sockets",
+                                             "more_descriptors",
+                                             "async_io",
                                              "shared_memory",
                                              "memory_beyond_its_bound",
                                              "file_beyond_its_bound",
+                                             "disk_reserved_by_ioctl",
                                              "disk_reserved_beyond_its_bound",
                                              "make_file_in_own_dir",
                                              "make_file_in_tmp",
@@ -1002,6 +1013,9 @@ TEST_F(GatewayTest, ItsProbeFindsEveryPartOfItsConfinementInPlace) {
   const std::string path = trust_store.value("path", "");
   EXPECT_FALSE(path.empty()) << text;
   EXPECT_EQ(trust_store.value("readable", false), std::filesystem::exists(path)) << text;
+  const std::string dir = report["needs"]["trust_store_dir"].value("path", "");
+  EXPECT_FALSE(dir.empty()) << text;
+  EXPECT_EQ(report["needs"]["trust_store_dir"].value("readable", false), std::filesystem::is_directory(dir)) << text;
   // It left nothing behind: its file was unnamed, and each file it made it would have removed.
   EXPECT_TRUE(std::filesystem::is_empty(scratch));
 }

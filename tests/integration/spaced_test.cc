@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -2876,7 +2877,7 @@ TEST_F(SpacedTest, ItSaysAtStartWhetherGatewaysAreConfinedAndCanRequireIt) {
   daemon_ = Daemon::start(data_dir_, {"--require-gateway-confinement"});
   ASSERT_TRUE(daemon_);
   EXPECT_TRUE(waitForLog("network: gateways are confined (Landlock ABI ", 0, seconds(1)));
-  EXPECT_TRUE(waitForLog(": 17 checks of what a compromised one would try, all refused", 0, seconds(1)));
+  EXPECT_TRUE(waitForLog(": 21 checks of what a compromised one would try, all refused", 0, seconds(1)));
   for (const char* left : {"", ".json", ".log"}) {
     EXPECT_FALSE(std::filesystem::exists(data_dir_ + "/network/.gateway-probe" + left)) << "the probe leaves nothing";
   }
@@ -4543,6 +4544,19 @@ TEST_F(SpacedNetworkTest, KilledGatewaysAndDaemonsLeaveNoHoleAndNoLeftovers) {
   };
   const int first = gatewayPid();
   ASSERT_GT(first, 0);
+  // A process left as the gateway's uid (a gateway of an earlier version could fork) goes with
+  // it: it would otherwise signal the next one.
+  auto uid = processUid(first);
+  ASSERT_TRUE(uid.ok());
+  pid_t leftover = fork();
+  if (leftover == 0) {
+    if (setgroups(0, nullptr) == 0 && setresgid(uid.value(), uid.value(), uid.value()) == 0 &&
+        setresuid(uid.value(), uid.value(), uid.value()) == 0) {
+      pause();
+    }
+    _exit(1);
+  }
+  ASSERT_GT(leftover, 0);
   ASSERT_EQ(::kill(first, SIGKILL), 0);
   bool restarted = false;
   for (auto until = Clock::now() + seconds(20); Clock::now() < until && !restarted;
@@ -4555,6 +4569,10 @@ TEST_F(SpacedNetworkTest, KilledGatewaysAndDaemonsLeaveNoHoleAndNoLeftovers) {
   EXPECT_NE(out.find("host allowed.test"), std::string::npos) << out;
   EXPECT_NE(rc, 0) << "the restarted gateway forgot the policy: " << out;
   EXPECT_TRUE(logged(auditLog(*daemon_, id), "reason", "gateway-restarted", false));
+  int status = 0;
+  ASSERT_EQ(waitpid(leftover, &status, 0), leftover);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  EXPECT_TRUE(waitForLog("network: killed process " + std::to_string(leftover) + " of slot ", 0, seconds(1)));
 
   // The daemon dies with the sandbox running; its spare slots are leftovers for the next one.
   const std::string prefix = "space-" + sha256Hex(data_dir_).substr(0, 8) + "-";
@@ -4623,6 +4641,24 @@ TEST_F(SpacedNetworkTest, AnAdoptedGatewayOfAnEarlierProgramIsReplaced) {
   EXPECT_NE(out.find("host allowed.test"), std::string::npos) << out;
   EXPECT_NE(rc, 0) << "the new gateway forgot the policy: " << out;
   EXPECT_TRUE(logged(auditLog(*daemon_, id), "reason", "gateway-restarted", false));
+
+  // One whose attachment does not record this version's confinement is restarted too, even
+  // where its program file is the installed one.
+  daemon_->stop(SIGKILL);
+  const std::string attachment_path = data_dir_ + "/network/" + id + "/attachment.json";
+  auto attachment = readSmallFile(attachment_path, 4096);
+  ASSERT_TRUE(attachment.ok());
+  json recorded = json::parse(attachment.value());
+  ASSERT_TRUE(recorded.contains("gateway_confinement")) << recorded;
+  recorded.erase("gateway_confinement");
+  ASSERT_TRUE(writeFileAtomic(attachment_path, recorded.dump(), 0600).ok());
+  const size_t again_from = logSize();
+  daemon_ = Daemon::start(data_dir_, args);
+  ASSERT_TRUE(daemon_);
+  EXPECT_TRUE(waitForLog("was started by an earlier version (confinement unrecorded, now ", again_from, seconds(1)));
+  EXPECT_NE(gatewayPid(), second);
+  auto [again_rc, again_out] = sh(*daemon_, id, "curl -sS -m 10 http://allowed.test/");
+  EXPECT_EQ(again_rc, 0) << again_out;
 }
 
 // A node that turns networking on keeps what it made without: sandboxes suspended and

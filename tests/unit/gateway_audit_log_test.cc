@@ -216,11 +216,17 @@ TEST_F(AuditLogTest, ASymlinkOrASecondNameAtEitherPathIsReplacedAndNeverWrittenT
   EXPECT_EQ(all.back(), 29);
 }
 
-TEST_F(AuditLogTest, ADirectoryAtThePathIsAnError) {
-  ASSERT_EQ(::mkdir(path_.c_str(), 0700), 0);
-  auto log = AuditLog::open(path_, kMax);
-  ASSERT_FALSE(log.ok());
-  EXPECT_NE(log.error().message.find(path_), std::string::npos) << log.error().message;
+TEST_F(AuditLogTest, ADirectoryAtEitherPathIsReplaced) {
+  for (const std::string& path : {path_, old_}) {
+    ASSERT_EQ(::mkdir(path.c_str(), 0700), 0);
+    ASSERT_EQ(::symlink((dir_.path() + "/victim").c_str(), (path + "/link").c_str()), 0);
+  }
+  std::ofstream(dir_.path() + "/victim") << "keep\n";
+  AuditLog log = openOrDie();
+  for (int seq = 0; seq < 30; ++seq) log.write(entry(seq));
+  EXPECT_EQ(fileSize(dir_.path() + "/victim"), 5u) << "a link inside is removed, not followed";
+  EXPECT_FALSE(seqs(readEntries(old_)).empty());
+  EXPECT_EQ(seqs(readEntries(path_)).back(), 29);
 }
 
 TEST_F(AuditLogTest, RotationReplacesASymlinkAtDotOneAndNeverWritesThroughIt) {
@@ -235,20 +241,33 @@ TEST_F(AuditLogTest, RotationReplacesASymlinkAtDotOneAndNeverWritesThroughIt) {
   EXPECT_EQ(fileSize(victim), 5u);
 }
 
-TEST_F(AuditLogTest, WhenDotOneCannotBeARegularFileTheFileIsTruncatedInstead) {
-  // A non-empty directory at FILE.1: nobody, root included, can make a file of it.
-  ASSERT_EQ(::mkdir(old_.c_str(), 0700), 0);
-  std::ofstream(old_ + "/inside") << "x";
-  AuditLog log = openOrDie();
-  for (int seq = 0; seq < 100; ++seq) {
-    log.write(entry(seq));
-    ASSERT_LE(fileSize(path_), kMax) << seq;
-  }
+TEST_F(AuditLogTest, WhenDotOneCannotBeMadeTheFileIsTruncatedInstead) {
+  // Opened by a user that may write FILE but not make FILE.1 in the directory (root could).
+  ASSERT_EQ(::chmod(dir_.path().c_str(), 0755), 0);
+  std::ofstream(path_) << "";
+  ASSERT_EQ(::chmod(path_.c_str(), 0666), 0);
+  int status = inChild([&]() -> int {
+    if (geteuid() == 0) {
+      if (setgroups(0, nullptr) != 0 || setresgid(65534, 65534, 65534) != 0 || setresuid(65534, 65534, 65534) != 0)
+        return 10;
+    } else if (::chmod(dir_.path().c_str(), 0555) != 0) {
+      return 11;
+    }
+    auto opened = AuditLog::open(path_, kMax);
+    if (!opened.ok()) return 12;
+    for (int seq = 0; seq < 100; ++seq) {
+      opened->write(entry(seq));
+      if (opened->size() > kMax) return 13;
+    }
+    return 0;
+  });
+  ::chmod(dir_.path().c_str(), 0700);
+  ASSERT_EQ(status, 0);
+  EXPECT_FALSE(exists(old_));
+  EXPECT_LE(fileSize(path_), kMax);
   auto current = seqs(readEntries(path_));
   ASSERT_FALSE(current.empty());
   EXPECT_EQ(current.back(), 99);
-  EXPECT_EQ(log.size(), fileSize(path_));
-  EXPECT_TRUE(exists(old_ + "/inside"));
 }
 
 TEST_F(AuditLogTest, AFifoAtDotOneDoesNotBlockTheOpen) {

@@ -6,6 +6,7 @@
 #include <linux/netlink.h>
 #include <netinet/in.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/ipc.h>
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
@@ -100,8 +101,8 @@ int listenRefused() {
   return 0;
 }
 
-// No disk reserved past the file-size limit (FALLOC_FL_KEEP_SIZE leaves the size alone); a
-// write still works.
+// No disk reserved past the file-size limit (FALLOC_FL_KEEP_SIZE leaves the size alone), by
+// fallocate or the ioctl the kernel turns into it; a write and other ioctls still work.
 int diskReservationRefused() {
   char path[] = "/tmp/space-seccomp-XXXXXX";
   int fd = mkstemp(path);
@@ -109,22 +110,44 @@ int diskReservationRefused() {
   unlink(path);
   if (fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 4096) != -1 || errno != EPERM) return 2;
   if (fallocate(fd, 0, 0, 4096) != -1 || errno != EPERM) return 3;
-  if (write(fd, "x", 1) != 1) return 4;
+  // FS_IOC_RESVSP64 (not in Debian 12's headers): _IOW('X', 42, struct space_resv), 48 bytes.
+  struct {
+    int16_t type, whence;
+    int64_t start, length;
+    int32_t sysid;
+    uint32_t pid;
+    int32_t pad[4];
+  } reservation{0, SEEK_SET, 0, 1 << 20, 0, 0, {}};
+  static_assert(sizeof reservation == 48);
+  if (ioctl(fd, _IOW('X', 42, decltype(reservation)), &reservation) != -1 || errno != EPERM) return 4;
+  if (syscall(SYS_ioctl, fd, (1ULL << 32) | _IOW('X', 42, decltype(reservation)), &reservation) != -1 || errno != EPERM)
+    return 5;
+  int pending = 0;
+  if (ioctl(fd, FIONREAD, &pending) != 0) return 6;
+  if (write(fd, "x", 1) != 1) return 7;
   return 0;
 }
 
-// No Unix socket, named, abstract or a pair, in any form of the domain's register; IP and
-// netlink sockets stay.
-int unixSocketsRefused() {
+// IPv4 and routing netlink sockets only: no Unix socket (named, abstract or a pair, in any
+// form of the domain's register), no IPv6, no other netlink protocol or family.
+int onlyInetSockets() {
   if (socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0) != -1 || errno != EPERM) return 1;
   if (socket(AF_UNIX, SOCK_STREAM, 0) != -1 || errno != EPERM) return 2;
   if (syscall(SYS_socket, (1ULL << 32) | AF_UNIX, SOCK_STREAM, 0) != -1 || errno != EPERM) return 3;
   int pair[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != -1 || errno != EPERM) return 4;
-  int ip = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (ip < 0) return 5;
-  int netlink = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
-  if (netlink < 0) return 6;
+  if (socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_SOCK_DIAG) != -1 || errno != EPERM) return 5;
+  if (socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0) != -1 || errno != EPERM) return 6;
+  if (socket(AF_ALG, SOCK_SEQPACKET | SOCK_CLOEXEC, 0) != -1 || errno != EPERM) return 7;
+  if (socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0) < 0) return 8;
+  if (socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0) < 0) return 9;
+  if (socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE) < 0) return 10;
+  return 0;
+}
+
+int asyncIoRefused() {
+  unsigned long context = 0;
+  if (syscall(SYS_io_setup, 1, &context) != -1 || errno != ENOSYS) return 1;
   return 0;
 }
 
@@ -142,14 +165,16 @@ TEST(SeccompPolicy, RefusesKeysNamespacesLeasesAndIoUringAndKeepsThreadsAndFork)
 // The gateway's extras: no program runs, nothing is debugged, no process is made, no memory
 // outside its address space. Without them
 // (space-jail's case) an exec works, since the jail's last act is executing QEMU.
-TEST(SeccompPolicy, TheGatewaysExtrasRefuseExecDebuggingForkSharedMemoryListenersDiskReservationAndUnixSockets) {
+TEST(SeccompPolicy, TheGatewaysExtrasRefuseExecDebuggingForkSharedMemoryListenersDiskReservationAndAllButInetSockets) {
   EXPECT_EQ(underPolicy({.no_exec = true, .no_debug = true}, execAndDebugRefused), 0);
   EXPECT_EQ(underPolicy({.no_fork = true}, forkRefusedThreadsKept), 0);
   EXPECT_EQ(underPolicy({.no_shared_memory = true}, sharedMemoryRefused), 0);
   EXPECT_EQ(underPolicy({.no_listen = true}, listenRefused), 0);
   EXPECT_EQ(underPolicy({.no_disk_reservation = true}, diskReservationRefused), 0);
-  EXPECT_EQ(underPolicy({.no_unix_sockets = true}, unixSocketsRefused), 0);
-  EXPECT_EQ(underPolicy({}, unixSocketsRefused), 1) << "allowed without the extra";
+  EXPECT_EQ(underPolicy({}, diskReservationRefused), 2) << "allowed without the extra";
+  EXPECT_EQ(underPolicy({.inet_sockets_only = true}, onlyInetSockets), 0);
+  EXPECT_EQ(underPolicy({}, onlyInetSockets), 1) << "allowed without the extra";
+  EXPECT_EQ(underPolicy({.no_async_io = true}, asyncIoRefused), 0);
   EXPECT_EQ(underPolicy({.no_exec = true, .no_debug = true, .no_fork = true}, refusedEverywhere), 7)
       << "all as without no_fork but the fork (check 7)";
   EXPECT_EQ(underPolicy({}, execAllowed), 42);
