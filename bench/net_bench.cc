@@ -425,13 +425,13 @@ class Env {
          std::string("ip link set lo up; ip addr add ") + net::kGuestIp + "/" + std::to_string(net::kPrefixLength) +
              " dev eth0; ip link set eth0 up; ip route add default via " + net::kGatewayIp});
 
-    // As NetworkPool::attach: <state>/gw owned by the gateway's uid, 0700; the policy written
-    // by root with temp + rename; the gateway's log beside gw/.
+    // As NetworkPool::spawnGateway: <state>/gw root's, 0711 (the gateway makes no file there);
+    // the policy written by root with temp + rename; the gateway's log beside gw/.
     const std::string state = dir_ + "/" + std::to_string(index);
     s.gw_dir = state + "/gw";
     std::filesystem::create_directories(s.gw_dir);
     const uid_t uid = kGatewayUidBase + static_cast<uid_t>(index);
-    if (chown(s.gw_dir.c_str(), uid, uid) != 0 || chmod(s.gw_dir.c_str(), 0700) != 0) throw Fatal("chown gw dir");
+    if (chmod(s.gw_dir.c_str(), 0711) != 0) throw Fatal("chmod gw dir");
     setPolicy(s, policy_json);
     const std::string credentials = s.gw_dir + "/credentials.json";
     if (!credentials_json.empty()) {

@@ -264,18 +264,11 @@ nlohmann::json probeConfinement(const ConfinementPlan& plan, int landlock_abi, i
   });
   check("file_beyond_its_bound", EFBIG,
         [&] { return ::pwrite(written, "x", 1, static_cast<off_t>(plan.max_file_bytes)) == 1 ? 0 : -1; });
-  // FS_IOC_RESVSP64 (not in Debian 12's headers): _IOW('X', 42, struct space_resv), 48 bytes;
-  // the kernel makes it a fallocate that keeps the size.
+  // The kernel makes it a fallocate that keeps the size.
   check("disk_reserved_by_ioctl", EPERM, [&] {
-    struct {
-      int16_t type, whence;
-      int64_t start, length;
-      int32_t sysid;
-      uint32_t pid;
-      int32_t pad[4];
-    } reservation{0, SEEK_SET, 0, static_cast<int64_t>(plan.max_file_bytes) * 2, 0, 0, {}};
-    static_assert(sizeof reservation == 48);
-    return ioctl(written, _IOW('X', 42, decltype(reservation)), &reservation);
+    jail::SpaceReservation reservation;
+    reservation.length = static_cast<int64_t>(plan.max_file_bytes) * 2;
+    return ioctl(written, jail::kReserveSpaceIoctl, &reservation);
   });
   check("disk_reserved_beyond_its_bound", EPERM,
         [&] { return fallocate(written, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(plan.max_file_bytes) * 2); });

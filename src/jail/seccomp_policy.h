@@ -3,6 +3,10 @@
 // gateway (installed by space-gateway itself once it has dropped its privileges).
 #pragma once
 
+#include <sys/ioctl.h>
+
+#include <cstdint>
+
 namespace space::jail {
 
 struct SeccompExtras {
@@ -63,5 +67,19 @@ struct SeccompExtras {
 // system call ABI (i386, x32) kills the process. libseccomp (not a hand-built BPF program)
 // knows each architecture's numbers and the x32 trap.
 int denyWhatNoConfinedProcessNeeds(SeccompExtras extras = {});
+
+// FS_IOC_RESVSP64 and its argument (the kernel's; not in Debian 12's headers), one of the
+// ioctls no_disk_reservation refuses: for the checks that try it.
+struct SpaceReservation {
+  int16_t type = 0;
+  int16_t whence = 0;  // SEEK_SET
+  int64_t start = 0;
+  int64_t length = 0;
+  int32_t sysid = 0;
+  uint32_t pid = 0;
+  int32_t pad[4] = {};
+};
+static_assert(sizeof(SpaceReservation) == 48);
+inline constexpr unsigned long kReserveSpaceIoctl = _IOW('X', 42, SpaceReservation);
 
 }  // namespace space::jail

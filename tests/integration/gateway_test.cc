@@ -917,35 +917,25 @@ TEST_F(GatewayTest, RunsWithoutAnyCapability) {
   // RLIMIT_NPROC of 1 (no thread either), which a process without capabilities cannot raise;
   // likewise its address space.
   const std::string limits = readFile("/proc/" + std::to_string(gateway_->pid()) + "/limits");
-  const size_t tasks_at = limits.find("Max processes");
-  ASSERT_NE(tasks_at, std::string::npos) << limits;
-  std::istringstream tasks(limits.substr(tasks_at + std::strlen("Max processes")));
-  std::string soft, hard;
-  tasks >> soft >> hard;
-  EXPECT_EQ(soft, "1");
-  EXPECT_EQ(hard, "1");
+  // A limit's soft and hard values, as /proc/PID/limits shows them.
+  auto limit = [&](const std::string& name) {
+    std::pair<std::string, std::string> values;
+    const size_t at = limits.find(name);
+    EXPECT_NE(at, std::string::npos) << name << " in " << limits;
+    if (at == std::string::npos) return values;
+    std::istringstream fields(limits.substr(at + name.size()));
+    fields >> values.first >> values.second;
+    return values;
+  };
+  using Values = std::pair<std::string, std::string>;
+  EXPECT_EQ(limit("Max processes"), Values("1", "1"));
   // Its memory: 64 MiB and 1 MiB for each of its (default) 256 connections.
-  const size_t space_at = limits.find("Max address space");
-  ASSERT_NE(space_at, std::string::npos) << limits;
-  std::istringstream space(limits.substr(space_at + std::strlen("Max address space")));
-  space >> soft >> hard;
-  EXPECT_EQ(soft, std::to_string(320u << 20));
-  EXPECT_EQ(hard, std::to_string(320u << 20));
+  EXPECT_EQ(limit("Max address space"), Values(std::to_string(320u << 20), std::to_string(320u << 20)));
   // Each file it writes (audit log, its rotation, its own log) at most the audit log's 1 MiB
   // and 4 MiB of room.
-  const size_t file_at = limits.find("Max file size");
-  ASSERT_NE(file_at, std::string::npos) << limits;
-  std::istringstream file(limits.substr(file_at + std::strlen("Max file size")));
-  file >> soft >> hard;
-  EXPECT_EQ(soft, std::to_string(5u << 20));
-  EXPECT_EQ(hard, std::to_string(5u << 20));
+  EXPECT_EQ(limit("Max file size"), Values(std::to_string(5u << 20), std::to_string(5u << 20)));
   // Its descriptors (socket buffers are kernel memory): two per connection and 256, soft and hard.
-  const size_t files_at = limits.find("Max open files");
-  ASSERT_NE(files_at, std::string::npos) << limits;
-  std::istringstream files(limits.substr(files_at + std::strlen("Max open files")));
-  files >> soft >> hard;
-  EXPECT_EQ(soft, "768");
-  EXPECT_EQ(hard, "768");
+  EXPECT_EQ(limit("Max open files"), Values("768", "768"));
   // Its files confined to reading its own directory (jail/landlock.h, FsConfinementTest.*):
   // it makes no file anywhere.
   EXPECT_NE(readFile(dir_ + "/gateway.log").find("files confined to " + dir_ + " (read), /usr (read)"),

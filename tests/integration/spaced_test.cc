@@ -4117,6 +4117,14 @@ class SpacedNetworkTest : public SpacedTest {
     SpacedTest::TearDown();
     internet_.reset();
   }
+  // A small sandbox whose policy allows allowed.test alone.
+  inline static const json kAllowedTestOnly{
+      {"cpus", 1}, {"memory_mb", 256}, {"network", {{"egress", "policy"}, {"allow", {"allowed.test"}}}}};
+  // Its gateway's pid, as attachment.json records it (-1: none recorded).
+  int gatewayPidOf(const std::string& id) const {
+    auto attachment = readSmallFile(data_dir_ + "/network/" + id + "/attachment.json", 4096);
+    return attachment.ok() ? json::parse(attachment.value()).value("gateway_pid", -1) : -1;
+  }
   std::vector<std::string> networkArgs() const {
     return {"--gateway-upstream-netns", internet_->upstreamNetnsPath(), "--gateway-upstream-dns",
             internet_->dnsServer(),     "--gateway-upstream-ca",        internet_->caPath()};
@@ -4535,13 +4543,9 @@ TEST_F(SpacedNetworkTest, KilledGatewaysAndDaemonsLeaveNoHoleAndNoLeftovers) {
   args.insert(args.end(), {"--on-shutdown", "keep"});
   daemon_ = Daemon::start(data_dir_, args);
   ASSERT_TRUE(daemon_);
-  const std::string id = daemon_->create(
-      json{{"cpus", 1}, {"memory_mb", 256}, {"network", {{"egress", "policy"}, {"allow", {"allowed.test"}}}}});
+  const std::string id = daemon_->create(kAllowedTestOnly);
   ASSERT_FALSE(id.empty());
-  auto gatewayPid = [&] {
-    auto attachment = readSmallFile(data_dir_ + "/network/" + id + "/attachment.json", 4096);
-    return attachment.ok() ? json::parse(attachment.value()).value("gateway_pid", -1) : -1;
-  };
+  auto gatewayPid = [&] { return gatewayPidOf(id); };
   const int first = gatewayPid();
   ASSERT_GT(first, 0);
   // A process left as the gateway's uid (a gateway of an earlier version could fork) goes with
@@ -4609,13 +4613,9 @@ TEST_F(SpacedNetworkTest, AnAdoptedGatewayOfAnEarlierProgramIsReplaced) {
   args.insert(args.end(), {"--on-shutdown", "keep", "--gateway-binary", earlier});
   daemon_ = Daemon::start(data_dir_, args);
   ASSERT_TRUE(daemon_);
-  const std::string id = daemon_->create(
-      json{{"cpus", 1}, {"memory_mb", 256}, {"network", {{"egress", "policy"}, {"allow", {"allowed.test"}}}}});
+  const std::string id = daemon_->create(kAllowedTestOnly);
   ASSERT_FALSE(id.empty());
-  auto gatewayPid = [&] {
-    auto attachment = readSmallFile(data_dir_ + "/network/" + id + "/attachment.json", 4096);
-    return attachment.ok() ? json::parse(attachment.value()).value("gateway_pid", -1) : -1;
-  };
+  auto gatewayPid = [&] { return gatewayPidOf(id); };
   const int first = gatewayPid();
   ASSERT_GT(first, 0);
   daemon_->stop(SIGKILL);

@@ -100,6 +100,18 @@ class AuditLogTest : public ::testing::Test {
     return std::move(log.value());
   }
 
+  // In a child: the directory becomes one we may not write in, as for the gateway once it has
+  // dropped privileges (as root, by becoming nobody: root writes anywhere). 0 or a failure code.
+  int closeTheDirectoryToUs() const {
+    if (geteuid() == 0) {
+      if (setgroups(0, nullptr) != 0 || setresgid(65534, 65534, 65534) != 0 || setresuid(65534, 65534, 65534) != 0)
+        return 10;
+    } else if (::chmod(dir_.path().c_str(), 0555) != 0) {
+      return 11;
+    }
+    return 0;
+  }
+
   TempDir dir_ = TempDir::adopt("");
   std::string path_, old_;
 };
@@ -247,12 +259,7 @@ TEST_F(AuditLogTest, WhenDotOneCannotBeMadeTheFileIsTruncatedInstead) {
   std::ofstream(path_) << "";
   ASSERT_EQ(::chmod(path_.c_str(), 0666), 0);
   int status = inChild([&]() -> int {
-    if (geteuid() == 0) {
-      if (setgroups(0, nullptr) != 0 || setresgid(65534, 65534, 65534) != 0 || setresuid(65534, 65534, 65534) != 0)
-        return 10;
-    } else if (::chmod(dir_.path().c_str(), 0555) != 0) {
-      return 11;
-    }
+    if (int failed = closeTheDirectoryToUs(); failed != 0) return failed;
     auto opened = AuditLog::open(path_, kMax);
     if (!opened.ok()) return 12;
     for (int seq = 0; seq < 100; ++seq) {
@@ -286,12 +293,7 @@ TEST_F(AuditLogTest, RotationKeepsTheHistoryWhereTheDirectoryIsClosedToTheWriter
   ASSERT_EQ(::chmod(dir_.path().c_str(), 0755), 0);
   AuditLog log = openOrDie();
   int status = inChild([&]() -> int {
-    if (geteuid() == 0) {
-      if (setgroups(0, nullptr) != 0 || setresgid(65534, 65534, 65534) != 0 || setresuid(65534, 65534, 65534) != 0)
-        return 10;
-    } else if (::chmod(dir_.path().c_str(), 0555) != 0) {
-      return 11;
-    }
+    if (int failed = closeTheDirectoryToUs(); failed != 0) return failed;
     if (::access(dir_.path().c_str(), W_OK) == 0) return 12;  // the directory is still writable
     for (int seq = 0; seq < 100; ++seq) {
       log.write(entry(seq));

@@ -110,18 +110,10 @@ int diskReservationRefused() {
   unlink(path);
   if (fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 4096) != -1 || errno != EPERM) return 2;
   if (fallocate(fd, 0, 0, 4096) != -1 || errno != EPERM) return 3;
-  // FS_IOC_RESVSP64 (not in Debian 12's headers): _IOW('X', 42, struct space_resv), 48 bytes.
-  struct {
-    int16_t type, whence;
-    int64_t start, length;
-    int32_t sysid;
-    uint32_t pid;
-    int32_t pad[4];
-  } reservation{0, SEEK_SET, 0, 1 << 20, 0, 0, {}};
-  static_assert(sizeof reservation == 48);
-  if (ioctl(fd, _IOW('X', 42, decltype(reservation)), &reservation) != -1 || errno != EPERM) return 4;
-  if (syscall(SYS_ioctl, fd, (1ULL << 32) | _IOW('X', 42, decltype(reservation)), &reservation) != -1 || errno != EPERM)
-    return 5;
+  SpaceReservation reservation;
+  reservation.length = 1 << 20;
+  if (ioctl(fd, kReserveSpaceIoctl, &reservation) != -1 || errno != EPERM) return 4;
+  if (syscall(SYS_ioctl, fd, (1ULL << 32) | kReserveSpaceIoctl, &reservation) != -1 || errno != EPERM) return 5;
   int pending = 0;
   if (ioctl(fd, FIONREAD, &pending) != 0) return 6;
   if (write(fd, "x", 1) != 1) return 7;
