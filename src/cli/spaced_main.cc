@@ -545,7 +545,8 @@ int main(int argc, char** argv) {
   app.add_option("--gateway-upstream-netns", network_options.upstream_netns,
                  "a network namespace (path) the gateways reach the outside from (default: spaced's own)");
   app.add_option("--gateway-upstream-dns", network_options.upstream_dns,
-                 "the resolver the gateways ask, IP[:PORT] (default: the first nameserver in /etc/resolv.conf)");
+                 "the resolver the gateways ask, IP[:PORT], the one address their egress table lets through "
+                 "whatever its range (default: the first IPv4 nameserver in /etc/resolv.conf at start)");
   app.add_option("--gateway-upstream-ca", network_options.upstream_ca,
                  "PEM certificates the hosts of credential rules must chain to when their TLS is terminated "
                  "(default: the host's trust store; tests point it at their fake internet's CA)");

@@ -20,14 +20,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "common/fs.h"
 #include "common/log.h"
 #include "gateway/confinement.h"
 #include "gateway/gateway.h"
 #include "net/addressing.h"
+#include "net/gateway_egress.h"
 
 namespace {
 
@@ -39,37 +38,12 @@ using space::UniqueFd;
 
 std::string errnoText(const std::string& what) { return what + ": " + strerror(errno); }
 
-// "IP" or "IP:PORT", IPv4 only.
-Result<boost::asio::ip::udp::endpoint> parseEndpoint(const std::string& text) {
-  std::string host = text;
-  uint16_t port = 53;
-  if (auto colon = text.find(':'); colon != std::string::npos) {
-    host = text.substr(0, colon);
-    std::string digits = text.substr(colon + 1);
-    if (digits.empty() || digits.size() > 5 || digits.find_first_not_of("0123456789") != std::string::npos ||
-        std::stoul(digits) == 0 || std::stoul(digits) > 65535) {
-      return makeError(ErrorCode::kInvalidArgument, "bad port in \"" + text + "\"");
-    }
-    port = static_cast<uint16_t>(std::stoul(digits));
-  }
-  auto ip = space::net::parseIpv4(host);
-  if (!ip) return makeError(ErrorCode::kInvalidArgument, "not an IPv4 address: \"" + host + "\"");
-  return boost::asio::ip::udp::endpoint(boost::asio::ip::address_v4(*ip), port);
-}
-
-// The host's resolver: the first IPv4 `nameserver` of /etc/resolv.conf.
-Result<boost::asio::ip::udp::endpoint> systemResolver() {
-  std::ifstream in("/etc/resolv.conf");
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream words(line);
-    std::string key, value;
-    if (words >> key >> value && key == "nameserver") {
-      if (auto ip = space::net::parseIpv4(value))
-        return boost::asio::ip::udp::endpoint(boost::asio::ip::address_v4(*ip), 53);
-    }
-  }
-  return makeError(ErrorCode::kFailedPrecondition, "no IPv4 nameserver in /etc/resolv.conf; give --upstream-dns");
+// The resolver as given ("IP[:PORT]"), or the host's: the first IPv4 nameserver of /etc/resolv.conf.
+Result<space::net::Ipv4Endpoint> upstreamResolver(const std::string& given) {
+  if (!given.empty()) return space::net::parseResolver(given);
+  auto text = space::readSmallFile("/etc/resolv.conf", 64 << 10);
+  if (!text.ok()) return text.error();
+  return space::net::resolverOfResolvConf(text.value());
 }
 
 Status enterNetns(int fd, const std::string& what) {
@@ -248,9 +222,9 @@ int main(int argc, char** argv) {
   if (!upstream.ok()) return fail(upstream.error().message);
 
   space::gateway::GatewayOptions options;
-  auto resolver = upstream_dns.empty() ? systemResolver() : parseEndpoint(upstream_dns);
+  auto resolver = upstreamResolver(upstream_dns);
   if (!resolver.ok()) return fail("--upstream-dns: " + resolver.error().message);
-  options.upstream_dns = resolver.value();
+  options.upstream_dns = boost::asio::ip::udp::endpoint(boost::asio::ip::address_v4(resolver->address), resolver->port);
   options.max_connections = max_connections;
   options.handshake_timeout = std::chrono::milliseconds(handshake_timeout_ms);
   options.idle_timeout = std::chrono::milliseconds(idle_timeout_ms);

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <set>
+#include <span>
 
 namespace space::net {
 namespace {
@@ -312,26 +313,21 @@ static bool operatorOpens(const Policy& policy, uint32_t ipv4) {
   return false;
 }
 
-bool isNeverReachable(uint32_t ipv4) {
-  auto in = [ipv4](uint32_t network, int prefix_length) {
-    uint32_t mask = prefix_length == 0 ? 0 : ~uint32_t{0} << (32 - prefix_length);
-    return (ipv4 & mask) == network;
-  };
-  return in(0x00000000, 8) ||   // 0/8: connecting to 0.0.0.0 reaches the gateway's own host
-         in(0x7f000000, 8) ||   // loopback: the host's (or upstream namespace's) own services
-         in(0xa9fe0000, 16) ||  // link-local: cloud metadata, and the slot's own link
-         in(0xe0000000, 4) ||   // multicast
-         in(0xf0000000, 4);     // reserved and broadcast
+std::span<const Ipv4Range> neverReachableRanges() {
+  static constexpr std::array<Ipv4Range, 5> kNever = {{
+      {0x00000000, 8},   // 0/8: connecting to 0.0.0.0 reaches the gateway's own host
+      {0x7f000000, 8},   // loopback: the host's (or upstream namespace's) own services
+      {0xa9fe0000, 16},  // link-local: cloud metadata, and the slot's own link
+      {0xe0000000, 4},   // multicast
+      {0xf0000000, 4},   // reserved and broadcast
+  }};
+  return kNever;
 }
 
-bool isForbiddenRange(uint32_t ipv4) {
-  struct Range {
-    uint32_t network;
-    int prefix_length;
-  };
+std::span<const Ipv4Range> forbiddenRanges() {
   // The documentation ranges (192.0.2/24, 198.51.100/24, 203.0.113/24) are deliberately absent:
   // nothing routes them, and tests use them as the fake internet's public addresses.
-  static constexpr std::array<Range, 12> kForbidden = {{
+  static constexpr std::array<Ipv4Range, 12> kForbidden = {{
       {0x00000000, 8},   // 0.0.0.0/8 "this network"; connecting to 0.0.0.0 reaches the local host
       {0x0a000000, 8},   // 10/8
       {0xa83f8110, 32},  // 168.63.129.16: Azure's host service (WireServer), public-looking
@@ -345,11 +341,28 @@ bool isForbiddenRange(uint32_t ipv4) {
       {0xe0000000, 4},   // 224/4 multicast
       {0xf0000000, 4},   // 240/4 reserved, 255.255.255.255 included
   }};
-  for (const Range& range : kForbidden) {
+  return kForbidden;
+}
+
+static bool inAny(std::span<const Ipv4Range> ranges, uint32_t ipv4) {
+  for (const Ipv4Range& range : ranges) {
     if (cidrCovers(range.network, range.prefix_length, ipv4)) return true;
   }
   return false;
 }
+
+std::string formatIpv4(uint32_t ipv4) {
+  return std::to_string(ipv4 >> 24) + "." + std::to_string((ipv4 >> 16) & 0xff) + "." +
+         std::to_string((ipv4 >> 8) & 0xff) + "." + std::to_string(ipv4 & 0xff);
+}
+
+std::string formatCidr(const Ipv4Range& range) {
+  return formatIpv4(range.network) + "/" + std::to_string(range.prefix_length);
+}
+
+bool isNeverReachable(uint32_t ipv4) { return inAny(neverReachableRanges(), ipv4); }
+
+bool isForbiddenRange(uint32_t ipv4) { return inAny(forbiddenRanges(), ipv4); }
 
 std::optional<std::string> normalizeHostName(std::string_view name) {
   name = withoutTrailingDot(name);

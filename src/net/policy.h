@@ -17,6 +17,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -101,6 +102,18 @@ Result<Policy> parsePolicy(const nlohmann::json& value);
 Result<Rule> parseRule(std::string_view text);
 nlohmann::json toJson(const Policy& policy);
 const char* modeName(EgressMode mode);
+
+// An IPv4 network, host byte order.
+struct Ipv4Range {
+  uint32_t network;
+  int prefix_length;
+};
+// What isForbiddenRange and isNeverReachable cover, for rules outside this code that must hold
+// the same ranges (the nftables table of gateways' upstream sockets).
+std::span<const Ipv4Range> forbiddenRanges();
+std::span<const Ipv4Range> neverReachableRanges();
+std::string formatIpv4(uint32_t ipv4);
+std::string formatCidr(const Ipv4Range& range);
 
 // Loopback, 0/8, RFC 1918 private, CGNAT 100.64/10, link-local 169.254/16 (metadata
 // included), 192.0.0.0/24, benchmarking 198.18/15, multicast, 240/4 and broadcast.

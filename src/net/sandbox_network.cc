@@ -332,7 +332,44 @@ std::shared_ptr<NetworkPool> NetworkPool::create(NetworkOptions options) {
 }
 
 NetworkPool::NetworkPool(NetworkOptions options)
-    : options_(std::move(options)), slots_(options_.slot_prefix, options_.netns_dir) {}
+    : options_(std::move(options)), slots_(options_.slot_prefix, options_.netns_dir) {
+  // Once, for every gateway of this pool (adopted ones restarted before start() too): the
+  // egress table lets exactly this resolver through.
+  if (options_.upstream_dns.empty()) {
+    auto text = readSmallFile("/etc/resolv.conf", 64 << 10);
+    auto found = text.ok() ? resolverOfResolvConf(text.value()) : Result<Ipv4Endpoint>(text.error());
+    if (found.ok()) {
+      resolver_ = found.value();
+    } else {
+      resolver_error_ = "the host's resolver: " + found.error().message + " (give --gateway-upstream-dns)";
+    }
+  } else if (auto given = parseResolver(options_.upstream_dns); given.ok()) {
+    resolver_ = given.value();
+  } else {
+    resolver_error_ = "--gateway-upstream-dns: " + given.error().message;
+  }
+}
+
+GatewayEgress NetworkPool::egress() const {
+  GatewayEgress egress;
+  if (options_.gateway_uid_base != 0) {
+    // The probe's uid (the one below the range) too: it runs the gateway's code.
+    egress.first_uid = options_.gateway_uid_base - 1;
+    egress.last_uid = options_.gateway_uid_base + (kMaxSlots - 1);
+  } else {
+    // Gateways share a user (embedders only; spaced gives each its own uid): whatever else runs
+    // as that user is held too.
+    egress.first_uid = egress.last_uid = gatewayIds(slots_.slotAt(0)).first;
+  }
+  egress.table = gatewayEgressTableName(egress.first_uid);
+  egress.resolver = resolver_;
+  for (const std::string& cidr : options_.openable_cidrs) {
+    if (auto rule = parseRule(cidr); rule.ok() && rule->kind == Rule::Kind::kCidr) {
+      egress.openable.push_back({rule->network, rule->prefix_length});
+    }
+  }
+  return egress;
+}
 
 NetworkPool::~NetworkPool() {
   stop();
@@ -340,6 +377,17 @@ NetworkPool::~NetworkPool() {
 }
 
 Status NetworkPool::start(const std::set<std::string>& keep) {
+  // Without one, every gateway would read /etc/resolv.conf for itself, whose resolver the
+  // egress table may refuse (127.0.0.53, a cloud's 169.254.169.253).
+  if (!resolver_) return makeError(ErrorCode::kFailedPrecondition, resolver_error_);
+  for (const std::string& cidr : options_.openable_cidrs) {
+    auto rule = parseRule(cidr);
+    if (!rule.ok() || rule->kind != Rule::Kind::kCidr || rule->port) {
+      return makeError(ErrorCode::kInvalidArgument, "openable range " + cidr + ": must be an IPv4 CIDR without a port");
+    }
+  }
+  // Before any slot (adopted gateways restarted earlier have loaded it already).
+  SPACE_TRY(holdGatewayEgress());
   std::error_code ec;
   std::filesystem::create_directories(options_.netns_dir, ec);
   ::chmod(options_.netns_dir.c_str(), 0700);
@@ -395,6 +443,51 @@ void NetworkPool::stop() {
   if (refill_.joinable()) refill_.join();
 }
 
+Status NetworkPool::loadEgressLocked(const GatewayEgress& table) {
+  if (auto loaded = loadGatewayEgress(table, options_.upstream_netns); !loaded.ok()) {
+    return makeError(loaded.error().code,
+                     "cannot load the gateways' egress table " + table.table + ": " + loaded.error().message);
+  }
+  auto listed = listGatewayEgress(table, options_.upstream_netns);
+  if (!listed.ok()) return listed.error();
+  egress_listing_ = std::move(listed.value());
+  return okStatus();
+}
+
+Status NetworkPool::holdGatewayEgress() {
+  std::lock_guard lock(egress_mu_);
+  if (!egress_listing_.empty()) return okStatus();
+  // A gateway with no resolver given reads the host's for itself, which the table may refuse.
+  if (!resolver_) return makeError(ErrorCode::kFailedPrecondition, resolver_error_);
+  const GatewayEgress table = egress();
+  SPACE_TRY(loadEgressLocked(table));
+  spdlog::info(
+      "network: gateways' upstream sockets (uids {}-{}) held by nftables table inet {} in {}: TCP only, "
+      "not through loopback, to no address of the namespace itself, no never-reachable or forbidden "
+      "range{}, no IPv6; resolver {} (UDP and TCP)",
+      table.first_uid, table.last_uid, table.table,
+      options_.upstream_netns.empty() ? std::string("spaced's namespace") : options_.upstream_netns,
+      options_.openable_cidrs.empty() ? std::string() : " outside the openable ones", formatEndpoint(*resolver_));
+  return okStatus();
+}
+
+void NetworkPool::keepGatewayEgress() {
+  std::lock_guard lock(egress_mu_);
+  if (egress_listing_.empty()) return;
+  const GatewayEgress table = egress();
+  auto listed = listGatewayEgress(table, options_.upstream_netns);
+  if (listed.ok() && listed.value() == egress_listing_) return;
+  // Another program removed or changed it (`nft flush ruleset`: Debian's nftables.conf starts
+  // with one; a second daemon with the same gateway uids loads its own).
+  if (auto loaded = loadEgressLocked(table); loaded.ok()) {
+    spdlog::warn("network: the gateways' egress table {} was {} (by another program?); loaded again", table.table,
+                 listed.ok() ? "changed" : "gone");
+  } else {
+    spdlog::error("network: the gateways' egress table {} is gone or changed and cannot be loaded again: {}",
+                  table.table, loaded.error().message);
+  }
+}
+
 Result<Slot> NetworkPool::newSlot() {
   int index = 0;
   {
@@ -402,6 +495,11 @@ Result<Slot> NetworkPool::newSlot() {
     while (used_.count(index) != 0 ||
            std::any_of(spare_.begin(), spare_.end(), [&](const Slot& s) { return s.index == index; })) {
       ++index;
+    }
+    // Past it, a gateway's uid would be outside what the egress table holds.
+    if (index >= kMaxSlots) {
+      return makeError(ErrorCode::kResourceExhausted,
+                       "no network slot left (" + std::to_string(kMaxSlots) + " in use)");
     }
     used_.insert(index);  // reserved while it is being made
   }
@@ -415,9 +513,17 @@ Result<Slot> NetworkPool::newSlot() {
 
 void NetworkPool::refillLoop() {
   std::unique_lock lock(mu_);
+  auto next_check = std::chrono::steady_clock::now() + options_.egress_check_interval;
   while (!stopping_) {
+    if (std::chrono::steady_clock::now() >= next_check) {
+      lock.unlock();
+      keepGatewayEgress();
+      lock.lock();
+      next_check = std::chrono::steady_clock::now() + options_.egress_check_interval;
+      continue;
+    }
     if (static_cast<int>(spare_.size()) >= options_.spare_slots) {
-      cv_.wait(lock);
+      cv_.wait_until(lock, next_check);
       continue;
     }
     lock.unlock();
@@ -518,6 +624,8 @@ Result<ChildProcess> NetworkPool::spawnGateway(const Slot& slot, const std::stri
   UniqueFd read_end(ready[0]);
   UniqueFd write_end(ready[1]);
   const std::string gw = gatewayDir(state_dir);
+  // Held from its first socket on, also where recovery restarts an adopted gateway before start().
+  SPACE_TRY(holdGatewayEgress());
   // At every start, restarts of adopted sandboxes included: an earlier version gave it to the gateway.
   SPACE_TRY(keepDirectoryFromGateway(gw));
   std::vector<std::string> argv = {options_.gateway_binary,
@@ -535,7 +643,7 @@ Result<ChildProcess> NetworkPool::spawnGateway(const Slot& slot, const std::stri
                                    gatewayUser(slot)};
   for (const std::string& cidr : options_.openable_cidrs) argv.insert(argv.end(), {"--openable-cidr", cidr});
   if (!options_.upstream_netns.empty()) argv.insert(argv.end(), {"--upstream-netns", options_.upstream_netns});
-  if (!options_.upstream_dns.empty()) argv.insert(argv.end(), {"--upstream-dns", options_.upstream_dns});
+  if (resolver_) argv.insert(argv.end(), {"--upstream-dns", formatEndpoint(*resolver_)});
   if (!options_.upstream_ca.empty()) argv.insert(argv.end(), {"--upstream-ca", options_.upstream_ca});
   const std::string log = state_dir + "/" + kGatewayLog;
   if (struct stat st{}; ::lstat(log.c_str(), &st) == 0 && st.st_size > kGatewayLogMaxBytes) {

@@ -31,6 +31,7 @@
 #include "common/process.h"
 #include "common/result.h"
 #include "common/unix_socket.h"
+#include "net/gateway_egress.h"
 #include "net/policy.h"
 #include "net/slot.h"
 #include "net/tls_ca.h"
@@ -43,13 +44,16 @@ struct NetworkOptions {
   std::string slot_prefix = "space";
   // The namespace the gateways' upstream side runs in (tests: a fake internet); empty: ours.
   std::string upstream_netns;
-  // The resolver the gateways ask; empty: the first nameserver of /etc/resolv.conf.
+  // The resolver the gateways ask, IP[:PORT]; empty: the first IPv4 nameserver of
+  // /etc/resolv.conf when the pool is made (every gateway is given the same one, which the
+  // gateways' egress table lets through).
   std::string upstream_dns;
   // The certificates (a PEM file) the gateways verify credential rules' hosts against when they
   // terminate TLS; empty: the host's trust store.
   std::string upstream_ca;
-  // Each slot's gateway runs as uid (and gid) gateway_uid_base + slot index, an id no account
-  // has, so gateways cannot signal one another. 0: as gateway_user instead.
+  // Each slot's gateway runs as uid (and gid) gateway_uid_base + slot index (below
+  // kMaxSlots), an id no account has, so gateways cannot signal one another. 0: as
+  // gateway_user instead.
   uint32_t gateway_uid_base = 1500000000;
   std::string gateway_user = "nobody";
   // Where each slot's gateway finds the values of its sandbox's credential secrets
@@ -60,9 +64,16 @@ struct NetworkOptions {
   // Slots kept made and scrubbed, ready for the next sandbox.
   int spare_slots = 2;
   std::chrono::milliseconds gateway_ready_timeout{5000};
+  // How often the pool checks that the gateways' egress table is still loaded as it loaded it
+  // (and loads it again if another program removed or changed it).
+  std::chrono::milliseconds egress_check_interval{10000};
 };
 
 class NetworkPool;
+
+// Slots one pool makes at most: their gateways' uids are a range of this size, which the
+// gateways' egress table (net/gateway_egress.h) holds.
+inline constexpr int kMaxSlots = 65536;
 
 // The connections into one sandbox's guest that are open now (ingress), so that they end with
 // its attachment: once the slot is scrubbed it may serve another tenant's guest, and a socket
@@ -183,8 +194,10 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   static std::shared_ptr<NetworkPool> create(NetworkOptions options);
   ~NetworkPool();
 
-  // Removes every slot of our prefix that a previous run left, except those adopt()ed
-  // already and those in `keep` (slot names), then makes the spare slots in the background.
+  // Loads the gateways' egress table in their upstream namespace (replacing an earlier
+  // run's; it holds adopted gateways too), removes every slot of our prefix that a previous run
+  // left, except those adopt()ed already and those in `keep` (slot names), then makes the
+  // spare slots in the background.
   Status start(const std::set<std::string>& keep);
   void stop();
 
@@ -215,6 +228,8 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   Result<nlohmann::json> probeGatewayConfinement(const std::string& scratch_dir) const;
 
   const NetworkOptions& options() const { return options_; }
+  // The table the pool loads (and the uids it holds: every gateway's and the probe's).
+  GatewayEgress egress() const;
   // Slots in use and spare, for metrics and tests.
   size_t slotsInUse() const;
   size_t spareSlots() const;
@@ -228,10 +243,21 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   // Kills what runs as the slot's gateway uid (a gateway is stopped first): what a gateway of
   // an earlier version, which could fork, may have left to signal the next one.
   void killLeftoversOf(const Slot& slot) const;
+  // Loads the gateways' egress table once (start(), or the first gateway spawned before it).
+  Status holdGatewayEgress();
+  // Loads it again if it is gone or changed (the refill thread, every egress_check_interval).
+  void keepGatewayEgress();
+  Status loadEgressLocked(const GatewayEgress& table);
   Result<Slot> newSlot();
   void refillLoop();
 
   NetworkOptions options_;
+  // The resolver every gateway is given (options_.upstream_dns or the host's, read once).
+  std::optional<Ipv4Endpoint> resolver_;
+  std::string resolver_error_;  // why there is none
+  std::mutex egress_mu_;
+  // The table as listed after its load (without counter figures); empty: not loaded yet.
+  std::string egress_listing_;
   SlotManager slots_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

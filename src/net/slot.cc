@@ -446,6 +446,11 @@ std::vector<Slot> SlotManager::existing() const {
   return out;
 }
 
+Result<std::string> runNft(const std::string& text) {
+  std::lock_guard lock(nft_mutex);
+  return runNftLocked(text);
+}
+
 Status runInNetns(const std::string& netns_path, const std::function<Status()>& fn) {
   return onFreshThread([&]() -> Status {
     UniqueFd fd(::open(netns_path.c_str(), O_RDONLY | O_CLOEXEC));

@@ -57,6 +57,10 @@ class SlotManager {
 // changes only the calling thread), and returns its result.
 Status runInNetns(const std::string& netns_path, const std::function<Status()>& fn);
 
+// Runs `text` as one nftables transaction (all of it or nothing) in the calling thread's
+// namespace; what it printed. Every use of libnftables in this process takes turns here.
+Result<std::string> runNft(const std::string& text);
+
 // A slot's tap byte counters, as the guest sees them: what the host's tap receives is what the
 // guest sent. They count from the tap's creation, and slots are reused (scrubbed), so a
 // sandbox's own figures are these minus what they were when it took the slot.

@@ -8,14 +8,17 @@
 // it made in TearDown, and a suite start sweeps what crashed runs of this binary left.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pwd.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,7 +37,9 @@
 #include "common/unix_socket.h"
 #include "net/addressing.h"
 #include "net/dns_message.h"
+#include "net/gateway_egress.h"
 #include "net/policy.h"
+#include "net/sandbox_network.h"
 #include "net/slot.h"
 #include "net/tls_ca.h"
 #include "support/fake_internet.h"
@@ -1369,6 +1374,272 @@ TEST_F(CredentialGatewayTest, AnUpstreamWithTheWrongCertificateGetsNothing) {
   EXPECT_NE(r.output.find("did not prove to be short-ttl.test"), std::string::npos) << r.output;
   Json e = waitForAudit({{"reason", "credential-upstream-unverified"}});
   EXPECT_NE(e["detail"].get<std::string>().find("short-ttl.test"), std::string::npos) << e.dump();
+}
+
+// The gateways' egress table (net/gateway_egress.h) as NetworkPool loads it, in a fake
+// internet's upstream namespace of its own (GatewayTest's is shared by the suite). What a
+// compromised gateway would try is tried as the gateways' uids, and as uids outside their range
+// for the baseline: everything tried is reachable from that namespace.
+using namespace std::chrono_literals;
+
+class GatewayEgressTest : public ::testing::Test {
+ protected:
+  static constexpr uint16_t kResolverPort = 5353;            // the "resolver": a TCP listener on loopback
+  static constexpr uint16_t kServicePort = 8125;             // a host service on every address of the namespace
+  static constexpr uint16_t kClosedPort = 8126;              // nothing listens here
+  static constexpr const char* kOwnPrivateIp = "10.0.0.77";  // the namespace's own, in 10.0.0.0/24
+  static constexpr uint32_t kBase = 1500000000;
+
+  void SetUp() override {
+    auto inet = FakeInternet::start(prefix() + "-egress");
+    ASSERT_TRUE(inet.ok()) << inet.error().message;
+    inet_ = std::move(inet.value());
+    char dir[] = "/tmp/gwegress-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    const std::string ns = inet_->upstreamNetnsPath();
+    // An address of its own inside a range a node may open, and ping sockets for every user
+    // (systemd's setting), so that a gateway could open one.
+    auto added = runCommand({"ip", "addr", "add", std::string(kOwnPrivateIp) + "/32", "dev", "lo"}, 10s, ns);
+    ASSERT_EQ(added.exit_code, 0) << added.output;
+    auto ping = runCommand({"sysctl", "-qw", "net.ipv4.ping_group_range=0 2147483647"}, 10s, ns);
+    ASSERT_EQ(ping.exit_code, 0) << ping.output;
+    // Listeners made in the upstream namespace (a socket stays in the namespace it was made in);
+    // the kernel completes connections to them without an accept.
+    ASSERT_TRUE(runInNetns(ns, [&]() -> Status {
+                  for (auto [family, port] : {std::pair{AF_INET, kResolverPort}, std::pair{AF_INET, kServicePort},
+                                              std::pair{AF_INET6, kServicePort}}) {
+                    UniqueFd fd(::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+                    const int one = 1;
+                    if (family == AF_INET6) ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+                    sockaddr_storage address = socketAddress(family == AF_INET ? "0.0.0.0" : "::1", port);
+                    if (!fd.valid() || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+                        ::listen(fd.get(), 64) != 0) {
+                      return makeError(ErrorCode::kInternal, std::string("listener: ") + strerror(errno));
+                    }
+                    listeners_.push_back(std::move(fd));
+                  }
+                  return okStatus();
+                }).ok());
+  }
+  void TearDown() override {
+    if (pool_) pool_->stop();
+    pool_.reset();
+    listeners_.clear();
+    inet_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  static sockaddr_storage socketAddress(const std::string& ip, uint16_t port) {
+    sockaddr_storage address{};
+    if (ip.find(':') != std::string::npos) {
+      auto* in6 = reinterpret_cast<sockaddr_in6*>(&address);
+      in6->sin6_family = AF_INET6;
+      in6->sin6_port = htons(port);
+      EXPECT_EQ(inet_pton(AF_INET6, ip.c_str(), &in6->sin6_addr), 1) << ip;
+    } else {
+      auto* in = reinterpret_cast<sockaddr_in*>(&address);
+      in->sin_family = AF_INET;
+      in->sin_port = htons(port);
+      EXPECT_EQ(inet_pton(AF_INET, ip.c_str(), &in->sin_addr), 1) << ip;
+    }
+    return address;
+  }
+
+  // A pool as spaced makes one, started: it loads the table.
+  Status startPool(std::vector<std::string> openable,
+                   const std::string& resolver = "127.0.0.1:" + std::to_string(kResolverPort)) {
+    NetworkOptions options;
+    options.gateway_binary = SPACE_GATEWAY_BIN;
+    options.netns_dir = dir_ + "/netns";
+    options.credentials_dir = dir_ + "/credentials";
+    options.slot_prefix = prefix() + "eg";
+    options.upstream_netns = inet_->upstreamNetnsPath();
+    options.upstream_dns = resolver;
+    options.openable_cidrs = std::move(openable);
+    options.spare_slots = 0;
+    options.egress_check_interval = 100ms;
+    if (pool_) pool_->stop();
+    pool_ = NetworkPool::create(options);
+    return pool_->start({});
+  }
+
+  // Runs `body` in a child process that entered the upstream namespace as `uid` (and gid, no
+  // groups); what it returns (an errno, or 0), 254 when it could not become `uid`.
+  int asUid(uid_t uid, const std::function<int()>& body) const {
+    UniqueFd ns(::open(inet_->upstreamNetnsPath().c_str(), O_RDONLY | O_CLOEXEC));
+    if (!ns.valid()) return EBADF;
+    const pid_t child = fork();
+    if (child == 0) {
+      // Only system calls from here on (a forked copy of a threaded process).
+      if (setns(ns.get(), CLONE_NEWNET) != 0 || setgroups(0, nullptr) != 0 || setresgid(uid, uid, uid) != 0 ||
+          setresuid(uid, uid, uid) != 0) {
+        _exit(254);
+      }
+      _exit(body());
+    }
+    int status = 0;
+    if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status)) return ECHILD;
+    return WEXITSTATUS(status);
+  }
+
+  // A TCP connect as `uid`: 0 once connected, else the errno it failed with (ETIMEDOUT after
+  // 3 s). `device`: bound to that device first (SO_BINDTODEVICE, which needs no privilege).
+  // `record_route`: with that IP option (which needs no privilege either).
+  int connectAs(uid_t uid, const std::string& ip, uint16_t port, const char* device = nullptr,
+                bool record_route = false) const {
+    const sockaddr_storage to = socketAddress(ip, port);
+    return asUid(uid, [&]() -> int {
+      const int fd = ::socket(to.ss_family, SOCK_STREAM | SOCK_NONBLOCK, 0);
+      if (fd < 0) return errno;
+      if (device != nullptr && ::setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, device, std::strlen(device)) != 0) {
+        return 253;
+      }
+      // Record route (7): length 11, pointer 4, room for two addresses; then end of options.
+      const unsigned char options[12] = {7, 11, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+      if (record_route && ::setsockopt(fd, IPPROTO_IP, IP_OPTIONS, options, sizeof options) != 0) return 252;
+      if (::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof to) == 0) return 0;
+      if (errno != EINPROGRESS) return errno;
+      pollfd p{fd, POLLOUT, 0};
+      if (::poll(&p, 1, 3000) != 1) return ETIMEDOUT;
+      int error = 0;
+      socklen_t size = sizeof error;
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size);
+      return error;
+    });
+  }
+
+  // A datagram as `uid` on a connected socket (UDP, or an ICMP echo request on a ping socket),
+  // then a wait of up to 1 s for what comes back: the send's errno if it failed, else the
+  // receive's (ECONNREFUSED: an ICMP error came back; EAGAIN: nothing did), 0 if an answer came.
+  int datagramAs(uid_t uid, const std::string& ip, uint16_t port, bool ping = false,
+                 const char* device = nullptr) const {
+    const sockaddr_storage to = socketAddress(ip, port);
+    return asUid(uid, [&]() -> int {
+      const int fd = ::socket(AF_INET, SOCK_DGRAM, ping ? IPPROTO_ICMP : 0);
+      if (fd < 0) return errno;
+      if (device != nullptr && ::setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, device, std::strlen(device)) != 0) {
+        return 253;
+      }
+      if (::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(sockaddr_in)) != 0) return errno;
+      const timeval wait{1, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+      const unsigned char echo_request[8] = {8, 0, 0, 0, 0, 0, 0, 1};
+      if (::send(fd, echo_request, sizeof echo_request, 0) != sizeof echo_request) return errno;
+      char answer[512];
+      return ::recv(fd, answer, sizeof answer, 0) >= 0 ? 0 : errno;
+    });
+  }
+
+  std::string tablesInUpstream() const {
+    std::string listed;
+    EXPECT_TRUE(runInNetns(inet_->upstreamNetnsPath(), [&]() -> Status {
+                  auto out = runNft("list tables");
+                  if (!out.ok()) return out.error();
+                  listed = out.value();
+                  return okStatus();
+                }).ok());
+    return listed;
+  }
+
+  std::unique_ptr<FakeInternet> inet_;
+  std::string dir_;
+  std::vector<UniqueFd> listeners_;
+  std::shared_ptr<NetworkPool> pool_;
+};
+
+TEST_F(GatewayEgressTest, AGatewaysUidReachesOnlyWhatAPolicyCouldOpenAndItsResolver) {
+  const std::string kMetadata = FakeInternet::kMetadataIp, kPrivate = FakeInternet::kPrivateIp,
+                    kPublic = FakeInternet::kAllowedIp, kOwn = FakeInternet::kUplinkIp;
+  auto started = startPool({});
+  ASSERT_TRUE(started.ok()) << started.error().message;
+  // Outside the range (root, and the first uid past the last slot's) everything is reachable:
+  // the refusals below are the table's. The kernel's own packets (an ICMP error, with no socket
+  // behind it) reach root's socket too.
+  for (uid_t uid : {uid_t{0}, uid_t{kBase + kMaxSlots}}) {
+    SCOPED_TRACE("uid " + std::to_string(uid));
+    for (auto [ip, port] : std::vector<std::pair<std::string, uint16_t>>{{kMetadata, 80},
+                                                                         {kPrivate, 80},
+                                                                         {kPublic, 80},
+                                                                         {"127.0.0.1", kServicePort},
+                                                                         {kOwn, kServicePort},
+                                                                         {kOwnPrivateIp, kServicePort},
+                                                                         {"127.0.0.1", kResolverPort},
+                                                                         {"::1", kServicePort}}) {
+      EXPECT_EQ(connectAs(uid, ip, port), 0) << ip << ":" << port;
+    }
+    EXPECT_EQ(datagramAs(uid, "127.0.0.1", kClosedPort), ECONNREFUSED);
+    EXPECT_EQ(datagramAs(uid, kPublic, FakeInternet::kUdpEchoPort), 0);
+    EXPECT_EQ(datagramAs(uid, kPublic, 0, /*ping=*/true), 0);
+    EXPECT_EQ(connectAs(uid, kPublic, 80, nullptr, /*record_route=*/true), 0);
+  }
+
+  // The gateways' uids: the first slot's, a later one's, the last one's, and the probe's below them.
+  for (uid_t uid : {uid_t{kBase}, uid_t{kBase + 7}, uid_t{kBase + kMaxSlots - 1}, uid_t{kBase - 1}}) {
+    SCOPED_TRACE("gateway uid " + std::to_string(uid));
+    EXPECT_EQ(connectAs(uid, kPublic, 80), 0);
+    // Its resolver, on loopback: at its port only, over TCP and UDP.
+    EXPECT_EQ(connectAs(uid, "127.0.0.1", kResolverPort), 0);
+    EXPECT_NE(datagramAs(uid, "127.0.0.1", kResolverPort), EPERM);
+    EXPECT_EQ(connectAs(uid, "127.0.0.1", kServicePort), ECONNREFUSED);
+    // Cloud metadata, a private range, the namespace's own address, IPv6.
+    EXPECT_EQ(connectAs(uid, kMetadata, 80), ECONNREFUSED);
+    EXPECT_EQ(connectAs(uid, kPrivate, 80), ECONNREFUSED);
+    EXPECT_EQ(connectAs(uid, kOwn, kServicePort), ECONNREFUSED);
+    EXPECT_EQ(connectAs(uid, "::1", kServicePort), ECONNREFUSED);
+    // A public address through the loopback device (delivered to the host's listeners).
+    EXPECT_EQ(connectAs(uid, kPublic, kServicePort, "lo"), ECONNREFUSED);
+    // No datagram but to the resolver: no UDP service, no ping.
+    EXPECT_EQ(datagramAs(uid, kPublic, FakeInternet::kUdpEchoPort), EPERM);
+    EXPECT_EQ(datagramAs(uid, kPublic, 0, /*ping=*/true), EPERM);
+    // No IP options.
+    EXPECT_EQ(connectAs(uid, kPublic, 80, nullptr, /*record_route=*/true), ECONNREFUSED);
+  }
+
+  // A node that lets tenants open 10.0.0.0/24: that range opens, but not the namespace's own
+  // address in it, and nothing else does. Loading the table again replaces it.
+  ASSERT_TRUE(startPool({"10.0.0.0/24"}).ok());
+  EXPECT_EQ(connectAs(kBase + 3, kPrivate, 80), 0);
+  EXPECT_EQ(connectAs(kBase + 3, kOwnPrivateIp, kServicePort), ECONNREFUSED);
+  EXPECT_EQ(connectAs(kBase + 3, kMetadata, 80), ECONNREFUSED);
+  EXPECT_EQ(connectAs(kBase + 3, "127.0.0.1", kServicePort), ECONNREFUSED);
+  const std::string table = gatewayEgressTableName(kBase - 1);
+  std::string tables = tablesInUpstream();
+  EXPECT_NE(tables.find(table), std::string::npos) << tables;
+  EXPECT_EQ(tables.find(table), tables.rfind(table)) << tables;
+
+  // Another program empties it, or removes it (`nft flush ruleset`): the pool loads it again.
+  for (const std::string& command : {"flush table inet " + table, std::string("flush ruleset")}) {
+    SCOPED_TRACE(command);
+    ASSERT_TRUE(runInNetns(inet_->upstreamNetnsPath(), [&]() -> Status {
+                  auto flushed = runNft(command);
+                  if (!flushed.ok()) return flushed.error();
+                  return okStatus();
+                }).ok());
+    EXPECT_EQ(connectAs(kBase + 3, kMetadata, 80), 0);
+    int refused = 0;
+    for (int i = 0; i < 50 && (refused = connectAs(kBase + 3, kMetadata, 80)) == 0; ++i) {
+      std::this_thread::sleep_for(100ms);
+    }
+    EXPECT_EQ(refused, ECONNREFUSED);
+  }
+
+  // A resolver that is not the host's: a socket bound to the loopback device sends nothing to it
+  // (the kernel would deliver it to the host's own listener on that port), while the resolver
+  // is reached the usual way.
+  ASSERT_TRUE(startPool({}, FakeInternet::kDnsIp).ok());
+  EXPECT_EQ(datagramAs(kBase + 3, FakeInternet::kDnsIp, 53, false, "lo"), EPERM);
+  EXPECT_NE(datagramAs(kBase + 3, FakeInternet::kDnsIp, 53), EPERM);
+
+  // A resolver that is no IPv4 endpoint: the pool does not start.
+  NetworkOptions bad;
+  bad.gateway_binary = SPACE_GATEWAY_BIN;
+  bad.upstream_netns = inet_->upstreamNetnsPath();
+  bad.upstream_dns = "resolver.example";
+  auto refused = NetworkPool::create(bad)->start({});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("--gateway-upstream-dns"), std::string::npos) << refused.error().message;
 }
 
 }  // namespace
