@@ -2216,8 +2216,8 @@ TEST_F(SpacedTest, PooledGuestsHoldNodeCapacityAndGiveItToSandboxes) {
 // The helper VM that makes a snapshot's memory file holds its sandbox's memory of the node's
 // limit while it works (held here 6 s once the sandbox is released, so that the same sandbox can
 // be snapshotted again meanwhile), and a tenant's helpers hold at most what its sandboxes hold:
-// creates and snapshots that do not fit beside them are refused before anything is touched, and
-// all is given back when the snapshot is made.
+// creates, branches and snapshots that do not fit beside them are refused before anything is
+// touched, and all is given back when the snapshot is made.
 TEST_F(SpacedTest, SnapshotHelpersHoldTheirMemoryOfTheNodeAndOfTheirTenant) {
   ::setenv("SPACE_FAULT_DELAY", "snapshot.sandbox_released@6000", 1);
   daemon_ = Daemon::start(data_dir_, {"--max-memory-mb", "768"});
@@ -2233,6 +2233,10 @@ TEST_F(SpacedTest, SnapshotHelpersHoldTheirMemoryOfTheNodeAndOfTheirTenant) {
   ASSERT_FALSE(bobs.empty());
   const std::string my_snaps = "/v1/sandboxes/" + mine + "/snapshots";
   const std::string bobs_snaps = "/v1/sandboxes/" + bobs + "/snapshots";
+  // One to branch from later (its helper comes and goes first).
+  const std::string earlier = d.callJson("POST", my_snaps, json::object(), 201).value("id", "");
+  ASSERT_FALSE(earlier.empty());
+  ASSERT_EQ(metric("space_snapshot_helpers_memory_mb"), 0);
   // One of mine: a 256 MB helper, what my one sandbox holds; the node holds 768 of 768.
   size_t log_from = logSize();
   auto first = std::async(std::launch::async, [&] { return d.callJson("POST", my_snaps, json::object(), 201); });
@@ -2253,6 +2257,11 @@ TEST_F(SpacedTest, SnapshotHelpersHoldTheirMemoryOfTheNodeAndOfTheirTenant) {
   EXPECT_EQ(refused["error"]["code"], "insufficient_capacity") << refused;
   refused = d.callJson("POST", bobs_snaps, json::object(), 503, bob);
   EXPECT_EQ(refused["error"]["code"], "insufficient_capacity") << refused;
+  // Nor for a branch child: refused as a whole before any child starts (without the helper
+  // counted there, the child would start and fail its own reservation).
+  refused = d.callJson("POST", "/v1/snapshots/" + earlier + "/branch", json{{"count", 1}}, 503);
+  EXPECT_EQ(refused["error"]["code"], "insufficient_capacity") << refused;
+  EXPECT_NE(refused.dump().find("none started"), std::string::npos) << refused;
   // Refused before the sandboxes were touched: no disk was frozen, and bob's runs on without a
   // snapshot.
   EXPECT_EQ(frozenLayers(), layers_before);
