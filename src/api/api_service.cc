@@ -577,6 +577,12 @@ void ApiService::metrics(Call& c) {
       "1 when SPACE's QEMU build comes from an older source than the installed qemu-system-x86 (a security "
       "update): run make images and restart spaced.",
       {{"", stats.qemu_build_stale ? 1.0 : 0.0}}};
+  auto& egress_refused = gauges["space_gateway_egress_refused_packets_total"];
+  egress_refused = {
+      "Packets the kernel's table of gateways' egress refused: a gateway sent what its own policy "
+      "refuses (compromised by its guest, or a defect). 0 on a healthy node.",
+      {{"", static_cast<double>(stats.gateway_egress_refused_packets)}}};
+  egress_refused.type = "counter";
   // Per sandbox, the newest host-side sample (sandbox/metrics.h) of each running one.
   auto& cpu = gauges["space_sandbox_cpu_used_percent"];
   cpu.help = "CPU a running sandbox's vCPUs used together, percent of them (sampled every 5 s).";

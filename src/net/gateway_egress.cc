@@ -120,7 +120,7 @@ std::string gatewayEgressRuleset(const GatewayEgress& egress) {
   return text;
 }
 
-Result<std::string> listGatewayEgress(const GatewayEgress& egress, const std::string& netns_path) {
+Result<GatewayEgressListing> listGatewayEgress(const GatewayEgress& egress, const std::string& netns_path) {
   std::string listing;
   auto list = [&]() -> Status {
     auto listed = runNft("list table inet " + egress.table);
@@ -129,20 +129,25 @@ Result<std::string> listGatewayEgress(const GatewayEgress& egress, const std::st
     return okStatus();
   };
   SPACE_TRY(netns_path.empty() ? list() : runInNetns(netns_path, list));
-  // The counters count what was refused so far; the rules are the rest.
+  // "counter packets N bytes M": every counter is a refusal's; the rules are the rest.
   static constexpr std::string_view kCounter = "counter packets ";
-  std::string rules;
+  GatewayEgressListing out;
   size_t from = 0;
   for (size_t at = listing.find(kCounter); at != std::string::npos; at = listing.find(kCounter, from)) {
-    rules.append(listing, from, at - from);
-    rules += "counter";
-    const size_t bytes = listing.find(" bytes ", at);
-    if (bytes == std::string::npos) return makeError(ErrorCode::kInternal, "unreadable counter in: " + listing);
+    out.rules.append(listing, from, at - from);
+    out.rules += "counter";
+    const size_t packets = at + kCounter.size();
+    const size_t bytes = listing.find(" bytes ", packets);
+    const std::string digits = listing.substr(packets, bytes == std::string::npos ? 0 : bytes - packets);
+    if (digits.empty() || digits.size() > 19 || digits.find_first_not_of("0123456789") != std::string::npos) {
+      return makeError(ErrorCode::kInternal, "unreadable counter in: " + listing);
+    }
+    out.refused_packets += std::stoull(digits);
     from = listing.find_first_not_of("0123456789", bytes + 7);
     if (from == std::string::npos) from = listing.size();
   }
-  rules.append(listing, from, std::string::npos);
-  return rules;
+  out.rules.append(listing, from, std::string::npos);
+  return out;
 }
 
 Status loadGatewayEgress(const GatewayEgress& egress, const std::string& netns_path) {

@@ -450,8 +450,33 @@ Status NetworkPool::loadEgressLocked(const GatewayEgress& table) {
   }
   auto listed = listGatewayEgress(table, options_.upstream_netns);
   if (!listed.ok()) return listed.error();
-  egress_listing_ = std::move(listed.value());
+  egress_listing_ = std::move(listed->rules);
+  egress_counted_ = listed->refused_packets;
   return okStatus();
+}
+
+void NetworkPool::countEgressRefusalsLocked(uint64_t counted) {
+  // The table's counters start at 0 with each load; what they add is the gateways'.
+  if (counted <= egress_counted_) return;
+  const uint64_t added = counted - egress_counted_;
+  egress_counted_ = counted;
+  egress_refused_ += added;
+  spdlog::warn(
+      "network: the gateways' egress table refused {} packet(s) ({} since start): a gateway sent what its "
+      "own policy refuses (compromised by its guest, or a defect); its sandbox's gateway.log and audit "
+      "log may say which",
+      added, egress_refused_.load());
+}
+
+uint64_t NetworkPool::egressRefusedPackets() {
+  std::lock_guard lock(egress_mu_);
+  if (!egress_listing_.empty()) {
+    if (auto listed = listGatewayEgress(egress(), options_.upstream_netns);
+        listed.ok() && listed->rules == egress_listing_) {
+      countEgressRefusalsLocked(listed->refused_packets);
+    }
+  }
+  return egress_refused_;
 }
 
 Status NetworkPool::holdGatewayEgress() {
@@ -476,7 +501,7 @@ void NetworkPool::keepGatewayEgress() {
   if (egress_listing_.empty()) return;
   const GatewayEgress table = egress();
   auto listed = listGatewayEgress(table, options_.upstream_netns);
-  if (listed.ok() && listed.value() == egress_listing_) return;
+  if (listed.ok() && listed->rules == egress_listing_) return countEgressRefusalsLocked(listed->refused_packets);
   // Another program removed or changed it (`nft flush ruleset`: Debian's nftables.conf starts
   // with one; a second daemon with the same gateway uids loads its own).
   if (auto loaded = loadEgressLocked(table); loaded.ok()) {

@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -230,6 +231,9 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   const NetworkOptions& options() const { return options_; }
   // The table the pool loads (and the uids it holds: every gateway's and the probe's).
   GatewayEgress egress() const;
+  // Packets the table refused since the pool started, read from it now: 0 on a healthy node
+  // (a gateway's own checks refuse first), more where a gateway tried what its policy refuses.
+  uint64_t egressRefusedPackets();
   // Slots in use and spare, for metrics and tests.
   size_t slotsInUse() const;
   size_t spareSlots() const;
@@ -248,6 +252,8 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   // Loads it again if it is gone or changed (the refill thread, every egress_check_interval).
   void keepGatewayEgress();
   Status loadEgressLocked(const GatewayEgress& table);
+  // Adds what the table's counters (`counted`, since its load) say beyond the last reading.
+  void countEgressRefusalsLocked(uint64_t counted);
   Result<Slot> newSlot();
   void refillLoop();
 
@@ -258,6 +264,8 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   std::mutex egress_mu_;
   // The table as listed after its load (without counter figures); empty: not loaded yet.
   std::string egress_listing_;
+  uint64_t egress_counted_ = 0;              // the counters' sum at the last reading
+  std::atomic<uint64_t> egress_refused_{0};  // since start, across reloads
   SlotManager slots_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -228,8 +228,9 @@ struct ManagerStats {
   size_t warm_pool_target = 0;   // what it is being filled to now, all kinds (0: no pool)
   uint32_t warm_pool_vcpus = 0;  // what the pool's guests hold of the node's capacity
   uint64_t warm_pool_memory_mb = 0;
-  uint64_t snapshot_helpers_memory_mb = 0;  // held by the QEMUs making snapshots' memory files
-  bool qemu_build_stale = false;            // vmm::QemuBuildWatch: a security update waits for make images
+  uint64_t snapshot_helpers_memory_mb = 0;      // held by the QEMUs making snapshots' memory files
+  bool qemu_build_stale = false;                // vmm::QemuBuildWatch: a security update waits for make images
+  uint64_t gateway_egress_refused_packets = 0;  // net::NetworkPool::egressRefusedPackets (0 without network)
 };
 
 class SandboxManager {

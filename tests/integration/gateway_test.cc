@@ -1574,6 +1574,8 @@ TEST_F(GatewayEgressTest, AGatewaysUidReachesOnlyWhatAPolicyCouldOpenAndItsResol
     EXPECT_EQ(datagramAs(uid, kPublic, 0, /*ping=*/true), 0);
     EXPECT_EQ(connectAs(uid, kPublic, 80, nullptr, /*record_route=*/true), 0);
   }
+  // Counted as the gateways' refusals: none yet.
+  EXPECT_EQ(pool_->egressRefusedPackets(), 0u);
 
   // The gateways' uids: the first slot's, a later one's, the last one's, and the probe's below them.
   for (uid_t uid : {uid_t{kBase}, uid_t{kBase + 7}, uid_t{kBase + kMaxSlots - 1}, uid_t{kBase - 1}}) {
@@ -1596,6 +1598,9 @@ TEST_F(GatewayEgressTest, AGatewaysUidReachesOnlyWhatAPolicyCouldOpenAndItsResol
     // No IP options.
     EXPECT_EQ(connectAs(uid, kPublic, 80, nullptr, /*record_route=*/true), ECONNREFUSED);
   }
+  // Each refusal counted (the operator's sign of a compromised gateway): 9 refused tries of 4
+  // uids (a TCP one may count a retransmitted SYN too).
+  EXPECT_GE(pool_->egressRefusedPackets(), 36u);
 
   // A node that lets tenants open 10.0.0.0/24: that range opens, but not the namespace's own
   // address in it, and nothing else does. Loading the table again replaces it.

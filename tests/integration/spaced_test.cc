@@ -4457,6 +4457,9 @@ TEST_F(SpacedNetworkTest, ASandboxReachesWhatItsPolicyAllowsAndNothingElse) {
   EXPECT_NE(d.call("GET", "/metrics")
                 .body.find("space_sandbox_network_received_bytes_total{tenant=\"default\",sandbox=\"" + id + "\"} "),
             std::string::npos);
+  // Whatever the guest tried, its gateway refused it before dialling: the kernel's table of
+  // gateways' egress (which counts what a compromised gateway would send) refused nothing.
+  EXPECT_EQ(metric("space_gateway_egress_refused_packets_total"), 0);
 
   json entries = auditLog(d, id);
   EXPECT_TRUE(logged(entries, "name", "denied.test", false)) << entries.dump(1);
