@@ -2772,9 +2772,12 @@ TEST_F(SpacedTest, AThreadThatCannotStartAtStartupIsAnErrorNotACrash) {
     ::setenv("SPACE_FAULT_FAIL", point, 1);
     const std::string log = dir_->path() + "/start.log";
     std::filesystem::remove(log);
-    auto p = ChildProcess::spawn({SPACED_BIN, "--listen", "127.0.0.1:0", "--data-dir", data_dir_, "--kernel",
-                                  kImages + "/vmlinux", "--rootfs", kImages + "/rootfs.ext4", "--warm-pool", "1"},
-                                 SpawnOptions{log, "", true});
+    std::vector<std::string> argv = {SPACED_BIN,           "--listen", "127.0.0.1:0",
+                                     "--data-dir",         data_dir_,  "--kernel",
+                                     kImages + "/vmlinux", "--rootfs", kImages + "/rootfs.ext4",
+                                     "--warm-pool",        "1"};
+    for (const std::string& arg : isolatedNetworkArgs()) argv.push_back(arg);
+    auto p = ChildProcess::spawn(argv, SpawnOptions{log, "", true});
     ::unsetenv("SPACE_FAULT_FAIL");
     ASSERT_TRUE(p.ok());
     auto status = p->waitFor(seconds(60));
@@ -3679,6 +3682,7 @@ TEST_F(SpacedTest, AVmThatCannotBootLeavesAFailedSandbox) {
                                    bogus,         "--rootfs", kImages + "/rootfs.ext4",
                                    "--warm-pool", "0",        "--on-shutdown",
                                    "stop"};
+  for (const std::string& arg : isolatedNetworkArgs()) argv.push_back(arg);
   auto p = ChildProcess::spawn(argv, SpawnOptions{data_dir_ + ".log", "", true});
   ASSERT_TRUE(p.ok());
   std::string url;
