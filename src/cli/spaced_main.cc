@@ -791,13 +791,8 @@ int main(int argc, char** argv) {
     // Slots are named by data dir, so two daemons on one host (tests do that) never take or
     // reclaim each other's.
     network_options.slot_prefix = "space-" + sha256Hex(data_dir).substr(0, 8);
-    for (const std::string& cidr : network_options.openable_cidrs) {
-      auto rule = net::parseRule(cidr);
-      if (!rule.ok() || rule->kind != net::Rule::Kind::kCidr || rule->port) {
-        return fatal("--tenant-openable-cidrs: " + cidr + " is not an IPv4 CIDR without a port");
-      }
-    }
     config.network = net::NetworkPool::create(network_options);
+    if (!config.network->configError().empty()) return fatal(config.network->configError());
     // A gateway confined as every gateway will be, trying what a compromised one would: what
     // this host's kernel actually refuses, said once, rather than assumed.
     auto probe = config.network->probeGatewayConfinement(data_dir + "/network/.gateway-probe");

@@ -48,6 +48,7 @@ struct GatewayEgress {
 std::string gatewayEgressRuleset(const GatewayEgress& egress);
 // Loads it in the namespace at `netns_path` (empty: the caller's own), in one transaction.
 Status loadGatewayEgress(const GatewayEgress& egress, const std::string& netns_path);
+
 struct GatewayEgressListing {
   // The table as loaded there now, without its counters' figures: what a check compares with
   // the listing taken after the load (another program may have removed the table, `nft flush
@@ -59,6 +60,7 @@ struct GatewayEgressListing {
   uint64_t refused_packets = 0;
 };
 Result<GatewayEgressListing> listGatewayEgress(const GatewayEgress& egress, const std::string& netns_path);
+
 // The table for the uid range starting at `first_uid`: one per range, since every table holds
 // the range's sockets (a second table would refuse what the first opens), so a daemon's load
 // replaces what an earlier one with the same gateway uids left, whatever its data dir.

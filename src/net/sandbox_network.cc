@@ -333,42 +333,38 @@ std::shared_ptr<NetworkPool> NetworkPool::create(NetworkOptions options) {
 
 NetworkPool::NetworkPool(NetworkOptions options)
     : options_(std::move(options)), slots_(options_.slot_prefix, options_.netns_dir) {
-  // Once, for every gateway of this pool (adopted ones restarted before start() too): the
-  // egress table lets exactly this resolver through.
-  if (options_.upstream_dns.empty()) {
-    auto text = readSmallFile("/etc/resolv.conf", 64 << 10);
-    auto found = text.ok() ? resolverOfResolvConf(text.value()) : Result<Ipv4Endpoint>(text.error());
-    if (found.ok()) {
-      resolver_ = found.value();
-    } else {
-      resolver_error_ = "the host's resolver: " + found.error().message + " (give --gateway-upstream-dns)";
-    }
-  } else if (auto given = parseResolver(options_.upstream_dns); given.ok()) {
-    resolver_ = given.value();
-  } else {
-    resolver_error_ = "--gateway-upstream-dns: " + given.error().message;
-  }
-}
-
-GatewayEgress NetworkPool::egress() const {
-  GatewayEgress egress;
+  // Once, for every gateway of this pool (adopted ones restarted before start() too).
   if (options_.gateway_uid_base != 0) {
     // The probe's uid (the one below the range) too: it runs the gateway's code.
-    egress.first_uid = options_.gateway_uid_base - 1;
-    egress.last_uid = options_.gateway_uid_base + (kMaxSlots - 1);
+    egress_.first_uid = options_.gateway_uid_base - 1;
+    egress_.last_uid = options_.gateway_uid_base + (kMaxSlots - 1);
   } else {
     // Gateways share a user (embedders only; spaced gives each its own uid): whatever else runs
     // as that user is held too.
-    egress.first_uid = egress.last_uid = gatewayIds(slots_.slotAt(0)).first;
+    egress_.first_uid = egress_.last_uid = gatewayIds(slots_.slotAt(0)).first;
   }
-  egress.table = gatewayEgressTableName(egress.first_uid);
-  egress.resolver = resolver_;
-  for (const std::string& cidr : options_.openable_cidrs) {
-    if (auto rule = parseRule(cidr); rule.ok() && rule->kind == Rule::Kind::kCidr) {
-      egress.openable.push_back({rule->network, rule->prefix_length});
+  egress_.table = gatewayEgressTableName(egress_.first_uid);
+  // The one resolver every gateway is given, and the table lets through.
+  Result<Ipv4Endpoint> resolver = makeError(ErrorCode::kInternal, "");
+  if (!options_.upstream_dns.empty()) {
+    resolver = parseResolver(options_.upstream_dns);
+    if (!resolver.ok()) config_error_ = "--gateway-upstream-dns: " + resolver.error().message;
+  } else {
+    auto text = readSmallFile("/etc/resolv.conf", 64 << 10);
+    resolver = text.ok() ? resolverOfResolvConf(text.value()) : Result<Ipv4Endpoint>(text.error());
+    if (!resolver.ok()) {
+      config_error_ = "the host's resolver: " + resolver.error().message + " (give --gateway-upstream-dns)";
     }
   }
-  return egress;
+  if (resolver.ok()) egress_.resolver = resolver.value();
+  for (const std::string& cidr : options_.openable_cidrs) {
+    auto rule = parseRule(cidr);
+    if (!rule.ok() || rule->kind != Rule::Kind::kCidr || rule->port) {
+      config_error_ = "--tenant-openable-cidrs: " + cidr + " is not an IPv4 CIDR without a port";
+      continue;
+    }
+    egress_.openable.push_back({rule->network, rule->prefix_length});
+  }
 }
 
 NetworkPool::~NetworkPool() {
@@ -377,15 +373,6 @@ NetworkPool::~NetworkPool() {
 }
 
 Status NetworkPool::start(const std::set<std::string>& keep) {
-  // Without one, every gateway would read /etc/resolv.conf for itself, whose resolver the
-  // egress table may refuse (127.0.0.53, a cloud's 169.254.169.253).
-  if (!resolver_) return makeError(ErrorCode::kFailedPrecondition, resolver_error_);
-  for (const std::string& cidr : options_.openable_cidrs) {
-    auto rule = parseRule(cidr);
-    if (!rule.ok() || rule->kind != Rule::Kind::kCidr || rule->port) {
-      return makeError(ErrorCode::kInvalidArgument, "openable range " + cidr + ": must be an IPv4 CIDR without a port");
-    }
-  }
   // Before any slot (adopted gateways restarted earlier have loaded it already).
   SPACE_TRY(holdGatewayEgress());
   std::error_code ec;
@@ -471,7 +458,7 @@ void NetworkPool::countEgressRefusalsLocked(uint64_t counted) {
 uint64_t NetworkPool::egressRefusedPackets() {
   std::lock_guard lock(egress_mu_);
   if (!egress_listing_.empty()) {
-    if (auto listed = listGatewayEgress(egress(), options_.upstream_netns);
+    if (auto listed = listGatewayEgress(egress_, options_.upstream_netns);
         listed.ok() && listed->rules == egress_listing_) {
       countEgressRefusalsLocked(listed->refused_packets);
     }
@@ -482,9 +469,10 @@ uint64_t NetworkPool::egressRefusedPackets() {
 Status NetworkPool::holdGatewayEgress() {
   std::lock_guard lock(egress_mu_);
   if (!egress_listing_.empty()) return okStatus();
-  // A gateway with no resolver given reads the host's for itself, which the table may refuse.
-  if (!resolver_) return makeError(ErrorCode::kFailedPrecondition, resolver_error_);
-  const GatewayEgress table = egress();
+  // Without a resolver, every gateway would read /etc/resolv.conf for itself, whose resolver
+  // the table may refuse (127.0.0.53, a cloud's 169.254.169.253).
+  if (!config_error_.empty()) return makeError(ErrorCode::kInvalidArgument, config_error_);
+  const GatewayEgress& table = egress_;
   SPACE_TRY(loadEgressLocked(table));
   spdlog::info(
       "network: gateways' upstream sockets (uids {}-{}) held by nftables table inet {} in {}: TCP only, "
@@ -492,14 +480,14 @@ Status NetworkPool::holdGatewayEgress() {
       "range{}, no IPv6; resolver {} (UDP and TCP)",
       table.first_uid, table.last_uid, table.table,
       options_.upstream_netns.empty() ? std::string("spaced's namespace") : options_.upstream_netns,
-      options_.openable_cidrs.empty() ? std::string() : " outside the openable ones", formatEndpoint(*resolver_));
+      options_.openable_cidrs.empty() ? std::string() : " outside the openable ones", formatEndpoint(*table.resolver));
   return okStatus();
 }
 
 void NetworkPool::keepGatewayEgress() {
   std::lock_guard lock(egress_mu_);
   if (egress_listing_.empty()) return;
-  const GatewayEgress table = egress();
+  const GatewayEgress& table = egress_;
   auto listed = listGatewayEgress(table, options_.upstream_netns);
   if (listed.ok() && listed->rules == egress_listing_) return countEgressRefusalsLocked(listed->refused_packets);
   // Another program removed or changed it (`nft flush ruleset`: Debian's nftables.conf starts
@@ -668,7 +656,7 @@ Result<ChildProcess> NetworkPool::spawnGateway(const Slot& slot, const std::stri
                                    gatewayUser(slot)};
   for (const std::string& cidr : options_.openable_cidrs) argv.insert(argv.end(), {"--openable-cidr", cidr});
   if (!options_.upstream_netns.empty()) argv.insert(argv.end(), {"--upstream-netns", options_.upstream_netns});
-  if (resolver_) argv.insert(argv.end(), {"--upstream-dns", formatEndpoint(*resolver_)});
+  if (egress_.resolver) argv.insert(argv.end(), {"--upstream-dns", formatEndpoint(*egress_.resolver)});
   if (!options_.upstream_ca.empty()) argv.insert(argv.end(), {"--upstream-ca", options_.upstream_ca});
   const std::string log = state_dir + "/" + kGatewayLog;
   if (struct stat st{}; ::lstat(log.c_str(), &st) == 0 && st.st_size > kGatewayLogMaxBytes) {

@@ -230,7 +230,10 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
 
   const NetworkOptions& options() const { return options_; }
   // The table the pool loads (and the uids it holds: every gateway's and the probe's).
-  GatewayEgress egress() const;
+  const GatewayEgress& egress() const { return egress_; }
+  // Why these options cannot serve (no resolver, a bad openable range), or empty; start()
+  // refuses with it.
+  const std::string& configError() const { return config_error_; }
   // Packets the table refused since the pool started, read from it now: 0 on a healthy node
   // (a gateway's own checks refuse first), more where a gateway tried what its policy refuses.
   uint64_t egressRefusedPackets();
@@ -258,9 +261,9 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   void refillLoop();
 
   NetworkOptions options_;
-  // The resolver every gateway is given (options_.upstream_dns or the host's, read once).
-  std::optional<Ipv4Endpoint> resolver_;
-  std::string resolver_error_;  // why there is none
+  // Made from options_ once: the table, with the resolver every gateway is given.
+  GatewayEgress egress_;
+  std::string config_error_;
   std::mutex egress_mu_;
   // The table as listed after its load (without counter figures); empty: not loaded yet.
   std::string egress_listing_;

@@ -2895,6 +2895,32 @@ TEST_F(SpacedTest, ItSaysAtStartWhetherGatewaysAreConfinedAndCanRequireIt) {
   }
 }
 
+// Network options the gateways cannot work with (their one resolver, the ranges their egress
+// table opens) stop spaced at start, with the flag named.
+TEST_F(SpacedTest, NetworkOptionsTheGatewaysCannotUseAreRefusedAtStart) {
+  for (auto [flag, value] :
+       {std::pair{"--gateway-upstream-dns", "resolver.example"}, std::pair{"--gateway-upstream-dns", "192.0.2.53:0"},
+        std::pair{"--tenant-openable-cidrs", "10.0.0.0/8:22"}, std::pair{"--tenant-openable-cidrs", "*.example"}}) {
+    SCOPED_TRACE(std::string(flag) + " " + value);
+    const std::string log = dir_->path() + "/refused.log";
+    std::vector<std::string> argv = {SPACED_BIN,           "--listen", "127.0.0.1:0",
+                                     "--data-dir",         data_dir_,  "--kernel",
+                                     kImages + "/vmlinux", "--rootfs", kImages + "/rootfs.ext4"};
+    const bool dns = std::string(flag) == "--gateway-upstream-dns";
+    argv.insert(argv.end(), {"--gateway-upstream-netns", IsolatedUpstream::get().path(), "--gateway-upstream-dns",
+                             dns ? value : "192.0.2.53"});
+    if (!dns) argv.insert(argv.end(), {flag, value});
+    auto p = ChildProcess::spawn(argv, SpawnOptions{log, "", true});
+    ASSERT_TRUE(p.ok());
+    auto status = p->waitFor(seconds(30));
+    ASSERT_TRUE(status.has_value()) << "spaced started";
+    EXPECT_EQ(status->exit_code, 1);
+    auto text = readSmallFile(log, 1 << 20);
+    const std::string said = text.ok() ? text.value() : "";
+    EXPECT_NE(said.find(std::string("spaced: ") + flag + ": "), std::string::npos) << said;
+  }
+}
+
 TEST_F(SpacedTest, OneDaemonPerDataDir) {
   daemon_ = Daemon::start(data_dir_);
   ASSERT_TRUE(daemon_);
