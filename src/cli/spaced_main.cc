@@ -542,6 +542,16 @@ int main(int argc, char** argv) {
                "what it needs (the host's trust store) "
                "(no Landlock in this kernel, for one, leaves its files open to it); spaced checks this at start "
                "either way, and says what it found");
+  app.add_option("--gateway-cpu-percent", network_options.gateway_cpu_percent,
+                 "the CPU each sandbox's gateway may use, in percent of one core (its cgroup's quota; a gateway "
+                 "runs one thread, so 100 limits nothing it could use)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  app.add_option("--gateway-memory-mb", network_options.gateway_memory_mb,
+                 "the memory each sandbox's gateway may use (its cgroup's limit): its address space (320 MiB at "
+                 "most), the page cache it fills, and on cgroup v2 its sockets' buffers")
+      ->check(CLI::Range(uint64_t{128}, uint64_t{1} << 20))
+      ->capture_default_str();
   app.add_option("--gateway-upstream-netns", network_options.upstream_netns,
                  "a network namespace (path) the gateways reach the outside from (default: spaced's own)");
   app.add_option("--gateway-upstream-dns", network_options.upstream_dns,

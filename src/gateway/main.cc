@@ -17,6 +17,7 @@
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -94,6 +95,20 @@ Result<space::gateway::Listeners> makeListeners(const std::string& slot_path, in
 int fail(const std::string& message, int code = 1) {
   spdlog::error("space-gateway: {}", message);
   return code;
+}
+
+// Moves this process into the control group whose cgroup.procs file `procs` is (as root,
+// before anything else runs): spaced names one per hierarchy, and the group's limits (CPU,
+// memory with the kernel's socket buffers on v2, tasks) hold the gateway from its first
+// instruction on, where a move after the start would leave a moment outside them.
+int joinCgroup(const std::string& procs) {
+  const int fd = ::open(procs.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+  const bool joined = fd >= 0 && ::write(fd, "0", 1) == 1;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (joined) return 0;
+  std::fprintf(stderr, "space-gateway: cannot join the control group %s: %s\n", procs.c_str(), std::strerror(err));
+  return 1;
 }
 
 // The plan every gateway confines itself by (and --probe-confinement checks): `dir` is its
@@ -183,7 +198,14 @@ int main(int argc, char** argv) {
   app.add_option("--max-bytes-per-s", max_bytes_per_s, "bandwidth of all connections together (0: no limit)")
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
+  std::vector<std::string> cgroup_procs;
+  app.add_option("--cgroup-procs", cgroup_procs,
+                 "join the control group of this cgroup.procs file before anything else (repeatable: one per "
+                 "hierarchy on cgroup v1); the start fails if it cannot");
   CLI11_PARSE(app, argc, argv);
+  for (const std::string& procs : cgroup_procs) {
+    if (int failed = joinCgroup(procs); failed != 0) return failed;
+  }
   if (!probe_dir.empty()) {
     if (auto logging = space::initLogging(log_level, false); !logging.ok()) return fail(logging.error().message);
     return probe(std::filesystem::absolute(probe_dir).string(), user, max_connections, audit_max_bytes);

@@ -4,12 +4,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "common/fs.h"
@@ -235,6 +237,19 @@ Result<CgroupLayout> setUpCgroups(const std::string& instance) {
   return layout;
 }
 
+Result<CgroupLayout> nestedLayout(const CgroupLayout& layout, const std::string& name) {
+  if (!validGroupName(name)) return makeError(ErrorCode::kInvalidArgument, "bad cgroup name '" + name + "'");
+  if (!layout.usable()) return makeError(ErrorCode::kUnavailable, "no cgroups: " + layout.why_none);
+  CgroupLayout nested = layout;
+  for (auto& root : nested.roots) {
+    root.dir += "/" + name;
+    SPACE_TRY(makeDir(root.dir));
+    if (layout.version == CgroupVersion::kV2)
+      SPACE_TRY(writeText(root.dir + "/cgroup.subtree_control", "+memory +pids +cpu"));
+  }
+  return nested;
+}
+
 Result<VmCgroup> VmCgroup::create(const CgroupLayout& layout, const std::string& name, const CgroupLimits& limits) {
   if (!validGroupName(name)) return makeError(ErrorCode::kInvalidArgument, "bad cgroup name '" + name + "'");
   VmCgroup group = existing(layout, name);
@@ -281,6 +296,36 @@ std::vector<std::string> VmCgroup::procsFiles() const {
   std::vector<std::string> out;
   for (const auto& dir : dirs_) out.push_back(dir + "/cgroup.procs");
   return out;
+}
+
+namespace {
+
+std::vector<pid_t> processesIn(const std::string& dir) {
+  std::vector<pid_t> out;
+  auto text = readSmallFile(dir + "/cgroup.procs", 1 << 20);
+  if (!text.ok()) return out;
+  std::istringstream lines(text.value());
+  for (long pid; lines >> pid;) out.push_back(static_cast<pid_t>(pid));
+  return out;
+}
+
+}  // namespace
+
+std::vector<pid_t> VmCgroup::processes() const {
+  std::set<pid_t> all;
+  for (const auto& dir : dirs_) {
+    for (pid_t pid : processesIn(dir)) all.insert(pid);
+  }
+  return {all.begin(), all.end()};
+}
+
+bool VmCgroup::holds(pid_t pid) const {
+  if (dirs_.empty()) return false;
+  for (const auto& dir : dirs_) {
+    const auto in = processesIn(dir);
+    if (std::find(in.begin(), in.end(), pid) == in.end()) return false;
+  }
+  return true;
 }
 
 Status VmCgroup::remove() {

@@ -7,6 +7,8 @@
 // hosts) and v2 (the unified hierarchy).
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -56,7 +58,14 @@ struct CgroupLimits {
   uint64_t cpu_period_us = 100000;
 };
 
-// A VM's group: the same name under every root.
+// The same layout one level down: each root's group `name` (made if missing; on v2 it hands
+// the controllers on). Holds the groups of confined processes other than VMs (the network
+// gateways), apart from the VMs' own, so that recovery's search for processes no VM owns never
+// reaches them: a nested group's own cgroup.procs is empty. removeEmptyVmGroups removes the
+// group once it is empty: its owner calls this again before it makes a group there.
+Result<CgroupLayout> nestedLayout(const CgroupLayout& layout, const std::string& name);
+
+// A VM's group (or a gateway's, under a nestedLayout): the same name under every root.
 class VmCgroup {
  public:
   // Makes the group (an existing one of the name, left by a VM that ended while spaced was
@@ -69,6 +78,10 @@ class VmCgroup {
   const std::vector<std::string>& dirs() const { return dirs_; }
   // The files a process writes its pid to, to join the group (one per hierarchy).
   std::vector<std::string> procsFiles() const;
+  // The processes in the group, in any of its hierarchies (none when it does not exist).
+  std::vector<pid_t> processes() const;
+  // Whether `pid` is in the group in every hierarchy (false for a group of no hierarchy).
+  bool holds(pid_t pid) const;
   // Removes the group. Its processes must have exited: a group still in use stays (kUnavailable).
   Status remove();
   // Forgets the group without removing it (it stays for a later owner).

@@ -17,12 +17,13 @@ struct SeccompExtras {
   // perf_event_open, bpf and userfaultfd fail. QEMU's own filter decides these for QEMU.
   bool no_debug = false;
   // The process makes threads, never another process: fork, vfork and clone without
-  // CLONE_THREAD fail. A gateway is in no cgroup that would take a child down with it, so a
-  // compromised one could otherwise leave processes running after it was stopped.
+  // CLONE_THREAD fail. Nothing takes a child down with its gateway (its cgroup, where spaced
+  // has cgroups, is emptied only when its sandbox's network ends), so a compromised one could
+  // otherwise leave processes running after it was stopped.
   bool no_fork = false;
   // The process keeps its memory in its own address space and leaves nothing behind it: memfd_create,
   // memfd_secret, shmget, msgget, semget and mq_open fail. Their pages are outside RLIMIT_AS (a
-  // gateway's bound, in no memory cgroup), and System V and POSIX IPC objects outlive the
+  // gateway's bound where spaced has no cgroups), and System V and POSIX IPC objects outlive the
   // process, where the next sandbox of its slot (the same uid) would find them.
   bool no_shared_memory = false;
   // The process accepts connections only on the sockets it was given: listen fails (a compromised

@@ -77,6 +77,8 @@ Result<std::string> readHostileTail(const std::string& path, size_t max_bytes) {
 // another, was started by an earlier version and is restarted. 2: confine() in one function,
 // no files made, RLIMIT_FSIZE and RLIMIT_NOFILE, no fallocate, IPv4 and routing sockets only.
 constexpr int kGatewayConfinement = 2;
+// The group (in each hierarchy of spaced's) that holds one group per slot's gateway.
+constexpr const char* kGatewayGroups = "gateways";
 
 // Whether process `pid` runs the program file at `path` (the same file, not one of the same
 // name: an upgrade replaces it). Where that cannot be read, it is taken to.
@@ -155,6 +157,7 @@ SandboxNetwork::~SandboxNetwork() {
   if (detached_) return;
   if (gateway_) gateway_->terminate(std::chrono::milliseconds(500));
   gateway_.reset();
+  pool_->endGatewayGroup(slot_.name);
   ::unlink(credentialsPath().c_str());
   ::unlink((state_dir_ + "/" + kAttachmentFile).c_str());
   pool_->releaseSlot(slot_);
@@ -412,6 +415,18 @@ Status NetworkPool::start(const std::set<std::string>& keep) {
     const std::string file = entry.path().filename().string();
     if (file.rfind(options_.slot_prefix + "-", 0) == 0 && held.count(file) == 0) ::unlink(entry.path().c_str());
   }
+  // So do gateway groups of slots nobody holds, and whatever is left in them.
+  if (gateway_cgroups_) {
+    std::set<std::string> groups;
+    for (const auto& root : gateway_cgroups_->roots) {
+      for (const auto& entry : std::filesystem::directory_iterator(root.dir, ec)) {
+        if (entry.is_directory(ec)) groups.insert(entry.path().filename().string());
+      }
+    }
+    for (const std::string& name : groups) {
+      if (held.count(name + ".json") == 0) endGatewayGroup(name);
+    }
+  }
   try {
     refill_ = std::thread([this] { refillLoop(); });
   } catch (const std::system_error& e) {
@@ -610,7 +625,44 @@ std::pair<uid_t, gid_t> NetworkPool::gatewayIds(const Slot& slot) const {
   return pw ? std::make_pair(pw->pw_uid, pw->pw_gid) : std::make_pair(uid_t{65534}, gid_t{65534});
 }
 
+Status NetworkPool::useCgroups(const jail::CgroupLayout& layout) {
+  if (options_.gateway_cpu_percent < 1 || options_.gateway_cpu_percent > 100) {
+    return makeError(ErrorCode::kInvalidArgument, "a gateway's CPU must be 1..100 percent of a core, not " +
+                                                      std::to_string(options_.gateway_cpu_percent));
+  }
+  if (options_.gateway_memory_mb < 128 || options_.gateway_memory_mb > (uint64_t{1} << 20)) {
+    return makeError(ErrorCode::kInvalidArgument, "a gateway's memory must be 128 MiB..1 TiB, not " +
+                                                      std::to_string(options_.gateway_memory_mb) + " MiB");
+  }
+  auto nested = jail::nestedLayout(layout, kGatewayGroups);
+  if (!nested.ok()) return nested.error();
+  gateway_cgroups_base_ = layout;
+  gateway_cgroups_ = std::move(nested.value());
+  return okStatus();
+}
+
+jail::VmCgroup NetworkPool::gatewayGroup(const Slot& slot) const {
+  return gateway_cgroups_ ? jail::VmCgroup::existing(*gateway_cgroups_, slot.name) : jail::VmCgroup();
+}
+
+void NetworkPool::endGatewayGroup(const std::string& slot_name) const {
+  if (!gateway_cgroups_) return;
+  jail::VmCgroup group = jail::VmCgroup::existing(*gateway_cgroups_, slot_name);
+  for (pid_t pid : group.processes()) {
+    if (pid != ::getpid() && ::kill(pid, SIGKILL) == 0) {
+      spdlog::warn("network: killed process {} left in slot {}'s gateway group", pid, slot_name);
+    }
+  }
+  if (auto removed = group.remove(); !removed.ok()) spdlog::warn("network: {}", removed.error().message);
+}
+
 void NetworkPool::killLeftoversOf(const Slot& slot) const {
+  // The group holds only the slot's gateways, whatever user they run as.
+  for (pid_t pid : gatewayGroup(slot).processes()) {
+    if (pid != ::getpid() && ::kill(pid, SIGKILL) == 0) {
+      spdlog::warn("network: killed process {} left in slot {}'s gateway group by an earlier gateway", pid, slot.name);
+    }
+  }
   // Only a uid of the slot's own: a user that gateways share may run anything else too.
   if (options_.gateway_uid_base == 0) return;
   const uid_t uid = gatewayIds(slot).first;
@@ -655,6 +707,20 @@ Result<ChildProcess> NetworkPool::spawnGateway(const Slot& slot, const std::stri
                                    "--user",
                                    gatewayUser(slot)};
   for (const std::string& cidr : options_.openable_cidrs) argv.insert(argv.end(), {"--openable-cidr", cidr});
+  if (gateway_cgroups_) {
+    // One task: the gateway runs one thread and makes none (RLIMIT_NPROC says so too, per uid;
+    // the group says so for the process, whatever user it runs as).
+    jail::CgroupLimits limits;
+    limits.memory_bytes = options_.gateway_memory_mb << 20;
+    limits.pids = 1;
+    limits.cpu_quota_us = uint64_t{options_.gateway_cpu_percent} * limits.cpu_period_us / 100;
+    // Made again if missing: spaced's sweep of empty VM groups removes an empty gateways/.
+    auto nested = jail::nestedLayout(*gateway_cgroups_base_, kGatewayGroups);
+    if (!nested.ok()) return nested.error();
+    auto group = jail::VmCgroup::create(nested.value(), slot.name, limits);
+    if (!group.ok()) return group.error();
+    for (const std::string& procs : group->procsFiles()) argv.insert(argv.end(), {"--cgroup-procs", procs});
+  }
   if (!options_.upstream_netns.empty()) argv.insert(argv.end(), {"--upstream-netns", options_.upstream_netns});
   if (egress_.resolver) argv.insert(argv.end(), {"--upstream-dns", formatEndpoint(*egress_.resolver)});
   if (!options_.upstream_ca.empty()) argv.insert(argv.end(), {"--upstream-ca", options_.upstream_ca});
@@ -832,6 +898,11 @@ Result<std::unique_ptr<SandboxNetwork>> NetworkPool::adopt(const std::string& st
     // otherwise run. Its open connections end, as at any restart, and its audit log says so.
     spdlog::warn("network: the gateway of slot {} runs another program than {} (an earlier version's); restarting it",
                  slot.name, options_.gateway_binary);
+    SPACE_TRY(network->restartGateway());
+  } else if (gateway_cgroups_ && !gatewayGroup(slot).holds(pid)) {
+    // Started where gateways got no group (no cgroups then, or --jail off): it would run on
+    // without the group's limits.
+    spdlog::warn("network: the gateway of slot {} runs outside its control group; restarting it", slot.name);
     SPACE_TRY(network->restartGateway());
   }
   return network;

@@ -32,6 +32,7 @@
 #include "common/process.h"
 #include "common/result.h"
 #include "common/unix_socket.h"
+#include "jail/cgroup.h"
 #include "net/gateway_egress.h"
 #include "net/policy.h"
 #include "net/slot.h"
@@ -68,6 +69,13 @@ struct NetworkOptions {
   // How often the pool checks that the gateways' egress table is still loaded as it loaded it
   // (and loads it again if another program removed or changed it).
   std::chrono::milliseconds egress_check_interval{10000};
+  // The limits of each gateway's control group (NetworkPool::useCgroups). CPU in percent of one
+  // core: a gateway runs one thread, so 100 takes nothing it could use, and a lower value keeps
+  // a busy sandbox's gateway from a core of the host. Memory: its address space is bounded by
+  // RLIMIT_AS (64 MiB + 1 MiB per connection: 320 MiB at its default 256); the group bounds
+  // that, the page cache it fills, and on cgroup v2 its sockets' buffers, which no rlimit counts.
+  uint32_t gateway_cpu_percent = 100;
+  uint64_t gateway_memory_mb = 384;
 };
 
 class NetworkPool;
@@ -195,6 +203,15 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   static std::shared_ptr<NetworkPool> create(NetworkOptions options);
   ~NetworkPool();
 
+  // Every gateway started from now on runs in a control group of its slot's
+  // (<root>/gateways/<slot name> in each hierarchy), joined before it runs anything, limited by
+  // gateway_cpu_percent, gateway_memory_mb and to one task; the group goes with its gateway. An
+  // adopted gateway found outside its group (started where there were none) is replaced. Call it
+  // once, before adopt() and start(); without it gateways run in spaced's own group.
+  Status useCgroups(const jail::CgroupLayout& layout);
+  // The group `slot`'s gateway runs in (one of no hierarchy without useCgroups).
+  jail::VmCgroup gatewayGroup(const Slot& slot) const;
+
   // Loads the gateways' egress table in their upstream namespace (replacing an earlier
   // run's; it holds adopted gateways too), removes every slot of our prefix that a previous run
   // left, except those adopt()ed already and those in `keep` (slot names), then makes the
@@ -250,6 +267,9 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   // Kills what runs as the slot's gateway uid (a gateway is stopped first): what a gateway of
   // an earlier version, which could fork, may have left to signal the next one.
   void killLeftoversOf(const Slot& slot) const;
+  // Kills what is left in the group of the slot named `slot_name` (its gateway is stopped) and
+  // removes the group.
+  void endGatewayGroup(const std::string& slot_name) const;
   // Loads the gateways' egress table once (start(), or the first gateway spawned before it).
   Status holdGatewayEgress();
   // Loads it again if it is gone or changed (the refill thread, every egress_check_interval).
@@ -264,6 +284,10 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   // Made from options_ once: the table, with the resolver every gateway is given.
   GatewayEgress egress_;
   std::string config_error_;
+  // Where gateways' groups are made (useCgroups: spaced's layout, and its gateways/ group);
+  // none: they run in spaced's own.
+  std::optional<jail::CgroupLayout> gateway_cgroups_base_;
+  std::optional<jail::CgroupLayout> gateway_cgroups_;
   std::mutex egress_mu_;
   // The table as listed after its load (without counter figures); empty: not loaded yet.
   std::string egress_listing_;

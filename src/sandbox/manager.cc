@@ -325,6 +325,18 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
       spdlog::info("spaced: VMs start through {} in cgroups ({}) under {}{}", config.jailer,
                    jail::cgroupVersionName(facts->cgroups.version), facts->cgroups.roots.front().dir,
                    stale > 0 ? " (" + std::to_string(stale) + " left over removed)" : std::string());
+      // Before recovery, which adopts gateways (and replaces those outside their groups).
+      if (config.network) {
+        if (auto used = config.network->useCgroups(facts->cgroups); used.ok()) {
+          spdlog::info("spaced: gateways run in cgroups of their own ({}% of a core, {} MiB, one task each)",
+                       config.network->options().gateway_cpu_percent, config.network->options().gateway_memory_mb);
+        } else if (config.require_cgroups || used.error().code == ErrorCode::kInvalidArgument) {
+          return makeError(used.error().code, "gateways cannot get cgroups: " + used.error().message);
+        } else {
+          spdlog::warn("spaced: gateways run without cgroups (no CPU or memory limit of their own): {}",
+                       used.error().message);
+        }
+      }
     } else if (config.require_cgroups) {
       return makeError(ErrorCode::kFailedPrecondition, "--jail on: VMs cannot get cgroups: " + cgroups.error().message);
     } else {

@@ -33,8 +33,11 @@
 #include <vector>
 
 #include "common/digest.h"
+#include "common/fs.h"
 #include "common/process.h"
+#include "common/scope_guard.h"
 #include "common/unix_socket.h"
+#include "jail/cgroup.h"
 #include "net/addressing.h"
 #include "net/dns_message.h"
 #include "net/gateway_egress.h"
@@ -1447,9 +1450,8 @@ class GatewayEgressTest : public ::testing::Test {
     return address;
   }
 
-  // A pool as spaced makes one, started: it loads the table.
-  Status startPool(std::vector<std::string> openable,
-                   const std::string& resolver = "127.0.0.1:" + std::to_string(kResolverPort)) {
+  NetworkOptions poolOptions(std::vector<std::string> openable,
+                             const std::string& resolver = "127.0.0.1:" + std::to_string(kResolverPort)) const {
     NetworkOptions options;
     options.gateway_binary = SPACE_GATEWAY_BIN;
     options.netns_dir = dir_ + "/netns";
@@ -1460,8 +1462,14 @@ class GatewayEgressTest : public ::testing::Test {
     options.openable_cidrs = std::move(openable);
     options.spare_slots = 0;
     options.egress_check_interval = 100ms;
+    return options;
+  }
+
+  // A pool as spaced makes one, started: it loads the table.
+  Status startPool(std::vector<std::string> openable,
+                   const std::string& resolver = "127.0.0.1:" + std::to_string(kResolverPort)) {
     if (pool_) pool_->stop();
-    pool_ = NetworkPool::create(options);
+    pool_ = NetworkPool::create(poolOptions(std::move(openable), resolver));
     return pool_->start({});
   }
 
@@ -1645,6 +1653,135 @@ TEST_F(GatewayEgressTest, AGatewaysUidReachesOnlyWhatAPolicyCouldOpenAndItsResol
   auto refused = NetworkPool::create(bad)->start({});
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.error().message.find("--gateway-upstream-dns"), std::string::npos) << refused.error().message;
+}
+
+// A gateway the pool starts runs in a control group of its slot's, with the options' limits,
+// from its first instruction (it joins before it runs anything); a restarted one takes its
+// place there; an adopted gateway outside the group (started where there were none) is
+// replaced; and the group goes with its sandbox's network, or at start when a previous run
+// left it.
+TEST_F(GatewayEgressTest, AGatewayRunsInAControlGroupOfItsSlotThatGoesWithIt) {
+  auto layout = jail::setUpCgroups("gwtest-" + std::to_string(getpid()));
+  ASSERT_TRUE(layout.ok()) << layout.error().message;
+  ScopeGuard groups_go([&] {
+    for (const auto& root : layout->roots) {
+      (void)::rmdir((root.dir + "/gateways").c_str());
+      (void)::rmdir(root.dir.c_str());
+    }
+  });
+  NetworkOptions options = poolOptions({});
+  options.gateway_cpu_percent = 40;
+  options.gateway_memory_mb = 200;
+  auto makePool = [&] {
+    if (pool_) pool_->stop();
+    pool_ = NetworkPool::create(options);
+    auto used = pool_->useCgroups(layout.value());
+    EXPECT_TRUE(used.ok()) << used.error().message;
+  };
+  auto readLimit = [](const std::string& file) {
+    auto text = readSmallFile(file, 4096);
+    return text.ok() ? text.value().substr(0, text.value().find('\n')) : "unread: " + text.error().message;
+  };
+  // Not a zombie either: a gateway an earlier pool in this process started is this process's
+  // child, which nobody reaps here (spaced's successor is not its parent).
+  auto running = [](pid_t pid) {
+    auto stat = readSmallFile("/proc/" + std::to_string(pid) + "/stat", 4096);
+    const size_t end = stat.ok() ? stat.value().rfind(") ") : std::string::npos;
+    return end != std::string::npos && end + 2 < stat.value().size() && stat.value()[end + 2] != 'Z';
+  };
+
+  makePool();
+  ASSERT_TRUE(pool_->start({}).ok());
+  const std::string state = dir_ + "/sandbox";
+  auto network = pool_->attach(Policy{}, Policy{}, state);
+  ASSERT_TRUE(network.ok()) << network.error().message;
+  const Slot slot = network.value()->slot();
+  const jail::VmCgroup group = pool_->gatewayGroup(slot);
+  ASSERT_EQ(group.dirs().size(), layout->roots.size());
+  const pid_t first = network.value()->gatewayPid();
+  EXPECT_TRUE(group.holds(first));
+  EXPECT_EQ(group.processes(), std::vector<pid_t>{first});
+  for (size_t i = 0; i < group.dirs().size(); ++i) {
+    const std::string& dir = group.dirs()[i];
+    EXPECT_EQ(dir, layout->roots[i].dir + "/gateways/" + slot.name);
+    const std::string& controller = layout->roots[i].controller;
+    if (layout->version == jail::CgroupVersion::kV2) {
+      EXPECT_EQ(readLimit(dir + "/memory.max"), std::to_string(200 << 20));
+      EXPECT_EQ(readLimit(dir + "/pids.max"), "1");
+      EXPECT_EQ(readLimit(dir + "/cpu.max"), "40000 100000");
+    } else if (controller == "memory") {
+      EXPECT_EQ(readLimit(dir + "/memory.limit_in_bytes"), std::to_string(200 << 20));
+    } else if (controller == "pids") {
+      EXPECT_EQ(readLimit(dir + "/pids.max"), "1");
+    } else if (controller == "cpu") {
+      EXPECT_EQ(readLimit(dir + "/cpu.cfs_quota_us"), "40000");
+      EXPECT_EQ(readLimit(dir + "/cpu.cfs_period_us"), "100000");
+    }
+  }
+
+  // A restart: the new gateway alone in the group.
+  ASSERT_TRUE(network.value()->restartGateway().ok());
+  const pid_t second = network.value()->gatewayPid();
+  EXPECT_NE(second, first);
+  EXPECT_EQ(group.processes(), std::vector<pid_t>{second});
+
+  // The next daemon's pool adopts it where it runs.
+  network.value()->detach();
+  network.value().reset();
+  makePool();
+  auto adopted = pool_->adopt(state);
+  ASSERT_TRUE(adopted.ok()) << adopted.error().message;
+  EXPECT_EQ(adopted.value()->gatewayPid(), second);
+
+  // One found outside its group is replaced by one inside it.
+  adopted.value()->detach();
+  adopted.value().reset();
+  auto outside = jail::VmCgroup::create(layout.value(), "outside", {});
+  ASSERT_TRUE(outside.ok()) << outside.error().message;
+  for (const std::string& procs : outside->procsFiles()) {
+    std::ofstream(procs) << second << std::endl;
+  }
+  EXPECT_FALSE(group.holds(second));
+  makePool();
+  auto replaced = pool_->adopt(state);
+  ASSERT_TRUE(replaced.ok()) << replaced.error().message;
+  const pid_t third = replaced.value()->gatewayPid();
+  EXPECT_NE(third, second);
+  EXPECT_FALSE(running(second));
+  EXPECT_EQ(group.processes(), std::vector<pid_t>{third});
+  EXPECT_TRUE(outside->remove().ok());
+
+  // A group a previous run left, with a process in it: start() ends both. The adopted slot's
+  // group stays.
+  auto left =
+      jail::VmCgroup::create(jail::nestedLayout(layout.value(), "gateways").value(), options.slot_prefix + "-left", {});
+  ASSERT_TRUE(left.ok()) << left.error().message;
+  auto stray = ChildProcess::spawn({"sleep", "60"}, SpawnOptions{});
+  ASSERT_TRUE(stray.ok()) << stray.error().message;
+  for (const std::string& procs : left->procsFiles()) {
+    std::ofstream(procs) << stray->pid() << std::endl;
+  }
+  EXPECT_TRUE(left->holds(stray->pid()));
+  ASSERT_TRUE(pool_->start({}).ok());
+  auto ended = stray->waitFor(5s);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_TRUE(ended->signaled);
+  EXPECT_FALSE(std::filesystem::exists(left->dirs().front()));
+  EXPECT_EQ(group.processes(), std::vector<pid_t>{third});
+
+  // The sandbox's network ends: its gateway and its group go.
+  replaced.value().reset();
+  EXPECT_FALSE(running(third));
+  for (const std::string& dir : group.dirs()) EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
+
+  // spaced's sweep of empty VM groups takes the empty gateways/ group too: the next gateway
+  // gets one again.
+  EXPECT_GT(jail::removeEmptyVmGroups(layout.value()), 0);
+  EXPECT_FALSE(std::filesystem::exists(layout->roots.front().dir + "/gateways"));
+  auto next = pool_->attach(Policy{}, Policy{}, dir_ + "/next");
+  ASSERT_TRUE(next.ok()) << next.error().message;
+  EXPECT_TRUE(pool_->gatewayGroup(next.value()->slot()).holds(next.value()->gatewayPid()));
+  next.value().reset();
 }
 
 }  // namespace

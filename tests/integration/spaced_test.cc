@@ -20,6 +20,7 @@
 #include <functional>
 #include <future>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
@@ -4164,6 +4165,35 @@ class SpacedNetworkTest : public SpacedTest {
     auto attachment = readSmallFile(data_dir_ + "/network/" + id + "/attachment.json", 4096);
     return attachment.ok() ? json::parse(attachment.value()).value("gateway_pid", -1) : -1;
   }
+  // The control group the gateway `pid` runs in, as /proc/PID/cgroup names it (the memory
+  // hierarchy's on cgroup v1), when it is one of this daemon's gateway groups in every
+  // hierarchy spaced limits it in (memory, pids and cpu on v1); else empty.
+  std::string gatewayGroupOf(int pid) const {
+    auto text = readSmallFile("/proc/" + std::to_string(pid) + "/cgroup", 1 << 16);
+    if (!text.ok()) return "";
+    const std::string ours = "/gateways/space-" + sha256Hex(data_dir_).substr(0, 8) + "-";
+    std::map<std::string, std::string> paths;  // controller ("" for v2's unified line) -> path
+    std::istringstream lines(text.value());
+    for (std::string line; std::getline(lines, line);) {
+      const size_t a = line.find(':');
+      const size_t b = a == std::string::npos ? a : line.find(':', a + 1);
+      if (b == std::string::npos) continue;
+      std::istringstream controllers(line.substr(a + 1, b - a - 1));
+      std::string controller;
+      bool any = false;
+      while (std::getline(controllers, controller, ',')) {
+        paths[controller] = line.substr(b + 1);
+        any = true;
+      }
+      if (!any) paths[""] = line.substr(b + 1);
+    }
+    const std::vector<std::string> wanted =
+        paths.count("memory") != 0 ? std::vector<std::string>{"memory", "pids", "cpu"} : std::vector<std::string>{""};
+    for (const std::string& c : wanted) {
+      if (paths.count(c) == 0 || paths[c].find(ours) == std::string::npos) return "";
+    }
+    return paths[wanted.front()];
+  }
   std::vector<std::string> networkArgs() const {
     return {"--gateway-upstream-netns", internet_->upstreamNetnsPath(), "--gateway-upstream-dns",
             internet_->dnsServer(),     "--gateway-upstream-ca",        internet_->caPath()};
@@ -4590,6 +4620,12 @@ TEST_F(SpacedNetworkTest, KilledGatewaysAndDaemonsLeaveNoHoleAndNoLeftovers) {
   auto gatewayPid = [&] { return gatewayPidOf(id); };
   const int first = gatewayPid();
   ASSERT_GT(first, 0);
+  // It runs in a control group of its slot's (CPU, memory, one task).
+  const std::string group = gatewayGroupOf(first);
+  EXPECT_FALSE(group.empty()) << readSmallFile("/proc/" + std::to_string(first) + "/cgroup", 1 << 16).value();
+  const std::string group_dir =
+      (std::filesystem::exists("/sys/fs/cgroup/memory") ? "/sys/fs/cgroup/memory" : "/sys/fs/cgroup") + group;
+  EXPECT_TRUE(std::filesystem::is_directory(group_dir)) << group_dir;
   // A process left as the gateway's uid (a gateway of an earlier version could fork) goes with
   // it: it would otherwise signal the next one.
   auto uid = processUid(first);
@@ -4611,6 +4647,7 @@ TEST_F(SpacedNetworkTest, KilledGatewaysAndDaemonsLeaveNoHoleAndNoLeftovers) {
   }
   ASSERT_TRUE(restarted) << daemon_->log();
   EXPECT_NE(daemon_->log().find("its network gateway exited; restarted"), std::string::npos) << daemon_->log();
+  EXPECT_EQ(gatewayGroupOf(gatewayPid()), group);
   auto [rc, out] = sh(*daemon_, id, "curl -sS -m 10 http://allowed.test/ && curl -sS -m 10 http://other.test/");
   EXPECT_NE(out.find("host allowed.test"), std::string::npos) << out;
   EXPECT_NE(rc, 0) << "the restarted gateway forgot the policy: " << out;
@@ -4638,10 +4675,13 @@ TEST_F(SpacedNetworkTest, KilledGatewaysAndDaemonsLeaveNoHoleAndNoLeftovers) {
   EXPECT_EQ(daemon_->callJson("GET", "/v1/sandboxes/" + id, json(), 200)["state"], "running");
   EXPECT_EQ(slotsOnHost(), 1u) << "the dead daemon's spare slots were not reclaimed";
   EXPECT_FALSE(waitForLog("runs another program than", 0, milliseconds(1))) << "the same program's gateway is kept";
+  EXPECT_FALSE(waitForLog("runs outside its control group", 0, milliseconds(1))) << "it is kept in its group";
+  EXPECT_EQ(gatewayGroupOf(gatewayPid()), group);
   auto [again_rc, again_out] = sh(*daemon_, id, "curl -sS -m 10 http://allowed.test/");
   EXPECT_EQ(again_rc, 0) << again_out;
   daemon_->stop(SIGTERM);  // --on-shutdown stop: the sandbox goes, and its slot with it
   EXPECT_EQ(slotsOnHost(), 0u);
+  EXPECT_FALSE(std::filesystem::exists(group_dir)) << "the gateway's group outlived it";
 }
 
 // After an upgrade with sandboxes kept running, an adopted gateway that runs another program

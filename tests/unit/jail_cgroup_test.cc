@@ -1,5 +1,8 @@
 // Where VMs' cgroups go on each kind of host (pure: from /proc text), and the limits a VM gets.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <filesystem>
 
 #include "jail/cgroup.h"
 #include "vmm/node_facts.h"
@@ -90,6 +93,41 @@ TEST(CgroupLayout, GroupNamesCannotLeaveTheirRoot) {
   ASSERT_FALSE(made.ok());
   EXPECT_EQ(made.error().code, ErrorCode::kInvalidArgument);
   EXPECT_TRUE(VmCgroup::existing(layout, "..").dirs().empty());
+}
+
+TEST(CgroupLayout, ANestedLayoutIsEachRootsSubgroupMadeIfMissing) {
+  CgroupLayout none;
+  none.why_none = "no cgroup v2 hierarchy";
+  auto refused = nestedLayout(none, "gateways");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, ErrorCode::kUnavailable);
+  EXPECT_NE(refused.error().message.find("no cgroup v2 hierarchy"), std::string::npos);
+
+  char base[] = "/tmp/nested-layout-XXXXXX";
+  ASSERT_NE(mkdtemp(base), nullptr);
+  CgroupLayout v1;
+  v1.version = CgroupVersion::kV1;
+  for (const char* controller : {"memory", "pids", "cpu"}) {
+    const std::string dir = std::string(base) + "/" + controller;
+    ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+    v1.roots.push_back({controller, dir});
+  }
+  for (const char* bad : {"..", "a/b", ""}) {
+    auto made = nestedLayout(v1, bad);
+    ASSERT_FALSE(made.ok()) << bad;
+    EXPECT_EQ(made.error().code, ErrorCode::kInvalidArgument);
+  }
+  for (int twice = 0; twice < 2; ++twice) {  // an existing subgroup is taken as it is
+    auto nested = nestedLayout(v1, "gateways");
+    ASSERT_TRUE(nested.ok()) << nested.error().message;
+    ASSERT_EQ(nested->roots.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(nested->roots[i].controller, v1.roots[i].controller);
+      EXPECT_EQ(nested->roots[i].dir, v1.roots[i].dir + "/gateways");
+      EXPECT_TRUE(std::filesystem::is_directory(nested->roots[i].dir));
+    }
+  }
+  std::filesystem::remove_all(base);
 }
 
 TEST(VmCgroupLimits, MemoryCountsQemuAndTheTranslationBufferTasksAndCpuFollowVcpus) {
