@@ -64,6 +64,8 @@ struct CgroupLimits {
 // reaches them: a nested group's own cgroup.procs is empty. removeEmptyVmGroups removes the
 // group once it is empty: its owner calls this again before it makes a group there.
 Result<CgroupLayout> nestedLayout(const CgroupLayout& layout, const std::string& name);
+// The nested group of the network gateways' groups (net::NetworkPool::useCgroups).
+inline constexpr const char* kGatewayGroups = "gateways";
 
 // A VM's group (or a gateway's, under a nestedLayout): the same name under every root.
 class VmCgroup {

@@ -77,8 +77,6 @@ Result<std::string> readHostileTail(const std::string& path, size_t max_bytes) {
 // another, was started by an earlier version and is restarted. 2: confine() in one function,
 // no files made, RLIMIT_FSIZE and RLIMIT_NOFILE, no fallocate, IPv4 and routing sockets only.
 constexpr int kGatewayConfinement = 2;
-// The group (in each hierarchy of spaced's) that holds one group per slot's gateway.
-constexpr const char* kGatewayGroups = "gateways";
 
 // Whether process `pid` runs the program file at `path` (the same file, not one of the same
 // name: an upgrade replaces it). Where that cannot be read, it is taken to.
@@ -634,35 +632,58 @@ Status NetworkPool::useCgroups(const jail::CgroupLayout& layout) {
     return makeError(ErrorCode::kInvalidArgument, "a gateway's memory must be 128 MiB..1 TiB, not " +
                                                       std::to_string(options_.gateway_memory_mb) + " MiB");
   }
-  auto nested = jail::nestedLayout(layout, kGatewayGroups);
+  auto nested = jail::nestedLayout(layout, jail::kGatewayGroups);
   if (!nested.ok()) return nested.error();
   gateway_cgroups_base_ = layout;
   gateway_cgroups_ = std::move(nested.value());
   return okStatus();
 }
 
+jail::CgroupLimits NetworkPool::gatewayLimits() const {
+  jail::CgroupLimits limits;
+  limits.memory_bytes = options_.gateway_memory_mb << 20;
+  // One task: the gateway runs one thread and makes none (RLIMIT_NPROC says so too, per uid;
+  // the group says so for the process, whatever user it runs as).
+  limits.pids = 1;
+  limits.cpu_quota_us = uint64_t{options_.gateway_cpu_percent} * limits.cpu_period_us / 100;
+  return limits;
+}
+
 jail::VmCgroup NetworkPool::gatewayGroup(const Slot& slot) const {
   return gateway_cgroups_ ? jail::VmCgroup::existing(*gateway_cgroups_, slot.name) : jail::VmCgroup();
 }
 
+namespace {
+
+// Kills every process in `group`: each through a pidfd taken before a second look that its pid
+// is still in the group, so that a pid reused meanwhile (one init reaped) is never signalled.
+// 0 is skipped: on v2 it names a process outside our PID namespace (and kill(0) our own group).
+void killProcessesInGroup(const jail::VmCgroup& group, const std::string& slot_name) {
+  for (pid_t pid : group.processes()) {
+    if (pid <= 0 || pid == ::getpid()) continue;
+    auto process = ChildProcess::adopt(pid);
+    if (!process.ok()) continue;  // gone already
+    if (!group.holds(pid)) {
+      process->disown();
+      continue;
+    }
+    process->kill();
+    spdlog::warn("network: killed process {} left in slot {}'s gateway group", pid, slot_name);
+  }
+}
+
+}  // namespace
+
 void NetworkPool::endGatewayGroup(const std::string& slot_name) const {
   if (!gateway_cgroups_) return;
   jail::VmCgroup group = jail::VmCgroup::existing(*gateway_cgroups_, slot_name);
-  for (pid_t pid : group.processes()) {
-    if (pid != ::getpid() && ::kill(pid, SIGKILL) == 0) {
-      spdlog::warn("network: killed process {} left in slot {}'s gateway group", pid, slot_name);
-    }
-  }
+  killProcessesInGroup(group, slot_name);
   if (auto removed = group.remove(); !removed.ok()) spdlog::warn("network: {}", removed.error().message);
 }
 
 void NetworkPool::killLeftoversOf(const Slot& slot) const {
   // The group holds only the slot's gateways, whatever user they run as.
-  for (pid_t pid : gatewayGroup(slot).processes()) {
-    if (pid != ::getpid() && ::kill(pid, SIGKILL) == 0) {
-      spdlog::warn("network: killed process {} left in slot {}'s gateway group by an earlier gateway", pid, slot.name);
-    }
-  }
+  killProcessesInGroup(gatewayGroup(slot), slot.name);
   // Only a uid of the slot's own: a user that gateways share may run anything else too.
   if (options_.gateway_uid_base == 0) return;
   const uid_t uid = gatewayIds(slot).first;
@@ -708,16 +729,10 @@ Result<ChildProcess> NetworkPool::spawnGateway(const Slot& slot, const std::stri
                                    gatewayUser(slot)};
   for (const std::string& cidr : options_.openable_cidrs) argv.insert(argv.end(), {"--openable-cidr", cidr});
   if (gateway_cgroups_) {
-    // One task: the gateway runs one thread and makes none (RLIMIT_NPROC says so too, per uid;
-    // the group says so for the process, whatever user it runs as).
-    jail::CgroupLimits limits;
-    limits.memory_bytes = options_.gateway_memory_mb << 20;
-    limits.pids = 1;
-    limits.cpu_quota_us = uint64_t{options_.gateway_cpu_percent} * limits.cpu_period_us / 100;
     // Made again if missing: spaced's sweep of empty VM groups removes an empty gateways/.
-    auto nested = jail::nestedLayout(*gateway_cgroups_base_, kGatewayGroups);
+    auto nested = jail::nestedLayout(*gateway_cgroups_base_, jail::kGatewayGroups);
     if (!nested.ok()) return nested.error();
-    auto group = jail::VmCgroup::create(nested.value(), slot.name, limits);
+    auto group = jail::VmCgroup::create(nested.value(), slot.name, gatewayLimits());
     if (!group.ok()) return group.error();
     for (const std::string& procs : group->procsFiles()) argv.insert(argv.end(), {"--cgroup-procs", procs});
   }
@@ -904,6 +919,12 @@ Result<std::unique_ptr<SandboxNetwork>> NetworkPool::adopt(const std::string& st
     // without the group's limits.
     spdlog::warn("network: the gateway of slot {} runs outside its control group; restarting it", slot.name);
     SPACE_TRY(network->restartGateway());
+  } else if (gateway_cgroups_) {
+    // In its group: with this daemon's limits from now on (they may have changed across the restart).
+    // A limit below what it holds now is refused (v1): it keeps running under the old ones.
+    if (auto limited = jail::VmCgroup::create(*gateway_cgroups_, slot.name, gatewayLimits()); !limited.ok()) {
+      spdlog::warn("network: the gateway of slot {} keeps its earlier limits: {}", slot.name, limited.error().message);
+    }
   }
   return network;
 }

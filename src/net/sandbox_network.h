@@ -270,6 +270,7 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   // Kills what is left in the group of the slot named `slot_name` (its gateway is stopped) and
   // removes the group.
   void endGatewayGroup(const std::string& slot_name) const;
+  jail::CgroupLimits gatewayLimits() const;
   // Loads the gateways' egress table once (start(), or the first gateway spawned before it).
   Status holdGatewayEgress();
   // Loads it again if it is gone or changed (the refill thread, every egress_check_interval).

@@ -1733,7 +1733,10 @@ void SandboxManager::shutdown(ShutdownMode mode) {
   spdlog::info("sandboxes: shut down ({} left running for the next start, {} stopped)", kept, stopped);
   // This daemon's group of VM groups, once none is left in it (a kept VM keeps its group).
   if (launcher_) {
-    for (const auto& root : launcher_->facts().cgroups.roots) (void)::rmdir(root.dir.c_str());
+    for (const auto& root : launcher_->facts().cgroups.roots) {
+      (void)::rmdir((root.dir + "/" + jail::kGatewayGroups).c_str());  // once no gateway's is left
+      (void)::rmdir(root.dir.c_str());
+    }
   }
 }
 

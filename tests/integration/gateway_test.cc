@@ -1725,13 +1725,21 @@ TEST_F(GatewayEgressTest, AGatewayRunsInAControlGroupOfItsSlotThatGoesWithIt) {
   EXPECT_NE(second, first);
   EXPECT_EQ(group.processes(), std::vector<pid_t>{second});
 
-  // The next daemon's pool adopts it where it runs.
+  // The next daemon's pool adopts it where it runs, with its own limits.
   network.value()->detach();
   network.value().reset();
+  options.gateway_cpu_percent = 30;
   makePool();
   auto adopted = pool_->adopt(state);
   ASSERT_TRUE(adopted.ok()) << adopted.error().message;
   EXPECT_EQ(adopted.value()->gatewayPid(), second);
+  for (size_t i = 0; i < group.dirs().size(); ++i) {
+    if (layout->version == jail::CgroupVersion::kV2) {
+      EXPECT_EQ(readLimit(group.dirs()[i] + "/cpu.max"), "30000 100000");
+    } else if (layout->roots[i].controller == "cpu") {
+      EXPECT_EQ(readLimit(group.dirs()[i] + "/cpu.cfs_quota_us"), "30000");
+    }
+  }
 
   // One found outside its group is replaced by one inside it.
   adopted.value()->detach();
