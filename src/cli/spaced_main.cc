@@ -548,8 +548,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
   app.add_option("--gateway-memory-mb", network_options.gateway_memory_mb,
-                 "the memory each sandbox's gateway may use (its cgroup's limit): its address space (320 MiB at "
-                 "most), the page cache it fills, and on cgroup v2 its sockets' buffers")
+                 "the memory each sandbox's gateway may use (its cgroup's limit): its own pages (320 MiB at most), "
+                 "the page cache it fills, and on cgroup v2 its sockets' buffers; over it the kernel kills the "
+                 "gateway and spaced starts another (open connections are lost)")
       ->check(CLI::Range(uint64_t{128}, uint64_t{1} << 20))
       ->capture_default_str();
   app.add_option("--gateway-upstream-netns", network_options.upstream_netns,

@@ -97,10 +97,10 @@ int fail(const std::string& message, int code = 1) {
   return code;
 }
 
-// Moves this process into the control group whose cgroup.procs file `procs` is (as root,
-// before anything else runs): spaced names one per hierarchy, and the group's limits (CPU,
-// memory with the kernel's socket buffers on v2, tasks) hold the gateway from its first
-// instruction on, where a move after the start would leave a moment outside them.
+// Moves this process into the control group whose cgroup.procs file `procs` is (as root, right
+// after its arguments are parsed): spaced names one per hierarchy, and the group's limits (CPU,
+// memory with the kernel's socket buffers on v2, tasks) hold the gateway before it reads its
+// policy or opens a socket, so no guest byte reaches it outside them.
 int joinCgroup(const std::string& procs) {
   const int fd = ::open(procs.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
   const bool joined = fd >= 0 && ::write(fd, "0", 1) == 1;
@@ -199,9 +199,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
   std::vector<std::string> cgroup_procs;
-  app.add_option("--cgroup-procs", cgroup_procs,
-                 "join the control group of this cgroup.procs file before anything else (repeatable: one per "
-                 "hierarchy on cgroup v1); the start fails if it cannot");
+  app.add_option(
+      "--cgroup-procs", cgroup_procs,
+      "join the control group of this cgroup.procs file first, before any policy or socket (repeatable: one per "
+      "hierarchy on cgroup v1); the start fails if it cannot");
   CLI11_PARSE(app, argc, argv);
   for (const std::string& procs : cgroup_procs) {
     if (int failed = joinCgroup(procs); failed != 0) return failed;

@@ -18,8 +18,8 @@ struct SeccompExtras {
   bool no_debug = false;
   // The process makes threads, never another process: fork, vfork and clone without
   // CLONE_THREAD fail. Nothing takes a child down with its gateway (its cgroup, where spaced
-  // has cgroups, is emptied only when its sandbox's network ends), so a compromised one could
-  // otherwise leave processes running after it was stopped.
+  // has cgroups, is emptied only at the gateway's next restart or when its sandbox's network
+  // ends), so a compromised one could otherwise leave processes running after it was stopped.
   bool no_fork = false;
   // The process keeps its memory in its own address space and leaves nothing behind it: memfd_create,
   // memfd_secret, shmget, msgget, semget and mq_open fail. Their pages are outside RLIMIT_AS (a

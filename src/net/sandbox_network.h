@@ -71,9 +71,9 @@ struct NetworkOptions {
   std::chrono::milliseconds egress_check_interval{10000};
   // The limits of each gateway's control group (NetworkPool::useCgroups). CPU in percent of one
   // core: a gateway runs one thread, so 100 takes nothing it could use, and a lower value keeps
-  // a busy sandbox's gateway from a core of the host. Memory: its address space is bounded by
-  // RLIMIT_AS (64 MiB + 1 MiB per connection: 320 MiB at its default 256); the group bounds
-  // that, the page cache it fills, and on cgroup v2 its sockets' buffers, which no rlimit counts.
+  // a busy sandbox's gateway from a core of the host. Memory: the pages charged to it, its own
+  // (which RLIMIT_AS bounds too, 64 MiB + 1 MiB per connection: 320 MiB at its default 256),
+  // the page cache it fills, and on cgroup v2 its sockets' buffers, which no rlimit counts.
   uint32_t gateway_cpu_percent = 100;
   uint64_t gateway_memory_mb = 384;
 };
@@ -204,7 +204,7 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   ~NetworkPool();
 
   // Every gateway started from now on runs in a control group of its slot's
-  // (<root>/gateways/<slot name> in each hierarchy), joined before it runs anything, limited by
+  // (<root>/gateways/<slot name> in each hierarchy), joined before it reads its policy or opens a socket, limited by
   // gateway_cpu_percent, gateway_memory_mb and to one task; the group goes with its gateway. An
   // adopted gateway found outside its group (started where there were none) is replaced. Call it
   // once, before adopt() and start(); without it gateways run in spaced's own group.
