@@ -414,6 +414,52 @@ TEST(HttpStream, OneClientsStepsHoldOnlyItsShareOfTheStepThreadsAndTakeTurns) {
   EXPECT_EQ(order, (std::vector<size_t>{0, 1, 2, 3, 4, 5}));
 }
 
+// A step that the step threads' queue has no place for is refused (runBlocking says so to its
+// producer) and its party's place goes back: the party's next steps find the same room as if
+// the refused one had never been asked for.
+TEST(HttpStream, AStepTheFullQueueRefusesGivesItsPartysPlaceBack) {
+  Detached detached;
+  ServerLimits limits;
+  limits.max_streams = 2;  // also the step threads' queue: two places
+  limits.max_stream_step_threads = 1;
+  limits.max_stream_steps_per_client = 4;
+  auto server = startStreamServer(detached, limits);
+  ASSERT_TRUE(server);
+  auto clients = openStreams(*server, detached, 1);
+  auto stream = detached.at(0);
+  std::atomic<int> ran{0};
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::promise<void> release;
+    auto released = release.get_future().share();
+    std::atomic<bool> holding{false};
+    // One step holds the thread; two wait in the queue's two places; a fourth finds none.
+    ASSERT_TRUE(stream->runBlocking([released, &holding, &ran] {
+      holding = true;
+      released.wait();
+      ++ran;
+    }));
+    ASSERT_TRUE(waitUntil([&] { return holding.load(); }));
+    EXPECT_TRUE(stream->runBlocking([&ran] { ++ran; }));
+    EXPECT_TRUE(stream->runBlocking([&ran] { ++ran; }));
+    // With its place kept (3 + 1 of the party's 4 counted), this one would wait in the party's
+    // line instead, and be taken.
+    EXPECT_FALSE(stream->runBlocking([&ran] { ran += 100; }));
+    release.set_value();
+    ASSERT_TRUE(waitUntil([&] { return ran.load() == 3 * (round + 1); })) << ran.load();
+    // A step's place goes back just after its task returned (nothing here can see when).
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(ran.load(), 6);  // the refused steps never ran
+  ASSERT_TRUE(stream->runBlocking([stream] {
+    stream->write("done\n");
+    stream->end();
+  }));
+  std::string got;
+  readUntil(clients[0].get(), "0\r\n\r\n", got);
+  EXPECT_NE(got.find("done\n"), std::string::npos) << got;
+}
+
 // Parties that share an address (tenants behind loopback or a proxy) have a share each when the
 // handler names them: one party's blocked steps do not hold another's.
 TEST(HttpStream, NamedPartiesOnOneAddressHaveAShareEach) {
