@@ -46,8 +46,25 @@ void WarmPool::stop() {
 void WarmPool::used(const PoolKey& key) {
   std::lock_guard lock(mu_);
   auto it = kinds_.find(key);
-  if (it != kinds_.end() && it->second.taken > 0) --it->second.taken;
+  if (it != kinds_.end()) {
+    if (it->second.taken > 0) --it->second.taken;
+    // A create kept one: the kind's guests serve, whatever was taken back before.
+    it->second.cool_down = std::chrono::milliseconds(0);
+    it->second.cool_until = {};
+  }
   changed_.notify_all();
+}
+
+void WarmPool::coolDownIfTakenBackLocked(const PoolKey& key, const WarmVm& vm) {
+  if (!vm.claim || vm.claim->held()) return;
+  Kind& kind = kinds_[key];
+  const auto now = Clock::now();
+  if (now < kind.cool_until) return;  // one loss: what a single reservation took
+  kind.cool_down = std::min<std::chrono::milliseconds>(std::max(kind.cool_down * 2, std::chrono::milliseconds(1000)),
+                                                       std::chrono::milliseconds(60000));
+  kind.cool_until = now + kind.cool_down;
+  spdlog::info("warm pool: a waiting VM of {} gave its capacity to a sandbox; the next one in {} s", key.describe(),
+               kind.cool_down.count() / 1000);
 }
 
 std::optional<WarmVm> WarmPool::take(const PoolKey& key) {
@@ -66,6 +83,7 @@ std::optional<WarmVm> WarmPool::take(const PoolKey& key) {
       ++kind.taken;  // its place is refilled only once the taker says it keeps it (used())
       return vm;
     }
+    coolDownIfTakenBackLocked(key, vm);
     if (!vm.claim || vm.claim->held()) spdlog::warn("warm pool: VM {} died while waiting; dropped", vm.sandbox_id);
     gone.push_back(std::move(vm));
   }
@@ -81,6 +99,7 @@ void WarmPool::prune() {
         if (usable(*it)) {
           ++it;
         } else {
+          coolDownIfTakenBackLocked(key, *it);
           gone.push_back(std::move(*it));
           it = kind.ready.erase(it);
         }
@@ -98,6 +117,7 @@ void WarmPool::put(const PoolKey& key, WarmVm vm) {
   Kind& kind = it->second;
   if (kind.taken > 0) --kind.taken;
   if (stopping_ || kind.ready.size() >= kind.target || !usable(vm)) {
+    coolDownIfTakenBackLocked(key, vm);
     lock.unlock();
     return;  // dropped: its runtime cleans up, outside the lock
   }
@@ -176,8 +196,8 @@ void WarmPool::refill() {
     for (auto& [key, kind] : kinds_) {
       size_t have = kind.ready.size() + kind.taken;
       if (have >= kind.target) continue;
-      if (kind.retry_after > now) {
-        soonest_retry = std::min(soonest_retry, kind.retry_after);
+      if (const auto after = std::max(kind.retry_after, kind.cool_until); after > now) {
+        soonest_retry = std::min(soonest_retry, after);
         continue;
       }
       if (kind.target - have > largest) {
@@ -211,6 +231,7 @@ void WarmPool::refill() {
       if (kind.ready.size() + kind.taken < kind.target && usable(made.value())) {
         kind.ready.push_back(std::move(made.value()));
       } else {
+        coolDownIfTakenBackLocked(key, made.value());
         lock.unlock();
         made = makeError(ErrorCode::kCanceled, "");  // the VM goes here, outside the lock
         lock.lock();

@@ -94,10 +94,19 @@ class WarmPool {
     Clock::time_point retry_after{};  // after a failed make: backing off
     std::chrono::milliseconds backoff{0};
     bool waiting_for_capacity = false;  // said once, until a guest is made again
+    // After a guest of the kind gave its capacity to a sandbox: none is made before cool_until.
+    Clock::time_point cool_until{};
+    std::chrono::milliseconds cool_down{0};
   };
   void refill();
   // Whether a waiting guest can still be handed out: its capacity is its own and its QEMU runs.
   bool usable(const WarmVm& vm) const { return (!vm.claim || vm.claim->held()) && alive_(vm); }
+  // Under mu_: if `vm`'s capacity was taken back for a sandbox, the next guest of its kind waits
+  // a cool-down, 1 s doubling with each such loss up to 60 s, until a create keeps one of the
+  // kind's guests (used()). On a node kept full by creates of other sizes the pool would
+  // otherwise restore guests only to have them taken back, one after another (review
+  // helper-69). Several lost at once (one reservation) count as one loss.
+  void coolDownIfTakenBackLocked(const PoolKey& key, const WarmVm& vm);
   // Under mu_: new targets from the sizer; guests over a kind's target move to `surplus`.
   void retarget(std::deque<WarmVm>& surplus);
 

@@ -224,6 +224,40 @@ TEST(WarmPool, AGuestWhoseCapacityWasTakenBackIsDroppedNotHandedOut) {
   EXPECT_FALSE(pool->take(kDefault));
 }
 
+// A kind whose guests keep giving their capacity to sandboxes (a node kept full by creates of
+// other sizes) is refilled after a cool-down that doubles with each loss, not at once: the pool
+// does not restore guests only to lose them. A create that keeps one of its guests ends it.
+TEST(WarmPool, AKindWhoseGuestsAreTakenBackWaitsLongerEachTime) {
+  FakeMaker maker;
+  maker.claims = true;
+  auto pool = startPool(sizing(1, 0), maker);
+  ASSERT_TRUE(waitFor([&] { return pool->size() == 1; }));
+  auto takeBack = [&](size_t i) {
+    {
+      std::lock_guard lock(maker.mu);
+      maker.given.at(i)->holds = false;
+    }
+    pool->prune();
+  };
+  takeBack(0);
+  EXPECT_EQ(pool->size(), 0u);
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ(maker.made.load(), 1) << "made again at once";
+  ASSERT_TRUE(waitFor([&] { return pool->size() == 1; }, 3s));  // after 1 s
+  EXPECT_EQ(maker.made.load(), 2);
+  takeBack(1);
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_EQ(maker.made.load(), 2) << "the second cool-down is 2 s";
+  ASSERT_TRUE(waitFor([&] { return pool->size() == 1; }, 3s));
+  EXPECT_EQ(maker.made.load(), 3);
+  // One is taken and kept: its place is made at once.
+  auto taken = pool->take(kDefault);
+  ASSERT_TRUE(taken);
+  pool->used(kDefault);
+  EXPECT_TRUE(waitFor([&] { return pool->size() == 1; }, 500ms));
+  EXPECT_EQ(maker.made.load(), 4);
+}
+
 // A node without room for a waiting guest is no fault: the pool looks again each second, not
 // less and less often, so it refills soon after a sandbox gives the capacity back.
 TEST(WarmPool, ANodeWithoutRoomIsAskedAgainEachSecond) {
