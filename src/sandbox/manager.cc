@@ -424,7 +424,7 @@ Result<WarmVm> SandboxManager::makeWarmVm(const PoolKey& key) {
   // A sandbox may take the claim's capacity back while the guest is made: the making stops at
   // its next step (the VM goes with `runtime`).
   auto given_way = [] {
-    return makeError(ErrorCode::kResourceExhausted, "a sandbox took its capacity while it started", kNoCapacityReason);
+    return makeError(ErrorCode::kResourceExhausted, "a sandbox took its capacity while it started", kGivenWayReason);
   };
   auto runtime = SandboxRuntime::start(launch.value());
   if (!runtime.ok()) return runtime.error();

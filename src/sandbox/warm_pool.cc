@@ -11,6 +11,9 @@ namespace {
 // Demand fades within the sizer's window; the refill thread looks again this often even when
 // nothing happens, so an unused kind's guests are let go.
 constexpr std::chrono::seconds kRetargetEvery{5};
+// The longest a kind waits after losing guests to sandboxes: a restore under TCG costs up to
+// half a second of a core at nice 10, so a kind that loses every guest costs a few percent.
+constexpr std::chrono::milliseconds kMaxCoolDown{15000};
 }  // namespace
 
 WarmPool::WarmPool(PoolSizerConfig sizing, Maker make, Alive alive)
@@ -48,7 +51,7 @@ void WarmPool::used(const PoolKey& key) {
   auto it = kinds_.find(key);
   if (it != kinds_.end()) {
     if (it->second.taken > 0) --it->second.taken;
-    // A create kept one: the kind's guests serve, whatever was taken back before.
+    // A create took one (however the create then ended): the kind's guests serve.
     it->second.cool_down = std::chrono::milliseconds(0);
     it->second.cool_until = {};
   }
@@ -56,14 +59,23 @@ void WarmPool::used(const PoolKey& key) {
 }
 
 void WarmPool::coolDownIfTakenBackLocked(const PoolKey& key, const WarmVm& vm) {
-  if (!vm.claim || vm.claim->held()) return;
+  if (vm.claim && !vm.claim->held()) coolDownLocked(key);
+}
+
+void WarmPool::coolDownLocked(const PoolKey& key) {
   Kind& kind = kinds_[key];
   const auto now = Clock::now();
   if (now < kind.cool_until) return;  // one loss: what a single reservation took
-  kind.cool_down = std::min<std::chrono::milliseconds>(std::max(kind.cool_down * 2, std::chrono::milliseconds(1000)),
-                                                       std::chrono::milliseconds(60000));
+  // Churn is losses in a row: one long after the last (twice its cool-down, and a minute) is a
+  // first one again.
+  if (now - kind.last_loss > std::max<Clock::duration>(2 * kind.cool_down, std::chrono::minutes(1))) {
+    kind.cool_down = std::chrono::milliseconds(0);
+  }
+  kind.last_loss = now;
+  kind.cool_down =
+      std::min<std::chrono::milliseconds>(std::max(kind.cool_down * 2, std::chrono::milliseconds(1000)), kMaxCoolDown);
   kind.cool_until = now + kind.cool_down;
-  spdlog::info("warm pool: a waiting VM of {} gave its capacity to a sandbox; the next one in {} s", key.describe(),
+  spdlog::info("warm pool: a VM of {} gave its capacity to a sandbox; the next one in {} s", key.describe(),
                kind.cool_down.count() / 1000);
 }
 
@@ -236,6 +248,8 @@ void WarmPool::refill() {
         made = makeError(ErrorCode::kCanceled, "");  // the VM goes here, outside the lock
         lock.lock();
       }
+    } else if (made.error().reason == kGivenWayReason) {
+      coolDownLocked(key);  // taken back while it was made: a loss like a waiting guest's
     } else if (made.error().reason == kNoCapacityReason) {
       // The node's sandboxes hold its capacity: not a fault, and over as soon as one goes.
       kind.backoff = std::chrono::milliseconds(0);

@@ -36,6 +36,9 @@ inline constexpr int kRefillNice = 10;
 // The reason a maker gives when the node has no capacity for one more waiting guest: the pool
 // then looks again each second (capacity comes back when a sandbox goes), and says so once.
 inline constexpr const char* kNoCapacityReason = "pool_no_capacity";
+// The reason a maker gives when a sandbox took its guest's capacity back while it was made: a
+// loss like that of a waiting guest (the kind cools down), not a full node.
+inline constexpr const char* kGivenWayReason = "pool_given_way";
 
 // What a waiting guest holds of the node's capacity (the maker's accounting: SandboxManager
 // counts pooled guests against the node's vCPUs and memory, and takes that back for a sandbox
@@ -97,16 +100,20 @@ class WarmPool {
     // After a guest of the kind gave its capacity to a sandbox: none is made before cool_until.
     Clock::time_point cool_until{};
     std::chrono::milliseconds cool_down{0};
+    Clock::time_point last_loss{};
   };
   void refill();
   // Whether a waiting guest can still be handed out: its capacity is its own and its QEMU runs.
   bool usable(const WarmVm& vm) const { return (!vm.claim || vm.claim->held()) && alive_(vm); }
-  // Under mu_: if `vm`'s capacity was taken back for a sandbox, the next guest of its kind waits
-  // a cool-down, 1 s doubling with each such loss up to 60 s, until a create keeps one of the
-  // kind's guests (used()). On a node kept full by creates of other sizes the pool would
-  // otherwise restore guests only to have them taken back, one after another (review
-  // helper-69). Several lost at once (one reservation) count as one loss.
+  // Under mu_: if `vm`'s capacity was taken back for a sandbox, a loss (coolDownLocked).
   void coolDownIfTakenBackLocked(const PoolKey& key, const WarmVm& vm);
+  // Under mu_: a guest of `key` (waiting, or being made) gave its capacity to a sandbox. The
+  // kind's next guest waits a cool-down, 1 s doubling with each loss up to kMaxCoolDown, until
+  // a create takes one of its guests (used()); a loss long after the last starts at 1 s again.
+  // On a node kept full by creates of other sizes the pool would otherwise restore guests only
+  // to have them taken back, one after another (review helper-69). Losses while the kind cools
+  // down (several guests of one reservation) count as one.
+  void coolDownLocked(const PoolKey& key);
   // Under mu_: new targets from the sizer; guests over a kind's target move to `surplus`.
   void retarget(std::deque<WarmVm>& surplus);
 

@@ -119,11 +119,18 @@ struct FakeMaker {
   std::atomic<int> made{0};
   std::atomic<bool> fail{false};
   std::atomic<bool> no_capacity{false};
+  std::atomic<int> give_way{0};  // this many makes end as if a sandbox took their capacity
+  std::atomic<int> attempts{0};
   bool claims = false;
   std::mutex mu;
   std::vector<FakeClaim*> given;  // guarded by mu
   std::atomic<int> claims_ended{0};
   Result<WarmVm> operator()(const PoolKey& key) {
+    ++attempts;
+    if (give_way > 0) {
+      --give_way;
+      return makeError(ErrorCode::kResourceExhausted, "a sandbox took its capacity", kGivenWayReason);
+    }
     if (fail) return makeError(ErrorCode::kUnavailable, "no template " + key.template_name);
     if (no_capacity) return makeError(ErrorCode::kResourceExhausted, "the node is full", kNoCapacityReason);
     WarmVm vm;
@@ -226,7 +233,7 @@ TEST(WarmPool, AGuestWhoseCapacityWasTakenBackIsDroppedNotHandedOut) {
 
 // A kind whose guests keep giving their capacity to sandboxes (a node kept full by creates of
 // other sizes) is refilled after a cool-down that doubles with each loss, not at once: the pool
-// does not restore guests only to lose them. A create that keeps one of its guests ends it.
+// does not restore guests only to lose them. A create that takes one of its guests ends it.
 TEST(WarmPool, AKindWhoseGuestsAreTakenBackWaitsLongerEachTime) {
   FakeMaker maker;
   maker.claims = true;
@@ -243,19 +250,54 @@ TEST(WarmPool, AKindWhoseGuestsAreTakenBackWaitsLongerEachTime) {
   EXPECT_EQ(pool->size(), 0u);
   std::this_thread::sleep_for(500ms);
   EXPECT_EQ(maker.made.load(), 1) << "made again at once";
-  ASSERT_TRUE(waitFor([&] { return pool->size() == 1; }, 3s));  // after 1 s
+  ASSERT_TRUE(waitFor([&] { return pool->size() == 1; }, 5s));  // after 1 s
   EXPECT_EQ(maker.made.load(), 2);
   takeBack(1);
   std::this_thread::sleep_for(1500ms);
   EXPECT_EQ(maker.made.load(), 2) << "the second cool-down is 2 s";
-  ASSERT_TRUE(waitFor([&] { return pool->size() == 1; }, 3s));
+  ASSERT_TRUE(waitFor([&] { return pool->size() == 1; }, 5s));
   EXPECT_EQ(maker.made.load(), 3);
-  // One is taken and kept: its place is made at once.
+  // One is taken: its place is made at once, and the next loss is a first one again (1 s, not 4).
   auto taken = pool->take(kDefault);
   ASSERT_TRUE(taken);
   pool->used(kDefault);
-  EXPECT_TRUE(waitFor([&] { return pool->size() == 1; }, 500ms));
+  ASSERT_TRUE(waitFor([&] { return pool->size() == 1; }, 3s));
   EXPECT_EQ(maker.made.load(), 4);
+  takeBack(3);
+  EXPECT_TRUE(waitFor([&] { return pool->size() == 1; }, 3s)) << "cooling down as after a fourth loss";
+}
+
+// Guests a sandbox takes at once (one reservation) are one loss; so is one taken while it was
+// made, which its maker says with kGivenWayReason.
+TEST(WarmPool, GuestsLostTogetherOrWhileMadeCoolTheirKindDownToo) {
+  FakeMaker maker;
+  maker.claims = true;
+  auto pool = startPool(sizing(2, 0), maker);
+  ASSERT_TRUE(waitFor([&] { return pool->size() == 2; }));
+  {
+    std::lock_guard lock(maker.mu);
+    for (FakeClaim* claim : maker.given) claim->holds = false;
+  }
+  pool->prune();
+  EXPECT_EQ(pool->size(), 0u);
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ(maker.made.load(), 2);
+  std::this_thread::sleep_for(1300ms);  // after a second loss it would wait 2 s
+  EXPECT_GE(maker.made.load(), 3) << "cooling down as after a second loss";
+  ASSERT_TRUE(waitFor([&] { return pool->size() == 2; }, 5s));
+
+  // Two makes in a row are given way: 1 s, then 2 s, before the next try (not a try each
+  // second, as for a full node).
+  pool.reset();
+  maker.attempts = 0;
+  maker.give_way = 2;
+  auto second = WarmPool::start(
+      sizing(1, 0), [&maker](const PoolKey& key) { return maker(key); }, [](const WarmVm&) { return true; });
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE(waitFor([&] { return maker.attempts.load() == 2; }, 5s));  // the first at once, the second after 1 s
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_EQ(maker.attempts.load(), 2) << "the second cool-down is 2 s";
+  EXPECT_TRUE(waitFor([&] { return second.value()->size() == 1; }, 5s));
 }
 
 // A node without room for a waiting guest is no fault: the pool looks again each second, not
