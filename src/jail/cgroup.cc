@@ -298,9 +298,7 @@ std::vector<std::string> VmCgroup::procsFiles() const {
   return out;
 }
 
-namespace {
-
-std::vector<pid_t> processesIn(const std::string& dir) {
+std::vector<pid_t> processesInGroupDir(const std::string& dir) {
   std::vector<pid_t> out;
   auto text = readSmallFile(dir + "/cgroup.procs", 1 << 20);
   if (!text.ok()) return out;
@@ -309,12 +307,10 @@ std::vector<pid_t> processesIn(const std::string& dir) {
   return out;
 }
 
-}  // namespace
-
 std::vector<pid_t> VmCgroup::processes() const {
   std::set<pid_t> all;
   for (const auto& dir : dirs_) {
-    for (pid_t pid : processesIn(dir)) all.insert(pid);
+    for (pid_t pid : processesInGroupDir(dir)) all.insert(pid);
   }
   return {all.begin(), all.end()};
 }
@@ -322,7 +318,7 @@ std::vector<pid_t> VmCgroup::processes() const {
 bool VmCgroup::holds(pid_t pid) const {
   if (dirs_.empty()) return false;
   for (const auto& dir : dirs_) {
-    const auto in = processesIn(dir);
+    const auto in = processesInGroupDir(dir);
     if (std::find(in.begin(), in.end(), pid) == in.end()) return false;
   }
   return true;

@@ -93,6 +93,10 @@ class VmCgroup {
   std::vector<std::string> dirs_;
 };
 
+// The processes a group directory's cgroup.procs lists (none if it cannot be read). On v2 a
+// process outside the reader's PID namespace is listed as 0.
+std::vector<pid_t> processesInGroupDir(const std::string& dir);
+
 // Removes every empty group under the roots: those of VMs that ended while spaced was down.
 // Groups still holding a process stay. How many went.
 int removeEmptyVmGroups(const CgroupLayout& layout);

@@ -366,6 +366,14 @@ NetworkPool::NetworkPool(NetworkOptions options)
     }
     egress_.openable.push_back({rule->network, rule->prefix_length});
   }
+  if (options_.gateway_cpu_percent < 1 || options_.gateway_cpu_percent > 100) {
+    config_error_ = "--gateway-cpu-percent: " + std::to_string(options_.gateway_cpu_percent) +
+                    " is not a percent of one core (1..100)";
+  }
+  if (options_.gateway_memory_mb < 128 || options_.gateway_memory_mb > (uint64_t{1} << 20)) {
+    config_error_ =
+        "--gateway-memory-mb: " + std::to_string(options_.gateway_memory_mb) + " MiB is not within 128 MiB..1 TiB";
+  }
 }
 
 NetworkPool::~NetworkPool() {
@@ -624,14 +632,6 @@ std::pair<uid_t, gid_t> NetworkPool::gatewayIds(const Slot& slot) const {
 }
 
 Status NetworkPool::useCgroups(const jail::CgroupLayout& layout) {
-  if (options_.gateway_cpu_percent < 1 || options_.gateway_cpu_percent > 100) {
-    return makeError(ErrorCode::kInvalidArgument, "a gateway's CPU must be 1..100 percent of a core, not " +
-                                                      std::to_string(options_.gateway_cpu_percent));
-  }
-  if (options_.gateway_memory_mb < 128 || options_.gateway_memory_mb > (uint64_t{1} << 20)) {
-    return makeError(ErrorCode::kInvalidArgument, "a gateway's memory must be 128 MiB..1 TiB, not " +
-                                                      std::to_string(options_.gateway_memory_mb) + " MiB");
-  }
   auto nested = jail::nestedLayout(layout, jail::kGatewayGroups);
   if (!nested.ok()) return nested.error();
   gateway_cgroups_base_ = layout;

@@ -248,8 +248,8 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   const NetworkOptions& options() const { return options_; }
   // The table the pool loads (and the uids it holds: every gateway's and the probe's).
   const GatewayEgress& egress() const { return egress_; }
-  // Why these options cannot serve (no resolver, a bad openable range), or empty; start()
-  // refuses with it.
+  // Why these options cannot serve (no resolver, a bad openable range, gateway limits out of
+  // range), or empty; start() refuses with it.
   const std::string& configError() const { return config_error_; }
   // Packets the table refused since the pool started, read from it now: 0 on a healthy node
   // (a gateway's own checks refuse first), more where a gateway tried what its policy refuses.

@@ -330,7 +330,7 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
         if (auto used = config.network->useCgroups(facts->cgroups); used.ok()) {
           spdlog::info("spaced: gateways run in cgroups of their own ({}% of a core, {} MiB, one task each)",
                        config.network->options().gateway_cpu_percent, config.network->options().gateway_memory_mb);
-        } else if (config.require_cgroups || used.error().code == ErrorCode::kInvalidArgument) {
+        } else if (config.require_cgroups) {
           return makeError(used.error().code, "gateways cannot get cgroups: " + used.error().message);
         } else {
           spdlog::warn("spaced: gateways run without cgroups (no CPU or memory limit of their own): {}",

@@ -6,12 +6,12 @@
 #include <filesystem>
 #include <future>
 #include <set>
-#include <sstream>
 #include <string_view>
 #include <system_error>
 #include <vector>
 
 #include "common/process.h"
+#include "jail/cgroup.h"
 #include "sandbox/manager_internal.h"
 
 namespace space::sandbox {
@@ -197,14 +197,10 @@ Status SandboxManager::recover() {
   for (const auto& root : launcher_->facts().cgroups.roots) {
     std::error_code ec;
     for (const auto& group : std::filesystem::directory_iterator(root.dir, ec)) {
-      auto procs = readSmallFile(group.path().string() + "/cgroup.procs", 1 << 20);
-      if (!procs.ok()) continue;
-      std::vector<pid_t> pids;
-      std::istringstream lines(procs.value());
-      for (long pid; lines >> pid;) pids.push_back(static_cast<pid_t>(pid));
+      const std::vector<pid_t> pids = jail::processesInGroupDir(group.path().string());
       if (std::any_of(pids.begin(), pids.end(), [&](pid_t p) { return owned.count(p) != 0; })) continue;
       for (pid_t pid : pids) {
-        if (pid == getpid()) continue;
+        if (pid <= 0 || pid == getpid()) continue;  // 0: outside our PID namespace (v2)
         if (auto orphan = ChildProcess::adopt(pid); orphan.ok()) {
           orphan->kill();
           ++killed;

@@ -30,6 +30,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/digest.h"
@@ -1653,6 +1654,18 @@ TEST_F(GatewayEgressTest, AGatewaysUidReachesOnlyWhatAPolicyCouldOpenAndItsResol
   auto refused = NetworkPool::create(bad)->start({});
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.error().message.find("--gateway-upstream-dns"), std::string::npos) << refused.error().message;
+
+  // Nor with gateway limits no group can take.
+  for (auto [cpu, memory_mb, named] : {std::tuple{0u, uint64_t{384}, "--gateway-cpu-percent"},
+                                       std::tuple{101u, uint64_t{384}, "--gateway-cpu-percent"},
+                                       std::tuple{100u, uint64_t{64}, "--gateway-memory-mb"}}) {
+    NetworkOptions limits = poolOptions({});
+    limits.gateway_cpu_percent = cpu;
+    limits.gateway_memory_mb = memory_mb;
+    auto pool = NetworkPool::create(limits);
+    EXPECT_NE(pool->configError().find(named), std::string::npos) << pool->configError();
+    EXPECT_FALSE(pool->start({}).ok());
+  }
 }
 
 // A gateway the pool starts runs in a control group of its slot's, with the options' limits,
