@@ -536,12 +536,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--gateway-binary", network_options.gateway_binary,
                  "the space-gateway program (default: next to spaced)");
-  bool require_gateway_confinement = false;
+  bool allow_unconfined_gateways = false;
+  app.add_flag("--allow-unconfined-gateways", allow_unconfined_gateways,
+               "start even if a gateway is not refused everything a compromised one would try, or cannot read what "
+               "it needs (the host's trust store): a kernel without Landlock (Linux 5.13+, 'landlock' in lsm=) "
+               "leaves its files open to it. spaced checks this at start and says what it found; without this "
+               "flag it refuses to start then");
+  // What the default is now; accepted so that scripts written for earlier versions still start.
+  bool require_gateway_confinement = true;
   app.add_flag("--require-gateway-confinement", require_gateway_confinement,
-               "refuse to start unless a gateway is refused everything a compromised one would try, and can read "
-               "what it needs (the host's trust store) "
-               "(no Landlock in this kernel, for one, leaves its files open to it); spaced checks this at start "
-               "either way, and says what it found");
+               "(the default; see --allow-unconfined-gateways)")
+      ->group("");
   app.add_option("--gateway-cpu-percent", network_options.gateway_cpu_percent,
                  "the CPU each sandbox's gateway may use, in percent of one core (its cgroup's quota; a gateway "
                  "runs one thread, so 100 limits nothing it could use)")
@@ -823,9 +828,9 @@ int main(int argc, char** argv) {
           "network: gateways are confined (Landlock ABI {}): {} checks of what a compromised one would "
           "try, all refused",
           probe.value().value("landlock_abi", 0), probe.value()["checks"].size());
-    } else if (require_gateway_confinement) {
-      return fatal("--require-gateway-confinement: a gateway is not confined: " + allowed +
-                   (probe.ok() ? " allowed" : ""));
+    } else if (!allow_unconfined_gateways) {
+      return fatal("network: a gateway is not confined: " + allowed + (probe.ok() ? " allowed" : "") +
+                   " (--allow-unconfined-gateways starts anyway; docs/network.md)");
     } else {
       spdlog::warn("network: gateways are not fully confined: {}{}", allowed, probe.ok() ? " allowed" : "");
     }
@@ -833,8 +838,9 @@ int main(int argc, char** argv) {
     // verifies upstream servers against.
     if (probe.ok() && probe.value().value("works", true) != true) {
       const std::string what = probe.value().value("needs", nlohmann::json::object()).dump();
-      if (require_gateway_confinement) {
-        return fatal("--require-gateway-confinement: a confined gateway cannot read what it needs: " + what);
+      if (!allow_unconfined_gateways) {
+        return fatal("network: a confined gateway cannot read what it needs: " + what +
+                     " (--allow-unconfined-gateways starts anyway, and credential rules' TLS will fail)");
       }
       spdlog::warn("network: a confined gateway cannot read what it needs (credential rules' TLS will fail): {}", what);
     }

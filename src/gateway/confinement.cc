@@ -4,6 +4,7 @@
 #include <grp.h>
 #include <linux/capability.h>
 #include <linux/netlink.h>
+#include <netinet/in.h>
 #include <openssl/x509.h>
 #include <pthread.h>
 #include <pwd.h>
@@ -135,14 +136,14 @@ Result<int> confine(const ConfinementPlan& plan) {
                      "cannot confine the gateway's files: it runs " + std::to_string(tasks) + " threads");
   }
   SPACE_TRY(files->apply());
-  // A gateway reads guest bytes and never executes, debugs, forks, shares memory, listens,
-  // reserves disk, makes a socket other than IPv4 and routing netlink, uses legacy AIO, mounts
-  // or makes namespaces; a compromised one gets none of it.
+  // A gateway reads guest bytes and never executes, debugs, forks, shares memory, listens or
+  // binds, reserves disk, makes a socket other than IPv4, uses legacy AIO, mounts or makes
+  // namespaces; a compromised one gets none of it.
   if (int rc = jail::denyWhatNoConfinedProcessNeeds({.no_exec = true,
                                                      .no_debug = true,
                                                      .no_fork = true,
                                                      .no_shared_memory = true,
-                                                     .no_listen = true,
+                                                     .no_new_ports = true,
                                                      .no_disk_reservation = true,
                                                      .inet_sockets_only = true,
                                                      .no_async_io = true});
@@ -225,14 +226,31 @@ nlohmann::json probeConfinement(const ConfinementPlan& plan, int landlock_abi, i
     errno = err;
     return rc;
   });
+  // A port of its choosing, and any port at all (0: the kernel would pick one).
+  check("bind", EPERM, [] {
+    int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    sockaddr_in any{};
+    any.sin_family = AF_INET;
+    int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&any), sizeof any);
+    int err = errno;
+    ::close(fd);
+    errno = err;
+    return rc;
+  });
   check("unix_socket", EPERM, [] {
     int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
     ::close(fd);
     return 0;
   });
-  check("diagnose_sockets", EPERM, [] {
+  // Any netlink socket: socket diagnostics would list every socket of the namespace; routing
+  // would show its addresses and routes (the gateway lists addresses with an ioctl instead).
+  check("netlink_socket", EPERM, [] {
     int fd = ::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (fd < 0) return -1;
+    ::close(fd);
+    fd = ::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
     if (fd < 0) return -1;
     ::close(fd);
     return 0;

@@ -50,8 +50,8 @@ uint64_t gatewayAddressSpace(size_t max_connections);
 // descriptors and file size (SIGXFSZ ignored: a write past it fails with EFBIG rather than
 // killing it), and is not dumpable (it holds credential values); the ruleset binds (the
 // process must have one thread, checked); and the seccomp filter refuses exec, debugging,
-// fork, shared memory, listening, disk reservation, sockets but IPv4 and routing netlink, and
-// legacy AIO (jail/seccomp_policy.h). Returns the Landlock ABI that confines its files, 0 if
+// fork, shared memory, listening and binding, disk reservation, sockets but IPv4, and legacy
+// AIO (jail/seccomp_policy.h). Returns the Landlock ABI that confines its files, 0 if
 // the kernel has none (then only the rest holds). An error leaves the process to exit: it may
 // be half done.
 Result<int> confine(const ConfinementPlan& plan);

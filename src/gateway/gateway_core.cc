@@ -1,13 +1,18 @@
 #include "gateway/gateway_core.h"
 
 #include <arpa/inet.h>
-#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
+
+#include "common/unix_socket.h"
 
 namespace space::gateway {
 
@@ -115,19 +120,51 @@ const std::string* GatewayCore::secret(std::string_view name) {
   return credentials_.secret(name);
 }
 
+namespace {
+
+// The IPv4 addresses of the calling thread's network namespace: every address of every
+// interface (the kernel lists secondary ones too, under their labels), in host order. By the
+// SIOCGIFCONF ioctl on an IPv4 socket rather than getifaddrs, which asks routing netlink
+// through a socket it binds: a confined gateway may make no netlink socket and bind nothing
+// (jail/seccomp_policy.h). nullopt with errno set if they cannot be listed.
+std::optional<std::vector<uint32_t>> namespaceAddresses() {
+  UniqueFd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return std::nullopt;
+  // A full buffer may have been cut short: asked again with twice the room, up to a bound no
+  // host reaches (2.5 MiB).
+  constexpr size_t kMostEntries = size_t{1} << 16;
+  std::vector<ifreq> entries(32);
+  size_t listed = 0;
+  for (;;) {
+    ifconf conf{};
+    conf.ifc_len = static_cast<int>(entries.size() * sizeof(ifreq));
+    conf.ifc_req = entries.data();
+    if (::ioctl(fd.get(), SIOCGIFCONF, &conf) != 0) return std::nullopt;
+    listed = static_cast<size_t>(conf.ifc_len) / sizeof(ifreq);
+    if (listed < entries.size()) break;
+    if (entries.size() >= kMostEntries) {
+      errno = E2BIG;
+      return std::nullopt;
+    }
+    entries.resize(entries.size() * 2);
+  }
+  std::vector<uint32_t> addresses;
+  for (size_t i = 0; i < listed; ++i) {
+    if (entries[i].ifr_addr.sa_family != AF_INET) continue;
+    addresses.push_back(ntohl(reinterpret_cast<const sockaddr_in*>(&entries[i].ifr_addr)->sin_addr.s_addr));
+  }
+  return addresses;
+}
+
+}  // namespace
+
 bool GatewayCore::isLocalAddress(uint32_t ipv4) {
   auto now = std::chrono::steady_clock::now();
   if (local_addresses_at_ == std::chrono::steady_clock::time_point{} ||
       now - local_addresses_at_ > std::chrono::seconds(1)) {
-    // The calling thread is in the upstream namespace: getifaddrs lists its interfaces.
-    ifaddrs* list = nullptr;
-    if (getifaddrs(&list) == 0) {
-      local_addresses_.clear();
-      for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
-        if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
-        local_addresses_.push_back(ntohl(reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr));
-      }
-      freeifaddrs(list);
+    // The calling thread is in the upstream namespace.
+    if (auto addresses = namespaceAddresses()) {
+      local_addresses_ = std::move(*addresses);
       local_addresses_at_ = now;
     } else {
       spdlog::warn("cannot list the upstream namespace's addresses: {}", strerror(errno));

@@ -1,7 +1,6 @@
 #include "jail/seccomp_policy.h"
 
 #include <fcntl.h>
-#include <linux/netlink.h>
 #include <sched.h>
 #include <seccomp.h>
 #include <sys/socket.h>
@@ -43,7 +42,7 @@ int denyWhatNoConfinedProcessNeeds(SeccompExtras extras) {
     refuseAll({SCMP_SYS(memfd_create), SCMP_SYS(memfd_secret), SCMP_SYS(shmget), SCMP_SYS(msgget), SCMP_SYS(semget),
                SCMP_SYS(mq_open)});
   }
-  if (extras.no_listen) refuseAll({SCMP_SYS(listen)});
+  if (extras.no_new_ports) refuseAll({SCMP_SYS(listen), SCMP_SYS(bind)});
   if (extras.no_disk_reservation) {
     refuseAll({SCMP_SYS(fallocate)});
     // An ioctl's command is an unsigned int (its low 32 bits, as for fcntl below); its type is
@@ -52,18 +51,12 @@ int denyWhatNoConfinedProcessNeeds(SeccompExtras extras) {
       rc = seccomp_rule_add(filter, refuse, SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_MASKED_EQ, 0xff00u, 'X' << 8));
   }
   if (extras.inet_sockets_only) {
-    // Every family but AF_INET and AF_NETLINK, on the domain's low 32 bits (an int, as the
-    // kernel reads it); families past 63 do not exist (EAFNOSUPPORT) whatever the filter says.
+    // Every family but AF_INET, on the domain's low 32 bits (an int, as the kernel reads it);
+    // families past 63 do not exist (EAFNOSUPPORT) whatever the filter says.
     for (uint64_t family = 0; family < 64; ++family) {
-      if (family == AF_INET || family == AF_NETLINK) continue;
+      if (family == AF_INET) continue;
       if (rc == 0)
         rc = seccomp_rule_add(filter, refuse, SCMP_SYS(socket), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, family));
-    }
-    // Netlink: routing only. A protocol other than 0 in any bit is refused (an upper half
-    // with a 0 below is refused too: never a protocol a caller needs).
-    if (rc == 0) {
-      rc = seccomp_rule_add(filter, refuse, SCMP_SYS(socket), 2, SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, AF_NETLINK),
-                            SCMP_A2(SCMP_CMP_NE, NETLINK_ROUTE));
     }
     if (rc == 0)
       rc = seccomp_rule_add(filter, refuse, SCMP_SYS(socketpair), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, AF_UNIX));

@@ -26,11 +26,12 @@ struct SeccompExtras {
   // gateway's bound where spaced has no cgroups), and System V and POSIX IPC objects outlive the
   // process, where the next sandbox of its slot (the same uid) would find them.
   bool no_shared_memory = false;
-  // The process accepts connections only on the sockets it was given: listen fails (a compromised
-  // gateway opens no TCP port in the host's network namespace, where it makes its upstream
-  // sockets). bind stays: listing addresses (getifaddrs) binds a netlink socket, and a filter
-  // cannot read the address bind is given, so a UDP port can still be bound.
-  bool no_listen = false;
+  // The process takes no port of its choosing: listen and bind fail. A compromised gateway, whose
+  // upstream sockets are in the host's network namespace, then opens no TCP port there and binds
+  // no UDP port (a port a host service needs, squatted; one an outside peer could send to).
+  // Its sockets still get a port of the kernel's choosing when they connect or send (it
+  // listens on the sockets made before its confinement).
+  bool no_new_ports = false;
   // The process reserves no disk blocks: fallocate fails, and so do the ioctls of type 'X'
   // (FS_IOC_RESVSP, _RESVSP64, _UNRESVSP*, _ZERO_RANGE, which the kernel turns into fallocate,
   // and XFS's own). RLIMIT_FSIZE bounds what a write adds to a file, but with
@@ -38,8 +39,8 @@ struct SeccompExtras {
   // limit only against the size: a descriptor of any file would otherwise fill the disk
   // (reviews helper-72, helper-73).
   bool no_disk_reservation = false;
-  // The process makes IPv4 sockets and NETLINK_ROUTE ones (getifaddrs) only: socket of any other
-  // family or netlink protocol fails, and socketpair of AF_UNIX. Landlock (before ABI 9) does
+  // The process makes IPv4 sockets only: socket of any other family (netlink included) fails,
+  // and socketpair of AF_UNIX. Landlock (before ABI 9) does
   // not stop a connect to a named Unix socket, so a confined process could reach the host's log
   // daemons (/dev/log, journald: logs it fills and forges) and the abstract sockets of its
   // network namespace; NETLINK_SOCK_DIAG would list every socket of the namespace, other

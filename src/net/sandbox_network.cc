@@ -76,7 +76,8 @@ Result<std::string> readHostileTail(const std::string& path, size_t max_bytes) {
 // attachment.json with each gateway: one adopted from an attachment without it, or with
 // another, was started by an earlier version and is restarted. 2: confine() in one function,
 // no files made, RLIMIT_FSIZE and RLIMIT_NOFILE, no fallocate, IPv4 and routing sockets only.
-constexpr int kGatewayConfinement = 2;
+// 3: no bind, IPv4 sockets only (no netlink).
+constexpr int kGatewayConfinement = 3;
 
 // Whether process `pid` runs the program file at `path` (the same file, not one of the same
 // name: an upgrade replaces it). Where that cannot be read, it is taken to.

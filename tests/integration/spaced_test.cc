@@ -2869,13 +2869,13 @@ TEST_F(SpacedTest, SnapshotsAndBranchesWorkOnABtrfsDataDir) {
 }
 
 // spaced runs a confined gateway at start that tries what a compromised one would
-// (GatewayTest.ItsProbeFindsEveryPartOfItsConfinementInPlace), and says what it found; with
-// --require-gateway-confinement a gateway that is not confined, or cannot say, stops it.
-TEST_F(SpacedTest, ItSaysAtStartWhetherGatewaysAreConfinedAndCanRequireIt) {
+// (GatewayTest.ItsProbeFindsEveryPartOfItsConfinementInPlace), and says what it found; a
+// gateway that is not confined, or cannot say, stops it unless --allow-unconfined-gateways.
+TEST_F(SpacedTest, ItSaysAtStartWhetherGatewaysAreConfinedAndRequiresIt) {
   const std::string log = dir_->path() + "/required.log";
   auto refused = ChildProcess::spawn(
       {SPACED_BIN, "--listen", "127.0.0.1:0", "--data-dir", data_dir_, "--kernel", kImages + "/vmlinux", "--rootfs",
-       kImages + "/rootfs.ext4", "--require-gateway-confinement", "--gateway-binary", "/bin/false"},
+       kImages + "/rootfs.ext4", "--gateway-binary", "/bin/false"},
       SpawnOptions{log, "", true});
   ASSERT_TRUE(refused.ok());
   auto status = refused->waitFor(seconds(30));
@@ -2883,15 +2883,22 @@ TEST_F(SpacedTest, ItSaysAtStartWhetherGatewaysAreConfinedAndCanRequireIt) {
   EXPECT_EQ(status->exit_code, 1);
   auto text = readSmallFile(log, 1 << 20);
   ASSERT_TRUE(text.ok());
-  EXPECT_NE(text->find("--require-gateway-confinement: a gateway is not confined: /bin/false --probe-confinement"),
-            std::string::npos)
+  EXPECT_NE(text->find("network: a gateway is not confined: /bin/false --probe-confinement"), std::string::npos)
       << *text;
+  EXPECT_NE(text->find("(--allow-unconfined-gateways starts anyway"), std::string::npos) << *text;
   EXPECT_FALSE(std::filesystem::exists(data_dir_ + "/network/.gateway-probe"));
 
+  // The operator's choice: it starts, and says what is missing.
+  daemon_ = Daemon::start(data_dir_, {"--allow-unconfined-gateways", "--gateway-binary", "/bin/false"});
+  ASSERT_TRUE(daemon_);
+  EXPECT_TRUE(waitForLog("network: gateways are not fully confined: /bin/false --probe-confinement", 0, seconds(1)));
+  daemon_.reset();
+
+  // Scripts that name the earlier flag still start.
   daemon_ = Daemon::start(data_dir_, {"--require-gateway-confinement"});
   ASSERT_TRUE(daemon_);
   EXPECT_TRUE(waitForLog("network: gateways are confined (Landlock ABI ", 0, seconds(1)));
-  EXPECT_TRUE(waitForLog(": 21 checks of what a compromised one would try, all refused", 0, seconds(1)));
+  EXPECT_TRUE(waitForLog(": 22 checks of what a compromised one would try, all refused", 0, seconds(1)));
   for (const char* left : {"", ".json", ".log"}) {
     EXPECT_FALSE(std::filesystem::exists(data_dir_ + "/network/.gateway-probe" + left)) << "the probe leaves nothing";
   }

@@ -86,18 +86,25 @@ int sharedMemoryRefused() {
   return 0;
 }
 
-// No new TCP port: listen is refused, bound or not; a socket still sends.
-int listenRefused() {
+// No port of its choosing: listen and bind are refused, for TCP and UDP, to any address or port
+// 0; a socket still sends, from a port the kernel picks.
+int newPortsRefused() {
   int tcp = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (listen(tcp, 1) != -1 || errno != EPERM) return 1;
   sockaddr_in loopback{};
   loopback.sin_family = AF_INET;
   loopback.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (bind(tcp, reinterpret_cast<sockaddr*>(&loopback), sizeof loopback) != 0) return 2;
-  if (listen(tcp, 1) != -1 || errno != EPERM) return 3;
+  if (bind(tcp, reinterpret_cast<sockaddr*>(&loopback), sizeof loopback) != -1 || errno != EPERM) return 2;
   int udp = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in any{};
+  any.sin_family = AF_INET;
+  any.sin_port = htons(40999);
+  if (bind(udp, reinterpret_cast<sockaddr*>(&any), sizeof any) != -1 || errno != EPERM) return 3;
   loopback.sin_port = htons(9);
   if (sendto(udp, "x", 1, 0, reinterpret_cast<sockaddr*>(&loopback), sizeof loopback) != 1) return 4;
+  sockaddr_in picked{};
+  socklen_t size = sizeof picked;
+  if (getsockname(udp, reinterpret_cast<sockaddr*>(&picked), &size) != 0 || picked.sin_port == 0) return 5;
   return 0;
 }
 
@@ -120,8 +127,8 @@ int diskReservationRefused() {
   return 0;
 }
 
-// IPv4 and routing netlink sockets only: no Unix socket (named, abstract or a pair, in any
-// form of the domain's register), no IPv6, no other netlink protocol or family.
+// IPv4 sockets only: no Unix socket (named, abstract or a pair, in any form of the domain's
+// register), no IPv6, no netlink of any protocol, no other family.
 int onlyInetSockets() {
   if (socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0) != -1 || errno != EPERM) return 1;
   if (socket(AF_UNIX, SOCK_STREAM, 0) != -1 || errno != EPERM) return 2;
@@ -133,7 +140,7 @@ int onlyInetSockets() {
   if (socket(AF_ALG, SOCK_SEQPACKET | SOCK_CLOEXEC, 0) != -1 || errno != EPERM) return 7;
   if (socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0) < 0) return 8;
   if (socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0) < 0) return 9;
-  if (socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE) < 0) return 10;
+  if (socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE) != -1 || errno != EPERM) return 10;
   return 0;
 }
 
@@ -157,11 +164,12 @@ TEST(SeccompPolicy, RefusesKeysNamespacesLeasesAndIoUringAndKeepsThreadsAndFork)
 // The gateway's extras: no program runs, nothing is debugged, no process is made, no memory
 // outside its address space. Without them
 // (space-jail's case) an exec works, since the jail's last act is executing QEMU.
-TEST(SeccompPolicy, TheGatewaysExtrasRefuseExecDebuggingForkSharedMemoryListenersDiskReservationAndAllButInetSockets) {
+TEST(SeccompPolicy, TheGatewaysExtrasRefuseExecDebuggingForkSharedMemoryNewPortsDiskReservationAndAllButInetSockets) {
   EXPECT_EQ(underPolicy({.no_exec = true, .no_debug = true}, execAndDebugRefused), 0);
   EXPECT_EQ(underPolicy({.no_fork = true}, forkRefusedThreadsKept), 0);
   EXPECT_EQ(underPolicy({.no_shared_memory = true}, sharedMemoryRefused), 0);
-  EXPECT_EQ(underPolicy({.no_listen = true}, listenRefused), 0);
+  EXPECT_EQ(underPolicy({.no_new_ports = true}, newPortsRefused), 0);
+  EXPECT_EQ(underPolicy({}, newPortsRefused), 1) << "allowed without the extra";
   EXPECT_EQ(underPolicy({.no_disk_reservation = true}, diskReservationRefused), 0);
   EXPECT_EQ(underPolicy({}, diskReservationRefused), 2) << "allowed without the extra";
   EXPECT_EQ(underPolicy({.inet_sockets_only = true}, onlyInetSockets), 0);
