@@ -14,6 +14,7 @@
 #include "api/json_output.h"
 #include "api/pty_session.h"
 #include "guest/guest_ops.h"
+#include "http/stream_drain.h"
 
 namespace space::api {
 
@@ -1087,7 +1088,7 @@ void ApiService::exec(Call& c) {
 }
 
 // A process's output once its handler returned. The agent client's I/O thread says when events
-// came (ProcessStream::onReady); a server thread drains them into the response, because next()
+// came (ProcessStream::onReady); a server thread drains them into the response (StreamDrain), because next()
 // also feeds a started process its stdin and an error's meaning depends on the sandbox's state
 // (both may block); the event loop writes. Owned by the response's close callback alone, so it
 // goes when the stream closes; it cancels its process without waiting wherever that is.
@@ -1153,52 +1154,6 @@ struct ApiService::ProcessPump {
   }
 };
 
-// Wakes a ProcessPump: runs one drain at a time on a server thread, again if events came
-// meanwhile. What the I/O thread holds (this) owns no pump, so the last reference to the pump,
-// and to the sandbox's agent client, never goes on that thread.
-struct ApiService::PumpKicker : std::enable_shared_from_this<PumpKicker> {
-  std::shared_ptr<http::ResponseStream> out;
-  std::weak_ptr<ProcessPump> pump;
-  std::mutex m;
-  bool running = false;
-  bool again = false;
-
-  void kick() {
-    {
-      std::lock_guard lock(m);
-      if (running) {
-        again = true;
-        return;
-      }
-      running = true;
-    }
-    if (!out->runBlocking([self = shared_from_this()] { self->drainWhileWoken(); })) {
-      std::lock_guard lock(m);
-      running = false;
-      out->abort();  // closed already, or the server stops: the stream cannot go on
-    }
-  }
-
-  void drainWhileWoken() {
-    // A process that keeps writing keeps waking the pump: after this many drains in a row the
-    // step goes back in line, so the client's other streams get their turn on its step threads.
-    constexpr int kDrainsPerTurn = 16;
-    for (int drains = 1;; ++drains) {
-      bool over = true;
-      if (auto p = pump.lock()) over = p->handle(p->process->next(std::chrono::milliseconds(0)));
-      std::lock_guard lock(m);
-      if (again && !over) {
-        again = false;
-        if (drains < kDrainsPerTurn) continue;
-        if (out->runBlocking([self = shared_from_this()] { self->drainWhileWoken(); })) return;
-        out->abort();  // closed already, or the server stops
-      }
-      running = false;
-      return;
-    }
-  }
-};
-
 void ApiService::streamProcess(Call& c, sandbox::AgentLease lease, std::unique_ptr<guest::ProcessStream> process,
                                std::optional<Clock::time_point> exec_started) {
   using State = guest::ProcessStream::State;
@@ -1233,11 +1188,14 @@ void ApiService::streamProcess(Call& c, sandbox::AgentLease lease, std::unique_p
     }
   });
   if (pump->handle(std::move(first))) return;
-  auto kicker = std::make_shared<PumpKicker>();
-  kicker->out = pump->out;
-  kicker->pump = pump;
-  pump->process->onReady([kicker] { kicker->kick(); });
-  kicker->kick();  // for what came before onReady was set
+  // What the I/O thread holds (the drain) owns no pump, so the last reference to the pump, and
+  // to the sandbox's agent client, never goes on that thread.
+  auto drain = http::StreamDrain::make(pump->out, [weak = std::weak_ptr<ProcessPump>(pump)] {
+    auto p = weak.lock();
+    return !p || p->handle(p->process->next(std::chrono::milliseconds(0)));
+  });
+  pump->process->onReady([drain] { drain->kick(); });
+  drain->kick();  // for what came before onReady was set
 }
 
 void ApiService::openPty(Call& c) {

@@ -158,7 +158,6 @@ class ApiService {
   void streamProcess(Call& c, sandbox::AgentLease lease, std::unique_ptr<guest::ProcessStream> process,
                      std::optional<Clock::time_point> exec_started);
   struct ProcessPump;
-  struct PumpKicker;
 
   sandbox::SandboxManager& manager_;
   KeyRing& keys_;

@@ -15,6 +15,7 @@
 #include "common/unix_socket.h"
 #include "http/client.h"
 #include "http/server.h"
+#include "http/stream_drain.h"
 
 namespace space::http {
 namespace {
@@ -551,6 +552,101 @@ TEST(HttpStream, StopEndsOpenStreamsWithoutWaitingForTheGrace) {
   EXPECT_FALSE(stream->runBlocking([] {}));
   stream->end();
   stream->abort();
+}
+
+// A producer that never stops (a process writing without end) keeps waking its drain: after
+// the drain's turn of drains in a row its step goes back in line, and the stream of its party
+// that waited behind it runs, then the drain goes on.
+TEST(StreamDrain, AProducerThatNeverStopsGivesItsPartysOtherStreamsATurn) {
+  Detached detached;
+  ServerLimits limits;
+  limits.max_stream_step_threads = 4;
+  limits.max_stream_steps_per_client = 1;  // one client: one step at a time
+  auto server = startStreamServer(detached, limits);
+  ASSERT_TRUE(server);
+  auto clients = openStreams(*server, detached, 2);
+  auto a = detached.at(0);
+  auto b = detached.at(1);
+  constexpr int kTurn = 5;
+  std::promise<void> b_queued;
+  auto queued = b_queued.get_future().share();
+  std::atomic<int> drains{0};
+  std::atomic<bool> stop{false};
+  std::weak_ptr<StreamDrain> self;
+  auto drain = StreamDrain::make(
+      a,
+      [&, queued] {
+        if (drains.fetch_add(1) == 0) queued.wait();
+        if (stop.load()) {
+          a->write("a done\n");
+          a->end();
+          return true;
+        }
+        // More came while it drained.
+        if (auto me = self.lock()) me->kick();
+        return false;
+      },
+      kTurn);
+  self = drain;
+  drain->kick();
+  ASSERT_TRUE(waitUntil([&] { return drains.load() == 1; }));
+  std::atomic<int> seen_by_b{-1};
+  ASSERT_TRUE(b->runBlocking([&] {
+    seen_by_b = drains.load();
+    b->write("b ran\n");
+    b->end();
+  }));
+  b_queued.set_value();
+  std::string got_b;
+  readUntil(clients[1].get(), "0\r\n\r\n", got_b);
+  EXPECT_NE(got_b.find("b ran\n"), std::string::npos) << got_b;
+  EXPECT_EQ(seen_by_b.load(), kTurn) << "b ran after the drain's turn, not before and not never";
+  // And the drain goes on after b's turn.
+  ASSERT_TRUE(waitUntil([&] { return drains.load() > kTurn + 1; })) << drains.load();
+  stop = true;
+  std::string got_a;
+  readUntil(clients[0].get(), "0\r\n\r\n", got_a);
+  EXPECT_NE(got_a.find("a done\n"), std::string::npos) << got_a;
+}
+
+// Kicks from a producer thread as fast as it can: drains never overlap, and the last kick is
+// always followed by a drain that sees what it announced (no wake-up is lost).
+TEST(StreamDrain, DrainsNeverOverlapAndNoKickIsLost) {
+  Detached detached;
+  auto server = startStreamServer(detached);
+  ASSERT_TRUE(server);
+  auto clients = openStreams(*server, detached, 1);
+  auto out = detached.at(0);
+  constexpr int kKicks = 5000;
+  std::atomic<int> produced{0};
+  std::atomic<int> drained{0};
+  std::atomic<bool> inside{false};
+  std::atomic<int> overlaps{0};
+  std::atomic<int> drains{0};
+  auto drain = StreamDrain::make(out, [&] {
+    if (inside.exchange(true)) ++overlaps;
+    ++drains;
+    drained = produced.load();
+    // Long enough that kicks come while it drains.
+    std::this_thread::sleep_for(100us);
+    inside = false;
+    return false;
+  });
+  std::thread producer([&] {
+    for (int i = 1; i <= kKicks; ++i) {
+      produced = i;
+      drain->kick();
+    }
+  });
+  producer.join();
+  EXPECT_TRUE(waitUntil([&] { return drained.load() == kKicks; })) << drained.load();
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_GE(drains.load(), 1);
+  EXPECT_LE(drains.load(), kKicks);
+  out->end();
+  std::string got;
+  readUntil(clients[0].get(), "0\r\n\r\n", got);
+  EXPECT_NE(got.find("0\r\n\r\n"), std::string::npos) << got;
 }
 
 }  // namespace
