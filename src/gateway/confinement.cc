@@ -238,19 +238,33 @@ nlohmann::json probeConfinement(const ConfinementPlan& plan, int landlock_abi, i
     errno = err;
     return rc;
   });
+  // A port of its choosing by the kernel's own pick, narrowed to one.
+  check("choose_port", EPERM, [] {
+    int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    const uint32_t one_port = (40999u << 16) | 40999u;
+    int rc = ::setsockopt(fd, IPPROTO_IP, jail::kIpLocalPortRange, &one_port, sizeof one_port);
+    int err = errno;
+    ::close(fd);
+    errno = err;
+    return rc;
+  });
   check("unix_socket", EPERM, [] {
     int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
     ::close(fd);
     return 0;
   });
-  // Any netlink socket: socket diagnostics would list every socket of the namespace; routing
-  // would show its addresses and routes (the gateway lists addresses with an ioctl instead).
-  check("netlink_socket", EPERM, [] {
+  // Netlink: socket diagnostics would list every socket of the namespace, routing its addresses
+  // and routes (the gateway lists addresses with an ioctl instead). Each tried apart.
+  check("diagnose_sockets", EPERM, [] {
     int fd = ::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
     if (fd < 0) return -1;
     ::close(fd);
-    fd = ::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+    return 0;
+  });
+  check("routing_netlink", EPERM, [] {
+    int fd = ::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
     if (fd < 0) return -1;
     ::close(fd);
     return 0;

@@ -167,7 +167,10 @@ bool GatewayCore::isLocalAddress(uint32_t ipv4) {
       local_addresses_ = std::move(*addresses);
       local_addresses_at_ = now;
     } else {
+      // The last list stays (the egress table refuses the namespace's addresses anyway), and
+      // the next try waits its second.
       spdlog::warn("cannot list the upstream namespace's addresses: {}", strerror(errno));
+      local_addresses_at_ = now;
     }
   }
   return std::find(local_addresses_.begin(), local_addresses_.end(), ipv4) != local_addresses_.end();

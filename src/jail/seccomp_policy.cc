@@ -1,6 +1,7 @@
 #include "jail/seccomp_policy.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <seccomp.h>
 #include <sys/socket.h>
@@ -42,7 +43,15 @@ int denyWhatNoConfinedProcessNeeds(SeccompExtras extras) {
     refuseAll({SCMP_SYS(memfd_create), SCMP_SYS(memfd_secret), SCMP_SYS(shmget), SCMP_SYS(msgget), SCMP_SYS(semget),
                SCMP_SYS(mq_open)});
   }
-  if (extras.no_new_ports) refuseAll({SCMP_SYS(listen), SCMP_SYS(bind)});
+  if (extras.no_new_ports) {
+    refuseAll({SCMP_SYS(listen), SCMP_SYS(bind)});
+    // Level and name are ints: their low 32 bits, as the kernel reads them.
+    if (rc == 0) {
+      rc = seccomp_rule_add(filter, refuse, SCMP_SYS(setsockopt), 2,
+                            SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, IPPROTO_IP),
+                            SCMP_A2(SCMP_CMP_MASKED_EQ, 0xffffffffu, kIpLocalPortRange));
+    }
+  }
   if (extras.no_disk_reservation) {
     refuseAll({SCMP_SYS(fallocate)});
     // An ioctl's command is an unsigned int (its low 32 bits, as for fcntl below); its type is

@@ -26,11 +26,13 @@ struct SeccompExtras {
   // gateway's bound where spaced has no cgroups), and System V and POSIX IPC objects outlive the
   // process, where the next sandbox of its slot (the same uid) would find them.
   bool no_shared_memory = false;
-  // The process takes no port of its choosing: listen and bind fail. A compromised gateway, whose
-  // upstream sockets are in the host's network namespace, then opens no TCP port there and binds
-  // no UDP port (a port a host service needs, squatted; one an outside peer could send to).
-  // Its sockets still get a port of the kernel's choosing when they connect or send (it
-  // listens on the sockets made before its confinement).
+  // The process takes no port of its choosing: listen and bind fail, and so does setsockopt
+  // IP_LOCAL_PORT_RANGE (Linux 6.3+), which would narrow the kernel's own pick to one port. A
+  // compromised gateway, whose upstream sockets are in the host's network namespace, then
+  // accepts no TCP connection there and cannot squat a port a host service needs or one an
+  // outside peer was told to send to. Its sockets still get a port the kernel picks when they
+  // connect or send (a UDP socket that sent unconnected receives on it, from anyone), and it
+  // listens on the sockets made before its confinement.
   bool no_new_ports = false;
   // The process reserves no disk blocks: fallocate fails, and so do the ioctls of type 'X'
   // (FS_IOC_RESVSP, _RESVSP64, _UNRESVSP*, _ZERO_RANGE, which the kernel turns into fallocate,
@@ -69,6 +71,9 @@ struct SeccompExtras {
 // system call ABI (i386, x32) kills the process. libseccomp (not a hand-built BPF program)
 // knows each architecture's numbers and the x32 trap.
 int denyWhatNoConfinedProcessNeeds(SeccompExtras extras = {});
+
+// IP_LOCAL_PORT_RANGE (Linux 6.3; not in Debian 12's headers), which no_new_ports refuses.
+constexpr int kIpLocalPortRange = 51;
 
 // FS_IOC_RESVSP64 and its argument (the kernel's; not in Debian 12's headers), one of the
 // ioctls no_disk_reservation refuses: for the checks that try it.

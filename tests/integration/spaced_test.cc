@@ -2898,7 +2898,7 @@ TEST_F(SpacedTest, ItSaysAtStartWhetherGatewaysAreConfinedAndRequiresIt) {
   daemon_ = Daemon::start(data_dir_, {"--require-gateway-confinement"});
   ASSERT_TRUE(daemon_);
   EXPECT_TRUE(waitForLog("network: gateways are confined (Landlock ABI ", 0, seconds(1)));
-  EXPECT_TRUE(waitForLog(": 22 checks of what a compromised one would try, all refused", 0, seconds(1)));
+  EXPECT_TRUE(waitForLog(": 24 checks of what a compromised one would try, all refused", 0, seconds(1)));
   for (const char* left : {"", ".json", ".log"}) {
     EXPECT_FALSE(std::filesystem::exists(data_dir_ + "/network/.gateway-probe" + left)) << "the probe leaves nothing";
   }

@@ -105,6 +105,18 @@ int newPortsRefused() {
   sockaddr_in picked{};
   socklen_t size = sizeof picked;
   if (getsockname(udp, reinterpret_cast<sockaddr*>(&picked), &size) != 0 || picked.sin_port == 0) return 5;
+  // Nor by narrowing the kernel's pick to one port (lower 16 bits: the lowest, upper: the highest),
+  // in any form of the level's and name's registers.
+  int other = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  const uint32_t one_port = (40999u << 16) | 40999u;
+  if (setsockopt(other, IPPROTO_IP, kIpLocalPortRange, &one_port, sizeof one_port) != -1 || errno != EPERM) return 6;
+  if (syscall(SYS_setsockopt, other, (1ULL << 32) | IPPROTO_IP, (1ULL << 32) | kIpLocalPortRange, &one_port,
+              sizeof one_port) != -1 ||
+      errno != EPERM)
+    return 7;
+  // Other options stay.
+  int one = 1;
+  if (setsockopt(other, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0) return 8;
   return 0;
 }
 
