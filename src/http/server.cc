@@ -982,60 +982,42 @@ Result<std::shared_ptr<detail::DetachedStream>> Server::reserveStream(const Conn
 
 bool Server::runStep(const StreamPtr& stream, std::function<void()> task, std::string& why) {
   const std::string party = stream->step_party;  // under the stream's lock (runBlocking)
-  bool counted = false;
+  // The pool takes the step, or refuses it, under this lock: no step of the party can queue
+  // behind one that is then refused, so a refusal leaves nobody waiting for a step that never
+  // runs. (The pool never runs a task on the calling thread, nor takes this lock.)
+  std::lock_guard lock(steps_mutex_);
   try {
-    {
-      std::lock_guard lock(steps_mutex_);
-      PartySteps& steps = steps_by_party_[party];
-      if (steps.running >= std::max<size_t>(1, limits_.max_stream_steps_per_client)) {
-        if (steps.waiting.size() >= limits_.max_streams_per_client) {
-          // Steps of streams that closed while they waited hold no place. (What they captured
-          // goes here, under this lock: a tenant's ticket, a pump's reference; none of it
-          // takes a stream's lock or this one.)
-          std::erase_if(steps.waiting, [](const auto& waiting) { return waiting.first->closed(); });
-        }
-        if (steps.waiting.size() >= limits_.max_streams_per_client) {
-          why = "its party has " + std::to_string(steps.running) + " steps running and " +
-                std::to_string(steps.waiting.size()) + " waiting (the limit is " +
-                std::to_string(limits_.max_streams_per_client) + ")";
-          return false;
-        }
-        steps.waiting.emplace_back(stream, std::move(task));  // all or nothing
-        return true;
+    PartySteps& steps = steps_by_party_[party];
+    if (steps.running >= std::max<size_t>(1, limits_.max_stream_steps_per_client)) {
+      if (steps.waiting.size() >= limits_.max_streams_per_client) {
+        // Steps of streams that closed while they waited hold no place. (What they captured
+        // goes here, under this lock: a tenant's ticket, a pump's reference; none of it
+        // takes a stream's lock or this one.)
+        std::erase_if(steps.waiting, [](const auto& waiting) { return waiting.first->closed(); });
       }
-      ++steps.running;
-      counted = true;
+      if (steps.waiting.size() >= limits_.max_streams_per_client) {
+        why = "its party has " + std::to_string(steps.running) + " steps running and " +
+              std::to_string(steps.waiting.size()) + " waiting (the limit is " +
+              std::to_string(limits_.max_streams_per_client) + ")";
+        return false;
+      }
+      steps.waiting.emplace_back(stream, std::move(task));  // all or nothing
+      return true;
     }
     std::function<void()> first = [this, party, stream, task = std::move(task)]() mutable {
       runStepsOfParty(party, std::move(stream), std::move(task));
     };
-    if (stream_steps_->run(std::move(first), why)) return true;
+    if (stream_steps_->run(std::move(first), why)) {
+      ++steps.running;
+      return true;
+    }
   } catch (const std::exception& e) {  // no memory for the step
     why = std::string("cannot queue the step: ") + e.what();
   }
-  if (!counted) return false;
-  // Not run: its place goes back. Steps that queued behind it meanwhile would wait for a step
-  // that never finishes: their streams end (on the loop: they are other streams, whose locks
-  // are not taken under this one's).
-  std::vector<StreamPtr> stranded;
-  std::deque<std::pair<StreamPtr, std::function<void()>>> dropped;  // goes after the lock
-  {
-    std::lock_guard lock(steps_mutex_);
-    auto it = steps_by_party_.find(party);
-    if (--it->second.running == 0) {
-      dropped.swap(it->second.waiting);
-      steps_by_party_.erase(it);
-    }
-  }
-  try {
-    for (auto& waiting : dropped) stranded.push_back(waiting.first);
-    if (!stranded.empty()) {
-      boost::asio::post(io_, [stranded = std::move(stranded)] {
-        for (const StreamPtr& s : stranded) s->abort();
-      });
-    }
-  } catch (const std::exception& e) {
-    spdlog::error("http: {} stream(s) lost their steps and could not be cut: {}", dropped.size(), e.what());
+  // Not run: an entry made for it goes (there are no empty entries).
+  if (auto it = steps_by_party_.find(party);
+      it != steps_by_party_.end() && it->second.running == 0 && it->second.waiting.empty()) {
+    steps_by_party_.erase(it);
   }
   return false;
 }
