@@ -8,6 +8,7 @@
 // and drops to an unprivileged user with no capabilities before reading a byte from the guest.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <openssl/x509.h>
 #include <sched.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
@@ -15,12 +16,14 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <tuple>
 
 #include "common/fs.h"
 #include "common/log.h"
@@ -123,6 +126,27 @@ space::gateway::ConfinementPlan confinementPlan(const std::string& dir, const st
   plan.reachable = {{dir, false}, {"/usr", false}};
   std::error_code ec;
   if (std::filesystem::is_directory("/etc/ssl", ec)) plan.reachable.push_back({"/etc/ssl", false});
+  // And the trust store where OpenSSL looks for it on this host, if elsewhere (its environment
+  // variables first, as it reads them; another distribution's default, /etc/pki): the
+  // directory of the file its path leads to, since Landlock judges the file a link reaches.
+  // Never / (a variable set to it would open every file).
+  const auto covered = [&](const std::filesystem::path& where) {
+    for (const auto& rule : plan.reachable) {
+      const std::filesystem::path base(rule.dir);
+      if (std::mismatch(base.begin(), base.end(), where.begin(), where.end()).first == base.end()) return true;
+    }
+    return false;
+  };
+  for (const auto& [env, fallback, is_dir] :
+       {std::tuple{X509_get_default_cert_file_env(), X509_get_default_cert_file(), false},
+        std::tuple{X509_get_default_cert_dir_env(), X509_get_default_cert_dir(), true}}) {
+    const char* set = std::getenv(env);
+    const std::filesystem::path real = std::filesystem::canonical(set != nullptr && *set != '\0' ? set : fallback, ec);
+    if (ec) continue;  // absent: nothing to read
+    const std::filesystem::path where = is_dir ? real : real.parent_path();
+    if (where == where.root_path() || !std::filesystem::is_directory(where, ec) || covered(where)) continue;
+    plan.reachable.push_back({where.string(), false});
+  }
   return plan;
 }
 

@@ -1022,6 +1022,44 @@ TEST_F(GatewayTest, ItsProbeFindsEveryPartOfItsConfinementInPlace) {
   EXPECT_TRUE(std::filesystem::is_empty(scratch));
 }
 
+// A trust store outside /etc/ssl and /usr (SSL_CERT_FILE, as OpenSSL reads it; another
+// distribution's default) stays readable to a confined gateway: its directory, where the path's
+// links lead, is added to what the gateway may read.
+TEST_F(GatewayTest, ATrustStoreElsewhereStaysReadableUnderConfinement) {
+  char trust_template[] = "/tmp/space-trust-XXXXXX";
+  ASSERT_NE(mkdtemp(trust_template), nullptr);
+  const std::string trust = trust_template;
+  ScopeGuard trust_goes([&] { std::filesystem::remove_all(trust); });
+  ASSERT_EQ(chmod(trust.c_str(), 0755), 0);
+  ASSERT_EQ(mkdir((trust + "/real").c_str(), 0755), 0);
+  {
+    std::ofstream bundle(trust + "/real/bundle.pem");
+    bundle << "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n";
+  }
+  ASSERT_EQ(chmod((trust + "/real/bundle.pem").c_str(), 0644), 0);
+  // Reached through a link, as Debian's /usr/lib/ssl/cert.pem is.
+  ASSERT_EQ(symlink((trust + "/real/bundle.pem").c_str(), (trust + "/link.pem").c_str()), 0);
+  const std::string scratch = dir_ + "/probe";
+  ASSERT_EQ(mkdir(scratch.c_str(), 0700), 0);
+  SpawnOptions options;
+  options.stdout_path = dir_ + "/probe.json";
+  options.stderr_path = dir_ + "/probe.log";
+  auto child = ChildProcess::spawn({"/usr/bin/env", "SSL_CERT_FILE=" + trust + "/link.pem", SPACE_GATEWAY_BIN,
+                                    "--probe-confinement", scratch, "--user", "#1499999999"},
+                                   options);
+  ASSERT_TRUE(child.ok()) << child.error().message;
+  auto status = child->waitFor(std::chrono::seconds(10));
+  ASSERT_TRUE(status.has_value());
+  const std::string text = readFile(dir_ + "/probe.json");
+  auto report = Json::parse(text, nullptr, false);
+  ASSERT_TRUE(report.is_object()) << text << readFile(dir_ + "/probe.log");
+  EXPECT_EQ(report["needs"]["trust_store"].value("path", ""), trust + "/link.pem") << text;
+  EXPECT_EQ(report["needs"]["trust_store"].value("readable", false), true) << text;
+  EXPECT_EQ(report.value("works", false), true) << text;
+  EXPECT_EQ(report.value("confined", false), true) << text;
+  EXPECT_EQ(status->exit_code, 0) << text;
+}
+
 TEST_F(GatewayTest, InvalidPolicyExitsWithTwo) {
   writePolicy(std::string("{\"egress\": \"policy\", \"allow\": [\"*\"]}"));
   auto child = spawnGateway({}, -1);
