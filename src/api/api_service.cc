@@ -363,15 +363,14 @@ void ApiService::handle(http::Request& req, http::Response& res) {
     ticket = tenant_gate_.enter(call.tenant);
     if (!ticket.admitted()) {
       res.closeConnection();
-      metrics_.countError("too_many_requests");
-      res.setHeader("Retry-After", std::to_string(std::max(1, ticket.retryAfterS())));
-      (void)res.sendError(
-          429, "too_many_requests",
+      refuseForNow(
+          res, 429, "too_many_requests",
           ticket.refusal() == TenantGate::Refusal::kRateLimited
               ? "this tenant is over its rate of " + fmt::format("{:g}", tenant_gate_.rateOf(call.tenant).rate_per_s) +
                     " requests per second; retry after " + std::to_string(std::max(1, ticket.retryAfterS())) + " s"
               : "this tenant already has " + std::to_string(tenant_gate_.maxInFlight()) +
-                    " requests running; retry when one has finished");
+                    " requests running; retry when one has finished",
+          ticket.retryAfterS());
       return;
     }
     call.ticket = &ticket;
@@ -481,12 +480,10 @@ void ApiService::serveIngress(http::Request& req, http::Response& res, const Res
     const bool of_waiting = full == &ingress_waiting_;
     const std::string what =
         of_waiting ? " proxied connections waiting for their guests' answers" : " proxied connections";
-    metrics_.countError("ingress_busy");
-    res.setHeader("Retry-After", "1");
-    (void)res.sendError(503, "ingress_busy",
-                        over_node ? "this node has " + std::to_string(full->nodeCap()) + what + " already; retry later"
-                                  : "this tenant's sandboxes have " + std::to_string(full->tenantCap()) + what +
-                                        " already; retry when one has ended");
+    refuseForNow(res, 503, "ingress_busy",
+                 over_node ? "this node has " + std::to_string(full->nodeCap()) + what + " already; retry later"
+                           : "this tenant's sandboxes have " + std::to_string(full->tenantCap()) + what +
+                                 " already; retry when one has ended");
     return;
   }
   // Only the owner's key wakes a suspended sandbox: a token holder or an anonymous visitor of
@@ -506,6 +503,13 @@ json ApiService::sandboxView(const store::SandboxRecord& record) const {
     view["access_token"] = accessToken(ingress_.token_key, record.id);
   }
   return view;
+}
+
+void ApiService::refuseForNow(http::Response& res, int status, const std::string& code, const std::string& message,
+                              int retry_after_s) {
+  metrics_.countError(code);
+  res.setHeader("Retry-After", std::to_string(std::max(1, retry_after_s)));
+  (void)res.sendError(status, code, message);
 }
 
 void ApiService::fail(Call& c, const Error& error_in) {
@@ -1247,9 +1251,7 @@ void ApiService::openPty(Call& c) {
 
   // Terminals hold no thread, so a tenant could otherwise open them by the thousand.
   auto busy = [&c, this](int status, const std::string& message) {
-    metrics_.countError("terminals_busy");
-    c.res.setHeader("Retry-After", "1");
-    (void)c.res.sendError(status, "terminals_busy", message);
+    refuseForNow(c.res, status, "terminals_busy", message);
   };
   bool over_node = false;
   std::shared_ptr<void> place = terminal_places_.enter(c.tenant, over_node);

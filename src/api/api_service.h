@@ -149,6 +149,10 @@ class ApiService {
   nlohmann::json sandboxView(const store::SandboxRecord& record) const;
 
   void fail(Call& c, const Error& error);
+  // A refusal the client should retry (429: its tenant's share; 503: the node's): counted by
+  // `code`, and said with Retry-After (at least 1 s).
+  void refuseForNow(http::Response& res, int status, const std::string& code, const std::string& message,
+                    int retry_after_s = 1);
   Result<nlohmann::json> readJson(Call& c, size_t max_bytes);
   Result<sandbox::AgentLease> lease(Call& c, std::string_view operation);
   // Writes a process's events as NDJSON until it ends, overflows or the client goes away. The
