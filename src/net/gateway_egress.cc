@@ -1,7 +1,13 @@
 #include "net/gateway_egress.h"
 
+#include <linux/netfilter/nfnetlink.h>
+#include <linux/netlink.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <span>
 
 #include "net/slot.h"
@@ -158,6 +164,47 @@ Status loadGatewayEgress(const GatewayEgress& egress, const std::string& netns_p
     return okStatus();
   };
   return netns_path.empty() ? load() : runInNetns(netns_path, load);
+}
+
+Result<NftablesChanges> NftablesChanges::open(const std::string& netns_path) {
+  UniqueFd made;
+  auto make = [&]() -> Status {
+    // Three system calls, and the messages are dropped unread: nothing of libmnl (which slot.cc
+    // uses to build and parse messages) would be used here.
+    made = UniqueFd(::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_NETFILTER));
+    if (!made.valid())
+      return makeError(ErrorCode::kInternal, std::string("netfilter netlink socket: ") + strerror(errno));
+    sockaddr_nl local{};
+    local.nl_family = AF_NETLINK;
+    if (::bind(made.get(), reinterpret_cast<sockaddr*>(&local), sizeof local) != 0) {
+      return makeError(ErrorCode::kInternal, std::string("bind netfilter netlink socket: ") + strerror(errno));
+    }
+    const int group = NFNLGRP_NFTABLES;
+    if (::setsockopt(made.get(), SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, &group, sizeof group) != 0) {
+      return makeError(ErrorCode::kInternal, std::string("join the nftables group: ") + strerror(errno));
+    }
+    return okStatus();
+  };
+  SPACE_TRY(netns_path.empty() ? make() : runInNetns(netns_path, make));
+  return NftablesChanges(std::move(made));
+}
+
+bool NftablesChanges::drain() {
+  // Only that something came matters, not what: each message is read and dropped.
+  bool changed = false;
+  char buffer[8192];
+  while (true) {
+    const ssize_t n = ::recv(socket_.get(), buffer, sizeof buffer, 0);
+    if (n > 0) {
+      changed = true;
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && errno == ENOBUFS) {
+      changed = true;  // notices lost: something changed
+    } else {
+      return changed;  // EAGAIN: nothing more for now
+    }
+  }
 }
 
 }  // namespace space::net

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "common/unix_socket.h"
 #include "net/policy.h"
 
 namespace space::net {
@@ -60,6 +61,25 @@ struct GatewayEgressListing {
   uint64_t refused_packets = 0;
 };
 Result<GatewayEgressListing> listGatewayEgress(const GatewayEgress& egress, const std::string& netns_path);
+
+// Says when nftables changed in a network namespace, as `nft monitor` hears it: a netlink socket
+// of that namespace in the kernel's nftables group. Every change there wakes it (any program's
+// table, this one's own loads), so a watcher checks its table then rather than trusting it was
+// the table's change.
+class NftablesChanges {
+ public:
+  // Made in the namespace at `netns_path` (empty: the caller's own). Needs CAP_NET_ADMIN.
+  static Result<NftablesChanges> open(const std::string& netns_path);
+  // Readable (poll) when changes came.
+  int fd() const { return socket_.get(); }
+  // Reads what came without waiting: true if anything did, or if notices were lost (the
+  // socket's queue overflowed, which is a change too).
+  bool drain();
+
+ private:
+  explicit NftablesChanges(UniqueFd socket) : socket_(std::move(socket)) {}
+  UniqueFd socket_;
+};
 
 // The table for the uid range starting at `first_uid`: one per range, since every table holds
 // the range's sockets (a second table would refuse what the first opens), so a daemon's load

@@ -8,6 +8,7 @@
 #include <pwd.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -440,7 +442,48 @@ Status NetworkPool::start(const std::set<std::string>& keep) {
     // Out of threads: a start-up failure to report, not an exception to die of.
     return makeError(ErrorCode::kResourceExhausted, std::string("cannot start the network slot thread: ") + e.what());
   }
+  // Another program's change to the egress table is undone within the check after a change,
+  // not the next periodic one.
+  auto changes = NftablesChanges::open(options_.upstream_netns);
+  stop_watching_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!changes.ok() || !stop_watching_.valid()) {
+    spdlog::warn("network: cannot watch nftables changes ({}); the gateways' egress table is checked every {} ms only",
+                 changes.ok() ? std::string("eventfd: ") + strerror(errno) : changes.error().message,
+                 options_.egress_check_interval.count());
+  } else {
+    try {
+      watch_egress_ =
+          std::thread([this, watcher = std::move(changes.value())]() mutable { watchEgressLoop(std::move(watcher)); });
+    } catch (const std::system_error& e) {
+      spdlog::warn("network: cannot start the nftables watch thread ({}); the egress table is checked every {} ms only",
+                   e.what(), options_.egress_check_interval.count());
+    }
+  }
   return Ok{};
+}
+
+void NetworkPool::watchEgressLoop(NftablesChanges changes) {
+  while (true) {
+    pollfd fds[2] = {{changes.fd(), POLLIN, 0}, {stop_watching_.get(), POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      spdlog::warn("network: the nftables watch stopped: {}; the egress table is checked every {} ms only",
+                   strerror(errno), options_.egress_check_interval.count());
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    if (fds[0].revents & (POLLERR | POLLHUP | POLLNVAL)) {
+      spdlog::warn("network: the nftables watch socket failed; the egress table is checked every {} ms only",
+                   options_.egress_check_interval.count());
+      return;
+    }
+    if (!changes.drain()) continue;
+    {
+      std::lock_guard lock(mu_);
+      egress_changed_ = true;
+    }
+    cv_.notify_all();
+  }
 }
 
 void NetworkPool::stop() {
@@ -450,6 +493,13 @@ void NetworkPool::stop() {
   }
   cv_.notify_all();
   if (refill_.joinable()) refill_.join();
+  if (watch_egress_.joinable()) {
+    const uint64_t one = 1;
+    if (::write(stop_watching_.get(), &one, sizeof one) != sizeof one) {
+      spdlog::warn("network: cannot stop the nftables watch: {}", strerror(errno));
+    }
+    watch_egress_.join();
+  }
 }
 
 Status NetworkPool::loadEgressLocked(const GatewayEgress& table) {
@@ -506,12 +556,15 @@ Status NetworkPool::holdGatewayEgress() {
   return okStatus();
 }
 
-void NetworkPool::keepGatewayEgress() {
+bool NetworkPool::keepGatewayEgress() {
   std::lock_guard lock(egress_mu_);
-  if (egress_listing_.empty()) return;
+  if (egress_listing_.empty()) return false;
   const GatewayEgress& table = egress_;
   auto listed = listGatewayEgress(table, options_.upstream_netns);
-  if (listed.ok() && listed->rules == egress_listing_) return countEgressRefusalsLocked(listed->refused_packets);
+  if (listed.ok() && listed->rules == egress_listing_) {
+    countEgressRefusalsLocked(listed->refused_packets);
+    return false;
+  }
   // Another program removed or changed it (`nft flush ruleset`: Debian's nftables.conf starts
   // with one; a second daemon with the same gateway uids loads its own).
   if (auto loaded = loadEgressLocked(table); loaded.ok()) {
@@ -521,6 +574,7 @@ void NetworkPool::keepGatewayEgress() {
     spdlog::error("network: the gateways' egress table {} is gone or changed and cannot be loaded again: {}",
                   table.table, loaded.error().message);
   }
+  return true;
 }
 
 Result<Slot> NetworkPool::newSlot() {
@@ -548,13 +602,31 @@ Result<Slot> NetworkPool::newSlot() {
 
 void NetworkPool::refillLoop() {
   std::unique_lock lock(mu_);
-  auto next_check = std::chrono::steady_clock::now() + options_.egress_check_interval;
+  auto last_check = std::chrono::steady_clock::now();
+  auto next_check = last_check + options_.egress_check_interval;
+  // Reloads within the last interval: past a few, changes wait for the periodic check, or a
+  // second daemon loading its own table over this one's (other options) would start a fight of
+  // reloads, each waking the other.
+  constexpr size_t kQuickReloads = 4;
+  std::deque<std::chrono::steady_clock::time_point> reloads;
   while (!stopping_) {
+    if (egress_changed_) {
+      egress_changed_ = false;
+      const auto now = std::chrono::steady_clock::now();
+      while (!reloads.empty() && now - reloads.front() >= options_.egress_check_interval) reloads.pop_front();
+      // Soon, but not more often than that however fast another program changes its own tables.
+      if (reloads.size() < kQuickReloads) {
+        next_check = std::min(next_check, last_check + options_.egress_check_after_change);
+      }
+    }
     if (std::chrono::steady_clock::now() >= next_check) {
       lock.unlock();
-      keepGatewayEgress();
+      const bool reloaded = keepGatewayEgress();
       lock.lock();
-      next_check = std::chrono::steady_clock::now() + options_.egress_check_interval;
+      last_check = std::chrono::steady_clock::now();
+      if (reloaded) reloads.push_back(last_check);
+      if (reloads.size() > kQuickReloads) reloads.pop_front();
+      next_check = last_check + options_.egress_check_interval;
       continue;
     }
     if (static_cast<int>(spare_.size()) >= options_.spare_slots) {

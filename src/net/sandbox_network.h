@@ -67,8 +67,10 @@ struct NetworkOptions {
   int spare_slots = 2;
   std::chrono::milliseconds gateway_ready_timeout{5000};
   // How often the pool checks that the gateways' egress table is still loaded as it loaded it
-  // (and loads it again if another program removed or changed it).
+  // (and loads it again if another program removed or changed it); and, sooner, how long after
+  // any change of the namespace's nftables it checks (at most five checks a second).
   std::chrono::milliseconds egress_check_interval{10000};
+  std::chrono::milliseconds egress_check_after_change{200};
   // The limits of each gateway's control group (NetworkPool::useCgroups). CPU in percent of one
   // core: a gateway runs one thread, so 100 takes nothing it could use, and a lower value keeps
   // a busy sandbox's gateway from a core of the host. Memory: the pages charged to it, its own
@@ -273,13 +275,16 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   jail::CgroupLimits gatewayLimits() const;
   // Loads the gateways' egress table once (start(), or the first gateway spawned before it).
   Status holdGatewayEgress();
-  // Loads it again if it is gone or changed (the refill thread, every egress_check_interval).
-  void keepGatewayEgress();
+  // Loads it again if it is gone or changed (the refill thread: every egress_check_interval,
+  // and soon after nftables changed). True if it tried to.
+  bool keepGatewayEgress();
   Status loadEgressLocked(const GatewayEgress& table);
   // Adds what the table's counters (`counted`, since its load) say beyond the last reading.
   void countEgressRefusalsLocked(uint64_t counted);
   Result<Slot> newSlot();
   void refillLoop();
+  // Wakes the refill thread for a check whenever nftables changes in the upstream namespace.
+  void watchEgressLoop(NftablesChanges changes);
 
   NetworkOptions options_;
   // Made from options_ once: the table, with the resolver every gateway is given.
@@ -300,7 +305,10 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   std::set<int> used_;       // indices of slots out (sandboxes, bare users)
   std::vector<Slot> spare_;  // made and clean
   bool stopping_ = false;
+  bool egress_changed_ = false;  // nftables changed since the last check
   std::thread refill_;
+  std::thread watch_egress_;
+  UniqueFd stop_watching_;  // an eventfd: written at stop()
 };
 
 inline constexpr const char* kPolicyFile = "policy.json";
