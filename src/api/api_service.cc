@@ -582,6 +582,10 @@ void ApiService::metrics(Call& c) {
       "1 when SPACE's QEMU build comes from an older source than the installed qemu-system-x86 (a security "
       "update): run make images and restart spaced.",
       {{"", stats.qemu_build_stale ? 1.0 : 0.0}}};
+  gauges["space_gateway_resolver_stale"] = {
+      "1 when the host's resolver (resolv.conf) is no longer the one the gateways were given at start: "
+      "sandboxes' DNS goes to the old one until spaced restarts.",
+      {{"", stats.gateway_resolver_stale ? 1.0 : 0.0}}};
   auto& egress_refused = gauges["space_gateway_egress_refused_packets_total"];
   egress_refused = {
       "Packets the kernel's table of gateways' egress refused: a gateway sent what its own policy "

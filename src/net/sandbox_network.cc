@@ -354,7 +354,7 @@ NetworkPool::NetworkPool(NetworkOptions options)
     resolver = parseResolver(options_.upstream_dns);
     if (!resolver.ok()) config_error_ = "--gateway-upstream-dns: " + resolver.error().message;
   } else {
-    auto text = readSmallFile("/etc/resolv.conf", 64 << 10);
+    auto text = readSmallFile(options_.resolv_conf, 64 << 10);
     resolver = text.ok() ? resolverOfResolvConf(text.value()) : Result<Ipv4Endpoint>(text.error());
     if (!resolver.ok()) {
       config_error_ = "the host's resolver: " + resolver.error().message + " (give --gateway-upstream-dns)";
@@ -577,6 +577,27 @@ bool NetworkPool::keepGatewayEgress() {
   return true;
 }
 
+void NetworkPool::checkResolver() {
+  if (!options_.upstream_dns.empty() || !egress_.resolver) return;
+  auto text = readSmallFile(options_.resolv_conf, 64 << 10);
+  auto now = text.ok() ? resolverOfResolvConf(text.value()) : Result<Ipv4Endpoint>(text.error());
+  // A file being rewritten, or none for a moment, says nothing about the resolver.
+  if (!now.ok()) return;
+  const std::string given = formatEndpoint(*egress_.resolver), found = formatEndpoint(now.value());
+  resolver_stale_ = found != given;
+  if (found == resolver_seen_) return;
+  if (found != given) {
+    spdlog::warn(
+        "network: the host's resolver is now {} ({}), but the gateways ask {} and their egress table lets only "
+        "that one through: sandboxes' DNS fails if {} no longer answers; restart spaced to take the new one, or "
+        "give --gateway-upstream-dns",
+        found, options_.resolv_conf, given, given);
+  } else if (!resolver_seen_.empty()) {
+    spdlog::info("network: the host's resolver is {} again, the one the gateways ask", found);
+  }
+  resolver_seen_ = found;
+}
+
 Result<Slot> NetworkPool::newSlot() {
   int index = 0;
   {
@@ -622,6 +643,7 @@ void NetworkPool::refillLoop() {
     if (std::chrono::steady_clock::now() >= next_check) {
       lock.unlock();
       const bool reloaded = keepGatewayEgress();
+      checkResolver();
       lock.lock();
       last_check = std::chrono::steady_clock::now();
       if (reloaded) reloads.push_back(last_check);

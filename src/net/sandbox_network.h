@@ -50,6 +50,9 @@ struct NetworkOptions {
   // /etc/resolv.conf when the pool is made (every gateway is given the same one, which the
   // gateways' egress table lets through).
   std::string upstream_dns;
+  // Where that nameserver is read (when upstream_dns is empty): at the pool's making, and again
+  // at each egress check, to say when the host's resolver changed (resolverStale()).
+  std::string resolv_conf = "/etc/resolv.conf";
   // The certificates (a PEM file) the gateways verify credential rules' hosts against when they
   // terminate TLS; empty: the host's trust store.
   std::string upstream_ca;
@@ -256,6 +259,10 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   // Packets the table refused since the pool started, read from it now: 0 on a healthy node
   // (a gateway's own checks refuse first), more where a gateway tried what its policy refuses.
   uint64_t egressRefusedPackets();
+  // Whether the host's resolver (resolv_conf's first IPv4 nameserver, at the last egress
+  // check) is no longer the one the gateways were given: their DNS then fails until spaced
+  // restarts. Always false with upstream_dns set.
+  bool resolverStale() const { return resolver_stale_; }
   // Slots in use and spare, for metrics and tests.
   size_t slotsInUse() const;
   size_t spareSlots() const;
@@ -299,6 +306,10 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   std::string egress_listing_;
   uint64_t egress_counted_ = 0;              // the counters' sum at the last reading
   std::atomic<uint64_t> egress_refused_{0};  // since start, across reloads
+  std::atomic<bool> resolver_stale_{false};
+  std::string resolver_seen_;  // the refill thread's: the last host resolver it warned about
+  // Reads resolv_conf again (the refill thread, with each egress check).
+  void checkResolver();
   SlotManager slots_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -1680,7 +1680,10 @@ ManagerStats SandboxManager::stats() {
   if (auto counts = store_.countByState(); counts.ok()) s.by_state = counts.value();
   // Outside mu_: a check after an update reads dpkg's status file.
   s.qemu_build_stale = qemu_build_ && qemu_build_->check().has_value();
-  if (config_.network) s.gateway_egress_refused_packets = config_.network->egressRefusedPackets();
+  if (config_.network) {
+    s.gateway_egress_refused_packets = config_.network->egressRefusedPackets();
+    s.gateway_resolver_stale = config_.network->resolverStale();
+  }
   if (pool_) {  // before mu_: the pool's lock is never taken inside it
     s.warm_pool_ready = pool_->size();
     s.warm_pool_target = pool_->target();

@@ -231,6 +231,7 @@ struct ManagerStats {
   uint64_t snapshot_helpers_memory_mb = 0;      // held by the QEMUs making snapshots' memory files
   bool qemu_build_stale = false;                // vmm::QemuBuildWatch: a security update waits for make images
   uint64_t gateway_egress_refused_packets = 0;  // net::NetworkPool::egressRefusedPackets (0 without network)
+  bool gateway_resolver_stale = false;          // net::NetworkPool::resolverStale
 };
 
 class SandboxManager {

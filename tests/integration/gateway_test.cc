@@ -1764,6 +1764,45 @@ TEST_F(GatewayEgressTest, AnotherProgramsChangeIsUndoneAtOnceNotAtTheNextCheck) 
   pool_->stop();
 }
 
+// The host's resolver is read once, when the pool is made; a change of it later is said (a
+// warning, space_gateway_resolver_stale) rather than left for sandboxes' DNS to fail silently.
+TEST_F(GatewayEgressTest, AChangeOfTheHostsResolverIsSaid) {
+  const std::string resolv_conf = dir_ + "/resolv.conf";
+  auto write = [&](const std::string& text) { ASSERT_TRUE(writeFileAtomic(resolv_conf, text).ok()); };
+  auto staleWithin2s = [&](bool want) {
+    for (auto until = SteadyClock::now() + 2s; SteadyClock::now() < until; std::this_thread::sleep_for(20ms)) {
+      if (pool_->resolverStale() == want) return true;
+    }
+    return false;
+  };
+  write("# made by a test\nnameserver 127.0.0.1\n");
+  NetworkOptions options = poolOptions({});
+  options.upstream_dns.clear();
+  options.resolv_conf = resolv_conf;
+  pool_ = NetworkPool::create(options);
+  auto started = pool_->start({});
+  ASSERT_TRUE(started.ok()) << started.error().message;
+  std::this_thread::sleep_for(300ms);  // a few checks
+  EXPECT_FALSE(pool_->resolverStale());
+  write("nameserver 192.0.2.53\n");
+  EXPECT_TRUE(staleWithin2s(true));
+  // A file without a nameserver for a moment (being rewritten) says nothing.
+  write("");
+  std::this_thread::sleep_for(300ms);
+  EXPECT_TRUE(pool_->resolverStale());
+  write("nameserver 127.0.0.1\n");
+  EXPECT_TRUE(staleWithin2s(false));
+  pool_->stop();
+
+  // Given by flag, it is never stale.
+  options.upstream_dns = "127.0.0.1:" + std::to_string(kResolverPort);
+  write("nameserver 192.0.2.53\n");
+  pool_ = NetworkPool::create(options);
+  ASSERT_TRUE(pool_->start({}).ok());
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(pool_->resolverStale());
+}
+
 TEST_F(GatewayEgressTest, AGatewayRunsInAControlGroupOfItsSlotThatGoesWithIt) {
   auto layout = jail::setUpCgroups("gwtest-" + std::to_string(getpid()));
   ASSERT_TRUE(layout.ok()) << layout.error().message;

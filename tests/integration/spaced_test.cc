@@ -4528,6 +4528,7 @@ TEST_F(SpacedNetworkTest, ASandboxReachesWhatItsPolicyAllowsAndNothingElse) {
   // Whatever the guest tried, its gateway refused it before dialling: the kernel's table of
   // gateways' egress (which counts what a compromised gateway would send) refused nothing.
   EXPECT_EQ(metric("space_gateway_egress_refused_packets_total"), 0);
+  EXPECT_EQ(metric("space_gateway_resolver_stale"), 0);  // given by flag: never stale
 
   json entries = auditLog(d, id);
   EXPECT_TRUE(logged(entries, "name", "denied.test", false)) << entries.dump(1);
