@@ -319,16 +319,34 @@ nlohmann::json probeConfinement(const ConfinementPlan& plan, int landlock_abi, i
   nlohmann::json needs = nlohmann::json::object();
   bool works = true;
   // Where OpenSSL looks: its environment variables (inherited from spaced) first, as it does.
+  // The directory's variable is a ':'-separated list, as OpenSSL reads it: each entry must be
+  // readable or absent, and the first that is neither is the one reported.
   auto need = [&](const char* name, const char* env, const char* fallback, int flags) {
     const char* set = std::getenv(env);
     const std::string path = set != nullptr && *set != '\0' ? set : fallback;
-    errno = 0;
-    int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-    const int error = errno;
-    if (fd >= 0) ::close(fd);
-    const bool absent = fd < 0 && error == ENOENT;
-    needs[name] = {{"path", path}, {"readable", fd >= 0}, {"absent", absent}, {"error", fd < 0 ? strerror(error) : ""}};
-    works = works && (fd >= 0 || absent);
+    bool readable = false, absent = true;
+    std::string failure;
+    size_t from = 0;
+    while (from <= path.size()) {
+      const size_t end = (flags & O_DIRECTORY) ? std::min(path.find(':', from), path.size()) : path.size();
+      const std::string entry = path.substr(from, end - from);
+      from = end + 1;
+      if (entry.empty()) continue;
+      errno = 0;
+      int fd = ::open(entry.c_str(), flags | O_CLOEXEC);
+      const int error = errno;
+      if (fd >= 0) {
+        ::close(fd);
+        readable = true;
+        absent = false;
+      } else if (error != ENOENT) {
+        absent = false;
+        if (failure.empty()) failure = entry + ": " + strerror(error);
+      }
+    }
+    const bool ok = failure.empty();
+    needs[name] = {{"path", path}, {"readable", readable && ok}, {"absent", absent}, {"error", failure}};
+    works = works && ok;
   };
   need("trust_store", X509_get_default_cert_file_env(), X509_get_default_cert_file(), O_RDONLY);
   need("trust_store_dir", X509_get_default_cert_dir_env(), X509_get_default_cert_dir(), O_RDONLY | O_DIRECTORY);

@@ -23,7 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <tuple>
+#include <sstream>
 
 #include "common/fs.h"
 #include "common/log.h"
@@ -137,15 +137,20 @@ space::gateway::ConfinementPlan confinementPlan(const std::string& dir, const st
     }
     return false;
   };
-  for (const auto& [env, fallback, is_dir] :
-       {std::tuple{X509_get_default_cert_file_env(), X509_get_default_cert_file(), false},
-        std::tuple{X509_get_default_cert_dir_env(), X509_get_default_cert_dir(), true}}) {
-    const char* set = std::getenv(env);
-    const std::filesystem::path real = std::filesystem::canonical(set != nullptr && *set != '\0' ? set : fallback, ec);
-    if (ec) continue;  // absent: nothing to read
+  const auto reach = [&](const std::string& path, bool is_dir) {
+    const std::filesystem::path real = std::filesystem::canonical(path, ec);
+    if (ec) return;  // absent: nothing to read
     const std::filesystem::path where = is_dir ? real : real.parent_path();
-    if (where == where.root_path() || !std::filesystem::is_directory(where, ec) || covered(where)) continue;
+    if (where == where.root_path() || !std::filesystem::is_directory(where, ec) || covered(where)) return;
     plan.reachable.push_back({where.string(), false});
+  };
+  const char* file = std::getenv(X509_get_default_cert_file_env());
+  reach(file != nullptr && *file != '\0' ? file : X509_get_default_cert_file(), false);
+  // The directory variable is a list, as OpenSSL reads it (':'-separated).
+  const char* dirs = std::getenv(X509_get_default_cert_dir_env());
+  std::istringstream list(dirs != nullptr && *dirs != '\0' ? dirs : X509_get_default_cert_dir());
+  for (std::string dir; std::getline(list, dir, ':');) {
+    if (!dir.empty()) reach(dir, true);
   }
   return plan;
 }

@@ -984,7 +984,9 @@ bool Server::runStep(const StreamPtr& stream, std::function<void()> task, std::s
   const std::string party = stream->step_party;  // under the stream's lock (runBlocking)
   // The pool takes the step, or refuses it, under this lock: no step of the party can queue
   // behind one that is then refused, so a refusal leaves nobody waiting for a step that never
-  // runs. (The pool never runs a task on the calling thread, nor takes this lock.)
+  // runs. (The pool never runs a task on the calling thread, nor takes this lock. A task it
+  // refuses goes under this lock, the pool's and the stream's: what a step captures must take
+  // none of them when it goes, as a waiting step's below.)
   std::lock_guard lock(steps_mutex_);
   try {
     PartySteps& steps = steps_by_party_[party];

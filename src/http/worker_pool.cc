@@ -4,6 +4,8 @@
 
 #include <system_error>
 
+#include "common/scope_guard.h"
+
 namespace space::http::detail {
 
 WorkerPool::WorkerPool(size_t max_threads, std::chrono::milliseconds idle_exit, size_t max_queued)
@@ -34,6 +36,11 @@ void WorkerPool::takeExited(std::list<Worker>& out) {
 
 bool WorkerPool::run(std::function<void()> task, std::string& why) {
   std::list<Worker> exited;
+  // Joined however this returns (a reason's text may fail for want of memory): a list that
+  // goes with threads still joinable would end the process.
+  ScopeGuard join_exited([&exited] {
+    for (Worker& worker : exited) worker.thread.join();
+  });
   bool taken = false;
   {
     std::lock_guard lock(mutex_);
@@ -81,7 +88,6 @@ bool WorkerPool::run(std::function<void()> task, std::string& why) {
       }
     }
   }
-  for (Worker& worker : exited) worker.thread.join();
   return taken;
 }
 

@@ -26,13 +26,14 @@ struct SeccompExtras {
   // gateway's bound where spaced has no cgroups), and System V and POSIX IPC objects outlive the
   // process, where the next sandbox of its slot (the same uid) would find them.
   bool no_shared_memory = false;
-  // The process takes no port of its choosing: listen and bind fail, and so does setsockopt
-  // IP_LOCAL_PORT_RANGE (Linux 6.3+), which would narrow the kernel's own pick to one port. A
-  // compromised gateway, whose upstream sockets are in the host's network namespace, then
-  // accepts no TCP connection there and cannot squat a port a host service needs or one an
-  // outside peer was told to send to. Its sockets still get a port the kernel picks when they
-  // connect or send (a UDP socket that sent unconnected receives on it, from anyone), and it
-  // listens on the sockets made before its confinement.
+  // The process takes no port of its choosing outside the kernel's ephemeral range: listen and
+  // bind fail, and so does setsockopt IP_LOCAL_PORT_RANGE (Linux 6.3+), which would narrow the
+  // kernel's own pick to one port. A compromised gateway, whose upstream sockets are in the
+  // host's network namespace, then accepts no TCP connection there and cannot squat a port
+  // below that range (a host service's). Its sockets still get a port the kernel picks when
+  // they connect or send (a UDP socket that sent unconnected receives on it, from anyone), so
+  // one that makes sockets until the pick is a port it wants gets that port within the range
+  // (ip_local_port_range); it listens on the sockets made before its confinement.
   bool no_new_ports = false;
   // The process reserves no disk blocks: fallocate fails, and so do the ioctls of type 'X'
   // (FS_IOC_RESVSP, _RESVSP64, _UNRESVSP*, _ZERO_RANGE, which the kernel turns into fallocate,

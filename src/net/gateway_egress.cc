@@ -179,6 +179,10 @@ Result<NftablesChanges> NftablesChanges::open(const std::string& netns_path) {
     if (::bind(made.get(), reinterpret_cast<sockaddr*>(&local), sizeof local) != 0) {
       return makeError(ErrorCode::kInternal, std::string("bind netfilter netlink socket: ") + strerror(errno));
     }
+    // Room for a large ruleset's notices at once (a firewall's reload); past it they are lost,
+    // which counts as a change all the same.
+    const int room = 4 << 20;
+    (void)::setsockopt(made.get(), SOL_SOCKET, SO_RCVBUFFORCE, &room, sizeof room);
     const int group = NFNLGRP_NFTABLES;
     if (::setsockopt(made.get(), SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, &group, sizeof group) != 0) {
       return makeError(ErrorCode::kInternal, std::string("join the nftables group: ") + strerror(errno));
@@ -189,20 +193,22 @@ Result<NftablesChanges> NftablesChanges::open(const std::string& netns_path) {
   return NftablesChanges(std::move(made));
 }
 
-bool NftablesChanges::drain() {
+NftablesChanges::Drained NftablesChanges::drain() {
   // Only that something came matters, not what: each message is read and dropped.
-  bool changed = false;
+  Drained drained = Drained::kNothing;
   char buffer[8192];
   while (true) {
     const ssize_t n = ::recv(socket_.get(), buffer, sizeof buffer, 0);
     if (n > 0) {
-      changed = true;
+      drained = Drained::kChanged;
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else if (n < 0 && errno == ENOBUFS) {
-      changed = true;  // notices lost: something changed
+      drained = Drained::kChanged;  // notices lost (reading the error cleared it): something changed
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return drained;  // nothing more for now
     } else {
-      return changed;  // EAGAIN: nothing more for now
+      return Drained::kFailed;
     }
   }
 }

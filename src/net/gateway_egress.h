@@ -72,9 +72,11 @@ class NftablesChanges {
   static Result<NftablesChanges> open(const std::string& netns_path);
   // Readable (poll) when changes came.
   int fd() const { return socket_.get(); }
-  // Reads what came without waiting: true if anything did, or if notices were lost (the
-  // socket's queue overflowed, which is a change too).
-  bool drain();
+  // Reads what came without waiting: kChanged if anything did, or if notices were lost (the
+  // socket's queue overflowed: a change too, after which it listens on); kFailed if the socket
+  // cannot be read (errno set).
+  enum class Drained { kNothing, kChanged, kFailed };
+  Drained drain();
 
  private:
   explicit NftablesChanges(UniqueFd socket) : socket_(std::move(socket)) {}

@@ -472,12 +472,15 @@ void NetworkPool::watchEgressLoop(NftablesChanges changes) {
       return;
     }
     if (fds[1].revents != 0) return;
-    if (fds[0].revents & (POLLERR | POLLHUP | POLLNVAL)) {
-      spdlog::warn("network: the nftables watch socket failed; the egress table is checked every {} ms only",
-                   options_.egress_check_interval.count());
+    // An overflow of its queue shows as POLLERR (ENOBUFS), which the drain reads and clears.
+    if (fds[0].revents & POLLNVAL) errno = EBADF;
+    const auto drained = fds[0].revents & POLLNVAL ? NftablesChanges::Drained::kFailed : changes.drain();
+    if (drained == NftablesChanges::Drained::kFailed) {
+      spdlog::warn("network: the nftables watch stopped: {}; the egress table is checked every {} ms only",
+                   strerror(errno), options_.egress_check_interval.count());
       return;
     }
-    if (!changes.drain()) continue;
+    if (drained == NftablesChanges::Drained::kNothing) continue;
     {
       std::lock_guard lock(mu_);
       egress_changed_ = true;
@@ -630,6 +633,7 @@ void NetworkPool::refillLoop() {
   // reloads, each waking the other.
   constexpr size_t kQuickReloads = 4;
   std::deque<std::chrono::steady_clock::time_point> reloads;
+  std::chrono::steady_clock::time_point retry_slots_at{};
   while (!stopping_) {
     if (egress_changed_) {
       egress_changed_ = false;
@@ -651,8 +655,12 @@ void NetworkPool::refillLoop() {
       next_check = last_check + options_.egress_check_interval;
       continue;
     }
-    if (static_cast<int>(spare_.size()) >= options_.spare_slots) {
-      cv_.wait_until(lock, next_check);
+    // After a failure, the next spare slot waits 5 s, whatever wakes this thread meanwhile
+    // (nftables notices, a slot taken).
+    if (static_cast<int>(spare_.size()) >= options_.spare_slots || std::chrono::steady_clock::now() < retry_slots_at) {
+      cv_.wait_until(lock, static_cast<int>(spare_.size()) >= options_.spare_slots
+                               ? next_check
+                               : std::min(next_check, retry_slots_at));
       continue;
     }
     lock.unlock();
@@ -660,7 +668,7 @@ void NetworkPool::refillLoop() {
     lock.lock();
     if (!made.ok()) {
       spdlog::warn("network: cannot make a spare slot: {}", made.error().message);
-      cv_.wait_for(lock, std::chrono::seconds(5));
+      retry_slots_at = std::chrono::steady_clock::now() + std::chrono::seconds(5);
       continue;
     }
     used_.erase(made->index);

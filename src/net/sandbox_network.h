@@ -70,8 +70,9 @@ struct NetworkOptions {
   int spare_slots = 2;
   std::chrono::milliseconds gateway_ready_timeout{5000};
   // How often the pool checks that the gateways' egress table is still loaded as it loaded it
-  // (and loads it again if another program removed or changed it); and, sooner, how long after
-  // any change of the namespace's nftables it checks (at most five checks a second).
+  // (and loads it again if another program removed or changed it); and, sooner, the least time
+  // between checks when the namespace's nftables change: a change is checked at once, or this
+  // long after the last check (at most five checks a second by default).
   std::chrono::milliseconds egress_check_interval{10000};
   std::chrono::milliseconds egress_check_after_change{200};
   // The limits of each gateway's control group (NetworkPool::useCgroups). CPU in percent of one

@@ -1039,12 +1039,15 @@ TEST_F(GatewayTest, ATrustStoreElsewhereStaysReadableUnderConfinement) {
   ASSERT_EQ(chmod((trust + "/real/bundle.pem").c_str(), 0644), 0);
   // Reached through a link, as Debian's /usr/lib/ssl/cert.pem is.
   ASSERT_EQ(symlink((trust + "/real/bundle.pem").c_str(), (trust + "/link.pem").c_str()), 0);
+  // And a directory of certificates, named in a list (':'-separated, as OpenSSL reads it).
+  ASSERT_EQ(mkdir((trust + "/hashed").c_str(), 0755), 0);
   const std::string scratch = dir_ + "/probe";
   ASSERT_EQ(mkdir(scratch.c_str(), 0700), 0);
   SpawnOptions options;
   options.stdout_path = dir_ + "/probe.json";
   options.stderr_path = dir_ + "/probe.log";
-  auto child = ChildProcess::spawn({"/usr/bin/env", "SSL_CERT_FILE=" + trust + "/link.pem", SPACE_GATEWAY_BIN,
+  auto child = ChildProcess::spawn({"/usr/bin/env", "SSL_CERT_FILE=" + trust + "/link.pem",
+                                    "SSL_CERT_DIR=" + trust + "/nowhere:" + trust + "/hashed", SPACE_GATEWAY_BIN,
                                     "--probe-confinement", scratch, "--user", "#1499999999"},
                                    options);
   ASSERT_TRUE(child.ok()) << child.error().message;
@@ -1055,6 +1058,7 @@ TEST_F(GatewayTest, ATrustStoreElsewhereStaysReadableUnderConfinement) {
   ASSERT_TRUE(report.is_object()) << text << readFile(dir_ + "/probe.log");
   EXPECT_EQ(report["needs"]["trust_store"].value("path", ""), trust + "/link.pem") << text;
   EXPECT_EQ(report["needs"]["trust_store"].value("readable", false), true) << text;
+  EXPECT_EQ(report["needs"]["trust_store_dir"].value("readable", false), true) << text;
   EXPECT_EQ(report.value("works", false), true) << text;
   EXPECT_EQ(report.value("confined", false), true) << text;
   EXPECT_EQ(status->exit_code, 0) << text;
