@@ -562,7 +562,14 @@ int main(int argc, char** argv) {
                  "a network namespace (path) the gateways reach the outside from (default: spaced's own)");
   app.add_option("--gateway-upstream-dns", network_options.upstream_dns,
                  "the resolver the gateways ask, IP[:PORT], the one address their egress table lets through "
-                 "whatever its range (default: the first IPv4 nameserver in /etc/resolv.conf at start)");
+                 "whatever its range (default: the host's, the first IPv4 nameserver of --gateway-resolv-conf, "
+                 "followed when it changes)");
+  app.add_option("--gateway-resolv-conf", network_options.resolv_conf,
+                 "where the host's resolver is read, at start and every 10 s, when --gateway-upstream-dns is not "
+                 "given (systemd-resolved's upstream: /run/systemd/resolve/resolv.conf); a new one found twice in a "
+                 "row is let through the egress table instead of the old, and each sandbox's gateway is restarted to "
+                 "ask it (its open connections are lost)")
+      ->capture_default_str();
   app.add_option("--gateway-upstream-ca", network_options.upstream_ca,
                  "PEM certificates the hosts of credential rules must chain to when their TLS is terminated "
                  "(default: the host's trust store; tests point it at their fake internet's CA)");

@@ -276,7 +276,9 @@ bool SandboxNetwork::gatewayExited() {
   return gateway_->reaped() || gateway_->tryWait().has_value();
 }
 
-Status SandboxNetwork::restartGateway() {
+bool SandboxNetwork::gatewayOutdated() const { return gateway_ && gateway_resolver_ != pool_->gatewayResolver(); }
+
+Status SandboxNetwork::restartGateway(const std::string& why) {
   std::string how = "was not running";
   if (gateway_) {
     auto status = gateway_->reaped() ? *gateway_->exitStatus() : gateway_->terminate(std::chrono::milliseconds(200));
@@ -292,7 +294,7 @@ Status SandboxNetwork::restartGateway() {
                        {"kind", "gateway"},
                        {"allowed", false},
                        {"reason", "gateway-restarted"},
-                       {"detail", "the gateway " + how + "; open connections were lost"}};
+                       {"detail", (why.empty() ? "the gateway " + how : why) + "; open connections were lost"}};
   // The directory is root's first (an earlier version gave it to the gateway), and the file
   // written only if it has no other name (a hard link to a file elsewhere).
   SPACE_TRY(keepDirectoryFromGateway(NetworkPool::gatewayDir(state_dir_)));
@@ -305,8 +307,10 @@ Status SandboxNetwork::restartGateway() {
     std::string line = entry.dump() + "\n";
     if (::write(audit.get(), line.data(), line.size()) < 0) spdlog::warn("network: audit append: {}", strerror(errno));
   }
-  auto child = pool_->spawnGateway(slot_, state_dir_);
+  const std::string resolver = pool_->gatewayResolver();
+  auto child = pool_->spawnGateway(slot_, state_dir_, resolver);
   if (!child.ok()) return child.error();
+  gateway_resolver_ = resolver;
   gateway_.emplace(std::move(child.value()));
   return writeAttachment();
 }
@@ -322,7 +326,8 @@ Status SandboxNetwork::writeAttachment() const {
                       {"gateway_pid", gateway_ ? gateway_->pid() : -1},
                       {"tap_sent_at_attach", tap_baseline_.guest_sent},
                       {"tap_received_at_attach", tap_baseline_.guest_received},
-                      {"gateway_confinement", kGatewayConfinement}};
+                      {"gateway_confinement", kGatewayConfinement},
+                      {"gateway_resolver", gateway_resolver_}};
   if (gateway_) {
     if (auto started = processStartTime(gateway_->pid()); started.ok()) a["gateway_start"] = started.value();
   }
@@ -360,7 +365,10 @@ NetworkPool::NetworkPool(NetworkOptions options)
       config_error_ = "the host's resolver: " + resolver.error().message + " (give --gateway-upstream-dns)";
     }
   }
-  if (resolver.ok()) egress_.resolver = resolver.value();
+  if (resolver.ok()) {
+    egress_.resolver = resolver.value();
+    resolver_now_ = formatEndpoint(resolver.value());
+  }
   for (const std::string& cidr : options_.openable_cidrs) {
     auto rule = parseRule(cidr);
     if (!rule.ok() || rule->kind != Rule::Kind::kCidr || rule->port) {
@@ -580,25 +588,56 @@ bool NetworkPool::keepGatewayEgress() {
   return true;
 }
 
+std::string NetworkPool::gatewayResolver() const {
+  std::lock_guard lock(resolver_mu_);
+  return resolver_now_;
+}
+
 void NetworkPool::checkResolver() {
-  if (!options_.upstream_dns.empty() || !egress_.resolver) return;
+  if (!options_.upstream_dns.empty()) return;
   auto text = readSmallFile(options_.resolv_conf, 64 << 10);
   auto now = text.ok() ? resolverOfResolvConf(text.value()) : Result<Ipv4Endpoint>(text.error());
   // A file being rewritten, or none for a moment, says nothing about the resolver.
   if (!now.ok()) return;
-  const std::string given = formatEndpoint(*egress_.resolver), found = formatEndpoint(now.value());
-  resolver_stale_ = found != given;
-  if (found == resolver_seen_) return;
-  if (found != given) {
-    spdlog::warn(
-        "network: the host's resolver is now {} ({}), but the gateways ask {} and their egress table lets only "
-        "that one through: sandboxes' DNS fails if {} no longer answers; restart spaced to take the new one, or "
-        "give --gateway-upstream-dns",
-        found, options_.resolv_conf, given, given);
-  } else if (!resolver_seen_.empty()) {
-    spdlog::info("network: the host's resolver is {} again, the one the gateways ask", found);
+  const std::string found = formatEndpoint(now.value()), given = gatewayResolver();
+  if (given.empty()) return;
+  if (found == given) {
+    resolver_stale_ = false;
+    resolver_pending_.clear();
+    return;
   }
-  resolver_seen_ = found;
+  resolver_stale_ = true;
+  // Followed once two checks in a row find it: one reading may be a file a DHCP client is
+  // halfway through rewriting, and each change costs every sandbox its open connections.
+  if (found != resolver_pending_) {
+    resolver_pending_ = found;
+    spdlog::info("network: the host's resolver is now {} ({}); the gateways follow it at the next check", found,
+                 options_.resolv_conf);
+    return;
+  }
+  resolver_pending_.clear();
+  std::lock_guard lock(egress_mu_);
+  GatewayEgress next = egress_;
+  next.resolver = now.value();
+  if (!egress_listing_.empty()) {
+    if (auto loaded = loadEgressLocked(next); !loaded.ok()) {
+      spdlog::error(
+          "network: the host's resolver is now {}, but the gateways' egress table cannot let it through ({}); "
+          "the gateways keep asking {}",
+          found, loaded.error().message, given);
+      return;
+    }
+  }
+  egress_ = std::move(next);
+  {
+    std::lock_guard resolver_lock(resolver_mu_);
+    resolver_now_ = found;
+  }
+  resolver_stale_ = false;
+  spdlog::warn(
+      "network: the host's resolver changed from {} to {}: the gateways' egress table lets {} through now, and each "
+      "sandbox's gateway is restarted to ask it (their open connections are lost)",
+      given, found, found);
 }
 
 Result<Slot> NetworkPool::newSlot() {
@@ -807,7 +846,8 @@ std::string NetworkPool::gatewayUser(const Slot& slot) const {
   return "#" + std::to_string(gatewayIds(slot).first);
 }
 
-Result<ChildProcess> NetworkPool::spawnGateway(const Slot& slot, const std::string& state_dir) {
+Result<ChildProcess> NetworkPool::spawnGateway(const Slot& slot, const std::string& state_dir,
+                                               const std::string& resolver) {
   int ready[2];
   if (::pipe2(ready, O_CLOEXEC) != 0) return makeError(ErrorCode::kInternal, std::string("pipe: ") + strerror(errno));
   UniqueFd read_end(ready[0]);
@@ -840,7 +880,7 @@ Result<ChildProcess> NetworkPool::spawnGateway(const Slot& slot, const std::stri
     for (const std::string& procs : group->procsFiles()) argv.insert(argv.end(), {"--cgroup-procs", procs});
   }
   if (!options_.upstream_netns.empty()) argv.insert(argv.end(), {"--upstream-netns", options_.upstream_netns});
-  if (egress_.resolver) argv.insert(argv.end(), {"--upstream-dns", formatEndpoint(*egress_.resolver)});
+  if (!resolver.empty()) argv.insert(argv.end(), {"--upstream-dns", resolver});
   if (!options_.upstream_ca.empty()) argv.insert(argv.end(), {"--upstream-ca", options_.upstream_ca});
   const std::string log = state_dir + "/" + kGatewayLog;
   if (struct stat st{}; ::lstat(log.c_str(), &st) == 0 && st.st_size > kGatewayLogMaxBytes) {
@@ -968,9 +1008,11 @@ Result<std::unique_ptr<SandboxNetwork>> NetworkPool::attach(const std::optional<
   } else if (auto kept = readPolicy(gatewayDir(state_dir)); !kept.ok() || !kept.value()) {
     SPACE_TRY(network->setPolicy(fallback));
   }
-  auto gateway = spawnGateway(network->slot(), state_dir);
+  const std::string resolver = gatewayResolver();
+  auto gateway = spawnGateway(network->slot(), state_dir, resolver);
   if (!gateway.ok()) return gateway.error();  // the destructor gives the slot back
   network->gateway_.emplace(std::move(gateway.value()));
+  network->gateway_resolver_ = resolver;
   SPACE_TRY(network->writeAttachment());
   return network;
 }
@@ -1010,6 +1052,12 @@ Result<std::unique_ptr<SandboxNetwork>> NetworkPool::adopt(const std::string& st
         "restarting it",
         slot.name, made == a.end() ? "unrecorded" : made->dump(), kGatewayConfinement);
     SPACE_TRY(network->restartGateway());
+  } else if (const std::string asks = a.value("gateway_resolver", std::string()); asks != gatewayResolver()) {
+    // Given another resolver than this daemon's (the host's changed across the restart, or
+    // --gateway-upstream-dns): the table lets only this one through, so its DNS would fail.
+    spdlog::warn("network: the gateway of slot {} asks the resolver {}, not {}; restarting it", slot.name,
+                 asks.empty() ? std::string("(unrecorded)") : asks, gatewayResolver());
+    SPACE_TRY(network->restartGateway("the gateway asked the host's former resolver " + asks));
   } else if (!runsProgram(pid, options_.gateway_binary)) {
     // Started by an earlier version (spaced was upgraded with its sandboxes kept running): it
     // lacks what this version's gateways are confined by and fixed in, for as long as it would
@@ -1029,6 +1077,7 @@ Result<std::unique_ptr<SandboxNetwork>> NetworkPool::adopt(const std::string& st
       spdlog::warn("network: the gateway of slot {} keeps its earlier limits: {}", slot.name, limited.error().message);
     }
   }
+  if (network->gateway_resolver_.empty() && network->gateway_) network->gateway_resolver_ = gatewayResolver();
   return network;
 }
 

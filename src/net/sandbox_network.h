@@ -179,8 +179,12 @@ class SandboxNetwork {
   Status persistPolicy() const;
   // The gateway exited (killed, crashed): the guest has lost its connections, not its policy.
   bool gatewayExited();
-  // Starts a new gateway on the same slot and policy file.
-  Status restartGateway();
+  // The gateway asks another resolver than the pool gives gateways now (the host's changed):
+  // its DNS fails, since the egress table lets only the new one through; restart it.
+  bool gatewayOutdated() const;
+  // Starts a new gateway on the same slot and policy file (ending the one running, if any).
+  // `why` goes to the sandbox's audit log; empty: how the previous one ended.
+  Status restartGateway(const std::string& why = {});
   // Leaves slot and gateway running for the next daemon (attachment.json says where).
   void detach();
   // A TCP socket in the slot for a connection to the guest (ingress; connect it with
@@ -198,6 +202,7 @@ class SandboxNetwork {
   std::shared_ptr<NetworkPool> pool_;
   Slot slot_;
   std::string state_dir_;
+  std::string gateway_resolver_;  // what its gateway was given (--upstream-dns), recorded with it
   std::optional<ChildProcess> gateway_;
   bool detached_ = false;
   TapBytes tap_baseline_;
@@ -252,8 +257,9 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   Result<nlohmann::json> probeGatewayConfinement(const std::string& scratch_dir) const;
 
   const NetworkOptions& options() const { return options_; }
-  // The table the pool loads (and the uids it holds: every gateway's and the probe's).
-  const GatewayEgress& egress() const { return egress_; }
+  // The resolver gateways are given now (IP:PORT; empty without one): the host's first
+  // nameserver, which follows the host's (resolverStale()), or --gateway-upstream-dns.
+  std::string gatewayResolver() const;
   // Why these options cannot serve (no resolver, a bad openable range, gateway limits out of
   // range), or empty; start() refuses with it.
   const std::string& configError() const { return config_error_; }
@@ -261,8 +267,9 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   // (a gateway's own checks refuse first), more where a gateway tried what its policy refuses.
   uint64_t egressRefusedPackets();
   // Whether the host's resolver (resolv_conf's first IPv4 nameserver, at the last egress
-  // check) is no longer the one the gateways were given: their DNS then fails until spaced
-  // restarts. Always false with upstream_dns set.
+  // check) is not the one gateways are given: for one check after it changed (a file caught
+  // while being rewritten is not followed), or for good if the table cannot be loaded with
+  // the new one. Always false with upstream_dns set.
   bool resolverStale() const { return resolver_stale_; }
   // Slots in use and spare, for metrics and tests.
   size_t slotsInUse() const;
@@ -271,7 +278,7 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
  private:
   friend class SandboxNetwork;
   explicit NetworkPool(NetworkOptions options);
-  Result<ChildProcess> spawnGateway(const Slot& slot, const std::string& state_dir);
+  Result<ChildProcess> spawnGateway(const Slot& slot, const std::string& state_dir, const std::string& resolver);
   std::pair<uid_t, gid_t> gatewayIds(const Slot& slot) const;
   std::string gatewayUser(const Slot& slot) const;
   // Kills what runs as the slot's gateway uid (a gateway is stopped first): what a gateway of
@@ -295,21 +302,28 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   void watchEgressLoop(NftablesChanges changes);
 
   NetworkOptions options_;
-  // Made from options_ once: the table, with the resolver every gateway is given.
+  // Made from options_: the table, with the resolver every gateway is given (which follows the
+  // host's: checkResolver). Guarded by egress_mu_ once the pool started.
   GatewayEgress egress_;
   std::string config_error_;
   // Where gateways' groups are made (useCgroups: spaced's layout, and its gateways/ group);
   // none: they run in spaced's own.
   std::optional<jail::CgroupLayout> gateway_cgroups_base_;
   std::optional<jail::CgroupLayout> gateway_cgroups_;
-  std::mutex egress_mu_;
+  mutable std::mutex egress_mu_;
   // The table as listed after its load (without counter figures); empty: not loaded yet.
   std::string egress_listing_;
   uint64_t egress_counted_ = 0;              // the counters' sum at the last reading
   std::atomic<uint64_t> egress_refused_{0};  // since start, across reloads
   std::atomic<bool> resolver_stale_{false};
-  std::string resolver_seen_;  // the refill thread's: the last host resolver it warned about
-  // Reads resolv_conf again (the refill thread, with each egress check).
+  std::string resolver_pending_;  // the refill thread's: a new host resolver seen once
+  // egress_.resolver, formatted, for gatewayResolver(): housekeeping asks for each sandbox,
+  // and must not wait behind egress_mu_'s nft calls.
+  mutable std::mutex resolver_mu_;
+  std::string resolver_now_;
+  // Reads resolv_conf again (the refill thread, with each egress check); a new resolver that
+  // two checks in a row find becomes the gateways': the table is loaded with it, and each
+  // sandbox's gateway is restarted by housekeeping (SandboxNetwork::gatewayOutdated).
   void checkResolver();
   SlotManager slots_;
   mutable std::mutex mu_;

@@ -72,8 +72,9 @@ SandboxManager::Due SandboxManager::dueFor(Live& live, int64_t now_ms) {
   if (!live.runtime) return Due::kNothing;
   if (!live.vm().processRunning()) return Due::kVmExited;
   if (live.state == SandboxState::kRunning && live.vm().stopReported()) return Due::kStopReported;
-  if (auto* network = live.runtime->network(); network != nullptr && network->gatewayExited()) {
-    return Due::kGatewayExited;
+  if (auto* network = live.runtime->network(); network != nullptr) {
+    if (network->gatewayExited()) return Due::kGatewayExited;
+    if (network->gatewayOutdated()) return Due::kGatewayOutdated;
   }
   return Due::kNothing;
 }
@@ -236,6 +237,19 @@ void SandboxManager::act(const std::shared_ptr<Live>& live, Due due) {
                       live->id, restarted.error().message);
       } else {
         spdlog::warn("sandbox {}: its network gateway exited; restarted (pid {}), open connections were lost", live->id,
+                     network->gatewayPid());
+      }
+      return;
+    }
+    case Due::kGatewayOutdated: {
+      // The host's resolver changed: the table lets only the new one through (NetworkPool::checkResolver).
+      auto* network = live->runtime->network();
+      if (auto restarted = network->restartGateway("the host's resolver changed; the gateway was restarted to ask it");
+          !restarted.ok()) {
+        spdlog::error("sandbox {}: its network gateway asks the host's former resolver and cannot be restarted: {}",
+                      live->id, restarted.error().message);
+      } else {
+        spdlog::info("sandbox {}: its network gateway was restarted to ask the host's new resolver (pid {})", live->id,
                      network->gatewayPid());
       }
       return;

@@ -343,7 +343,7 @@ class SandboxManager {
   Status recover();
   void housekeeping();
   // What housekeeping found due for a sandbox; decided on its thread, done by actions_.
-  enum class Due { kNothing, kTimeout, kIdle, kVmExited, kStopReported, kGatewayExited };
+  enum class Due { kNothing, kTimeout, kIdle, kVmExited, kStopReported, kGatewayExited, kGatewayOutdated };
   Due dueFor(Live& live, int64_t now_ms);  // `control` held; never waits
   // Adds a metrics sample of a running sandbox, at most every kMetricsIntervalMs (under its control lock).
   void sampleMetrics(Live& live, int64_t now_ms);

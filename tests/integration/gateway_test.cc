@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -1768,43 +1769,96 @@ TEST_F(GatewayEgressTest, AnotherProgramsChangeIsUndoneAtOnceNotAtTheNextCheck) 
   pool_->stop();
 }
 
-// The host's resolver is read once, when the pool is made; a change of it later is said (a
-// warning, space_gateway_resolver_stale) rather than left for sandboxes' DNS to fail silently.
-TEST_F(GatewayEgressTest, AChangeOfTheHostsResolverIsSaid) {
+// The gateways follow the host's resolver: a new one that two checks in a row find in
+// resolv.conf is let through by the table instead of the old one, each running gateway is
+// then outdated (housekeeping restarts it with the new one), and a gateway adopted with
+// another resolver than the adopting daemon's is restarted. A file caught without a
+// nameserver changes nothing.
+TEST_F(GatewayEgressTest, TheGatewaysFollowTheHostsResolver) {
   const std::string resolv_conf = dir_ + "/resolv.conf";
   auto write = [&](const std::string& text) { ASSERT_TRUE(writeFileAtomic(resolv_conf, text).ok()); };
-  auto staleWithin2s = [&](bool want) {
+  auto within2s = [&](const std::function<bool()>& done) {
     for (auto until = SteadyClock::now() + 2s; SteadyClock::now() < until; std::this_thread::sleep_for(20ms)) {
-      if (pool_->resolverStale() == want) return true;
+      if (done()) return true;
     }
     return false;
   };
-  write("# made by a test\nnameserver 127.0.0.1\n");
+  const std::string kOld = "127.0.0.1", kNew = "192.0.2.53";
+  write("# made by a test\nnameserver " + kOld + "\n");
   NetworkOptions options = poolOptions({});
   options.upstream_dns.clear();
   options.resolv_conf = resolv_conf;
   pool_ = NetworkPool::create(options);
   auto started = pool_->start({});
   ASSERT_TRUE(started.ok()) << started.error().message;
+  EXPECT_EQ(pool_->gatewayResolver(), kOld + ":53");
+  const std::string state = dir_ + "/sandbox";
+  auto network = pool_->attach(Policy{}, Policy{}, state);
+  ASSERT_TRUE(network.ok()) << network.error().message;
+  const pid_t first = network.value()->gatewayPid();
   std::this_thread::sleep_for(300ms);  // a few checks
   EXPECT_FALSE(pool_->resolverStale());
-  write("nameserver 192.0.2.53\n");
-  EXPECT_TRUE(staleWithin2s(true));
+  EXPECT_FALSE(network.value()->gatewayOutdated());
+  EXPECT_NE(datagramAs(kBase + 3, kOld, 53), EPERM);
+  EXPECT_EQ(datagramAs(kBase + 3, kNew, 53), EPERM);
+
+  write("nameserver " + kNew + "\n");
+  EXPECT_TRUE(within2s([&] { return pool_->gatewayResolver() == kNew + ":53"; })) << pool_->gatewayResolver();
+  EXPECT_FALSE(pool_->resolverStale());
+  EXPECT_EQ(datagramAs(kBase + 3, kOld, 53), EPERM);
+  EXPECT_NE(datagramAs(kBase + 3, kNew, 53), EPERM);
+  EXPECT_TRUE(network.value()->gatewayOutdated());
+  ASSERT_TRUE(network.value()->restartGateway("the host's resolver changed").ok());
+  EXPECT_NE(network.value()->gatewayPid(), first);
+  EXPECT_FALSE(network.value()->gatewayOutdated());
+  auto attachment = readSmallFile(state + "/" + kAttachmentFile, 4096);
+  ASSERT_TRUE(attachment.ok());
+  EXPECT_EQ(Json::parse(attachment.value()).value("gateway_resolver", ""), kNew + ":53") << attachment.value();
+  auto audit = readSmallFile(NetworkPool::gatewayDir(state) + "/" + kAuditFile, 1 << 20);
+  ASSERT_TRUE(audit.ok());
+  EXPECT_NE(audit->find("the host's resolver changed; open connections were lost"), std::string::npos) << *audit;
+
   // A file without a nameserver for a moment (being rewritten) says nothing.
   write("");
   std::this_thread::sleep_for(300ms);
-  EXPECT_TRUE(pool_->resolverStale());
-  write("nameserver 127.0.0.1\n");
-  EXPECT_TRUE(staleWithin2s(false));
-  pool_->stop();
+  EXPECT_EQ(pool_->gatewayResolver(), kNew + ":53");
+  EXPECT_FALSE(pool_->resolverStale());
 
-  // Given by flag, it is never stale.
-  options.upstream_dns = "127.0.0.1:" + std::to_string(kResolverPort);
-  write("nameserver 192.0.2.53\n");
+  // The next daemon reads the host's resolver afresh (the old one again): the adopted gateway,
+  // which asks the other, is restarted.
+  const pid_t second = network.value()->gatewayPid();
+  const std::set<std::string> keep = {network.value()->slot().name};
+  network.value()->detach();
+  network.value().reset();
+  write("nameserver " + kOld + "\n");
+  pool_->stop();
+  pool_ = NetworkPool::create(options);
+  ASSERT_TRUE(pool_->start(keep).ok());
+  auto adopted = pool_->adopt(state);
+  ASSERT_TRUE(adopted.ok()) << adopted.error().message;
+  EXPECT_NE(adopted.value()->gatewayPid(), second);
+  EXPECT_FALSE(adopted.value()->gatewayOutdated());
+  // One that asks the same is kept.
+  const pid_t third = adopted.value()->gatewayPid();
+  adopted.value()->detach();
+  adopted.value().reset();
+  pool_->stop();
+  pool_ = NetworkPool::create(options);
+  ASSERT_TRUE(pool_->start(keep).ok());
+  adopted = pool_->adopt(state);
+  ASSERT_TRUE(adopted.ok()) << adopted.error().message;
+  EXPECT_EQ(adopted.value()->gatewayPid(), third);
+  adopted.value().reset();
+
+  // Given by flag, it is never followed.
+  pool_->stop();
+  options.upstream_dns = kOld + ":" + std::to_string(kResolverPort);
+  write("nameserver " + kNew + "\n");
   pool_ = NetworkPool::create(options);
   ASSERT_TRUE(pool_->start({}).ok());
   std::this_thread::sleep_for(300ms);
   EXPECT_FALSE(pool_->resolverStale());
+  EXPECT_EQ(pool_->gatewayResolver(), kOld + ":" + std::to_string(kResolverPort));
 }
 
 TEST_F(GatewayEgressTest, AGatewayRunsInAControlGroupOfItsSlotThatGoesWithIt) {

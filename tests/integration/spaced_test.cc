@@ -4619,6 +4619,38 @@ TEST_F(SpacedNetworkTest, BranchedChildrenCarryThePolicyInSeparateSlots) {
 // kill -9 of a gateway: the sandbox loses its connections, not its policy; spaced notices,
 // starts a new one and says so in the sandbox's audit log. kill -9 of spaced: the next start
 // re-adopts the sandbox with its slot, and removes every other slot the dead one had made.
+// The gateways follow the host's resolver (--gateway-resolv-conf): a sandbox whose DNS fails
+// because the host's resolver moved gets it back without a restart of spaced, once housekeeping
+// has restarted its gateway with the new one.
+TEST_F(SpacedNetworkTest, SandboxesFollowTheHostsResolverWhenItChanges) {
+  const std::string resolv_conf = dir_->path() + "/resolv.conf";
+  ASSERT_TRUE(writeFileAtomic(resolv_conf, "nameserver 192.0.2.99\n").ok());  // nothing answers there
+  daemon_ =
+      Daemon::start(data_dir_, {"--gateway-upstream-netns", internet_->upstreamNetnsPath(), "--gateway-resolv-conf",
+                                resolv_conf, "--gateway-upstream-ca", internet_->caPath()});
+  ASSERT_TRUE(daemon_);
+  const std::string id = daemon_->create(kAllowedTestOnly);
+  ASSERT_FALSE(id.empty());
+  const int first = gatewayPidOf(id);
+  ASSERT_GT(first, 0);
+  auto [failed_rc, failed] = sh(*daemon_, id, "getent hosts allowed.test");
+  EXPECT_NE(failed_rc, 0) << failed;
+  ASSERT_TRUE(writeFileAtomic(resolv_conf, std::string("nameserver ") + testsupport::FakeInternet::kDnsIp + "\n").ok());
+  // Two checks 10 s apart, then housekeeping's next round.
+  bool restarted = false;
+  for (auto until = Clock::now() + seconds(40); Clock::now() < until && !restarted;
+       std::this_thread::sleep_for(milliseconds(200))) {
+    restarted = gatewayPidOf(id) > 0 && gatewayPidOf(id) != first;
+  }
+  ASSERT_TRUE(restarted) << daemon_->log();
+  EXPECT_TRUE(waitForLog("its network gateway was restarted to ask the host's new resolver", 0, seconds(5)))
+      << daemon_->log();
+  auto [rc, out] = sh(*daemon_, id, "getent hosts allowed.test && curl -sS -m 10 http://allowed.test/");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("host allowed.test"), std::string::npos) << out;
+  EXPECT_EQ(metric("space_gateway_resolver_stale"), 0);
+}
+
 TEST_F(SpacedNetworkTest, KilledGatewaysAndDaemonsLeaveNoHoleAndNoLeftovers) {
   std::vector<std::string> args = networkArgs();
   args.insert(args.end(), {"--on-shutdown", "keep"});
