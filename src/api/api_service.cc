@@ -583,8 +583,8 @@ void ApiService::metrics(Call& c) {
       "update): run make images and restart spaced.",
       {{"", stats.qemu_build_stale ? 1.0 : 0.0}}};
   gauges["space_gateway_resolver_stale"] = {
-      "1 when the host's resolver (resolv.conf) is no longer the one the gateways were given at start: "
-      "sandboxes' DNS goes to the old one until spaced restarts.",
+      "1 while the host's resolver (resolv.conf) is not the one the gateways ask: until a new one has stayed "
+      "10 s, within 5 minutes of the last follow, or while the gateways' egress table cannot be loaded with it.",
       {{"", stats.gateway_resolver_stale ? 1.0 : 0.0}}};
   auto& egress_refused = gauges["space_gateway_egress_refused_packets_total"];
   egress_refused = {

@@ -565,10 +565,11 @@ int main(int argc, char** argv) {
                  "whatever its range (default: the host's, the first IPv4 nameserver of --gateway-resolv-conf, "
                  "followed when it changes)");
   app.add_option("--gateway-resolv-conf", network_options.resolv_conf,
-                 "where the host's resolver is read, at start and every 10 s, when --gateway-upstream-dns is not "
-                 "given (systemd-resolved's upstream: /run/systemd/resolve/resolv.conf); a new one found twice in a "
-                 "row is let through the egress table instead of the old, and each sandbox's gateway is restarted to "
-                 "ask it (its open connections are lost)")
+                 "where the host's resolver is read, at start and with each egress check (every 10 s), when "
+                 "--gateway-upstream-dns is not given (systemd-resolved's upstream: "
+                 "/run/systemd/resolve/resolv.conf); a new one that stays 10 s is let through the egress table "
+                 "instead of the old, and each sandbox's gateway is restarted to ask it (its open connections are "
+                 "lost), at most once in 5 minutes")
       ->capture_default_str();
   app.add_option("--gateway-upstream-ca", network_options.upstream_ca,
                  "PEM certificates the hosts of credential rules must chain to when their TLS is terminated "

@@ -593,9 +593,34 @@ std::string NetworkPool::gatewayResolver() const {
   return resolver_now_;
 }
 
+namespace {
+
+// resolv.conf as the host has it now (a link, usually, to systemd-resolved's or a DHCP
+// client's): a regular file, read without waiting (a FIFO there would stop the refill thread).
+Result<std::string> readResolvConf(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (!fd.valid()) return makeError(ErrorCode::kNotFound, "cannot open " + path + ": " + strerror(errno));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return makeError(ErrorCode::kInvalidArgument, path + " is not a regular file");
+  }
+  std::string text(std::min<size_t>(static_cast<size_t>(st.st_size), 64 << 10), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::pread(fd.get(), text.data() + got, text.size() - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  text.resize(got);
+  return text;
+}
+
+}  // namespace
+
 void NetworkPool::checkResolver() {
   if (!options_.upstream_dns.empty()) return;
-  auto text = readSmallFile(options_.resolv_conf, 64 << 10);
+  auto text = readResolvConf(options_.resolv_conf);
   auto now = text.ok() ? resolverOfResolvConf(text.value()) : Result<Ipv4Endpoint>(text.error());
   // A file being rewritten, or none for a moment, says nothing about the resolver.
   if (!now.ok()) return;
@@ -607,12 +632,27 @@ void NetworkPool::checkResolver() {
     return;
   }
   resolver_stale_ = true;
-  // Followed once two checks in a row find it: one reading may be a file a DHCP client is
-  // halfway through rewriting, and each change costs every sandbox its open connections.
+  // Followed once it has stayed a check interval (one reading may be a file a DHCP client is
+  // halfway through rewriting; checks come 200 ms apart while nftables change), and at most
+  // once per resolver_follow_gap: each follow costs every sandbox its open connections.
+  const auto now_time = std::chrono::steady_clock::now();
   if (found != resolver_pending_) {
     resolver_pending_ = found;
-    spdlog::info("network: the host's resolver is now {} ({}); the gateways follow it at the next check", found,
+    resolver_pending_since_ = now_time;
+    resolver_wait_said_ = false;
+    spdlog::info("network: the host's resolver is now {} ({}); the gateways follow it if it stays", found,
                  options_.resolv_conf);
+    return;
+  }
+  if (now_time - resolver_pending_since_ < options_.egress_check_interval) return;
+  if (resolver_followed_at_ && now_time - *resolver_followed_at_ < options_.resolver_follow_gap) {
+    if (!resolver_wait_said_) {
+      spdlog::warn(
+          "network: the host's resolver changed again ({}), within {} s of the last change the gateways "
+          "followed; they keep asking {} until then",
+          found, std::chrono::duration_cast<std::chrono::seconds>(options_.resolver_follow_gap).count(), given);
+      resolver_wait_said_ = true;
+    }
     return;
   }
   resolver_pending_.clear();
@@ -633,6 +673,7 @@ void NetworkPool::checkResolver() {
     std::lock_guard resolver_lock(resolver_mu_);
     resolver_now_ = found;
   }
+  resolver_followed_at_ = now_time;
   resolver_stale_ = false;
   spdlog::warn(
       "network: the host's resolver changed from {} to {}: the gateways' egress table lets {} through now, and each "
@@ -1057,7 +1098,7 @@ Result<std::unique_ptr<SandboxNetwork>> NetworkPool::adopt(const std::string& st
     // --gateway-upstream-dns): the table lets only this one through, so its DNS would fail.
     spdlog::warn("network: the gateway of slot {} asks the resolver {}, not {}; restarting it", slot.name,
                  asks.empty() ? std::string("(unrecorded)") : asks, gatewayResolver());
-    SPACE_TRY(network->restartGateway("the gateway asked the host's former resolver " + asks));
+    SPACE_TRY(network->restartGateway("the gateway asked another resolver than the node's now"));
   } else if (!runsProgram(pid, options_.gateway_binary)) {
     // Started by an earlier version (spaced was upgraded with its sandboxes kept running): it
     // lacks what this version's gateways are confined by and fixed in, for as long as it would

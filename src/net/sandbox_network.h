@@ -46,13 +46,16 @@ struct NetworkOptions {
   std::string slot_prefix = "space";
   // The namespace the gateways' upstream side runs in (tests: a fake internet); empty: ours.
   std::string upstream_netns;
-  // The resolver the gateways ask, IP[:PORT]; empty: the first IPv4 nameserver of
-  // /etc/resolv.conf when the pool is made (every gateway is given the same one, which the
+  // The resolver the gateways ask, IP[:PORT]; empty: the host's, the first IPv4 nameserver of
+  // resolv_conf, followed when it changes (every gateway is given the same one, which the
   // gateways' egress table lets through).
   std::string upstream_dns;
-  // Where that nameserver is read (when upstream_dns is empty): at the pool's making, and again
-  // at each egress check, to say when the host's resolver changed (resolverStale()).
+  // Where the host's nameserver is read (when upstream_dns is empty): when the pool is made,
+  // and again with each egress check (checkResolver).
   std::string resolv_conf = "/etc/resolv.conf";
+  // The least time between two follows of the host's resolver: each costs every sandbox its
+  // open connections, so a file that flips between two values is not followed each time.
+  std::chrono::milliseconds resolver_follow_gap{std::chrono::minutes(5)};
   // The certificates (a PEM file) the gateways verify credential rules' hosts against when they
   // terminate TLS; empty: the host's trust store.
   std::string upstream_ca;
@@ -267,9 +270,10 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   // (a gateway's own checks refuse first), more where a gateway tried what its policy refuses.
   uint64_t egressRefusedPackets();
   // Whether the host's resolver (resolv_conf's first IPv4 nameserver, at the last egress
-  // check) is not the one gateways are given: for one check after it changed (a file caught
-  // while being rewritten is not followed), or for good if the table cannot be loaded with
-  // the new one. Always false with upstream_dns set.
+  // check) is not the one gateways are given: until a new one has stayed an egress check
+  // interval (a file caught while being rewritten is not followed), while the last follow is
+  // less than resolver_follow_gap ago, or while the table cannot be loaded with it. Always
+  // false with upstream_dns set.
   bool resolverStale() const { return resolver_stale_; }
   // Slots in use and spare, for metrics and tests.
   size_t slotsInUse() const;
@@ -316,14 +320,19 @@ class NetworkPool : public std::enable_shared_from_this<NetworkPool> {
   uint64_t egress_counted_ = 0;              // the counters' sum at the last reading
   std::atomic<uint64_t> egress_refused_{0};  // since start, across reloads
   std::atomic<bool> resolver_stale_{false};
-  std::string resolver_pending_;  // the refill thread's: a new host resolver seen once
+  // The refill thread's: a new host resolver seen, since when, and when the last was followed.
+  std::string resolver_pending_;
+  std::chrono::steady_clock::time_point resolver_pending_since_{};
+  std::optional<std::chrono::steady_clock::time_point> resolver_followed_at_;
+  bool resolver_wait_said_ = false;
   // egress_.resolver, formatted, for gatewayResolver(): housekeeping asks for each sandbox,
   // and must not wait behind egress_mu_'s nft calls.
   mutable std::mutex resolver_mu_;
   std::string resolver_now_;
   // Reads resolv_conf again (the refill thread, with each egress check); a new resolver that
-  // two checks in a row find becomes the gateways': the table is loaded with it, and each
-  // sandbox's gateway is restarted by housekeeping (SandboxNetwork::gatewayOutdated).
+  // stayed an egress check interval becomes the gateways' (at most once per
+  // resolver_follow_gap): the table is loaded with it, and each sandbox's gateway is restarted
+  // by housekeeping (SandboxNetwork::gatewayOutdated).
   void checkResolver();
   SlotManager slots_;
   mutable std::mutex mu_;

@@ -1769,11 +1769,11 @@ TEST_F(GatewayEgressTest, AnotherProgramsChangeIsUndoneAtOnceNotAtTheNextCheck) 
   pool_->stop();
 }
 
-// The gateways follow the host's resolver: a new one that two checks in a row find in
-// resolv.conf is let through by the table instead of the old one, each running gateway is
+// The gateways follow the host's resolver: a new one that stays in resolv.conf for an egress
+// check interval is let through by the table instead of the old one, each running gateway is
 // then outdated (housekeeping restarts it with the new one), and a gateway adopted with
 // another resolver than the adopting daemon's is restarted. A file caught without a
-// nameserver changes nothing.
+// nameserver changes nothing, and a second change soon after a follow waits.
 TEST_F(GatewayEgressTest, TheGatewaysFollowTheHostsResolver) {
   const std::string resolv_conf = dir_ + "/resolv.conf";
   auto write = [&](const std::string& text) { ASSERT_TRUE(writeFileAtomic(resolv_conf, text).ok()); };
@@ -1823,6 +1823,12 @@ TEST_F(GatewayEgressTest, TheGatewaysFollowTheHostsResolver) {
   std::this_thread::sleep_for(300ms);
   EXPECT_EQ(pool_->gatewayResolver(), kNew + ":53");
   EXPECT_FALSE(pool_->resolverStale());
+  // Nor is a second change within resolver_follow_gap (5 minutes) followed: it is said.
+  write("nameserver 192.0.2.77\n");
+  std::this_thread::sleep_for(1s);
+  EXPECT_EQ(pool_->gatewayResolver(), kNew + ":53");
+  EXPECT_TRUE(pool_->resolverStale());
+  EXPECT_FALSE(network.value()->gatewayOutdated());
 
   // The next daemon reads the host's resolver afresh (the old one again): the adopted gateway,
   // which asks the other, is restarted.
