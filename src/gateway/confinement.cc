@@ -217,37 +217,31 @@ nlohmann::json probeConfinement(const ConfinementPlan& plan, int landlock_abi, i
   });
   // unshare of nothing succeeds wherever the call itself is allowed.
   check("new_namespace", EPERM, [] { return unshare(0); });
-  check("listen", EPERM, [] {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // `call` on a new IPv4 socket of `type`, closed after; its result, errno kept.
+  auto onInetSocket = [](int type, const std::function<int(int)>& call) {
+    int fd = ::socket(AF_INET, type | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
-    int rc = ::listen(fd, 1);
+    int rc = call(fd);
     int err = errno;
     ::close(fd);
     errno = err;
     return rc;
-  });
+  };
+  check("listen", EPERM, [&] { return onInetSocket(SOCK_STREAM, [](int fd) { return ::listen(fd, 1); }); });
   // A port of its choosing, and any port at all (0: the kernel would pick one).
-  check("bind", EPERM, [] {
-    int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    sockaddr_in any{};
-    any.sin_family = AF_INET;
-    int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&any), sizeof any);
-    int err = errno;
-    ::close(fd);
-    errno = err;
-    return rc;
+  check("bind", EPERM, [&] {
+    return onInetSocket(SOCK_DGRAM, [](int fd) {
+      sockaddr_in any{};
+      any.sin_family = AF_INET;
+      return ::bind(fd, reinterpret_cast<sockaddr*>(&any), sizeof any);
+    });
   });
   // A port of its choosing by the kernel's own pick, narrowed to one.
-  check("choose_port", EPERM, [] {
-    int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    const uint32_t one_port = (40999u << 16) | 40999u;
-    int rc = ::setsockopt(fd, IPPROTO_IP, jail::kIpLocalPortRange, &one_port, sizeof one_port);
-    int err = errno;
-    ::close(fd);
-    errno = err;
-    return rc;
+  check("choose_port", EPERM, [&] {
+    return onInetSocket(SOCK_DGRAM, [](int fd) {
+      const uint32_t one_port = (40999u << 16) | 40999u;
+      return ::setsockopt(fd, IPPROTO_IP, jail::kIpLocalPortRange, &one_port, sizeof one_port);
+    });
   });
   check("unix_socket", EPERM, [] {
     int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);

@@ -50,10 +50,11 @@ constexpr off_t kGatewayLogMaxBytes = 1 << 20;
 // spaced's own lines in a gateway's audit log stop past this (the gateway rotates it at 1 MiB).
 constexpr off_t kAuditAppendMaxBytes = 8 << 20;
 
-// A file the gateway's user could have replaced: no symlink followed, no FIFO opened for
-// reading (it would block), at most `max_bytes` from its end.
-Result<std::string> readHostileTail(const std::string& path, size_t max_bytes) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+// A file the gateway's user could have replaced: no symlink followed (unless `follow_links`: a
+// host file that is usually a link, resolv.conf), no FIFO opened for reading (it would block),
+// at most `max_bytes` from its end.
+Result<std::string> readHostileTail(const std::string& path, size_t max_bytes, bool follow_links = false) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow_links ? 0 : O_NOFOLLOW)));
   if (!fd.valid())
     return makeError(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kInternal,
                      "cannot open " + path + ": " + strerror(errno));
@@ -593,34 +594,10 @@ std::string NetworkPool::gatewayResolver() const {
   return resolver_now_;
 }
 
-namespace {
-
-// resolv.conf as the host has it now (a link, usually, to systemd-resolved's or a DHCP
-// client's): a regular file, read without waiting (a FIFO there would stop the refill thread).
-Result<std::string> readResolvConf(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  if (!fd.valid()) return makeError(ErrorCode::kNotFound, "cannot open " + path + ": " + strerror(errno));
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    return makeError(ErrorCode::kInvalidArgument, path + " is not a regular file");
-  }
-  std::string text(std::min<size_t>(static_cast<size_t>(st.st_size), 64 << 10), '\0');
-  size_t got = 0;
-  while (got < text.size()) {
-    const ssize_t n = ::pread(fd.get(), text.data() + got, text.size() - got, static_cast<off_t>(got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-  }
-  text.resize(got);
-  return text;
-}
-
-}  // namespace
-
 void NetworkPool::checkResolver() {
   if (!options_.upstream_dns.empty()) return;
-  auto text = readResolvConf(options_.resolv_conf);
+  // Without waiting: a FIFO there would stop the refill thread.
+  auto text = readHostileTail(options_.resolv_conf, 64 << 10, /*follow_links=*/true);
   auto now = text.ok() ? resolverOfResolvConf(text.value()) : Result<Ipv4Endpoint>(text.error());
   // A file being rewritten, or none for a moment, says nothing about the resolver.
   if (!now.ok()) return;

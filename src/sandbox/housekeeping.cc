@@ -229,25 +229,21 @@ void SandboxManager::act(const std::shared_ptr<Live>& live, Due due) {
       (void)finish(live, SandboxState::kFailed, reason);
       return;
     }
-    case Due::kGatewayExited: {
-      // The guest lost its open connections, not its policy: a new gateway reads the same file.
+    case Due::kGatewayExited:
+    case Due::kGatewayOutdated: {
+      // Exited: the guest lost its open connections, not its policy (a new gateway reads the
+      // same file). Outdated: the host's resolver changed, and the table lets only the new one
+      // through (NetworkPool::checkResolver).
+      const bool exited = due == Due::kGatewayExited;
       auto* network = live->runtime->network();
-      if (auto restarted = network->restartGateway(); !restarted.ok()) {
-        spdlog::error("sandbox {}: its network gateway exited and cannot be restarted (next try in a moment): {}",
-                      live->id, restarted.error().message);
-      } else {
+      if (auto restarted =
+              network->restartGateway(exited ? "" : "the host's resolver changed; the gateway was restarted to ask it");
+          !restarted.ok()) {
+        spdlog::error("sandbox {}: its network gateway {} and cannot be restarted (next try in a moment): {}", live->id,
+                      exited ? "exited" : "asks the host's former resolver", restarted.error().message);
+      } else if (exited) {
         spdlog::warn("sandbox {}: its network gateway exited; restarted (pid {}), open connections were lost", live->id,
                      network->gatewayPid());
-      }
-      return;
-    }
-    case Due::kGatewayOutdated: {
-      // The host's resolver changed: the table lets only the new one through (NetworkPool::checkResolver).
-      auto* network = live->runtime->network();
-      if (auto restarted = network->restartGateway("the host's resolver changed; the gateway was restarted to ask it");
-          !restarted.ok()) {
-        spdlog::error("sandbox {}: its network gateway asks the host's former resolver and cannot be restarted: {}",
-                      live->id, restarted.error().message);
       } else {
         spdlog::info("sandbox {}: its network gateway was restarted to ask the host's new resolver (pid {})", live->id,
                      network->gatewayPid());
