@@ -262,8 +262,8 @@ std::string readUntil(int fd, std::string_view end) {
 class IngressProxyTest : public testing::Test {
  protected:
   // A server whose every request is proxied to `guest` as the path form asks.
-  void serve(FakeGuest& guest, http::ServerLimits limits = {}) {
-    options_.response_timeout = 500ms;
+  void serve(FakeGuest& guest, http::ServerLimits limits = {}, std::chrono::milliseconds response_timeout = 500ms) {
+    options_.response_timeout = response_timeout;
     options_.idle_timeout = 2s;
     auto server = http::Server::start(
         "127.0.0.1:0",
@@ -290,6 +290,11 @@ class IngressProxyTest : public testing::Test {
   }
   std::string prefix() const { return "/v1/sandboxes/" + kId + "/ports/8080"; }
 
+  // How many requests the handler has begun proxying (it connects to the guest first).
+  size_t proxied() {
+    std::lock_guard lock(waiting_mu_);
+    return waiting_.size();
+  }
   // Whether request i's place among those waiting for an answer, and its guest socket, are held.
   bool waiting(size_t i) {
     std::lock_guard lock(waiting_mu_);
@@ -485,19 +490,22 @@ TEST_F(IngressProxyTest, APlaceAmongTheWaitingGoesWithTheAnswerAndTheGuestSocket
   std::shared_future<void> answer_now = answer.get_future().share();
   FakeGuest guest([&](int fd) {
     readUntil(fd, "\r\n\r\n");
-    answer_now.wait();
+    // Bounded, so that a test that failed before answering still ends.
+    if (answer_now.wait_for(10s) != std::future_status::ready) return;
     sendRaw(fd, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n");
     char buf[256];
     while (recv(fd, buf, sizeof buf, 0) > 0) {
     }
   });
-  serve(guest);
+  serve(guest, {}, 10s);  // the answer waits on the test, which a loaded machine may slow
   UniqueFd client = connectRaw(server_->port());
   sendRaw(client.get(), "GET " + prefix() +
                             "/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
                             "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n");
-  for (int i = 0; i < 500 && guest.accepted() == 0; ++i) std::this_thread::sleep_for(10ms);
+  // The guest may accept before the handler has recorded the request's places.
+  for (int i = 0; i < 500 && (guest.accepted() == 0 || proxied() == 0); ++i) std::this_thread::sleep_for(10ms);
   ASSERT_EQ(guest.accepted(), 1);
+  ASSERT_EQ(proxied(), 1u);
   EXPECT_TRUE(waiting(0)) << "the guest has not answered";
   answer.set_value();
   std::string got = readUntil(client.get(), "\r\n\r\n");
