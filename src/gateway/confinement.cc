@@ -333,6 +333,23 @@ nlohmann::json probeConfinement(const ConfinementPlan& plan, int landlock_abi, i
         ::close(fd);
         readable = true;
         absent = false;
+        // A directory's links lead to certificates elsewhere, which Landlock judges by where
+        // they are: each must be readable too (a broken link is absent, as for OpenSSL).
+        std::error_code ec;
+        size_t seen = 0;
+        std::filesystem::directory_iterator end;
+        for (std::filesystem::directory_iterator it(entry, ec);
+             (flags & O_DIRECTORY) && !ec && it != end && ++seen <= kMaxTrustStoreEntries; it.increment(ec)) {
+          std::error_code link_ec;
+          if (!it->is_symlink(link_ec) || !std::filesystem::is_regular_file(it->path(), link_ec)) continue;
+          errno = 0;
+          const int linked = ::open(it->path().c_str(), O_RDONLY | O_CLOEXEC);
+          const int link_error = errno;
+          if (linked >= 0) ::close(linked);
+          if (linked < 0 && link_error != ENOENT && failure.empty()) {
+            failure = it->path().string() + ": " + strerror(link_error);
+          }
+        }
       } else if (error != ENOENT) {
         absent = false;
         if (failure.empty()) failure = entry + ": " + strerror(error);
@@ -344,8 +361,14 @@ nlohmann::json probeConfinement(const ConfinementPlan& plan, int landlock_abi, i
   };
   need("trust_store", X509_get_default_cert_file_env(), X509_get_default_cert_file(), O_RDONLY);
   need("trust_store_dir", X509_get_default_cert_dir_env(), X509_get_default_cert_dir(), O_RDONLY | O_DIRECTORY);
+  // What the plan leaves it, for whoever reads the report to see.
+  nlohmann::json reachable = nlohmann::json::array();
+  for (const jail::FsRule& rule : plan.reachable) {
+    reachable.push_back({{"path", rule.dir}, {"write", rule.write}, {"file", rule.file}});
+  }
   return {
-      {"landlock_abi", landlock_abi}, {"confined", confined}, {"checks", checks}, {"works", works}, {"needs", needs}};
+      {"landlock_abi", landlock_abi}, {"confined", confined}, {"checks", checks}, {"works", works}, {"needs", needs},
+      {"reachable", reachable}};
 }
 
 }  // namespace space::gateway

@@ -19,6 +19,11 @@
 
 namespace space::gateway {
 
+// The most entries of the trust store's directories that are looked through for links: to
+// give each certificate one leads to a rule (the gateway), and to check it is read (the probe).
+// A Debian host's /etc/ssl/certs has about 300.
+inline constexpr size_t kMaxTrustStoreEntries = 16384;
+
 struct ConfinementPlan {
   // A user name, or "#<id>" for a uid (and gid) of its own that no account has: spaced gives
   // every slot's gateway its own, so one compromised gateway cannot signal another.

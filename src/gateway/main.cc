@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <sstream>
 
 #include "common/fs.h"
@@ -149,8 +150,29 @@ space::gateway::ConfinementPlan confinementPlan(const std::string& dir, const st
   // The directory variable is a list, as OpenSSL reads it (':'-separated).
   const char* dirs = std::getenv(X509_get_default_cert_dir_env());
   std::istringstream list(dirs != nullptr && *dirs != '\0' ? dirs : X509_get_default_cert_dir());
+  std::vector<std::string> cert_dirs;
   for (std::string dir; std::getline(list, dir, ':');) {
-    if (!dir.empty()) reach(dir, true);
+    if (dir.empty()) continue;
+    reach(dir, true);
+    cert_dirs.push_back(dir);
+  }
+  // A certificate directory's entries are often links (c_rehash's <hash>.0, update-ca-
+  // certificates' links into /usr/share), and Landlock judges the file a link leads to: each
+  // that leads outside what is reachable already gets a rule for that one file (its directory
+  // would open its neighbours too). Bounded: the directories are the operator's, but a huge
+  // one must not hold a gateway's start.
+  std::set<std::filesystem::path> linked;
+  size_t seen = 0;
+  for (const std::string& dir : cert_dirs) {
+    std::filesystem::directory_iterator end;
+    for (std::filesystem::directory_iterator it(dir, ec);
+         !ec && it != end && ++seen <= space::gateway::kMaxTrustStoreEntries; it.increment(ec)) {
+      std::error_code entry_ec;  // a broken link is passed over, not the end of the listing
+      if (!it->is_symlink(entry_ec)) continue;
+      const std::filesystem::path target = std::filesystem::canonical(it->path(), entry_ec);
+      if (entry_ec || covered(target.parent_path()) || !std::filesystem::is_regular_file(target, entry_ec)) continue;
+      if (linked.insert(target).second) plan.reachable.push_back({target.string(), false, true});
+    }
   }
   return plan;
 }
@@ -322,10 +344,14 @@ int main(int argc, char** argv) {
   if (!confined.ok()) return fail(confined.error().message);
   if (confined.value() > 0) {
     std::string dirs;
+    size_t files = 0;
     for (const auto& rule : plan.reachable) {
-      dirs += (dirs.empty() ? "" : ", ") + rule.dir + (rule.write ? " (read-write)" : " (read)");
+      if (rule.file) ++files;
+      if (!rule.file) dirs += (dirs.empty() ? "" : ", ") + rule.dir + (rule.write ? " (read-write)" : " (read)");
     }
-    spdlog::info("space-gateway: files confined to {} by Landlock ABI {}", dirs, confined.value());
+    spdlog::info(
+        "space-gateway: files confined to {} and {} certificate(s) the trust store links to, by Landlock ABI {}", dirs,
+        files, confined.value());
   } else {
     spdlog::warn("space-gateway: files not confined: this kernel has no Landlock (Linux 5.13+, lsm=landlock)");
   }

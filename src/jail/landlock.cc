@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/landlock.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -48,10 +49,19 @@ Result<FsConfinement> FsConfinement::prepare(const std::vector<FsRule>& rules) {
   const uint64_t write = read | LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_MAKE_REG |
                          LANDLOCK_ACCESS_FS_REMOVE_FILE | (kTruncate & handled);
   for (const FsRule& rule : rules) {
-    UniqueFd dir(::open(rule.dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (rule.file && rule.write) {
+      return makeError(ErrorCode::kInvalidArgument, "a rule for one file allows reading only: " + rule.dir);
+    }
+    // A file's rule is opened without following a last link, as the caller named the file
+    // itself (canonical), and must be a regular file: the kernel would take a directory too.
+    UniqueFd dir(::open(rule.dir.c_str(), O_PATH | O_CLOEXEC | (rule.file ? O_NOFOLLOW : O_DIRECTORY)));
     if (!dir.valid()) return makeError(ErrorCode::kInvalidArgument, errnoText("cannot confine to " + rule.dir));
+    struct stat st {};
+    if (rule.file && (::fstat(dir.get(), &st) != 0 || !S_ISREG(st.st_mode))) {
+      return makeError(ErrorCode::kInvalidArgument, "not a regular file: " + rule.dir);
+    }
     landlock_path_beneath_attr beneath{};
-    beneath.allowed_access = rule.write ? write : read;
+    beneath.allowed_access = rule.file ? LANDLOCK_ACCESS_FS_READ_FILE : rule.write ? write : read;
     beneath.parent_fd = dir.get();
     if (syscall(SYS_landlock_add_rule, ruleset.get(), LANDLOCK_RULE_PATH_BENEATH, &beneath, 0) != 0) {
       return makeError(ErrorCode::kInternal, errnoText("landlock_add_rule " + rule.dir));

@@ -16,8 +16,11 @@
 namespace space::jail {
 
 struct FsRule {
-  std::string dir;     // a directory: what lies beneath it
+  std::string dir;     // a directory: what lies beneath it (or the one file, below)
   bool write = false;  // read only; or also create, write, truncate, rename and remove regular files
+  // `dir` names one regular file, which may then be read and nothing else (a certificate that
+  // a trust store's directory links to elsewhere: its own directory would open more).
+  bool file = false;
 };
 
 // A ruleset made (its directories opened) while the process may still reach them, e.g. as

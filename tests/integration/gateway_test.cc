@@ -1040,8 +1040,19 @@ TEST_F(GatewayTest, ATrustStoreElsewhereStaysReadableUnderConfinement) {
   ASSERT_EQ(chmod((trust + "/real/bundle.pem").c_str(), 0644), 0);
   // Reached through a link, as Debian's /usr/lib/ssl/cert.pem is.
   ASSERT_EQ(symlink((trust + "/real/bundle.pem").c_str(), (trust + "/link.pem").c_str()), 0);
-  // And a directory of certificates, named in a list (':'-separated, as OpenSSL reads it).
+  // And a directory of certificates, named in a list (':'-separated, as OpenSSL reads it),
+  // whose hashed name links to a certificate in a directory of its own, as c_rehash makes them
+  // (that directory's other files stay closed), and a broken link, which is passed over.
   ASSERT_EQ(mkdir((trust + "/hashed").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir((trust + "/local").c_str(), 0755), 0);
+  for (const char* name : {"/local/ca.pem", "/local/other.pem"}) {
+    std::ofstream pem(trust + name);
+    pem << "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n";
+  }
+  ASSERT_EQ(chmod((trust + "/local/ca.pem").c_str(), 0644), 0);
+  ASSERT_EQ(chmod((trust + "/local/other.pem").c_str(), 0644), 0);
+  ASSERT_EQ(symlink((trust + "/local/ca.pem").c_str(), (trust + "/hashed/9d66eef0.0").c_str()), 0);
+  ASSERT_EQ(symlink((trust + "/local/gone.pem").c_str(), (trust + "/hashed/00000000.0").c_str()), 0);
   const std::string scratch = dir_ + "/probe";
   ASSERT_EQ(mkdir(scratch.c_str(), 0700), 0);
   SpawnOptions options;
@@ -1060,6 +1071,16 @@ TEST_F(GatewayTest, ATrustStoreElsewhereStaysReadableUnderConfinement) {
   EXPECT_EQ(report["needs"]["trust_store"].value("path", ""), trust + "/link.pem") << text;
   EXPECT_EQ(report["needs"]["trust_store"].value("readable", false), true) << text;
   EXPECT_EQ(report["needs"]["trust_store_dir"].value("readable", false), true) << text;
+  // The linked certificate by itself, not its directory.
+  const Json ca_rule = {{"path", trust + "/local/ca.pem"}, {"write", false}, {"file", true}};
+  ASSERT_TRUE(report["reachable"].is_array()) << text;
+  size_t ca_rules = 0, local_rules = 0;
+  for (const Json& rule : report["reachable"]) {
+    ca_rules += rule == ca_rule;
+    local_rules += rule.value("path", "").rfind(trust + "/local", 0) == 0;
+  }
+  EXPECT_EQ(ca_rules, 1u) << text;
+  EXPECT_EQ(local_rules, 1u) << text;
   EXPECT_EQ(report.value("works", false), true) << text;
   EXPECT_EQ(report.value("confined", false), true) << text;
   EXPECT_EQ(status->exit_code, 0) << text;
