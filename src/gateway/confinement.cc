@@ -321,32 +321,37 @@ nlohmann::json probeConfinement(const ConfinementPlan& plan, int landlock_abi, i
     bool readable = false, absent = true;
     std::string failure;
     size_t from = 0;
+    size_t seen = 0;  // over all the list's directories, as confinementPlan counts
     while (from <= path.size()) {
       const size_t end = (flags & O_DIRECTORY) ? std::min(path.find(':', from), path.size()) : path.size();
       const std::string entry = path.substr(from, end - from);
       from = end + 1;
       if (entry.empty()) continue;
       errno = 0;
-      int fd = ::open(entry.c_str(), flags | O_CLOEXEC);
+      int fd = ::open(entry.c_str(), flags | O_NONBLOCK | O_CLOEXEC);  // a FIFO put there must not hold it
       const int error = errno;
       if (fd >= 0) {
         ::close(fd);
         readable = true;
         absent = false;
         // A directory's links lead to certificates elsewhere, which Landlock judges by where
-        // they are: each must be readable too (a broken link is absent, as for OpenSSL).
+        // they are: each must be readable too. A broken link is absent, as for OpenSSL, and a
+        // file the user may not read anyway (access(2), which Landlock does not judge) is not
+        // the confinement's doing: OpenSSL could not read it unconfined either.
         std::error_code ec;
-        size_t seen = 0;
-        std::filesystem::directory_iterator end;
-        for (std::filesystem::directory_iterator it(entry, ec);
-             (flags & O_DIRECTORY) && !ec && it != end && ++seen <= kMaxTrustStoreEntries; it.increment(ec)) {
+        const std::filesystem::directory_iterator listed_all;
+        for (std::filesystem::directory_iterator it =
+                 (flags & O_DIRECTORY) ? std::filesystem::directory_iterator(entry, ec) : listed_all;
+             !ec && it != listed_all && ++seen <= kMaxTrustStoreEntries; it.increment(ec)) {
           std::error_code link_ec;
           if (!it->is_symlink(link_ec) || !std::filesystem::is_regular_file(it->path(), link_ec)) continue;
           errno = 0;
-          const int linked = ::open(it->path().c_str(), O_RDONLY | O_CLOEXEC);
+          const int linked = ::open(it->path().c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // never waits on a FIFO
           const int link_error = errno;
           if (linked >= 0) ::close(linked);
-          if (linked < 0 && link_error != ENOENT && failure.empty()) {
+          const bool landlock_refused =
+              link_error == EACCES && ::faccessat(AT_FDCWD, it->path().c_str(), R_OK, AT_EACCESS) == 0;
+          if (linked < 0 && link_error != ENOENT && (link_error != EACCES || landlock_refused) && failure.empty()) {
             failure = it->path().string() + ": " + strerror(link_error);
           }
         }
@@ -361,14 +366,19 @@ nlohmann::json probeConfinement(const ConfinementPlan& plan, int landlock_abi, i
   };
   need("trust_store", X509_get_default_cert_file_env(), X509_get_default_cert_file(), O_RDONLY);
   need("trust_store_dir", X509_get_default_cert_dir_env(), X509_get_default_cert_dir(), O_RDONLY | O_DIRECTORY);
-  // What the plan leaves it, for whoever reads the report to see.
+  // What the plan leaves it, for whoever reads the report to see: the directories, and of the
+  // single files (certificates the trust store links to) how many and the first few, so the
+  // report stays short (spaced reads its last 64 KiB).
+  constexpr size_t kFilesReported = 8;
   nlohmann::json reachable = nlohmann::json::array();
+  size_t files = 0;
   for (const jail::FsRule& rule : plan.reachable) {
+    if (rule.file && files++ >= kFilesReported) continue;
     reachable.push_back({{"path", rule.dir}, {"write", rule.write}, {"file", rule.file}});
   }
   return {
-      {"landlock_abi", landlock_abi}, {"confined", confined}, {"checks", checks}, {"works", works}, {"needs", needs},
-      {"reachable", reachable}};
+      {"landlock_abi", landlock_abi}, {"confined", confined},    {"checks", checks}, {"works", works}, {"needs", needs},
+      {"reachable", reachable},       {"reachable_files", files}};
 }
 
 }  // namespace space::gateway

@@ -164,9 +164,9 @@ space::gateway::ConfinementPlan confinementPlan(const std::string& dir, const st
   std::set<std::filesystem::path> linked;
   size_t seen = 0;
   for (const std::string& dir : cert_dirs) {
-    std::filesystem::directory_iterator end;
+    const std::filesystem::directory_iterator listed_all;
     for (std::filesystem::directory_iterator it(dir, ec);
-         !ec && it != end && ++seen <= space::gateway::kMaxTrustStoreEntries; it.increment(ec)) {
+         !ec && it != listed_all && ++seen <= space::gateway::kMaxTrustStoreEntries; it.increment(ec)) {
       std::error_code entry_ec;  // a broken link is passed over, not the end of the listing
       if (!it->is_symlink(entry_ec)) continue;
       const std::filesystem::path target = std::filesystem::canonical(it->path(), entry_ec);
@@ -196,7 +196,8 @@ int probe(const std::string& dir, const std::string& user, size_t max_connection
   auto confined = space::gateway::confine(plan);
   if (!confined.ok()) return fail(confined.error().message);
   nlohmann::json report = space::gateway::probeConfinement(plan, confined.value(), written.get());
-  std::printf("%s\n", report.dump().c_str());
+  // A path that is not UTF-8 is replaced, not thrown at.
+  std::printf("%s\n", report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   std::fflush(stdout);
   return report["confined"].get<bool>() && report["works"].get<bool>() ? 0 : 3;
 }

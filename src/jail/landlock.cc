@@ -53,13 +53,13 @@ Result<FsConfinement> FsConfinement::prepare(const std::vector<FsRule>& rules) {
       return makeError(ErrorCode::kInvalidArgument, "a rule for one file allows reading only: " + rule.dir);
     }
     // A file's rule is opened without following a last link, as the caller named the file
-    // itself (canonical), and must be a regular file: the kernel would take a directory too.
+    // itself (canonical), and only a regular file gets it: the kernel would take a directory
+    // too. One that is gone or became something else since it was named (a trust store being
+    // refreshed) is left out, closed like every path no rule names.
     UniqueFd dir(::open(rule.dir.c_str(), O_PATH | O_CLOEXEC | (rule.file ? O_NOFOLLOW : O_DIRECTORY)));
-    if (!dir.valid()) return makeError(ErrorCode::kInvalidArgument, errnoText("cannot confine to " + rule.dir));
     struct stat st {};
-    if (rule.file && (::fstat(dir.get(), &st) != 0 || !S_ISREG(st.st_mode))) {
-      return makeError(ErrorCode::kInvalidArgument, "not a regular file: " + rule.dir);
-    }
+    if (rule.file && (!dir.valid() || ::fstat(dir.get(), &st) != 0 || !S_ISREG(st.st_mode))) continue;
+    if (!dir.valid()) return makeError(ErrorCode::kInvalidArgument, errnoText("cannot confine to " + rule.dir));
     landlock_path_beneath_attr beneath{};
     beneath.allowed_access = rule.file ? LANDLOCK_ACCESS_FS_READ_FILE : rule.write ? write : read;
     beneath.parent_fd = dir.get();

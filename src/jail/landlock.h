@@ -19,7 +19,10 @@ struct FsRule {
   std::string dir;     // a directory: what lies beneath it (or the one file, below)
   bool write = false;  // read only; or also create, write, truncate, rename and remove regular files
   // `dir` names one regular file, which may then be read and nothing else (a certificate that
-  // a trust store's directory links to elsewhere: its own directory would open more).
+  // a trust store's directory links to elsewhere: its own directory would open more). Not
+  // with `write`. A path that is not a regular file (gone, a link, a directory) when the
+  // ruleset is made is left out rather than an error. The rule holds the file itself: one
+  // renamed over it later is not reachable until the process confines itself again.
   bool file = false;
 };
 
