@@ -1041,8 +1041,9 @@ TEST_F(GatewayTest, ATrustStoreElsewhereStaysReadableUnderConfinement) {
   // Reached through a link, as Debian's /usr/lib/ssl/cert.pem is.
   ASSERT_EQ(symlink((trust + "/real/bundle.pem").c_str(), (trust + "/link.pem").c_str()), 0);
   // And a directory of certificates, named in a list (':'-separated, as OpenSSL reads it),
-  // whose hashed name links to a certificate in a directory of its own, as c_rehash makes them
-  // (that directory's other files stay closed), and a broken link, which is passed over.
+  // whose hashed name links to a sibling that links to a certificate in a directory of its own,
+  // as c_rehash and update-ca-certificates make them (that directory's other files stay
+  // closed), and a broken link, which is passed over.
   ASSERT_EQ(mkdir((trust + "/hashed").c_str(), 0755), 0);
   ASSERT_EQ(mkdir((trust + "/local").c_str(), 0755), 0);
   for (const char* name : {"/local/ca.pem", "/local/other.pem"}) {
@@ -1051,7 +1052,18 @@ TEST_F(GatewayTest, ATrustStoreElsewhereStaysReadableUnderConfinement) {
   }
   ASSERT_EQ(chmod((trust + "/local/ca.pem").c_str(), 0644), 0);
   ASSERT_EQ(chmod((trust + "/local/other.pem").c_str(), 0644), 0);
-  ASSERT_EQ(symlink((trust + "/local/ca.pem").c_str(), (trust + "/hashed/9d66eef0.0").c_str()), 0);
+  ASSERT_EQ(symlink((trust + "/local/ca.pem").c_str(), (trust + "/hashed/ca.pem").c_str()), 0);
+  ASSERT_EQ(symlink("ca.pem", (trust + "/hashed/9d66eef0.0").c_str()), 0);
+  // And one whose path lies under a reachable directory (real/, the bundle's) but whose file,
+  // through a directory link there, does not: it needs its rule.
+  ASSERT_EQ(mkdir((trust + "/elsewhere").c_str(), 0755), 0);
+  {
+    std::ofstream pem(trust + "/elsewhere/x.pem");
+    pem << "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n";
+  }
+  ASSERT_EQ(chmod((trust + "/elsewhere/x.pem").c_str(), 0644), 0);
+  ASSERT_EQ(symlink((trust + "/elsewhere").c_str(), (trust + "/real/via").c_str()), 0);
+  ASSERT_EQ(symlink((trust + "/real/via/x.pem").c_str(), (trust + "/hashed/22222222.0").c_str()), 0);
   ASSERT_EQ(symlink((trust + "/local/gone.pem").c_str(), (trust + "/hashed/00000000.0").c_str()), 0);
   // And one to root's own file, which the gateway's user could not read unconfined either: not
   // the confinement's doing, so no failure.
@@ -1088,8 +1100,8 @@ TEST_F(GatewayTest, ATrustStoreElsewhereStaysReadableUnderConfinement) {
     local_rules += rule.value("path", "").rfind(trust + "/local", 0) == 0;
   }
   EXPECT_EQ(ca_rules, 1u) << text;
-  EXPECT_EQ(local_rules, 2u) << text;  // private.pem's too: the plan does not judge modes
-  EXPECT_EQ(report.value("reachable_files", 0), 2) << text;
+  EXPECT_EQ(local_rules, 2u) << text;                        // private.pem's too: the plan does not judge modes
+  EXPECT_EQ(report.value("reachable_files", 0), 3) << text;  // and elsewhere/x.pem's
   EXPECT_EQ(report.value("works", false), true) << text;
   EXPECT_EQ(report.value("confined", false), true) << text;
   EXPECT_EQ(status->exit_code, 0) << text;
