@@ -374,7 +374,7 @@ nlohmann::json probeConfinement(const ConfinementPlan& plan, int landlock_abi, i
   size_t files = 0;
   for (const jail::FsRule& rule : plan.reachable) {
     if (rule.file && files++ >= kFilesReported) continue;
-    reachable.push_back({{"path", rule.dir}, {"write", rule.write}, {"file", rule.file}});
+    reachable.push_back({{"path", rule.dir}, {"writable", rule.write}, {"file", rule.file}});
   }
   return {
       {"landlock_abi", landlock_abi}, {"confined", confined},    {"checks", checks}, {"works", works}, {"needs", needs},

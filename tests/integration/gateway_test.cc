@@ -1092,7 +1092,7 @@ TEST_F(GatewayTest, ATrustStoreElsewhereStaysReadableUnderConfinement) {
   EXPECT_EQ(report["needs"]["trust_store"].value("readable", false), true) << text;
   EXPECT_EQ(report["needs"]["trust_store_dir"].value("readable", false), true) << text;
   // The linked certificates by themselves, not their directory.
-  const Json ca_rule = {{"path", trust + "/local/ca.pem"}, {"write", false}, {"file", true}};
+  const Json ca_rule = {{"path", trust + "/local/ca.pem"}, {"writable", false}, {"file", true}};
   ASSERT_TRUE(report["reachable"].is_array()) << text;
   size_t ca_rules = 0, local_rules = 0;
   for (const Json& rule : report["reachable"]) {
