@@ -253,13 +253,19 @@ Result<CgroupLayout> nestedLayout(const CgroupLayout& layout, const std::string&
 Result<VmCgroup> VmCgroup::create(const CgroupLayout& layout, const std::string& name, const CgroupLimits& limits) {
   if (!validGroupName(name)) return makeError(ErrorCode::kInvalidArgument, "bad cgroup name '" + name + "'");
   VmCgroup group = existing(layout, name);
+  // A failure removes only the directories this call made: one that was there (an adopted
+  // gateway's group, which holds it) stays as it was, and its removal would not wait out a
+  // process that is not leaving.
+  VmCgroup made;
   auto fail = [&](const Error& e) {
-    (void)group.remove();
+    (void)made.remove();
     return e;
   };
   for (size_t i = 0; i < layout.roots.size(); ++i) {
     const std::string& dir = group.dirs_[i];
-    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    if (::mkdir(dir.c_str(), 0755) == 0) {
+      made.dirs_.push_back(dir);
+    } else if (errno != EEXIST) {
       return fail(makeError(ErrorCode::kUnavailable, "creating cgroup " + dir + ": " + strerror(errno)));
     }
     const std::string& controller = layout.roots[i].controller;

@@ -71,7 +71,8 @@ inline constexpr const char* kGatewayGroups = "gateways";
 class VmCgroup {
  public:
   // Makes the group (an existing one of the name, left by a VM that ended while spaced was
-  // down, is taken over) and writes the limits.
+  // down, is taken over) and writes the limits. On failure, what it made is removed again; a
+  // group that was there stays.
   static Result<VmCgroup> create(const CgroupLayout& layout, const std::string& name, const CgroupLimits& limits);
   // The group of a VM started earlier (re-adoption after a restart): nothing is written.
   static VmCgroup existing(const CgroupLayout& layout, const std::string& name);

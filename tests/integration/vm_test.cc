@@ -430,6 +430,25 @@ TEST_F(JailTest, QemuRunsInAGroupOfItsOwnSizedByItsVmWithoutCoreDumpsOrNewPrivil
 
 // What the group enforces, shown with a helper in the same jail: the bounds on what a guest can
 // make its QEMU do. (An escaped QEMU is root and could leave its group: docs/threat-model.md.)
+// Limits that cannot be written fail the creation, which removes only what it made: a group
+// that was there (an adopted gateway's) stays as it was.
+TEST_F(JailTest, AFailedGroupCreationRemovesWhatItMadeAndLeavesWhatWasThere) {
+  jail::CgroupLimits impossible;
+  impossible.cpu_quota_us = 1;  // below the kernel's least quota (1 ms)
+  const std::string name = "jailtest-" + std::to_string(getpid()) + "-create";
+  auto fresh = jail::VmCgroup::create(layout_, name, impossible);
+  ASSERT_FALSE(fresh.ok());
+  const jail::VmCgroup named = jail::VmCgroup::existing(layout_, name);
+  ASSERT_FALSE(named.dirs().empty());
+  for (const std::string& dir : named.dirs()) EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
+  auto there = jail::VmCgroup::create(layout_, name, {});
+  ASSERT_TRUE(there.ok()) << there.error().message;
+  auto again = jail::VmCgroup::create(layout_, name, impossible);
+  ASSERT_FALSE(again.ok());
+  for (const std::string& dir : there->dirs()) EXPECT_TRUE(std::filesystem::is_directory(dir)) << dir;
+  EXPECT_TRUE(there->remove().ok());
+}
+
 TEST_F(JailTest, AProcessInTheJailCannotExceedItsMemoryOrTasks) {
   jail::CgroupLimits limits;
   limits.memory_bytes = 64 << 20;
