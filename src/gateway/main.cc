@@ -183,8 +183,8 @@ space::gateway::ConfinementPlan confinementPlan(const std::string& dir, const st
          !ec && it != listed_all && ++seen <= space::gateway::kMaxTrustStoreEntries; it.increment(ec)) {
       std::error_code entry_ec;  // a broken link is passed over, not the end of the listing
       if (!it->is_symlink(entry_ec)) continue;
-      // Each gateway's start pays for this (about 10 ms for Debian's 290 links when each is
-      // resolved whole), so the common links are settled cheaply first: one to a sibling
+      // Each gateway's start pays for this (Debian has about 290 links, and resolving one whole
+      // costs a system call per component), so the common links are settled cheaply first: one to a sibling
       // (c_rehash's <hash>.0 -> name.pem) is judged when the listing reaches the sibling; one
       // whose absolute, plain target lies under a reachable directory and is a regular file
       // reached through no link at all needs no rule (update-ca-certificates' into /usr/share).
