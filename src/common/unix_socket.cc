@@ -72,6 +72,28 @@ Result<UniqueFd> connectUnix(const std::string& path, Clock::time_point deadline
   }
 }
 
+Result<UniqueFd> listenUnix(const std::string& path, int backlog) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return makeError(ErrorCode::kInvalidArgument, "socket path too long (" + std::to_string(path.size()) +
+                                                      " bytes, limit " + std::to_string(sizeof(addr.sun_path) - 1) +
+                                                      "): " + path);
+  }
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, path.c_str(), path.size());
+  // unlink removes a link itself, not what it names; bind makes a new name and fails on any
+  // that is there again.
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return makeError(ErrorCode::kUnavailable, "cannot remove " + path + " to listen there: " + strerror(errno));
+  }
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return makeError(ErrorCode::kInternal, std::string("socket: ") + strerror(errno));
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd.get(), backlog) != 0) {
+    return makeError(ErrorCode::kUnavailable, "listen at " + path + ": " + strerror(errno));
+  }
+  return fd;
+}
+
 Result<bool> LineReader::takeBuffered(std::string* line) {
   size_t nl = buf_.find('\n');
   if (nl == std::string::npos) {

@@ -40,6 +40,12 @@ class UniqueFd {
 // that is a symbolic link or not a socket is refused (kUnavailable), not followed.
 Result<UniqueFd> connectUnix(const std::string& path, Clock::time_point deadline);
 
+// A listening socket bound at `path` (close-on-exec), for a process we start to accept on
+// (handed over as a descriptor), so that it need not make the socket file itself. What was at
+// `path` is removed first, never followed: a socket an earlier run left there, or anything its
+// run directory's earlier QEMU made. An error if `path` cannot be freed (a directory) or bound.
+Result<UniqueFd> listenUnix(const std::string& path, int backlog);
+
 // Reads newline-terminated lines from a non-blocking fd. Lines longer than the limit are an
 // error (the peer is broken or hostile), never an unbounded allocation.
 class LineReader {

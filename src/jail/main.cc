@@ -1,21 +1,25 @@
 // space-jail: confines one program (a VM's QEMU) and becomes it.
 //
-//   space-jail [--cgroup-procs FILE]... [--nofile N]
+//   space-jail [--cgroup-procs FILE]... [--nofile N] [--file-size BYTES] [--no-new-files]
 //              [--view [--ro PATH]... [--rw PATH]... [--exec FILE]... [--dev PATH]... [--new-network]]
 //              [--no-caps] [--user UID:GID [--group GID]...] -- PROGRAM [ARG]...
 //
-// In order: joins each cgroup (writes its own pid to each FILE, a group's cgroup.procs), so
-// that everything the program allocates from its first instruction counts against its group;
-// sets its resource limits (no core dumps: a QEMU's core holds its guest's memory, a tenant's
-// data; at most N descriptors); with --view, replaces its whole filesystem with a private one
-// (below); with --no-caps, gives up every capability for good; with --user, becomes that uid and
-// gid (real, effective, saved, filesystem), with the --group gids as its only supplementary
-// groups (a VM's own uid: docs/threat-model.md); sets no_new_privs, so nothing it
-// executes can gain privileges; installs a seccomp filter that refuses what no QEMU needs and a
-// compromised one could turn against the host or other VMs (denyWhatNoVmNeeds, below); then
-// executes PROGRAM in its own place (same pid: the caller's handle, pidfd and recorded identity
-// stay valid). Any failure exits 125 before PROGRAM runs,
-// with the reason on stderr.
+// In order: joins each cgroup (writes its own pid to each FILE, a group's cgroup.procs), so that
+// everything the program allocates from its first instruction counts against its group; sets its
+// resource limits (no core dumps: a QEMU's core holds its guest's memory, a tenant's data; at most
+// N descriptors; no file written past BYTES, with SIGXFSZ ignored so that such a write fails with
+// EFBIG instead of killing the program, and, by its seccomp filter, no unnamed file and no blocks
+// reserved past a file's size, which the limit would not see); with --view, replaces its whole
+// filesystem with a private one (below); with --no-caps, gives up every capability for good; with
+// --user, becomes that uid and gid (real, effective, saved, filesystem), with the --group gids as
+// its only supplementary groups (a VM's own uid: docs/threat-model.md); sets no_new_privs, so
+// nothing it executes can gain privileges; with --no-new-files, makes it unable to make, remove,
+// rename or link any file anywhere (Landlock, Linux 5.13+; without it, it starts nothing), so that
+// with --file-size what it can put on disk is bounded by the files it was given (a VM's run
+// directory holds no disk quota: docs/threat-model.md); installs a seccomp filter that refuses what
+// no QEMU needs and a compromised one could turn against the host or other VMs (denyWhatNoVmNeeds,
+// below); then executes PROGRAM in its own place (same pid: the caller's handle, pidfd and recorded
+// identity stay valid). Any failure exits 125 before PROGRAM runs, with the reason on stderr.
 //
 // The view: a mount namespace of its own whose root is an empty, read-only tmpfs holding only
 // the system's programs and libraries (/usr and the merged-/usr links, read-only), the device
@@ -36,6 +40,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/capability.h>
+#include <linux/landlock.h>
 #include <linux/securebits.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -47,6 +52,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -66,16 +72,18 @@ constexpr int kFailed = 125;
 
 void usage() {
   std::fprintf(stderr,
-               "usage: space-jail [--cgroup-procs FILE]... [--nofile N]\n"
+               "usage: space-jail [--cgroup-procs FILE]... [--nofile N] [--file-size BYTES] [--no-new-files]\n"
                "                  [--view [--ro PATH]... [--rw PATH]... [--exec FILE]... [--dev PATH]...\n"
                "                   [--new-network]]\n"
                "                  [--no-caps] [--user UID:GID [--group GID]...] -- PROGRAM [ARG]...\n"
-               "Joins the cgroups, limits resources (no core dumps, N descriptors), with --view sees only\n"
-               "the system's programs, the devices and the PATHs given (read-only or read-write, at the same\n"
-               "paths; an --exec FILE read-only and, unlike the others, executable) and a /proc of its\n"
-               "own PID namespace (it must be pid 1 of one), with --new-network an empty network namespace,\n"
+               "Joins the cgroups, limits resources (no core dumps, N descriptors, no file written past\n"
+               "BYTES), with --view sees only the system's programs, the devices and the PATHs given\n"
+               "(read-only or read-write, at the same paths; an --exec FILE read-only and, unlike the others,\n"
+               "executable) and a /proc of its own PID namespace (it must be pid 1 of one), with\n"
+               "--new-network an empty network namespace,\n"
                "with --no-caps drops every capability, with --user becomes UID:GID\n"
-               "(supplementary groups: the --group GIDs only), sets no_new_privs, refuses keyring, namespace,\n"
+               "(supplementary groups: the --group GIDs only), sets no_new_privs, with --no-new-files makes,\n"
+               "removes, renames and links no file anywhere (Landlock), refuses keyring, namespace,\n"
                "mount and lease calls (seccomp), then executes PROGRAM as the same process.\n"
                "Exits 125 if any step fails.\n");
 }
@@ -330,11 +338,40 @@ void dropCapabilities(const Identity& who) {
   if (::syscall(SYS_capset, &header, data) != 0) die(std::string("capset: ") + std::strerror(errno));
 }
 
+// Makes the process (and what it executes) unable to make a file of any kind (regular, directory,
+// socket, FIFO, device, symbolic link), remove one, rename one or link one, anywhere: a ruleset
+// that handles only those rights and grants none. Reading, writing and executing are left to
+// the view and the uid. By hand, as in jail/landlock.cc: three system calls, and this program
+// links statically against nothing but libseccomp. Needs no_new_privs.
+void forbidMakingFiles() {
+  const long abi = syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
+  if (abi < 0 && (errno == ENOSYS || errno == EOPNOTSUPP)) {
+    die("--no-new-files needs Landlock, which this kernel lacks (Linux 5.13+, enabled at boot)");
+  }
+  if (abi < 0) die(std::string("landlock_create_ruleset (version): ") + std::strerror(errno));
+  landlock_ruleset_attr attr{};
+  attr.handled_access_fs = LANDLOCK_ACCESS_FS_REMOVE_DIR | LANDLOCK_ACCESS_FS_REMOVE_FILE |
+                           LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_DIR | LANDLOCK_ACCESS_FS_MAKE_REG |
+                           LANDLOCK_ACCESS_FS_MAKE_SOCK | LANDLOCK_ACCESS_FS_MAKE_FIFO | LANDLOCK_ACCESS_FS_MAKE_BLOCK |
+                           LANDLOCK_ACCESS_FS_MAKE_SYM;
+  // ABI 1 refuses every link and rename across directories by itself; from ABI 2 that is the
+  // REFER right, which must then be handled to stay refused.
+  if (abi >= 2) attr.handled_access_fs |= LANDLOCK_ACCESS_FS_REFER;
+  const int ruleset = static_cast<int>(syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0));
+  if (ruleset < 0) die(std::string("landlock_create_ruleset: ") + std::strerror(errno));
+  if (syscall(SYS_landlock_restrict_self, ruleset, 0) != 0) {
+    die(std::string("landlock_restrict_self: ") + std::strerror(errno));
+  }
+  ::close(ruleset);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> cgroups;
   rlim_t nofile = 0;
+  rlim_t file_size = 0;
+  bool no_new_files = false;
   bool view = false;
   bool no_caps = false;
   bool new_network = false;
@@ -352,8 +389,11 @@ int main(int argc, char** argv) {
       usage();
       return 0;
     }
-    if (arg == "--view" || arg == "--no-caps" || arg == "--new-network") {
-      (arg == "--view" ? view : arg == "--no-caps" ? no_caps : new_network) = true;
+    if (arg == "--view" || arg == "--no-caps" || arg == "--new-network" || arg == "--no-new-files") {
+      (arg == "--view"          ? view
+       : arg == "--no-caps"     ? no_caps
+       : arg == "--new-network" ? new_network
+                                : no_new_files) = true;
       continue;
     }
     if (i + 1 >= argc) {
@@ -371,6 +411,14 @@ int main(int argc, char** argv) {
         die("--nofile wants 64..1048576, not " + value);
       }
       nofile = static_cast<rlim_t>(n);
+    } else if (arg == "--file-size") {
+      char* end = nullptr;
+      errno = 0;
+      const unsigned long long n = std::strtoull(value.c_str(), &end, 10);
+      if (errno != 0 || end == value.c_str() || *end != '\0' || value[0] == '-' || n < (1u << 20) || n > (1ULL << 50)) {
+        die("--file-size wants 1048576..2^50 bytes, not " + value);
+      }
+      file_size = static_cast<rlim_t>(n);
     } else if (arg == "--user") {
       const size_t colon = value.find(':');
       const long uid = colon == std::string::npos ? -1 : positiveId(value.substr(0, colon));
@@ -401,6 +449,10 @@ int main(int argc, char** argv) {
   for (const auto& c : cgroups) joinCgroup(c);
   limit(RLIMIT_CORE, 0, "RLIMIT_CORE");
   if (nofile != 0) limit(RLIMIT_NOFILE, nofile, "RLIMIT_NOFILE");
+  if (file_size != 0) {
+    std::signal(SIGXFSZ, SIG_IGN);  // kept across exec: a write past the bound fails (EFBIG)
+    limit(RLIMIT_FSIZE, file_size, "RLIMIT_FSIZE");
+  }
   if (!binds.empty() && !view) die("--ro, --rw and --dev need --view");
   if (new_network && !view) die("--new-network needs --view");
   if (!groups.empty() && !who.set) die("--group needs --user");
@@ -412,9 +464,12 @@ int main(int argc, char** argv) {
     switchIdentity(who);  // leaving uid 0 clears every capability anyway
   }
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) die(std::string("no_new_privs: ") + std::strerror(errno));
+  if (no_new_files) forbidMakingFiles();
   // A filter of the jail's own, under the one QEMU installs itself (-sandbox), which QEMU sets
   // up late and a compromised QEMU's own code paths shape.
-  if (int rc = space::jail::denyWhatNoConfinedProcessNeeds(); rc != 0) {
+  space::jail::SeccompExtras extras;
+  extras.no_growth_past_file_size = file_size != 0;
+  if (int rc = space::jail::denyWhatNoConfinedProcessNeeds(extras); rc != 0) {
     die(std::string("cannot install the seccomp filter: ") + std::strerror(-rc));
   }
   execvp(argv[i], argv + i);

@@ -1,6 +1,7 @@
 #include "jail/seccomp_policy.h"
 
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <seccomp.h>
@@ -58,6 +59,60 @@ int denyWhatNoConfinedProcessNeeds(SeccompExtras extras) {
     // bits 8-15.
     if (rc == 0)
       rc = seccomp_rule_add(filter, refuse, SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_MASKED_EQ, 0xff00u, 'X' << 8));
+  }
+  if (extras.no_growth_past_file_size) {
+    const uint32_t unsupported = SCMP_ACT_ERRNO(EOPNOTSUPP);
+    // Flags and modes are ints: their low 32 bits, as the kernel reads them. __O_TMPFILE is
+    // the bit O_TMPFILE adds to O_DIRECTORY.
+    constexpr uint64_t kTmpFileBit = O_TMPFILE & ~O_DIRECTORY;
+    if (rc == 0) {
+      rc = seccomp_rule_add(filter, unsupported, SCMP_SYS(open), 1,
+                            SCMP_A1(SCMP_CMP_MASKED_EQ, kTmpFileBit, kTmpFileBit));
+    }
+    if (rc == 0) {
+      rc = seccomp_rule_add(filter, unsupported, SCMP_SYS(openat), 1,
+                            SCMP_A2(SCMP_CMP_MASKED_EQ, kTmpFileBit, kTmpFileBit));
+    }
+    if (rc == 0) rc = seccomp_rule_add(filter, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(openat2), 0);
+    // fallocate's modes QEMU uses, and no other: 0 and FALLOC_FL_ZERO_RANGE (checked against
+    // the limit, as they grow the size) and FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE (frees).
+    // KEEP_SIZE without PUNCH_HOLE reserves past the size; INSERT_RANGE moves data past the
+    // limit, which ext4 does not check (helper-83); later modes are refused until judged. A
+    // rule tests (mode & mask) == value, so one rule per other bit of the int.
+    constexpr uint64_t kKeepOrPunch = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE;
+    if (rc == 0) {
+      rc = seccomp_rule_add(filter, unsupported, SCMP_SYS(fallocate), 1,
+                            SCMP_A1(SCMP_CMP_MASKED_EQ, kKeepOrPunch, FALLOC_FL_KEEP_SIZE));
+    }
+    for (int bit = 0; bit < 32; ++bit) {
+      const uint64_t flag = uint64_t{1} << bit;
+      if ((flag & (kKeepOrPunch | FALLOC_FL_ZERO_RANGE)) != 0) continue;
+      if (rc == 0) {
+        rc = seccomp_rule_add(filter, unsupported, SCMP_SYS(fallocate), 1, SCMP_A1(SCMP_CMP_MASKED_EQ, flag, flag));
+      }
+    }
+    // ioctls by type and number (bits 0-15), whatever size and direction bits a caller puts
+    // above them: 'X' RESVSP 40, RESVSP64 42, ZERO_RANGE 57, XFS's ALLOCSP 10, FREESP 11,
+    // ALLOCSP64 36, FREESP64 37 (reservations), FSSETXATTR 32 (an XFS extent size hint makes
+    // writes allocate whole extents past the limit, helper-83); and btrfs's whole type 0x94,
+    // whose subvolume and snapshot calls make directories Landlock does not see (helper-83;
+    // QEMU uses none of them, FICLONE included).
+    for (const uint64_t number : {40, 42, 57, 10, 11, 36, 37, 32}) {
+      if (rc == 0) {
+        rc = seccomp_rule_add(filter, unsupported, SCMP_SYS(ioctl), 1,
+                              SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffu, ('X' << 8) | number));
+      }
+    }
+    if (rc == 0) {
+      rc = seccomp_rule_add(filter, unsupported, SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_MASKED_EQ, 0xff00u, 0x94u << 8));
+    }
+    // Extended attributes: no limit but the filesystem's (btrfs and XFS take megabytes per
+    // file, helper-83), and QEMU without virtio-9p sets none. setxattrat (463) and file_setattr
+    // (469, which sets the extent size hint) by number: libseccomp 2.5 has no names for them,
+    // and calls from 424 on have one number on every architecture.
+    for (const int call : {SCMP_SYS(setxattr), SCMP_SYS(lsetxattr), SCMP_SYS(fsetxattr), 463, 469}) {
+      if (rc == 0) rc = seccomp_rule_add(filter, unsupported, call, 0);
+    }
   }
   if (extras.inet_sockets_only) {
     // Every family but AF_INET, on the domain's low 32 bits (an int, as the kernel reads it);

@@ -42,6 +42,18 @@ struct SeccompExtras {
   // limit only against the size: a descriptor of any file would otherwise fill the disk
   // (reviews helper-72, helper-73).
   bool no_disk_reservation = false;
+  // What the process puts on disk stays within RLIMIT_FSIZE in each file it can write (a
+  // jailed QEMU's, which may not make a file: space-jail --no-new-files). Landlock judges named
+  // files only, and the limit the size only, so these fail with EOPNOTSUPP (openat2 ENOSYS):
+  // an open with O_TMPFILE (an unnamed file, one per descriptor); openat2 (whose flags sit in
+  // memory a filter cannot read; the C library's open does not use it); fallocate in any mode
+  // but the three QEMU uses (0, ZERO_RANGE, PUNCH_HOLE|KEEP_SIZE: KEEP_SIZE alone reserves past
+  // the size, INSERT_RANGE moves data past the limit); the ioctls the kernel or XFS turn into
+  // reservations (FS_IOC_RESVSP*, _ZERO_RANGE, XFS_IOC_ALLOCSP*, _FREESP*) and XFS's extent
+  // size hint (FS_IOC_FSSETXATTR, file_setattr), btrfs's ioctls (subvolumes and snapshots
+  // make directories Landlock does not see), and setting extended attributes (unbounded on
+  // btrfs and XFS). Reviews helper-83. Unlike no_disk_reservation, fallocate itself stays.
+  bool no_growth_past_file_size = false;
   // The process makes IPv4 sockets only: socket of any other family (netlink included) fails,
   // and socketpair of AF_UNIX. Landlock (before ABI 9) does
   // not stop a connect to a named Unix socket, so a confined process could reach the host's log

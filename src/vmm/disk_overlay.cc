@@ -214,6 +214,10 @@ static Result<std::string> readQcow2Header(const std::string& path, bool* extern
   return name;
 }
 
+Result<uint64_t> diskVirtualSize(const std::string& image, const std::string& format) {
+  return baseVirtualSize(image, format);
+}
+
 Result<std::string> qcow2BackingFile(const std::string& path) { return readQcow2Header(path, nullptr); }
 
 bool isNodeDiskPath(const std::string& name, const std::vector<std::string>& dirs,

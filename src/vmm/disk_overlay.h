@@ -38,6 +38,10 @@ constexpr size_t kMaxDiskChain = 4096;
 Result<std::vector<std::string>> diskChain(const std::string& top,
                                            const std::function<Status(const std::string&)>& admit);
 
+// The size of the disk a guest sees over `image` of format `format` ("raw": its length;
+// "qcow2": its header's virtual size, at most 16 TiB). Overlays over it get that size.
+Result<uint64_t> diskVirtualSize(const std::string& image, const std::string& format);
+
 // How many overlays createDiskOverlay wrote from memory, without qemu-img (for tests).
 size_t diskOverlaysWrittenFromMemory();
 

@@ -1,6 +1,8 @@
 #include "vmm/qemu_command.h"
 
+#include <algorithm>
 #include <cassert>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 
 #include "net/addressing.h"
@@ -14,8 +16,12 @@ VmPaths VmPaths::inRunDir(const std::string& run_dir) {
   p.agent_socket = run_dir + "/agent.sock";
   p.console_log = run_dir + "/console.log";
   p.disk = run_dir + "/disk.qcow2";
-  p.pid_file = run_dir + "/qemu.pid";
   return p;
+}
+
+uint64_t qemuFileSizeLimit(uint64_t disk_bytes, uint64_t memory_mib) {
+  constexpr uint64_t kSlack = uint64_t{64} << 20;
+  return std::max(disk_bytes + disk_bytes / 128, memory_mib << 20) + kSlack;
 }
 
 std::string kernelCmdline(const VmSpec& spec) {
@@ -106,7 +112,7 @@ std::vector<std::string> buildQemuArgv(const VmSpec& spec, const VmPaths& paths,
        "driver=" + format + ",node-name=root,file=rootfile" + (backing.empty() ? "" : ",backing=" + backing), "-device",
        "virtio-blk-device,drive=root,werror=enospc,rerror=report"});
 
-  add({"-chardev", "socket,id=agent,path=" + paths.agent_socket + ",server=on,wait=off", "-device",
+  add({"-chardev", "socket,id=agent,fd=" + std::to_string(kAgentFd) + ",server=on,wait=off", "-device",
        "virtio-serial-device,max_ports=2", "-device",
        std::string("virtserialport,chardev=agent,name=") + kAgentPortName});
 
@@ -126,8 +132,8 @@ std::vector<std::string> buildQemuArgv(const VmSpec& spec, const VmPaths& paths,
          std::string("virtio-net-device,netdev=net0,mac=") + net::kGuestMac});
   }
 
-  add({"-qmp", "unix:" + paths.qmp_socket + ",server=on,wait=off"});
-  add({"-pidfile", paths.pid_file});
+  add({"-chardev", "socket,id=qmp,fd=" + std::to_string(kQmpFd) + ",server=on,wait=off", "-mon",
+       "chardev=qmp,mode=control"});
   if (spec.incoming) add({"-incoming", "defer"});
   if (spec.start_paused) add({"-S"});
   // QEMU's own seccomp filter: the process that runs guest code may not exec, raise privileges,

@@ -10,6 +10,7 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -324,8 +325,60 @@ Result<UniqueFd> openSlotTap(const std::string& netns_path) {
 
 }  // namespace
 
+namespace {
+
+// The largest disk a guest of this node can have. Every sandbox's disk has the size of one of
+// the node's images: templates, overlays and layers are all made over them at that size. Read
+// from the images (root's), never from a disk chain's headers, which a QEMU of the sandbox may
+// have rewritten to raise its own next bound (review helper-83).
+Result<uint64_t> largestNodeDisk(const NodeFacts& node) {
+  uint64_t largest = 0;
+  for (const auto& image : node.disk_images) {
+    auto size = diskVirtualSize(image, "qcow2");
+    if (!size.ok() && size.error().code == ErrorCode::kInvalidArgument) size = diskVirtualSize(image, "raw");
+    if (size.ok()) largest = std::max(largest, size.value());
+  }
+  if (largest == 0) {
+    return makeError(ErrorCode::kFailedPrecondition,
+                     "jail: none of the node's disk images can be read, so a VM's files cannot be bounded");
+  }
+  return largest;
+}
+
+// Whether this kernel can hold a jailed QEMU to the files it was given (space-jail
+// --no-new-files, Landlock). Asked once; a kernel without it is logged once.
+bool canForbidMakingFiles() {
+  static const bool can = [] {
+    const long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, 1U /* LANDLOCK_CREATE_RULESET_VERSION */);
+    if (abi < 0) {
+      spdlog::warn(
+          "vmm: the kernel has no Landlock (Linux 5.13+, enabled at boot): a jailed QEMU can make files in its run "
+          "directory, each within its file-size bound");
+    }
+    return abi >= 1;
+  }();
+  return can;
+}
+
+}  // namespace
+
 Status Vm::jailArgv(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& argv) {
-  std::vector<std::string> jailed = {node.jailer, "--nofile", "4096"};
+  // What it may put on disk: only the files it is given (it makes none, not even its console's
+  // file, made here), each no larger than its disk or memory needs.
+  auto disk_bytes = largestNodeDisk(node);
+  if (!disk_bytes.ok()) return disk_bytes.error();
+  std::vector<std::string> jailed = {node.jailer, "--nofile", "4096", "--file-size",
+                                     std::to_string(qemuFileSizeLimit(disk_bytes.value(), spec.memory_mib))};
+  if (canForbidMakingFiles()) jailed.push_back("--no-new-files");
+  {
+    UniqueFd console(
+        ::open(paths_.console_log.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600));
+    struct stat st {};
+    if (!console.valid() || ::fstat(console.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      return makeError(ErrorCode::kFailedPrecondition,
+                       "jail: " + paths_.console_log + " is not a regular file; refused");
+    }
+  }
   if (node.vm_users) {
     auto lease = node.vm_users->acquire();
     if (!lease.ok()) return lease.error();
@@ -541,26 +594,32 @@ Status Vm::boot(const VmSpec& spec, const VmStartOptions& options, bool defer_st
     tap = std::move(opened.value());
     spawn_options.pass_fds.push_back({tap.get(), kTapFd});
   }
+  // The monitor's and the agent port's sockets: bound here, listened on by QEMU (ours close once
+  // it has them, so a QEMU that exits resets what waits to be accepted).
+  auto qmp_listener = listenUnix(paths_.qmp_socket, 4);
+  if (!qmp_listener.ok()) return qmp_listener.error();
+  auto agent_listener = listenUnix(paths_.agent_socket, 4);
+  if (!agent_listener.ok()) return agent_listener.error();
+  spawn_options.pass_fds.push_back({qmp_listener->get(), kQmpFd});
+  spawn_options.pass_fds.push_back({agent_listener->get(), kAgentFd});
   // Jailed: pid 1 of a PID namespace of its own (space-jail --view), so it sees no other process.
   spawn_options.new_pid_namespace = options.node != nullptr && !options.node->jailer.empty();
   auto child = ChildProcess::spawn(argv, spawn_options);
+  qmp_listener->reset();
+  agent_listener->reset();
   if (!child.ok()) return child.error();
   process_.emplace(std::move(child.value()));
   if (auto started = processStartTime(process_->pid()); started.ok()) identity_ = started.value();
   spdlog::debug("vmm: started qemu pid {} in {}", process_->pid(), paths_.run_dir);
 
-  // QMP: retry briefly while QEMU sets up, but notice at once if it exited (bad arguments).
-  while (!qmp_) {
-    auto qmp = QmpClient::connect(paths_.qmp_socket, std::min(deadline, Clock::now() + milliseconds(50)));
-    if (qmp.ok()) {
-      qmp_.emplace(std::move(qmp.value()));
-      break;
-    }
-    if (process_->tryWait()) return bootFailure("QEMU exited before its monitor came up");
-    if (qmp.error().code != ErrorCode::kDeadlineExceeded || Clock::now() >= deadline) {
-      return bootFailure("cannot reach QEMU's monitor: " + qmp.error().message);
-    }
+  // QMP: the connection waits in the socket's queue until QEMU serves it. A QEMU that exits
+  // first (bad arguments) closes the listening socket, which resets it at once.
+  auto qmp = QmpClient::connect(paths_.qmp_socket, deadline);
+  if (!qmp.ok()) {
+    if (process_->waitFor(milliseconds(1000))) return bootFailure("QEMU exited before its monitor came up");
+    return bootFailure("cannot reach QEMU's monitor: " + qmp.error().message);
   }
+  qmp_.emplace(std::move(qmp.value()));
   timing_.to_qmp = since(spawned_at);
   if (spec.disk_io.limited()) {
     if (auto limited = limitDiskIo(spec.disk_io); !limited.ok()) {
@@ -825,6 +884,8 @@ namespace {
 
 // The name the save stream's descriptor has in QEMU's monitor (getfd), for `migrate fd:`.
 constexpr const char* kSaveFdName = "space-save";
+// And the one a saved state is loaded through (`migrate-incoming fd:`).
+constexpr const char* kLoadFdName = "space-load";
 
 json ignoreSharedCapability(bool on) {
   // x-ignore-shared: RAM in a shared memory-backend file is not streamed (the file is the RAM).
@@ -930,11 +991,28 @@ Status Vm::loadState(const std::string& state_file, Clock::time_point deadline, 
   UniqueFd in(::open(state_file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   if (!in.valid()) return makeError(ErrorCode::kNotFound, "open " + state_file + ": " + strerror(errno));
   SPACE_TRY(qmp_->execute("migrate-set-capabilities", ignoreSharedCapability(ignore_shared)));
-  const std::string sock = paths_.run_dir + "/incoming.sock";
-  SPACE_TRY(qmp_->execute("migrate-incoming", json{{"uri", "unix:" + sock}}));
+  // As a save: one end of a socket pair, handed to QEMU over QMP. No socket file: a jailed
+  // QEMU makes none (space-jail --no-new-files).
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+    return makeError(ErrorCode::kInternal, std::string("socketpair: ") + strerror(errno));
+  }
   {
-    auto fd = connectUnix(sock, deadline);
-    if (!fd.ok()) return fd.error();
+    UniqueFd fd(pair[0]);
+    // Ours non-blocking, so that writeAll keeps the deadline while QEMU reads slowly.
+    if (::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) | O_NONBLOCK) != 0) {
+      ::close(pair[1]);
+      return makeError(ErrorCode::kInternal, std::string("fcntl: ") + strerror(errno));
+    }
+    {
+      UniqueFd theirs(pair[1]);
+      SPACE_TRY(qmp_->executeWithFd("getfd", json{{"fdname", kLoadFdName}}, theirs.get()));
+    }
+    if (auto started = qmp_->execute("migrate-incoming", json{{"uri", std::string("fd:") + kLoadFdName}});
+        !started.ok()) {
+      (void)qmp_->execute("closefd", json{{"fdname", kLoadFdName}});
+      return started.error();
+    }
     // Streamed: a suspended guest's state holds its RAM (up to the VM's memory size).
     std::string chunk(1 << 20, '\0');
     while (true) {
@@ -942,7 +1020,7 @@ Status Vm::loadState(const std::string& state_file, Clock::time_point deadline, 
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return makeError(ErrorCode::kInternal, "read " + state_file + ": " + strerror(errno));
       if (n == 0) break;
-      SPACE_TRY(writeAll(fd->get(), chunk.substr(0, static_cast<size_t>(n)), deadline));
+      SPACE_TRY(writeAll(fd.get(), chunk.substr(0, static_cast<size_t>(n)), deadline));
     }
   }  // closing ends the stream
   SPACE_TRY(waitMigration(*qmp_, deadline));
@@ -959,7 +1037,6 @@ Status Vm::loadState(const std::string& state_file, Clock::time_point deadline, 
     if (Clock::now() >= deadline) return makeError(ErrorCode::kDeadlineExceeded, "guest still " + status.value());
     std::this_thread::sleep_for(milliseconds(1));
   }
-  ::unlink(sock.c_str());
   return okStatus();
 }
 

@@ -6,8 +6,10 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/magic.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 
@@ -22,6 +24,9 @@
 
 #include "common/fs.h"
 #include "jail/cgroup.h"
+#include "jail/seccomp_policy.h"
+#include "vmm/disk_overlay.h"
+#include "vmm/qemu_command.h"
 
 namespace space::vmm {
 namespace {
@@ -404,6 +409,16 @@ TEST_F(JailTest, QemuRunsInAGroupOfItsOwnSizedByItsVmWithoutCoreDumpsOrNewPrivil
   const std::string proc_limits = readText("/proc/" + std::to_string(pid) + "/limits");
   EXPECT_TRUE(std::regex_search(proc_limits, std::regex(R"(Max core file size +0 +0 )"))) << proc_limits;
   EXPECT_TRUE(std::regex_search(proc_limits, std::regex(R"(Max open files +4096 +4096 )"))) << proc_limits;
+  // No file past what its disk or memory needs (the image's size and 256 MiB), and none made:
+  // the run directory holds only what spaced made for it (the sockets it listens on included).
+  auto image_bytes = diskVirtualSize(spec_.rootfs_path, spec_.rootfs_format);
+  ASSERT_TRUE(image_bytes.ok());
+  const std::string file_size = std::to_string(qemuFileSizeLimit(image_bytes.value(), spec_.memory_mib));
+  EXPECT_TRUE(std::regex_search(proc_limits, std::regex("Max file size +" + file_size + " +" + file_size + " ")))
+      << proc_limits;
+  std::set<std::string> made;
+  for (const auto& e : std::filesystem::directory_iterator(vm->paths().run_dir)) made.insert(e.path().filename());
+  EXPECT_EQ(made, (std::set<std::string>{"agent.sock", "console.log", "disk.qcow2", "qemu.log", "qmp.sock"}));
   const std::string status = readText("/proc/" + std::to_string(pid) + "/status");
   EXPECT_NE(status.find("NoNewPrivs:\t1"), std::string::npos);
   // No capability, and none to gain; pid 1 of a PID namespace of its own.
@@ -750,6 +765,165 @@ print("fork: " + str(os.waitpid(pid, 0)[1] >> 8))
   std::filesystem::remove_all(dir + "/own");
   std::filesystem::remove(probe);
   std::filesystem::remove(control_out);
+}
+
+// What a QEMU that escaped its guest can put on the node's disk, which has no quota for its run
+// directory: with --no-new-files it makes, removes, renames and links no file (of any kind,
+// a socket included), and with --file-size it writes no file past the bound, with the write
+// failing rather than the process ending. Shown with a helper as a VM uid in the same jail; the
+// same helper in the jail without the two options does each of those things.
+TEST_F(JailTest, AJailedProcessMakesNoFileAndWritesNoFilePastItsBound) {
+  const std::string dir = run_root_->path();
+  const std::string own = dir + "/own";
+  const std::string probe = dir + "/probe.py";
+  ASSERT_TRUE(writeFileAtomic(probe, R"PY(import ctypes, errno, fcntl, os, socket, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+d = sys.argv[1]
+def attempt(name, f):
+    try:
+        f()
+        print(name + ": ok", flush=True)
+    except OSError as e:
+        # EOPNOTSUPP by its one name (python may call it ENOTSUP, its alias here).
+        text = "EOPNOTSUPP" if e.errno == errno.EOPNOTSUPP else errno.errorcode.get(e.errno, "?")
+        print(name + ": " + text, flush=True)
+def bind():
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(d + "/sock")
+def write_at(offset):
+    fd = os.open(d + "/given", os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"x", offset)
+    finally:
+        os.close(fd)
+attempt("create", lambda: os.close(os.open(d + "/new", os.O_WRONLY | os.O_CREAT, 0o600)))
+attempt("mkdir", lambda: os.mkdir(d + "/newdir"))
+attempt("mkfifo", lambda: os.mkfifo(d + "/fifo"))
+attempt("symlink", lambda: os.symlink("given", d + "/link"))
+attempt("hardlink", lambda: os.link(d + "/given", d + "/second"))
+attempt("rename", lambda: os.rename(d + "/given2", d + "/renamed"))
+attempt("unlink", lambda: os.unlink(d + "/given3"))
+attempt("bind", bind)
+attempt("reopen", lambda: os.close(os.open(d + "/given", os.O_WRONLY | os.O_CREAT)))
+attempt("write_last", lambda: write_at((1 << 20) - 1))
+attempt("write_past", lambda: write_at(1 << 20))
+attempt("truncate_past", lambda: os.truncate(d + "/given", 2 << 20))
+attempt("tmpfile", lambda: os.close(os.open(d, os.O_TMPFILE | os.O_RDWR, 0o600)))
+def checked(r, what):
+    if r < 0:
+        raise OSError(ctypes.get_errno(), what)
+    return r
+def fallocate(mode, length):
+    fd = os.open(d + "/given", os.O_WRONLY)
+    try:
+        checked(libc.fallocate(fd, mode, ctypes.c_long(0), ctypes.c_long(length)), "fallocate")
+    finally:
+        os.close(fd)
+attempt("fallocate_keep_size", lambda: fallocate(1, 8 << 20))
+attempt("fallocate_zero_keep_size", lambda: fallocate(0x10 | 1, 8 << 20))
+attempt("fallocate_punch", lambda: fallocate(2 | 1, 4096))
+attempt("fallocate_within", lambda: fallocate(0, 4096))
+attempt("insert_range", lambda: fallocate(0x20, 4096))
+attempt("setxattr", lambda: os.setxattr(d + "/given", "user.probe", b"x" * 100))
+def ioctl_on(path, request, arg):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return fcntl.ioctl(fd, request, arg)
+    finally:
+        os.close(fd)
+attempt("extent_hint", lambda: ioctl_on(d + "/given", 0x401c5820, ioctl_on(d + "/given", 0x801c581f, bytes(28))))
+attempt("btrfs_subvolume", lambda: ioctl_on(d, 0x5000940e, bytearray(b"sub".ljust(4096, b"\0"))))
+def reserve():
+    fd = os.open(d + "/given", os.O_WRONLY)
+    try:
+        fcntl.ioctl(fd, int(sys.argv[2]), struct.pack("hhqqiI4i", 0, 0, 0, 8 << 20, 0, 0, 0, 0, 0, 0))
+    finally:
+        os.close(fd)
+attempt("reserve_ioctl", reserve)
+def openat2():
+    how = struct.pack("QQQ", os.O_RDONLY, 0, 0)
+    os.close(checked(libc.syscall(437, -100, (d + "/given").encode(), how, len(how)), "openat2"))
+attempt("openat2", openat2)
+)PY")
+                  .ok());
+  // The shell reports the signal the jail set to be ignored (python ignores SIGXFSZ by itself).
+  const std::string script =
+      "grep SigIgn /proc/self/status; grep 'Max file size' /proc/self/limits; /usr/bin/python3 " + probe + " " + own +
+      " " + std::to_string(jail::kReserveSpaceIoctl) + "; echo ended";
+  jail::CgroupLimits limits;
+  limits.memory_bytes = 128 << 20;
+  limits.pids = 16;
+  auto run = [&](std::vector<std::string> options) {
+    std::filesystem::remove_all(own);
+    std::filesystem::create_directories(own);
+    for (const char* name : {"given", "given2", "given3"}) EXPECT_TRUE(writeFileAtomic(own + "/" + name, "").ok());
+    for (const char* name : {"", "/given", "/given2", "/given3"}) {
+      EXPECT_EQ(::chown((own + name).c_str(), 1700000101, 1700000000), 0);
+    }
+    std::vector<std::string> view = {"--view", "--rw",      own,      "--ro",
+                                     probe,    "--no-caps", "--user", "1700000101:1700000000"};
+    view.insert(view.end(), options.begin(), options.end());
+    return runJailed(script, limits, view);
+  };
+  auto [status, out] = run({"--no-new-files", "--file-size", "1048576"});
+  EXPECT_EQ(status.exit_code, 0) << status.describe() << "\n" << out;
+  for (const char* refused : {"create: EACCES",
+                              "mkdir: EACCES",
+                              "mkfifo: EACCES",
+                              "symlink: EACCES",
+                              "hardlink: EACCES",
+                              "rename: EACCES",
+                              "unlink: EACCES",
+                              "bind: EACCES",
+                              "write_past: EFBIG",
+                              "truncate_past: EFBIG",
+                              "tmpfile: EOPNOTSUPP",
+                              "fallocate_keep_size: EOPNOTSUPP",
+                              "fallocate_zero_keep_size: EOPNOTSUPP",
+                              "reserve_ioctl: EOPNOTSUPP",
+                              "openat2: ENOSYS",
+                              "insert_range: EOPNOTSUPP",
+                              "setxattr: EOPNOTSUPP",
+                              "extent_hint: EOPNOTSUPP",
+                              "btrfs_subvolume: EOPNOTSUPP",
+                              "reopen: ok",
+                              "write_last: ok",
+                              "fallocate_punch: ok",
+                              "fallocate_within: ok",
+                              "ended"}) {
+    EXPECT_NE(out.find(std::string(refused) + "\n"), std::string::npos) << refused << "\n" << out;
+  }
+  EXPECT_TRUE(std::regex_search(out, std::regex(R"(Max file size\s+1048576\s+1048576\s+bytes)"))) << out;
+  std::smatch ignored;
+  ASSERT_TRUE(std::regex_search(out, ignored, std::regex(R"(SigIgn:\s+([0-9a-f]+))"))) << out;
+  EXPECT_NE(std::stoull(ignored[1].str(), nullptr, 16) & (1ULL << (SIGXFSZ - 1)), 0u) << out;
+  EXPECT_EQ(std::filesystem::file_size(own + "/given"), 1u << 20);
+  for (const char* name : {"new", "newdir", "fifo", "link", "second", "renamed", "sock"}) {
+    EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(own + "/" + name))) << name;
+  }
+  EXPECT_TRUE(std::filesystem::exists(own + "/given3"));
+
+  // The control: the same jail without the two options lets the uid do all of it.
+  auto [control_status, control] = run({});
+  EXPECT_EQ(control_status.exit_code, 0) << control_status.describe() << "\n" << control;
+  for (const char* allowed :
+       {"create: ok", "mkdir: ok", "mkfifo: ok", "symlink: ok", "hardlink: ok", "rename: ok", "unlink: ok", "bind: ok",
+        "write_past: ok", "truncate_past: ok", "tmpfile: ok", "fallocate_keep_size: ok", "fallocate_zero_keep_size: ok",
+        "reserve_ioctl: ok", "openat2: ok", "btrfs_subvolume: ENOTTY"}) {
+    EXPECT_NE(control.find(std::string(allowed) + "\n"), std::string::npos) << allowed << "\n" << control;
+  }
+  // These three depend on the filesystem: ext4 (Debian's /tmp) has each.
+  struct statfs fs {};
+  ASSERT_EQ(::statfs(dir.c_str(), &fs), 0);
+  if (fs.f_type == EXT4_SUPER_MAGIC) {
+    for (const char* allowed : {"insert_range: ok", "setxattr: ok", "extent_hint: ok"}) {
+      EXPECT_NE(control.find(std::string(allowed) + "\n"), std::string::npos) << allowed << "\n" << control;
+    }
+  }
+  // Its bound is checked before anything runs.
+  expectJailRefuses(dir, {"--file-size", "4096"}, "--file-size wants");
+  std::filesystem::remove_all(own);
+  std::filesystem::remove(probe);
 }
 
 // Each QEMU as a uid of its own from the node's range, its run directory and disk its own; the

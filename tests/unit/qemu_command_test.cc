@@ -39,7 +39,12 @@ TEST(QemuCommand, MicrovmWithoutDefaults) {
   EXPECT_TRUE(hasPair(argv, "-m", "768M"));
   EXPECT_TRUE(hasPair(argv, "-object", "memory-backend-ram,id=mem,size=768M"));
   EXPECT_TRUE(hasPair(argv, "-kernel", "/img/vmlinux"));
-  EXPECT_TRUE(hasPair(argv, "-qmp", "unix:/run/v/qmp.sock,server=on,wait=off"));
+  // The monitor and the agent port listen on sockets their owner bound (kQmpFd, kAgentFd).
+  EXPECT_TRUE(hasPair(argv, "-chardev", "socket,id=qmp,fd=5,server=on,wait=off"));
+  EXPECT_TRUE(hasPair(argv, "-mon", "chardev=qmp,mode=control"));
+  EXPECT_TRUE(hasPair(argv, "-chardev", "socket,id=agent,fd=6,server=on,wait=off"));
+  EXPECT_FALSE(has(argv, "-qmp"));
+  EXPECT_FALSE(has(argv, "-pidfile"));  // QEMU makes no file
   EXPECT_TRUE(hasPair(argv, "-device", "virtio-rng-device,rng=rng,max-bytes=65536,period=1000"));
   EXPECT_TRUE(hasPair(argv, "-device", "virtserialport,chardev=agent,name=space.agent"));
   EXPECT_TRUE(hasPair(argv, "-chardev", "file,id=console,path=/run/v/console.log,append=on"));
