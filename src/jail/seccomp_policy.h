@@ -51,8 +51,12 @@ struct SeccompExtras {
   // the size, INSERT_RANGE moves data past the limit); the ioctls the kernel or XFS turn into
   // reservations (FS_IOC_RESVSP*, _ZERO_RANGE, XFS_IOC_ALLOCSP*, _FREESP*) and XFS's extent
   // size hint (FS_IOC_FSSETXATTR, file_setattr), btrfs's ioctls (subvolumes and snapshots
-  // make directories Landlock does not see), and setting extended attributes (unbounded on
-  // btrfs and XFS). Reviews helper-83. Unlike no_disk_reservation, fallocate itself stays.
+  // make directories Landlock does not see), setting extended attributes (unbounded on btrfs
+  // and XFS), and copy_file_range (ENOSYS: a reflink on XFS and btrfs, whose copy-on-write
+  // then takes blocks past the size). Reviews helper-83, helper-84. Unlike
+  // no_disk_reservation, fallocate itself stays. Not enough on btrfs: there an extent stays
+  // whole while one block of it is used, so overwrites alone pin more than the file's size
+  // (docs/threat-model.md).
   bool no_growth_past_file_size = false;
   // The process makes IPv4 sockets only: socket of any other family (netlink included) fails,
   // and socketpair of AF_UNIX. Landlock (before ABI 9) does

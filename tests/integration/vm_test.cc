@@ -844,6 +844,13 @@ def openat2():
     how = struct.pack("QQQ", os.O_RDONLY, 0, 0)
     os.close(checked(libc.syscall(437, -100, (d + "/given").encode(), how, len(how)), "openat2"))
 attempt("openat2", openat2)
+def copy_range():
+    fd = os.open(d + "/given", os.O_RDWR)
+    try:
+        os.copy_file_range(fd, fd, 4096, 0, 8192)
+    finally:
+        os.close(fd)
+attempt("copy_file_range", copy_range)
 )PY")
                   .ok());
   // The shell reports the signal the jail set to be ignored (python ignores SIGXFSZ by itself).
@@ -882,6 +889,7 @@ attempt("openat2", openat2)
                               "fallocate_zero_keep_size: EOPNOTSUPP",
                               "reserve_ioctl: EOPNOTSUPP",
                               "openat2: ENOSYS",
+                              "copy_file_range: ENOSYS",
                               "insert_range: EOPNOTSUPP",
                               "setxattr: EOPNOTSUPP",
                               "extent_hint: EOPNOTSUPP",
@@ -909,7 +917,7 @@ attempt("openat2", openat2)
   for (const char* allowed :
        {"create: ok", "mkdir: ok", "mkfifo: ok", "symlink: ok", "hardlink: ok", "rename: ok", "unlink: ok", "bind: ok",
         "write_past: ok", "truncate_past: ok", "tmpfile: ok", "fallocate_keep_size: ok", "fallocate_zero_keep_size: ok",
-        "reserve_ioctl: ok", "openat2: ok", "btrfs_subvolume: ENOTTY"}) {
+        "reserve_ioctl: ok", "openat2: ok", "copy_file_range: ok", "btrfs_subvolume: ENOTTY"}) {
     EXPECT_NE(control.find(std::string(allowed) + "\n"), std::string::npos) << allowed << "\n" << control;
   }
   // These three depend on the filesystem: ext4 (Debian's /tmp) has each.
