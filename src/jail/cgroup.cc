@@ -2,11 +2,13 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -30,6 +32,8 @@ const char* cgroupVersionName(CgroupVersion v) {
 namespace {
 
 constexpr const char* kControllers[] = {"memory", "pids", "cpu"};
+constexpr const char* kV1IoController = "blkio";
+constexpr const char* kV2IoController = "io";
 constexpr const char* kGroupOfVms = "space";
 constexpr const char* kDaemonLeaf = "spaced";
 
@@ -103,6 +107,28 @@ Status writeText(const std::string& path, const std::string& text) {
   return okStatus();
 }
 
+// What a v2 group on the way down to VMs' groups hands on to its children.
+std::string subtreeControl(const CgroupLayout& layout) {
+  return std::string("+memory +pids +cpu") + (layout.io ? " +io" : "");
+}
+
+// One device's I/O limits in a group's directory (of the blkio hierarchy on v1).
+Status writeIoLimit(const std::string& dir, bool v2, const CgroupIoLimit& limit) {
+  const std::string bytes = std::to_string(limit.bytes_per_sec), ops = std::to_string(limit.iops);
+  if (v2) {
+    auto rate = [](uint64_t n) { return n == 0 ? std::string("max") : std::to_string(n); };
+    return writeText(dir + "/io.max", limit.device + " rbps=" + rate(limit.bytes_per_sec) +
+                                          " wbps=" + rate(limit.bytes_per_sec) + " riops=" + rate(limit.iops) +
+                                          " wiops=" + rate(limit.iops));
+  }
+  // v1 takes one rule a file; "MAJOR:MINOR 0" removes the device's rule.
+  for (const char* way : {"read", "write"}) {
+    SPACE_TRY(writeText(dir + "/blkio.throttle." + way + "_bps_device", limit.device + " " + bytes));
+    SPACE_TRY(writeText(dir + "/blkio.throttle." + way + "_iops_device", limit.device + " " + ops));
+  }
+  return okStatus();
+}
+
 Status makeDir(const std::string& path) {
   std::error_code ec;
   std::filesystem::create_directories(path, ec);
@@ -137,7 +163,7 @@ CgroupLayout planCgroupLayout(std::string_view mountinfo, std::string_view self_
 
   std::vector<CgroupRoot> v1_roots;
   std::string v1_missing;
-  for (const char* controller : kControllers) {
+  auto v1Root = [&](const char* controller) -> std::optional<CgroupRoot> {
     const Mount* found = nullptr;
     for (const auto& m : mounts) {
       if (m.fstype == "cgroup" && hasToken(m.super_options, controller, ',')) {
@@ -146,16 +172,23 @@ CgroupLayout planCgroupLayout(std::string_view mountinfo, std::string_view self_
       }
     }
     auto own = ownPathV1(controller);
-    if (found == nullptr || !own) {
+    if (found == nullptr || !own) return std::nullopt;
+    return CgroupRoot{controller, join(found->mount_point, relativeTo(*own, found->root)) + "/" + kGroupOfVms};
+  };
+  for (const char* controller : kControllers) {
+    if (auto root = v1Root(controller)) {
+      v1_roots.push_back(std::move(*root));
+    } else {
       v1_missing += std::string(v1_missing.empty() ? "" : ", ") + controller;
-      continue;
     }
-    v1_roots.push_back(
-        CgroupRoot{controller, join(found->mount_point, relativeTo(*own, found->root)) + "/" + kGroupOfVms});
   }
   if (v1_missing.empty()) {
     layout.version = CgroupVersion::kV1;
     layout.roots = std::move(v1_roots);
+    if (auto io = v1Root(kV1IoController)) {
+      layout.roots.push_back(std::move(*io));
+      layout.io = true;
+    }
     return layout;
   }
 
@@ -171,10 +204,9 @@ CgroupLayout planCgroupLayout(std::string_view mountinfo, std::string_view self_
     return layout;
   }
   std::string v2_missing;
+  const std::string offered(v2_controllers.substr(0, v2_controllers.find('\n')));
   for (const char* controller : kControllers) {
-    if (!hasToken(std::string(v2_controllers.substr(0, v2_controllers.find('\n'))), controller, ' ')) {
-      v2_missing += std::string(v2_missing.empty() ? "" : ", ") + controller;
-    }
+    if (!hasToken(offered, controller, ' ')) v2_missing += std::string(v2_missing.empty() ? "" : ", ") + controller;
   }
   if (!v2_missing.empty()) {
     layout.why_none = "the cgroup v2 hierarchy at " + unified->mount_point + " offers no " + v2_missing +
@@ -184,6 +216,7 @@ CgroupLayout planCgroupLayout(std::string_view mountinfo, std::string_view self_
   const std::string rel = relativeTo(v2_path.empty() ? "/" : v2_path, unified->root);
   const std::string own_dir = join(unified->mount_point, rel);
   layout.version = CgroupVersion::kV2;
+  layout.io = hasToken(offered, kV2IoController, ' ');
   if (rel != "/") {
     // spaced's group holds spaced: it moves into a leaf, and the VMs' group sits beside it.
     layout.v2_own_dir = own_dir;
@@ -202,7 +235,7 @@ Result<CgroupLayout> setUpCgroups(const std::string& instance) {
   // On v2 what may be handed down is what our own group has (a service manager may pass only
   // some controllers down to it), so a first plan finds our group, and it is asked. Nothing is
   // written before the plan says the controllers are there.
-  CgroupLayout layout = planCgroupLayout(mountinfo.value(), self.value(), "memory pids cpu");
+  CgroupLayout layout = planCgroupLayout(mountinfo.value(), self.value(), "memory pids cpu io");
   if (layout.version == CgroupVersion::kV2) {
     const std::string own = !layout.v2_own_dir.empty()
                                 ? layout.v2_own_dir
@@ -213,7 +246,7 @@ Result<CgroupLayout> setUpCgroups(const std::string& instance) {
   if (!layout.usable()) return makeError(ErrorCode::kUnavailable, layout.why_none);
   if (layout.version == CgroupVersion::kV2) {
     // Every group on the way down hands the controllers on; none of them holds a process.
-    const std::string enable = "+memory +pids +cpu";
+    const std::string enable = subtreeControl(layout);
     const std::string space_dir = layout.roots[0].dir;
     std::string parent = layout.v2_own_dir;
     if (!parent.empty()) {
@@ -228,10 +261,21 @@ Result<CgroupLayout> setUpCgroups(const std::string& instance) {
     layout.roots[0].dir = space_dir + "/" + instance;
     SPACE_TRY(makeDir(layout.roots[0].dir));
     SPACE_TRY(writeText(layout.roots[0].dir + "/cgroup.subtree_control", enable));
+    // The controller without the kernel's throttling has no io.max.
+    layout.io = layout.io && ::access((layout.roots[0].dir + "/io.max").c_str(), F_OK) == 0;
   } else {
     for (auto& root : layout.roots) {
       root.dir += "/" + instance;
       SPACE_TRY(makeDir(root.dir));
+    }
+    // Every blkio group has the throttle's files where the kernel throttles; without them the
+    // hierarchy holds nothing of ours.
+    auto blkio = std::find_if(layout.roots.begin(), layout.roots.end(),
+                              [](const CgroupRoot& root) { return root.controller == kV1IoController; });
+    if (blkio != layout.roots.end() && ::access((blkio->dir + "/blkio.throttle.read_bps_device").c_str(), F_OK) != 0) {
+      ::rmdir(blkio->dir.c_str());
+      layout.roots.erase(blkio);
+      layout.io = false;
     }
   }
   return layout;
@@ -245,7 +289,7 @@ Result<CgroupLayout> nestedLayout(const CgroupLayout& layout, const std::string&
     root.dir += "/" + name;
     SPACE_TRY(makeDir(root.dir));
     if (layout.version == CgroupVersion::kV2)
-      SPACE_TRY(writeText(root.dir + "/cgroup.subtree_control", "+memory +pids +cpu"));
+      SPACE_TRY(writeText(root.dir + "/cgroup.subtree_control", subtreeControl(layout)));
   }
   return nested;
 }
@@ -287,6 +331,12 @@ Result<VmCgroup> VmCgroup::create(const CgroupLayout& layout, const std::string&
       }
     }
     if (!st.ok()) return fail(st.error());
+    if (layout.io && (v2 || controller == kV1IoController)) {
+      for (const auto& io : limits.io) {
+        if (Status written = writeIoLimit(dir, v2, io); !written.ok() && group.io_error_.empty())
+          group.io_error_ = written.error().message;
+      }
+    }
   }
   return group;
 }
@@ -346,6 +396,24 @@ Status VmCgroup::remove() {
   if (!busy.empty()) return makeError(ErrorCode::kUnavailable, "cannot remove cgroup " + busy);
   dirs_.clear();
   return okStatus();
+}
+
+std::optional<std::string> blockDeviceUnder(const std::string& path, const std::string& sysfs) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  const std::string device = std::to_string(major(st.st_dev)) + ":" + std::to_string(minor(st.st_dev));
+  const std::string dir = sysfs + "/dev/block/" + device;
+  if (::access(dir.c_str(), F_OK) != 0) return std::nullopt;  // no block device: tmpfs, btrfs...
+  if (::access((dir + "/partition").c_str(), F_OK) != 0) return device;
+  // A partition's directory sits in its disk's, whose "dev" names the disk.
+  auto disk = readSmallFile(dir + "/../dev", 64);
+  if (!disk.ok()) return std::nullopt;
+  std::string text = disk.value();
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  unsigned disk_major = 0, disk_minor = 0;
+  char tail = 0;
+  if (std::sscanf(text.c_str(), "%u:%u%c", &disk_major, &disk_minor, &tail) != 2) return std::nullopt;
+  return text;
 }
 
 int removeEmptyVmGroups(const CgroupLayout& layout) {

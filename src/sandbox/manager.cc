@@ -322,8 +322,9 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
       facts->cgroups = cgroups.value();
       // Groups of VMs that ended while no spaced watched them; those of running VMs stay.
       const int stale = jail::removeEmptyVmGroups(facts->cgroups);
-      spdlog::info("spaced: VMs start through {} in cgroups ({}) under {}{}", config.jailer,
+      spdlog::info("spaced: VMs start through {} in cgroups ({}) under {}{}{}", config.jailer,
                    jail::cgroupVersionName(facts->cgroups.version), facts->cgroups.roots.front().dir,
+                   facts->cgroups.io ? "" : " (no I/O controller: QEMU's own disk I/O is not limited)",
                    stale > 0 ? " (" + std::to_string(stale) + " left over removed)" : std::string());
       // Before recovery, which adopts gateways (and replaces those outside their groups).
       if (config.network) {

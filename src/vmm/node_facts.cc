@@ -262,7 +262,8 @@ Result<NodeFacts> probeNodeFacts(Accelerator requested, const std::string& qemu_
   return facts;
 }
 
-jail::CgroupLimits vmCgroupLimits(const VmSpec& spec, Accelerator accelerator) {
+jail::CgroupLimits vmCgroupLimits(const VmSpec& spec, Accelerator accelerator,
+                                  const std::vector<std::string>& io_devices) {
   // QEMU's own memory beyond the guest's (measured: about 27 MiB for an idle guest; devices,
   // I/O buffers and the disk's page cache, dirty included, take more under load), with room to
   // spare: the limit is there to stop a runaway, not to squeeze.
@@ -279,6 +280,13 @@ jail::CgroupLimits vmCgroupLimits(const VmSpec& spec, Accelerator accelerator) {
   limits.pids = kTasksBeyondVcpus + 2 * spec.vcpus;
   limits.cpu_period_us = 100000;
   limits.cpu_quota_us = uint64_t{spec.vcpus + 1} * limits.cpu_period_us;
+  constexpr uint64_t kQemuIoOverGuest = 4;
+  if (spec.disk_io.limited()) {
+    for (const auto& device : io_devices) {
+      limits.io.push_back(jail::CgroupIoLimit{device, spec.disk_io.bytes_per_sec * kQemuIoOverGuest,
+                                              spec.disk_io.iops * kQemuIoOverGuest});
+    }
+  }
   return limits;
 }
 

@@ -116,13 +116,20 @@ uint64_t rememberedTscKhz(const std::string& file, uint64_t measured);
 
 // A VM's cgroup limits: its memory plus QEMU's own (384 MiB and 64 MiB per vCPU; under TCG also
 // the translation buffer: the spec's tb-size or QEMU's 1 GiB default), a bound on its tasks, and
-// CPU time for its vCPUs and one more thread (QEMU's main loop and I/O).
-jail::CgroupLimits vmCgroupLimits(const VmSpec& spec, Accelerator accelerator);
+// CPU time for its vCPUs and one more thread (QEMU's main loop and I/O), and on each of
+// `io_devices` (the disks its files are on) four times its guest's disk rate (VmSpec::disk_io),
+// for reads and for writes each: room for QEMU's own I/O for what its guest may do (a guest's
+// write to a cluster not yet in its overlay is a read, a write and a table update on the host;
+// a restored memory file is read in), and a bound on a QEMU that escaped its guest, which QEMU's
+// own throttle no longer holds (on v1 reads and direct writes only: cgroup.h).
+jail::CgroupLimits vmCgroupLimits(const VmSpec& spec, Accelerator accelerator,
+                                  const std::vector<std::string>& io_devices = {});
 
 // A sandbox's disk limits (VmSpec::disk_io): the node's rate per vCPU times its vCPUs. QEMU
 // enforces them on the guest's disk device, where a guest's requests wait their turn whatever
 // the host's cgroup version or the disk under the data directory (a v1 cgroup's I/O controller
-// would not see QEMU's buffered writes).
+// would not see QEMU's buffered writes). The VM's cgroup holds QEMU itself to a multiple of
+// them (vmCgroupLimits).
 DiskIoRate vmDiskIoLimits(uint32_t vcpus, const NodeFacts& node);
 inline DiskIoRate vmDiskIoLimits(const VmSpec& spec, const NodeFacts& node) { return vmDiskIoLimits(spec.vcpus, node); }
 

@@ -325,10 +325,6 @@ Result<UniqueFd> openSlotTap(const std::string& netns_path) {
   return tap;
 }
 
-}  // namespace
-
-namespace {
-
 // The largest disk a guest of this node can have. Every sandbox's disk has the size of one of
 // the node's images: templates, overlays and layers are all made over them at that size. Read
 // from the images (root's), never from a disk chain's headers, which a QEMU of the sandbox may
@@ -376,6 +372,31 @@ void warnIfSizesDoNotBoundTheDisk(const std::string& run_dir) {
   }
 }
 
+// The disks a VM's QEMU can read or write: those under its run directory, its memory file, its
+// disk chain and the rest of its view (its kernel, the system's programs, QEMU), each as its
+// group's I/O limits name it. A sealed memory file (/proc/self/fd/N) is memory, on no disk. A
+// run directory on no block device the kernel lists (tmpfs, btrfs) is logged once: its QEMU's
+// I/O is then held by QEMU's own throttle alone.
+std::vector<std::string> vmDiskDevices(const VmSpec& spec, const std::string& run_dir, const NodeFacts& node) {
+  std::vector<std::string> paths = {run_dir, spec.rootfs_path, spec.kernel_path, "/usr", node.qemu_binary};
+  if (!spec.memory_file.empty() && spec.memory_file.rfind("/proc/", 0) != 0) paths.push_back(spec.memory_file);
+  for (const auto& layer : spec.disk_backing) paths.push_back(layer.path);
+  std::vector<std::string> devices;
+  for (const auto& path : paths) {
+    auto device = jail::blockDeviceUnder(path);
+    if (!device) {
+      static std::atomic<bool> warned{false};
+      if (path == run_dir && !warned.exchange(true)) {
+        spdlog::warn("vmm: {} is on no block device the kernel lists: VMs' cgroups cannot limit their disk I/O there",
+                     run_dir);
+      }
+      continue;
+    }
+    if (std::find(devices.begin(), devices.end(), *device) == devices.end()) devices.push_back(*device);
+  }
+  return devices;
+}
+
 }  // namespace
 
 Status Vm::jailArgv(const VmSpec& spec, const NodeFacts& node, std::vector<std::string>& argv) {
@@ -408,8 +429,17 @@ Status Vm::jailArgv(const VmSpec& spec, const NodeFacts& node, std::vector<std::
     SPACE_TRY(giveRunDirTo(paths_.run_dir, user_.uid(), user_.gid()));
   }
   if (node.cgroups.usable()) {
-    auto group = jail::VmCgroup::create(node.cgroups, cgroupName(paths_.run_dir), vmCgroupLimits(spec, accelerator_));
+    std::vector<std::string> devices;
+    if (node.cgroups.io && spec.disk_io.limited()) devices = vmDiskDevices(spec, paths_.run_dir, node);
+    auto group =
+        jail::VmCgroup::create(node.cgroups, cgroupName(paths_.run_dir), vmCgroupLimits(spec, accelerator_, devices));
     if (!group.ok()) return makeError(ErrorCode::kUnavailable, "jail: " + group.error().message);
+    // A disk the kernel does not throttle stops no VM: QEMU's own throttle still holds its guest.
+    static std::atomic<bool> io_warned{false};
+    if (!group->ioLimitError().empty() && !io_warned.exchange(true)) {
+      spdlog::warn("vmm: a VM's cgroup got no disk I/O limit ({}); QEMU's throttle holds its guest's I/O only",
+                   group->ioLimitError());
+    }
     cgroup_.emplace(std::move(group.value()));
     for (const auto& procs : cgroup_->procsFiles()) jailed.insert(jailed.end(), {"--cgroup-procs", procs});
   }

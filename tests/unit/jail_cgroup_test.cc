@@ -1,8 +1,10 @@
 // Where VMs' cgroups go on each kind of host (pure: from /proc text), and the limits a VM gets.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "jail/cgroup.h"
 #include "vmm/node_facts.h"
@@ -31,6 +33,22 @@ TEST(CgroupLayout, HybridHostUsesV1HierarchiesUnderSpacedsOwnGroups) {
   EXPECT_EQ(layout.roots[1].dir, "/sys/fs/cgroup/pids/space");
   EXPECT_EQ(layout.roots[2].controller, "cpu");
   EXPECT_EQ(layout.roots[2].dir, "/sys/fs/cgroup/cpu/space");  // not cpuacct's hierarchy
+  EXPECT_FALSE(layout.io);  // no blkio hierarchy: jailed all the same, without disk limits
+}
+
+TEST(CgroupLayout, AV1BlkioHierarchyGivesGroupsDiskLimits) {
+  const std::string mountinfo =
+      std::string(kHybridMountinfo) + "37 25 0:34 / /sys/fs/cgroup/blkio rw,relatime - cgroup cgroup rw,blkio\n";
+  CgroupLayout layout = planCgroupLayout(mountinfo, std::string(kHybridSelf) + "7:blkio:/svc\n", "");
+  ASSERT_EQ(layout.version, CgroupVersion::kV1) << layout.why_none;
+  EXPECT_TRUE(layout.io);
+  ASSERT_EQ(layout.roots.size(), 4u);
+  EXPECT_EQ(layout.roots[3].controller, "blkio");
+  EXPECT_EQ(layout.roots[3].dir, "/sys/fs/cgroup/blkio/svc/space");
+  // blkio alone is not enough for v1: memory, pids and cpu are what a jail needs.
+  CgroupLayout without_memory =
+      planCgroupLayout("37 25 0:34 / /sys/fs/cgroup/blkio rw - cgroup cgroup rw,blkio\n", "7:blkio:/\n", "");
+  EXPECT_FALSE(without_memory.usable());
 }
 
 TEST(CgroupLayout, CoMountedCpuAndCpuacctAreFound) {
@@ -52,6 +70,7 @@ TEST(CgroupLayout, UnifiedHostUsesV2WithSpacedMovedIntoALeaf) {
   EXPECT_EQ(layout.roots[0].dir, "/sys/fs/cgroup/system.slice/spaced.service/space");
   EXPECT_EQ(layout.v2_own_dir, "/sys/fs/cgroup/system.slice/spaced.service");
   EXPECT_EQ(layout.v2_daemon_leaf, "/sys/fs/cgroup/system.slice/spaced.service/spaced");
+  EXPECT_TRUE(layout.io);  // offered, so handed down and written
 }
 
 TEST(CgroupLayout, V2InTheRootGroupNeedsNoLeaf) {
@@ -60,6 +79,7 @@ TEST(CgroupLayout, V2InTheRootGroupNeedsNoLeaf) {
   ASSERT_EQ(layout.version, CgroupVersion::kV2);
   EXPECT_EQ(layout.roots[0].dir, "/sys/fs/cgroup/space");
   EXPECT_TRUE(layout.v2_own_dir.empty());
+  EXPECT_FALSE(layout.io);  // not offered
 }
 
 TEST(CgroupLayout, AContainersMountRootIsTakenOffItsPath) {
@@ -130,6 +150,97 @@ TEST(CgroupLayout, ANestedLayoutIsEachRootsSubgroupMadeIfMissing) {
   std::filesystem::remove_all(base);
 }
 
+// The limits a group is given are written in each version's words: v2's io.max line, v1's one
+// rule per file and direction. (The kernel's holding a process to them: JailTest.)
+TEST(CgroupLayout, DiskLimitsAreWrittenForEachDeviceInTheVersionsOwnFiles) {
+  char base[] = "/tmp/io-limits-XXXXXX";
+  ASSERT_NE(mkdtemp(base), nullptr);
+  auto readText = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  // Group directories made beforehand with the files a cgroupfs would have (an existing group
+  // is taken over, its limits written).
+  CgroupLimits limits;
+  limits.io = {CgroupIoLimit{"254:0", 128 << 20, 2000}};
+  CgroupLayout v2;
+  v2.version = CgroupVersion::kV2;
+  v2.io = true;
+  v2.roots.push_back({"", std::string(base) + "/v2"});
+  std::filesystem::create_directories(std::string(base) + "/v2/vm");
+  std::ofstream(std::string(base) + "/v2/vm/io.max").close();
+  auto made = VmCgroup::create(v2, "vm", limits);
+  ASSERT_TRUE(made.ok()) << made.error().message;
+  EXPECT_EQ(readText(std::string(base) + "/v2/vm/io.max"), "254:0 rbps=134217728 wbps=134217728 riops=2000 wiops=2000");
+  limits.io = {CgroupIoLimit{"8:16", 0, 500}};                 // no byte rate: "max"
+  std::ofstream(std::string(base) + "/v2/vm/io.max").close();  // a cgroupfs file takes each write whole
+  ASSERT_TRUE(VmCgroup::create(v2, "vm", limits).ok());
+  EXPECT_EQ(readText(std::string(base) + "/v2/vm/io.max"), "8:16 rbps=max wbps=max riops=500 wiops=500");
+
+  CgroupLayout v1;
+  v1.version = CgroupVersion::kV1;
+  v1.io = true;
+  const char* files[] = {"blkio.throttle.read_bps_device", "blkio.throttle.write_bps_device",
+                         "blkio.throttle.read_iops_device", "blkio.throttle.write_iops_device"};
+  for (const char* controller : {"memory", "blkio"}) {
+    const std::string dir = std::string(base) + "/" + controller;
+    std::filesystem::create_directories(dir + "/vm");
+    if (std::string(controller) == "blkio")
+      for (const char* f : files) std::ofstream(dir + "/vm/" + f).close();
+    v1.roots.push_back({controller, dir});
+  }
+  limits.io = {CgroupIoLimit{"254:0", 1 << 20, 40}};
+  made = VmCgroup::create(v1, "vm", limits);
+  ASSERT_TRUE(made.ok()) << made.error().message;
+  EXPECT_EQ(readText(std::string(base) + "/blkio/vm/" + files[0]), "254:0 1048576");
+  EXPECT_EQ(readText(std::string(base) + "/blkio/vm/" + files[1]), "254:0 1048576");
+  EXPECT_EQ(readText(std::string(base) + "/blkio/vm/" + files[2]), "254:0 40");
+  EXPECT_EQ(readText(std::string(base) + "/blkio/vm/" + files[3]), "254:0 40");
+  EXPECT_TRUE(made->ioLimitError().empty()) << made->ioLimitError();
+  // Only the blkio hierarchy's group gets them; a layout without io writes none.
+  EXPECT_FALSE(std::filesystem::exists(std::string(base) + "/memory/vm/" + files[0]));
+  // Limits that cannot be written make the group all the same, and say why.
+  std::filesystem::create_directories(std::string(base) + "/blkio/other");
+  auto unlimited = VmCgroup::create(v1, "other", limits);
+  ASSERT_TRUE(unlimited.ok()) << unlimited.error().message;
+  EXPECT_NE(unlimited->ioLimitError().find("blkio.throttle.read_bps_device"), std::string::npos)
+      << unlimited->ioLimitError();
+  EXPECT_TRUE(std::filesystem::is_directory(std::string(base) + "/memory/other"));
+  v2.io = false;
+  limits.io = {CgroupIoLimit{"1:1", 1, 1}};
+  ASSERT_TRUE(VmCgroup::create(v2, "vm", limits).ok());
+  EXPECT_EQ(readText(std::string(base) + "/v2/vm/io.max"), "8:16 rbps=max wbps=max riops=500 wiops=500");
+  std::filesystem::remove_all(base);
+}
+
+// Limits name a whole disk: the kernel refuses them on a partition.
+TEST(CgroupLayout, DiskLimitsNameTheWholeDiskUnderAPath) {
+  char base[] = "/tmp/block-device-XXXXXX";
+  ASSERT_NE(mkdtemp(base), nullptr);
+  struct stat st {};
+  ASSERT_EQ(::stat(base, &st), 0);
+  const std::string device = std::to_string(major(st.st_dev)) + ":" + std::to_string(minor(st.st_dev));
+  const std::string sys = std::string(base) + "/sys";
+  // Not listed: no block device (tmpfs, btrfs), no limit.
+  std::filesystem::create_directories(sys + "/dev/block");
+  EXPECT_FALSE(blockDeviceUnder(base, sys).has_value());
+  EXPECT_FALSE(blockDeviceUnder(std::string(base) + "/missing", sys).has_value());
+  // A whole disk names itself.
+  std::filesystem::create_directories(sys + "/devices/disk");
+  std::ofstream(sys + "/devices/disk/dev") << "254:7\n";
+  std::filesystem::create_directory_symlink("../../devices/disk", sys + "/dev/block/" + device);
+  EXPECT_EQ(blockDeviceUnder(base, sys), device);
+  // A partition names the disk it is in, whose directory holds its own.
+  std::filesystem::remove(sys + "/dev/block/" + device);
+  std::filesystem::create_directories(sys + "/devices/disk/part1");
+  std::ofstream(sys + "/devices/disk/part1/partition") << "1\n";
+  std::filesystem::create_directory_symlink("../../devices/disk/part1", sys + "/dev/block/" + device);
+  EXPECT_EQ(blockDeviceUnder(base, sys), "254:7");
+  std::ofstream(sys + "/devices/disk/dev") << "garbage\n";
+  EXPECT_FALSE(blockDeviceUnder(base, sys).has_value());
+  std::filesystem::remove_all(base);
+}
+
 TEST(VmCgroupLimits, MemoryCountsQemuAndTheTranslationBufferTasksAndCpuFollowVcpus) {
   vmm::VmSpec spec;
   spec.memory_mib = 512;
@@ -142,6 +253,22 @@ TEST(VmCgroupLimits, MemoryCountsQemuAndTheTranslationBufferTasksAndCpuFollowVcp
   spec.tcg_tb_size_mib = 128;
   EXPECT_EQ(vmm::vmCgroupLimits(spec, vmm::Accelerator::kTcg).memory_bytes, uint64_t{512 + 128 + 384 + 128} << 20);
   EXPECT_EQ(vmm::vmCgroupLimits(spec, vmm::Accelerator::kKvm).memory_bytes, uint64_t{512 + 384 + 128} << 20);
+}
+
+TEST(VmCgroupLimits, QemusDiskIoIsFourTimesItsGuestsOnEachDiskItUses) {
+  vmm::VmSpec spec;
+  spec.vcpus = 2;
+  EXPECT_TRUE(vmm::vmCgroupLimits(spec, vmm::Accelerator::kKvm, {"254:0"}).io.empty());  // the guest is unlimited
+  spec.disk_io = vmm::DiskIoRate{128 << 20, 2000};
+  EXPECT_TRUE(vmm::vmCgroupLimits(spec, vmm::Accelerator::kKvm).io.empty());  // no disk known
+  auto limits = vmm::vmCgroupLimits(spec, vmm::Accelerator::kKvm, {"254:0", "8:0"});
+  ASSERT_EQ(limits.io.size(), 2u);
+  EXPECT_EQ(limits.io[0].device, "254:0");
+  EXPECT_EQ(limits.io[1].device, "8:0");
+  for (const auto& io : limits.io) {
+    EXPECT_EQ(io.bytes_per_sec, uint64_t{512} << 20);
+    EXPECT_EQ(io.iops, 8000u);
+  }
 }
 
 }  // namespace
