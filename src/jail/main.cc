@@ -56,6 +56,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -125,6 +126,14 @@ long positiveId(const std::string& text) {
   if (text.empty() || text.size() > 10 || text.find_first_not_of("0123456789") != std::string::npos) return -1;
   const long long n = std::stoll(text);
   return n >= 1 && n <= 0x7fffffffLL ? static_cast<long>(n) : -1;
+}
+
+// A number in lo..hi in plain decimal digits (no sign, space or wrap-around), else nothing.
+std::optional<unsigned long long> numberIn(const std::string& text, unsigned long long lo, unsigned long long hi) {
+  if (text.empty() || text.size() > 19 || text.find_first_not_of("0123456789") != std::string::npos) return {};
+  const unsigned long long n = std::stoull(text);
+  if (n < lo || n > hi) return {};
+  return n;
 }
 
 bool isUnder(const std::string& path, const std::string& dir) {
@@ -404,21 +413,13 @@ int main(int argc, char** argv) {
     if (arg == "--cgroup-procs") {
       cgroups.push_back(value);
     } else if (arg == "--nofile") {
-      char* end = nullptr;
-      errno = 0;
-      const unsigned long long n = std::strtoull(value.c_str(), &end, 10);
-      if (errno != 0 || end == value.c_str() || *end != '\0' || n < 64 || n > (1u << 20)) {
-        die("--nofile wants 64..1048576, not " + value);
-      }
-      nofile = static_cast<rlim_t>(n);
+      const auto n = numberIn(value, 64, 1u << 20);
+      if (!n) die("--nofile wants 64..1048576, not " + value);
+      nofile = static_cast<rlim_t>(*n);
     } else if (arg == "--file-size") {
-      char* end = nullptr;
-      errno = 0;
-      const unsigned long long n = std::strtoull(value.c_str(), &end, 10);
-      if (errno != 0 || end == value.c_str() || *end != '\0' || value[0] == '-' || n < (1u << 20) || n > (1ULL << 50)) {
-        die("--file-size wants 1048576..2^50 bytes, not " + value);
-      }
-      file_size = static_cast<rlim_t>(n);
+      const auto n = numberIn(value, 1u << 20, 1ULL << 50);
+      if (!n) die("--file-size wants 1048576..2^50 bytes, not " + value);
+      file_size = static_cast<rlim_t>(*n);
     } else if (arg == "--user") {
       const size_t colon = value.find(':');
       const long uid = colon == std::string::npos ? -1 : positiveId(value.substr(0, colon));

@@ -199,7 +199,7 @@ NftablesChanges::Drained NftablesChanges::drain() {
   char buffer[8192];
   while (true) {
     const ssize_t n = ::recv(socket_.get(), buffer, sizeof buffer, 0);
-    if (n > 0) {
+    if (n >= 0) {  // an empty message (netlink sends none) is a message too, not the end of a stream
       drained = Drained::kChanged;
     } else if (n < 0 && errno == EINTR) {
       continue;

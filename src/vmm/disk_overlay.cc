@@ -48,11 +48,13 @@ Result<UniqueFd> openRegularFile(const std::string& path) {
   return fd;
 }
 
-// The size a new overlay over `base` gets: a qcow2 image's virtual size (its header, offset 24),
-// a raw image's length. Read here so that qemu-img never opens the base (-u): a layer's header
-// is its sandbox's to rewrite, and qemu-img, unconfined, would follow any backing it names.
 constexpr uint64_t kMaxVirtualSize = uint64_t{16} << 40;
-Result<uint64_t> baseVirtualSize(const std::string& base, const std::string& format) {
+
+}  // namespace
+
+// Read here, not by qemu-img, so that qemu-img never opens a base (-u): a layer's header is its
+// sandbox's to rewrite, and qemu-img, unconfined, would follow any backing it names.
+Result<uint64_t> diskVirtualSize(const std::string& base, const std::string& format) {
   if (format == "raw") {
     struct stat st {};
     if (::stat(base.c_str(), &st) != 0) return makeError(ErrorCode::kNotFound, "stat " + base + ": " + strerror(errno));
@@ -69,6 +71,8 @@ Result<uint64_t> baseVirtualSize(const std::string& base, const std::string& for
   if (size == 0 || size > kMaxVirtualSize) return makeError(ErrorCode::kInvalidArgument, base + ": implausible size");
   return size;
 }
+
+namespace {
 
 // A new overlay is the same bytes for every VM over one base: its header names the base and its
 // format, and its empty tables are sized by the base's virtual size. qemu-img, a process that
@@ -140,7 +144,7 @@ Status createDiskOverlay(const std::string& base, const std::string& format, con
       return writeOverlay(overlay, *kept);
     }
   }
-  auto size = baseVirtualSize(abs_base, format);
+  auto size = diskVirtualSize(abs_base, format);
   if (!size.ok()) return size.error();
   auto img = ChildProcess::spawn(
       {"qemu-img", "create", "-q", "-f", "qcow2", "-F", format, "-b", abs_base, "-u", overlay, std::to_string(*size)},
@@ -212,10 +216,6 @@ static Result<std::string> readQcow2Header(const std::string& path, bool* extern
   // Relative names are relative to the image's directory (we always write absolute ones).
   if (!name.empty() && name[0] != '/') name = std::filesystem::path(path).parent_path().string() + "/" + name;
   return name;
-}
-
-Result<uint64_t> diskVirtualSize(const std::string& image, const std::string& format) {
-  return baseVirtualSize(image, format);
 }
 
 Result<std::string> qcow2BackingFile(const std::string& path) { return readQcow2Header(path, nullptr); }

@@ -994,7 +994,9 @@ attempt("copy_file_range", copy_range)
     }
   }
   // Its bound is checked before anything runs.
-  expectJailRefuses(dir, {"--file-size", "4096"}, "--file-size wants");
+  for (const char* bad : {"4096", "-1", "+2097152", " 2097152", "2097152x", "1125899906842625", "99999999999999999999"})
+    expectJailRefuses(dir, {"--file-size", bad}, "--file-size wants");
+  for (const char* bad : {"63", "-64", "1048577", "4096 "}) expectJailRefuses(dir, {"--nofile", bad}, "--nofile wants");
   std::filesystem::remove_all(own);
   std::filesystem::remove(probe);
 }
