@@ -1,9 +1,11 @@
 // Control groups for VMs. Each QEMU runs in a group of its own whose limits come from its
-// sandbox's size (memory, tasks, CPU time, and disk I/O where the host offers it): they bound what a guest can make its
-// QEMU do to the host and the other sandboxes. They do not bound an escaped QEMU: it runs as root and can leave or
-// change any group until QEMU gets a uid of its own (docs/threat-model.md). The groups live under a "space" group
-// beside spaced's own (on v2 under systemd, spaced's unit needs Delegate=yes). Both layouts are supported: v1 (a
-// hierarchy per controller, as on hybrid hosts) and v2 (the unified hierarchy).
+// sandbox's size (memory, tasks, CPU time, and disk I/O where the host offers it): they bound
+// what a guest can make its QEMU do to the host and the other sandboxes, and what a QEMU that
+// escaped its guest can do (its view holds no cgroup filesystem, and it runs as a uid of its own
+// without capabilities: it cannot leave or change its group; docs/threat-model.md).
+// The groups live under a "space" group beside spaced's own (on v2 under systemd, spaced's unit
+// needs Delegate=yes). Both layouts are supported: v1 (a hierarchy per controller, as on hybrid
+// hosts) and v2 (the unified hierarchy).
 #pragma once
 
 #include <sys/types.h>
