@@ -956,6 +956,28 @@ Status waitMigration(QmpClient& qmp, Clock::time_point deadline) {
   }
 }
 
+// Starts `command` (migrate, migrate-incoming) on a stream QEMU holds as `fd_name` (getfd): one
+// end of a socket pair, the other returned. No path: nothing in the run directory (QEMU's to
+// rename things in) is made, connected to or given to QEMU's uid, and a jailed QEMU makes no
+// socket file (space-jail --no-new-files). Ours is non-blocking, so reads and writes keep their
+// deadlines; closing it ends the stream.
+Result<UniqueFd> migrateOverSocketPair(QmpClient& qmp, const char* command, const char* fd_name) {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, pair) != 0) {
+    return makeError(ErrorCode::kInternal, std::string("socketpair: ") + strerror(errno));
+  }
+  UniqueFd ours(pair[0]);
+  {
+    UniqueFd theirs(pair[1]);  // ours closed once QEMU has it: its close then ends the stream
+    SPACE_TRY(qmp.executeWithFd("getfd", json{{"fdname", fd_name}}, theirs.get()));
+  }
+  if (auto started = qmp.execute(command, json{{"uri", std::string("fd:") + fd_name}}); !started.ok()) {
+    (void)qmp.execute("closefd", json{{"fdname", fd_name}});
+    return started.error();
+  }
+  return ours;
+}
+
 }  // namespace
 
 Status Vm::saveState(const std::string& state_file, milliseconds timeout, bool ignore_shared) {
@@ -963,22 +985,10 @@ Status Vm::saveState(const std::string& state_file, milliseconds timeout, bool i
   auto deadline = Clock::now() + timeout;
   SPACE_TRY(qmp_->execute("migrate-set-capabilities", ignoreSharedCapability(ignore_shared)));
   SPACE_TRY(qmp_->execute("stop"));
-  // QEMU may not exec (its seccomp sandbox), so the stream comes to us over a socket: one end of
-  // a pair, handed to QEMU over QMP (getfd). No path: nothing in the run directory (QEMU's to
-  // rename things in) is made, connected to or given to QEMU's uid.
-  int pair[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
-    return makeError(ErrorCode::kInternal, std::string("socketpair: ") + strerror(errno));
-  }
-  UniqueFd conn(pair[0]);
-  {
-    UniqueFd theirs(pair[1]);  // ours closed once QEMU has it: its close then ends the stream
-    SPACE_TRY(qmp_->executeWithFd("getfd", json{{"fdname", kSaveFdName}}, theirs.get()));
-  }
-  if (auto started = qmp_->execute("migrate", json{{"uri", std::string("fd:") + kSaveFdName}}); !started.ok()) {
-    (void)qmp_->execute("closefd", json{{"fdname", kSaveFdName}});
-    return started.error();
-  }
+  // QEMU may not exec (its seccomp sandbox), so the stream comes to us over a socket.
+  auto stream = migrateOverSocketPair(*qmp_, "migrate", kSaveFdName);
+  if (!stream.ok()) return stream.error();
+  UniqueFd conn = std::move(stream.value());
   const std::string tmp = state_file + ".tmp";
   // A new file, never through a link: a suspend writes into the run directory, which QEMU can
   // write (and a hostile one could plant a link there to a host file for us to overwrite).
@@ -1038,28 +1048,11 @@ Status Vm::loadState(const std::string& state_file, Clock::time_point deadline, 
   UniqueFd in(::open(state_file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   if (!in.valid()) return makeError(ErrorCode::kNotFound, "open " + state_file + ": " + strerror(errno));
   SPACE_TRY(qmp_->execute("migrate-set-capabilities", ignoreSharedCapability(ignore_shared)));
-  // As a save: one end of a socket pair, handed to QEMU over QMP. No socket file: a jailed
-  // QEMU makes none (space-jail --no-new-files).
-  int pair[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
-    return makeError(ErrorCode::kInternal, std::string("socketpair: ") + strerror(errno));
-  }
   {
-    UniqueFd fd(pair[0]);
-    // Ours non-blocking, so that writeAll keeps the deadline while QEMU reads slowly.
-    if (::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) | O_NONBLOCK) != 0) {
-      ::close(pair[1]);
-      return makeError(ErrorCode::kInternal, std::string("fcntl: ") + strerror(errno));
-    }
-    {
-      UniqueFd theirs(pair[1]);
-      SPACE_TRY(qmp_->executeWithFd("getfd", json{{"fdname", kLoadFdName}}, theirs.get()));
-    }
-    if (auto started = qmp_->execute("migrate-incoming", json{{"uri", std::string("fd:") + kLoadFdName}});
-        !started.ok()) {
-      (void)qmp_->execute("closefd", json{{"fdname", kLoadFdName}});
-      return started.error();
-    }
+    // As a save goes; writeAll keeps the deadline while QEMU reads slowly.
+    auto stream = migrateOverSocketPair(*qmp_, "migrate-incoming", kLoadFdName);
+    if (!stream.ok()) return stream.error();
+    UniqueFd fd = std::move(stream.value());
     // Streamed: a suspended guest's state holds its RAM (up to the VM's memory size).
     std::string chunk(1 << 20, '\0');
     while (true) {
