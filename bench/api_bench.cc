@@ -15,7 +15,7 @@
 // --network skips it: compare with a run without --network right before or after.
 // Usage: space-api-bench [--creates N] [--execs N] [--warm-pool N] [--drain N] [--no-snapshots] [--network]
 //                        [--jail auto|off] [--vm-uid-base N] [--disk-mib-per-vcpu N] [--disk-iops-per-vcpu N]
-//                        [--qemu PATH] [--json]
+//                        [--tcg-tb-mib N] [--qemu PATH] [--json]
 // --qemu: the QEMU spaced and every baseline run (default: spaced's own default, SPACE's build).
 #include <signal.h>
 #include <unistd.h>
@@ -106,6 +106,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--disk-iops-per-vcpu", disk_iops, "spaced --disk-iops-per-vcpu: the guest's disk requests; 0: none")
       ->capture_default_str();
+  std::string tcg_tb_mib = "128";
+  app.add_option("--tcg-tb-mib", tcg_tb_mib,
+                 "spaced --tcg-tb-mib: each QEMU's translation buffer under TCG; 0: QEMU's own default, 1 GiB")
+      ->capture_default_str();
   std::string qemu_binary = cli::defaultQemuBinary();
   app.add_option("--qemu", qemu_binary, "spaced --qemu, and the QEMU of the baselines")->capture_default_str();
   app.add_flag("--json", as_json, "one JSON object on stdout instead of a table");
@@ -176,7 +180,7 @@ int main(int argc, char** argv) {
       "--network", "off",
       // The drain holds --drain sandboxes at once: the node limit must not be what is measured.
       "--max-vcpus", "256", "--jail", jail, "--vm-uid-base", vm_uid_base, "--disk-mib-per-vcpu", disk_mib,
-      "--disk-iops-per-vcpu", disk_iops, "--qemu", qemu_binary};
+      "--disk-iops-per-vcpu", disk_iops, "--tcg-tb-mib", tcg_tb_mib, "--qemu", qemu_binary};
   if (no_snapshots) daemon_argv.push_back("--no-snapshots");
   if (network) {
     // An upstream namespace with only a loopback: gateways start and serve the guest, and
@@ -340,9 +344,9 @@ int main(int argc, char** argv) {
   } else {
     printf(
         "accelerator %s, %d creates (1 vCPU, 256 MB), %d execs, spaced --warm-pool %d --network %s --jail %s "
-        "--vm-uid-base %s --disk-mib-per-vcpu %s --disk-iops-per-vcpu %s --qemu %s\n",
+        "--vm-uid-base %s --disk-mib-per-vcpu %s --disk-iops-per-vcpu %s --tcg-tb-mib %s --qemu %s\n",
         accelerator.c_str(), creates, execs, warm_pool, network ? "on" : "off", jail.c_str(), vm_uid_base.c_str(),
-        disk_mib.c_str(), disk_iops.c_str(), qemu_binary.c_str());
+        disk_mib.c_str(), disk_iops.c_str(), tcg_tb_mib.c_str(), qemu_binary.c_str());
     printRow("baseline: bare QEMU spawn -> QMP answering", qf);
     printRow("baseline: cold boot, Vm::start in-process", dc);
     if (!network) {

@@ -326,7 +326,7 @@ int main(int argc, char** argv) {
   int memory_rounds = 0;
   int steady = 10;
   int idle_s = 10;
-  std::string variants_text = "default,tb=64,tb=32,tb=16,arena=2";
+  std::string variants_text = "default,tb=128,tb=64,tb=32,arena=2";
   bool as_json = false;
   std::string qemu = cli::defaultQemuBinary();
   CLI::App app{"QEMU start-up (Vm::prepare vs the bare QEMU floor) and idle memory per TCG setting."};

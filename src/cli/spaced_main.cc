@@ -362,12 +362,19 @@ int main(int argc, char** argv) {
                  "else qemu-system-x86_64 in PATH")
       ->capture_default_str();
   app.add_option("--accel", accel, "auto (KVM on real hardware KVM, else TCG), kvm, tcg")->capture_default_str();
+  app.add_option("--tcg-tb-mib", config.tcg_tb_size_mib,
+                 "under TCG, the translation buffer each sandbox's QEMU may fill, MiB (translated guest code, never "
+                 "given back; a full one is emptied and refilled). Counted in the node's memory beside the "
+                 "guest's. 0: QEMU's own default, 1 GiB")
+      ->check(CLI::Range(uint32_t{0}, uint32_t{16384}))
+      ->capture_default_str();
   app.add_option("--boot-timeout", boot_timeout_s, "seconds a sandbox may take to boot")->capture_default_str();
   app.add_option("--max-sandboxes", config.max_sandboxes, "sandboxes this node runs at most")->capture_default_str();
   app.add_option("--max-vcpus", config.max_total_vcpus, "vCPUs all sandboxes may have together (0: 4 x host CPUs)")
       ->capture_default_str();
   app.add_option("--max-memory-mb", config.max_total_memory_mb,
-                 "memory all sandboxes may have together (0: 80% of host memory)")
+                 "memory all sandboxes may hold together, their guests' and under TCG their QEMUs' translation "
+                 "buffers (--tcg-tb-mib) (0: 80% of host memory)")
       ->capture_default_str();
   app.add_option("--max-sandbox-memory-mb", config.max_memory_mb, "memory one sandbox may have")->capture_default_str();
   // Per-tenant quotas (0: none beyond the node's limits). A tenant at one gets 429 tenant_quota;
@@ -456,7 +463,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0, 64));
   app.add_option("--warm-pool-budget-mb", config.warm_pool_budget_mb,
-                 "memory that all pooled guests may hold together: the --warm-pool ones (kept even over it) and "
+                 "memory that all pooled guests may hold together (as the node counts it: under TCG with their "
+                 "translation buffers): the --warm-pool ones (kept even over it) and "
                  "those of the kinds (template, size) that creates asked for at least twice in 10 minutes, each "
                  "kind getting what its recent bursts and rate need (0: only the --warm-pool guests)")
       ->capture_default_str()

@@ -24,6 +24,7 @@ vmm::VmSpec Launcher::baseSpec(const Template& tpl, uint32_t cpus, uint64_t memo
   spec.qemu_binary = facts_.qemu_binary;
   spec.extra_cmdline = facts_.guestKernelArgs(accelerator);
   spec.disk_io = vmm::vmDiskIoLimits(spec, facts_);
+  spec.tcg_tb_size_mib = facts_.tcg_tb_size_mib;
   return spec;
 }
 

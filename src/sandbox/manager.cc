@@ -264,6 +264,11 @@ std::shared_ptr<SandboxManager::Live> SandboxManager::liveFromRecord(const store
   live->tenant = rec.tenant;
   live->cpus = rec.cpus;
   live->memory_mb = rec.memory_mb;
+  // A record names the accelerator its VM ran under (a resumed or adopted one runs under it
+  // again); a new sandbox's, none yet: the node's.
+  const auto recorded = vmm::parseAccelerator(rec.accelerator);
+  live->buffer_mb = vmm::tcgBufferMib(recorded.ok() ? recorded.value() : launcher_->accelerator(),
+                                      launcher_->facts().tcg_tb_size_mib);
   live->expires_at_ms = rec.expires_at_ms;
   live->timeout_s = rec.timeout_s;
   live->idle_suspend_s = rec.idle_suspend_s;
@@ -297,6 +302,7 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
   }
   facts->disk_images.insert(facts->disk_images.end(), config.base_images.begin(), config.base_images.end());
   facts->disk_io_per_vcpu = config.disk_io_per_vcpu;
+  facts->tcg_tb_size_mib = config.tcg_tb_size_mib;
   if (!config.jailer.empty()) {
     facts->jailer = config.jailer;
     if (config.vm_uid_base != 0) {
@@ -371,6 +377,13 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
                        manager->config_.default_policy},
       std::move(facts.value()), *manager->templates_);
   manager->templates_->setNetnsSource([l = manager->launcher_.get()] { return l->helperNetns(); });
+  manager->vm_buffer_mb_ =
+      vmm::tcgBufferMib(manager->launcher_->accelerator(), manager->launcher_->facts().tcg_tb_size_mib);
+  if (manager->vm_buffer_mb_ > 0) {
+    spdlog::info("spaced: each VM's QEMU translates into a buffer of {} MiB (--tcg-tb-mib), counted in its share of "
+                 "the node's {} MB beside its guest's memory",
+                 manager->vm_buffer_mb_, manager->config_.max_total_memory_mb);
+  }
   // Warns now, and again from housekeeping if a security update lands while the node runs.
   manager->qemu_build_ = std::make_unique<vmm::QemuBuildWatch>(manager->launcher_->facts().qemu_binary);
   (void)manager->qemu_build_->check();
@@ -399,6 +412,7 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
     sizing.default_key = {"base", manager->config_.default_cpus, manager->config_.default_memory_mb};
     sizing.default_min = manager->config_.templates.count("base") ? manager->config_.warm_pool_size : 0;
     sizing.budget_mb = manager->config_.warm_pool_budget_mb;
+    sizing.vm_buffer_mb = manager->vm_buffer_mb_;
     sizing.budget_cpus = manager->config_.warm_pool_budget_cpus != 0 ? manager->config_.warm_pool_budget_cpus
                                                                      : manager->launcher_->facts().max_vcpus;
     auto pool =
@@ -594,11 +608,12 @@ class SandboxManager::PoolClaim final : public CapacityClaim {
 };
 
 Result<std::unique_ptr<CapacityClaim>> SandboxManager::claimForPool(const PoolKey& key) {
-  auto claim = std::make_unique<PoolClaim>(*this, key.cpus, key.memory_mb);  // allocated before the lock
+  // allocated before the lock
+  auto claim = std::make_unique<PoolClaim>(*this, key.cpus, nodeShareMb(key.memory_mb));
   std::lock_guard lock(mu_);
   if (stopping_) return makeError(ErrorCode::kUnavailable, "spaced is shutting down", "shutting_down");
   if (reserved_vcpus_ + pooled_vcpus_ + key.cpus > config_.max_total_vcpus ||
-      memoryHeldLocked() + pooled_memory_mb_ + key.memory_mb > config_.max_total_memory_mb) {
+      memoryHeldLocked() + pooled_memory_mb_ + claim->memory_mb > config_.max_total_memory_mb) {
     return makeError(
         ErrorCode::kResourceExhausted,
         "sandboxes hold " + std::to_string(reserved_vcpus_) + " vCPUs and " + std::to_string(reserved_memory_mb_) +
@@ -611,7 +626,7 @@ Result<std::unique_ptr<CapacityClaim>> SandboxManager::claimForPool(const PoolKe
   claim->registered = true;
   claim->counted = true;
   pooled_vcpus_ += key.cpus;
-  pooled_memory_mb_ += key.memory_mb;
+  pooled_memory_mb_ += claim->memory_mb;
   return std::unique_ptr<CapacityClaim>(std::move(claim));
 }
 
@@ -687,10 +702,12 @@ Status SandboxManager::reserveLocked(const std::shared_ptr<Live>& live, const Te
                      "insufficient_capacity");
   }
   // Snapshots' helper QEMUs hold theirs until their snapshot is made (seconds); they never give way.
-  if (memoryHeldLocked() + live->memory_mb > config_.max_total_memory_mb) {
+  if (memoryHeldLocked() + live->memory_mb + live->buffer_mb > config_.max_total_memory_mb) {
+    const std::string buffer =
+        live->buffer_mb ? " and " + std::to_string(live->buffer_mb) + " MB for its QEMU's translation buffer" : "";
     return makeError(
         ErrorCode::kResourceExhausted,
-        "not enough memory: " + std::to_string(live->memory_mb) + " MB requested, " +
+        "not enough memory: " + std::to_string(live->memory_mb) + " MB requested" + buffer + ", " +
             std::to_string(config_.max_total_memory_mb - std::min(config_.max_total_memory_mb, memoryHeldLocked())) +
             " of " + std::to_string(config_.max_total_memory_mb) + " MB free on this node",
         "insufficient_capacity");
@@ -742,7 +759,7 @@ void SandboxManager::countIn(const std::shared_ptr<Live>& live) {
     throw;
   }
   reserved_vcpus_ += live->cpus;
-  reserved_memory_mb_ += live->memory_mb;
+  reserved_memory_mb_ += live->memory_mb + live->buffer_mb;
   ++used->sandboxes;
   used->vcpus += live->cpus;
   used->memory_mb += live->memory_mb;
@@ -752,7 +769,7 @@ void SandboxManager::unreserve(const Live& live) {
   std::lock_guard lock(mu_);
   live_.erase(live.id);
   reserved_vcpus_ -= live.cpus;
-  reserved_memory_mb_ -= live.memory_mb;
+  reserved_memory_mb_ -= live.memory_mb + live.buffer_mb;
   auto it = tenant_usage_.find(live.tenant);
   if (it == tenant_usage_.end()) return;
   --it->second.sandboxes;

@@ -83,6 +83,9 @@ struct ManagerConfig {
   // How much of the host's disk each vCPU of a guest may use (QEMU throttles the guest's disk
   // device; vmm::vmDiskIoLimits). Zero: no limit.
   vmm::DiskIoRate disk_io_per_vcpu;
+  // Under TCG, each QEMU's translation buffer (MiB; 0: QEMU's default, 1 GiB). It is counted in
+  // each VM's share of the node's memory, beside its guest's (nodeShareMb).
+  uint32_t tcg_tb_size_mib = vmm::kDefaultTcgTbSizeMib;
   std::map<std::string, Template> templates;
   // Images the templates' disks stand on besides their own rootfs_path (vmm::holdImageBases):
   // older root filesystems under sandboxes saved before an image rebuild. A jailed VM may
@@ -109,7 +112,9 @@ struct ManagerConfig {
   // Tenants' secrets, for the gateways' credential rules (null: rules get no values).
   secrets::SecretVault* secrets = nullptr;
 
-  // Node limits; a request beyond them is refused, never overcommitted.
+  // Node limits; a request beyond them is refused, never overcommitted. The node's memory counts
+  // what each VM holds of the host: its guest's memory and, under TCG, its translation buffer
+  // (tenants' quotas count their guests' memory only).
   uint32_t max_sandboxes = 64;
   uint32_t max_total_vcpus = 0;      // 0: 4 x host CPUs (vCPUs are time-shared threads)
   uint64_t max_total_memory_mb = 0;  // 0: 80% of host memory at start
@@ -221,7 +226,7 @@ enum class ShutdownMode {
 struct ManagerStats {
   std::map<std::string, int64_t> by_state;
   uint32_t reserved_vcpus = 0;
-  uint64_t reserved_memory_mb = 0;
+  uint64_t reserved_memory_mb = 0;  // of the host: guests' and, under TCG, translation buffers
   uint32_t max_total_vcpus = 0;
   uint64_t max_total_memory_mb = 0;
   size_t warm_pool_ready = 0;    // running guests waiting in the hot pool now
@@ -398,10 +403,11 @@ class SandboxManager {
   size_t takeBackPoolCapacityLocked();
   // The memory of the helper QEMU that makes a snapshot's memory file (sized like its sandbox;
   // its vCPUs never run, so it holds none): counted against the node's memory (pooled guests
-  // give way) and against the tenant's: its helpers hold at most what its sandboxes hold.
+  // give way) and against the tenant's: its helpers hold at most what its sandboxes hold. The
+  // node counts `buffer_mb` too (the helper QEMU's translation buffer), the tenant only its guest.
   // Given back when the guard goes; else the refusal (insufficient_capacity, tenant_quota).
   Result<std::shared_ptr<void>> reserveSnapshotHelper(const std::string& tenant, const std::string& sandbox_id,
-                                                      uint64_t memory_mb);
+                                                      uint64_t memory_mb, uint64_t buffer_mb);
   void releasePoolClaim(PoolClaim& claim);
   // Under mu_: whether the claim's guest is made and waiting, and whether a create took it.
   void setPoolClaim(CapacityClaim* claim, bool ready, bool taken);
@@ -450,7 +456,13 @@ class SandboxManager {
   std::map<std::string, PendingSuspends> suspending_;  // guarded by mu_: suspends under way, per tenant
   uint32_t reserved_vcpus_ = 0;
   uint64_t reserved_memory_mb_ = 0;
-  // What snapshots' helper QEMUs hold now, on the node and per tenant.
+  // What a new VM whose guest has `guest_mb` holds of the node's memory: that and, under the
+  // node's TCG, its translation buffer (vmm::tcgBufferMib; set once at start). The node's counts
+  // (reserved_*, helper_*, pooled_*) are of such shares (a sandbox's: Live::buffer_mb, its own
+  // VM's); a tenant's usage and its helpers' count its guests' memory only.
+  uint64_t vm_buffer_mb_ = 0;
+  uint64_t nodeShareMb(uint64_t guest_mb) const { return guest_mb + vm_buffer_mb_; }
+  // What snapshots' helper QEMUs hold now, on the node (host memory) and per tenant (guests').
   uint64_t helper_memory_mb_ = 0;
   // Under mu_: the node's memory that nothing gives back on demand (sandboxes and helpers);
   // pooled guests' comes on top and gives way.

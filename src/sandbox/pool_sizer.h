@@ -33,6 +33,9 @@ struct PoolSizerConfig {
   // default_min is kept even beyond them: the operator asked for it by name.
   uint64_t budget_mb = 0;
   uint32_t budget_cpus = 0;
+  // What each guest holds of the host beyond its memory, charged to budget_mb with it (its
+  // QEMU's translation buffer under TCG), as the node counts it.
+  uint64_t vm_buffer_mb = 0;
   size_t max_per_key = 8;
   // Demand is what was asked for within this window; a kind not asked for in it gets nothing.
   std::chrono::seconds window{600};

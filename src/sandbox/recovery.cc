@@ -10,6 +10,7 @@
 #include <system_error>
 #include <vector>
 
+#include "common/fs.h"
 #include "common/process.h"
 #include "jail/cgroup.h"
 #include "sandbox/manager_internal.h"
@@ -97,6 +98,12 @@ Status SandboxManager::recover() {
     }
     if (runtime) {
       auto live = liveFromRecord(row);
+      // Its QEMU may be an earlier spaced's, with another translation buffer (QEMU's 1 GiB
+      // default before --tcg-tb-mib): counted as its command line says, never below a new one's.
+      if (auto cmdline = readSmallFile("/proc/" + std::to_string(runtime->vm().pid()) + "/cmdline", 64 << 10);
+          cmdline.ok()) {
+        live->buffer_mb = std::max(live->buffer_mb, vmm::tcgBufferMibOfCommandLine(cmdline.value()));
+      }
       live->state = row.state == "paused" || disk_error ? SandboxState::kPaused : SandboxState::kRunning;
       live->runtime = std::move(runtime);
       // Secrets may have been rotated or deleted while spaced was down.

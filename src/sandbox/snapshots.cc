@@ -69,7 +69,9 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
   if (!pending.ok()) return pending.error();
   // The helper QEMU of step 2 maps a memory file of the guest's size and fills it: room for it
   // is reserved before anything is frozen, so a refusal changes nothing.
-  auto helper_room = reserveSnapshotHelper(request.tenant, sandbox.id, rec->memory_mb);
+  // The helper runs under its sandbox's accelerator, with the node's translation buffer.
+  const uint64_t helper_buffer_mb = vmm::tcgBufferMib(sandbox.vm().accelerator(), launcher_->facts().tcg_tb_size_mib);
+  auto helper_room = reserveSnapshotHelper(request.tenant, sandbox.id, rec->memory_mb, helper_buffer_mb);
   if (!helper_room.ok()) return helper_room.error();
   store::SnapshotRecord snap;
   snap.id = newSnapshotId();
@@ -218,12 +220,14 @@ Result<std::shared_ptr<void>> SandboxManager::claimSnapshotPlace(const std::stri
 }
 
 Result<std::shared_ptr<void>> SandboxManager::reserveSnapshotHelper(const std::string& tenant,
-                                                                    const std::string& sandbox_id, uint64_t memory_mb) {
+                                                                    const std::string& sandbox_id, uint64_t memory_mb,
+                                                                    uint64_t buffer_mb) {
   // Made before anything is counted (it copies the tenant's name, which may throw); once the
   // counts are in, only the guard's own making can throw, and then it runs the deleter.
-  auto give_back = [this, tenant, memory_mb](void*) {
+  const uint64_t host_mb = memory_mb + buffer_mb;  // the node's count; the tenant's is its guest's
+  auto give_back = [this, tenant, memory_mb, host_mb](void*) {
     std::lock_guard lock(mu_);
-    helper_memory_mb_ -= memory_mb;
+    helper_memory_mb_ -= host_mb;
     auto found = tenant_helper_memory_mb_.find(tenant);
     if (found == tenant_helper_memory_mb_.end()) return;
     found->second -= memory_mb;
@@ -250,16 +254,18 @@ Result<std::shared_ptr<void>> SandboxManager::reserveSnapshotHelper(const std::s
                        "tenant_quota");
     }
     const uint64_t held = memoryHeldLocked();
-    if (held + memory_mb > config_.max_total_memory_mb) {
-      return makeError(ErrorCode::kResourceExhausted,
-                       "not enough memory on this node for the helper VM that makes sandbox " + sandbox_id +
-                           "'s snapshot (" + std::to_string(memory_mb) + " MB, like the sandbox): " +
-                           std::to_string(config_.max_total_memory_mb > held ? config_.max_total_memory_mb - held : 0) +
-                           " of " + std::to_string(config_.max_total_memory_mb) + " MB free",
-                       "insufficient_capacity");
+    if (held + host_mb > config_.max_total_memory_mb) {
+      return makeError(
+          ErrorCode::kResourceExhausted,
+          "not enough memory on this node for the helper VM that makes sandbox " + sandbox_id + "'s snapshot (" +
+              std::to_string(memory_mb) + " MB, like the sandbox" +
+              (buffer_mb ? ", and " + std::to_string(buffer_mb) + " MB for its translation buffer" : "") +
+              "): " + std::to_string(config_.max_total_memory_mb > held ? config_.max_total_memory_mb - held : 0) +
+              " of " + std::to_string(config_.max_total_memory_mb) + " MB free",
+          "insufficient_capacity");
     }
     tenant_helper_memory_mb_[tenant] += memory_mb;  // may throw: before the node's count
-    helper_memory_mb_ += memory_mb;
+    helper_memory_mb_ += host_mb;
     revoked = takeBackPoolCapacityLocked();
   }
   std::shared_ptr<void> guard(nullptr, std::move(give_back));
@@ -403,7 +409,8 @@ Result<std::vector<store::SandboxRecord>> SandboxManager::branch(const CreateReq
     const auto usage = tenant_usage_.find(request.tenant);
     const TenantUsage used = usage == tenant_usage_.end() ? TenantUsage{} : usage->second;
     const uint64_t vcpus = uint64_t{count} * snap->cpus;
-    const uint64_t memory_mb = uint64_t{count} * snap->memory_mb;
+    const uint64_t memory_mb = uint64_t{count} * snap->memory_mb;  // the tenant's count
+    const uint64_t node_mb = uint64_t{count} * nodeShareMb(snap->memory_mb);
     auto refuse = [&](const std::string& what, const char* reason) {
       return makeError(ErrorCode::kResourceExhausted,
                        "branch of " + request.snapshot_id + " into " + std::to_string(count) +
@@ -422,7 +429,7 @@ Result<std::vector<store::SandboxRecord>> SandboxManager::branch(const CreateReq
                     "too_many_sandboxes");
     }
     if (reserved_vcpus_ + vcpus > config_.max_total_vcpus ||
-        memoryHeldLocked() + memory_mb > config_.max_total_memory_mb) {
+        memoryHeldLocked() + node_mb > config_.max_total_memory_mb) {
       return refuse("not enough vCPU or memory capacity free on this node", "insufficient_capacity");
     }
   }

@@ -344,6 +344,7 @@ Result<TemplateSnapshot> TemplateCache::build(const TemplateKey& key, const std:
   spec.qemu_binary = key.qemu_binary;
   spec.extra_cmdline = key.kernel_args;
   spec.memory_file = dir + "/memory";  // shared: the guest's RAM lands in the snapshot directly
+  if (node) spec.tcg_tb_size_mib = node->tcg_tb_size_mib;
   // No disk I/O limit (spec.disk_io): a template's guest runs the operator's image and SPACE's
   // own start-up, no tenant's code, and its boot reads the image at the disk's speed.
   vmm::VmStartOptions options;

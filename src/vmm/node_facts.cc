@@ -5,12 +5,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string_view>
+#include <vector>
 
 #include "common/bounded_json.h"
 #include "common/fs.h"
@@ -262,6 +266,34 @@ Result<NodeFacts> probeNodeFacts(Accelerator requested, const std::string& qemu_
   return facts;
 }
 
+uint64_t tcgBufferMib(Accelerator accelerator, uint32_t tb_size_mib) {
+  if (accelerator != Accelerator::kTcg) return 0;
+  return tb_size_mib > 0 ? tb_size_mib : kQemuDefaultTcgTbSizeMib;
+}
+
+uint64_t tcgBufferMibOfCommandLine(std::string_view cmdline) {
+  std::vector<std::string_view> args;
+  for (size_t at = 0; at < cmdline.size();) {
+    const size_t end = std::min(cmdline.find('\0', at), cmdline.size());
+    args.push_back(cmdline.substr(at, end - at));
+    at = end + 1;
+  }
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] != "-accel" || args[i + 1].substr(0, 3) != "tcg") continue;
+    const std::string_view options = args[i + 1];
+    constexpr std::string_view kKey = ",tb-size=";
+    const size_t key = options.find(kKey);
+    if (key == std::string_view::npos) return kQemuDefaultTcgTbSizeMib;
+    const std::string_view digits = options.substr(key + kKey.size());
+    uint64_t mib = 0;
+    const auto parsed = std::from_chars(digits.data(), digits.data() + digits.size(), mib);
+    // Unreadable or absurd (over 1 TiB): taken as QEMU's default, which a caller's floor may raise.
+    if (parsed.ec != std::errc{} || mib > (uint64_t{1} << 20)) return kQemuDefaultTcgTbSizeMib;
+    return mib > 0 ? mib : kQemuDefaultTcgTbSizeMib;
+  }
+  return 0;
+}
+
 jail::CgroupLimits vmCgroupLimits(const VmSpec& spec, Accelerator accelerator,
                                   const std::vector<std::string>& io_devices) {
   // QEMU's own memory beyond the guest's (measured: about 27 MiB for an idle guest; devices,
@@ -270,13 +302,12 @@ jail::CgroupLimits vmCgroupLimits(const VmSpec& spec, Accelerator accelerator,
   constexpr uint64_t kQemuOverheadMib = 384;
   // Per vCPU: under TCG each one's software TLB grows with use.
   constexpr uint64_t kPerVcpuMib = 64;
-  constexpr uint64_t kTcgDefaultTbMib = 1024;  // QEMU's own default on 64-bit hosts
   // QEMU's threads: the main loop, one per vCPU, RCU, and its I/O worker pool (at most 64).
   constexpr uint32_t kTasksBeyondVcpus = 128;
-  uint64_t tb_mib = 0;
-  if (accelerator == Accelerator::kTcg) tb_mib = spec.tcg_tb_size_mib > 0 ? spec.tcg_tb_size_mib : kTcgDefaultTbMib;
   jail::CgroupLimits limits;
-  limits.memory_bytes = (spec.memory_mib + tb_mib + kQemuOverheadMib + kPerVcpuMib * spec.vcpus) << 20;
+  limits.memory_bytes =
+      (spec.memory_mib + tcgBufferMib(accelerator, spec.tcg_tb_size_mib) + kQemuOverheadMib + kPerVcpuMib * spec.vcpus)
+      << 20;
   limits.pids = kTasksBeyondVcpus + 2 * spec.vcpus;
   limits.cpu_period_us = 100000;
   limits.cpu_quota_us = uint64_t{spec.vcpus + 1} * limits.cpu_period_us;

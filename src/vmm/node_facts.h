@@ -50,6 +50,9 @@ struct NodeFacts {
   // How much of the host's disk one vCPU of a sandbox may use (vmDiskIoLimits). Zero: no limit
   // (spaced sets --disk-mib-per-vcpu and --disk-iops-per-vcpu).
   DiskIoRate disk_io_per_vcpu;
+  // Under TCG, each VM's translation buffer in MiB (VmSpec::tcg_tb_size_mib; spaced sets
+  // --tcg-tb-mib). The node counts it in every VM's share of its memory (tcgBufferMib).
+  uint32_t tcg_tb_size_mib = kDefaultTcgTbSizeMib;
 
   // The kernel arguments every guest of this node gets under `accelerator`, after SPACE's own.
   std::string guestKernelArgs(Accelerator accelerator) const;
@@ -114,8 +117,17 @@ uint64_t measureTscKhz(int window_ms = 100);
 // `measured`, which is then remembered (crash-safe write). `measured` 0: 0.
 uint64_t rememberedTscKhz(const std::string& file, uint64_t measured);
 
+// What a VM's translation buffer may grow to, in MiB: under TCG `tb_size_mib` (0: QEMU's own
+// default, 1 GiB), under KVM nothing (there is no translation). A node counts it in each VM's
+// share of its memory (sandbox/manager.h), beside the guest's.
+uint64_t tcgBufferMib(Accelerator accelerator, uint32_t tb_size_mib);
+// The same for a running QEMU, from its command line as /proc/<pid>/cmdline gives it (arguments
+// NUL-separated): an `-accel tcg...` without `tb-size=` has QEMU's default; no TCG, nothing. A
+// QEMU may have rewritten its own, so a caller takes it as a claim to check against a floor.
+uint64_t tcgBufferMibOfCommandLine(std::string_view cmdline);
+
 // A VM's cgroup limits: its memory plus QEMU's own (384 MiB and 64 MiB per vCPU; under TCG also
-// the translation buffer: the spec's tb-size or QEMU's 1 GiB default), a bound on its tasks, and
+// the translation buffer, tcgBufferMib), a bound on its tasks, and
 // CPU time for its vCPUs and one more thread (QEMU's main loop and I/O), and on each of
 // `io_devices` (the disks its files are on) four times its guest's disk rate (VmSpec::disk_io),
 // for reads and for writes each: room for QEMU's own I/O for what its guest may do (a guest's

@@ -28,6 +28,12 @@ struct DiskIoRate {
   bool limited() const { return bytes_per_sec != 0 || iops != 0; }
 };
 
+// Under TCG, the translation buffer a VM's QEMU gets unless told otherwise (VmSpec and a node's
+// --tcg-tb-mib), in MiB.
+inline constexpr uint32_t kDefaultTcgTbSizeMib = 128;
+// QEMU's own translation buffer size on 64-bit hosts, used when a spec leaves it at 0.
+inline constexpr uint32_t kQemuDefaultTcgTbSizeMib = 1024;
+
 // A disk image below a VM's overlay, as QEMU is given it.
 struct DiskLayer {
   std::string path;
@@ -61,10 +67,11 @@ struct VmSpec {
   std::chrono::milliseconds boot_timeout{60000};
   std::string qemu_binary = "qemu-system-x86_64";
   // TCG only: the size of QEMU's translation buffer in MiB (`-accel tcg,tb-size=`); 0 leaves
-  // QEMU's own default (1 GiB here). Not yet lowered by default: bench/RESULTS.md ("QEMU's
-  // memory") measured 128 MiB at no cost, but a guest panic seen while that change was on
-  // trial is not yet explained.
-  uint32_t tcg_tb_size_mib = 0;
+  // QEMU's own default (1 GiB here). The buffer is never given back and is emptied only when
+  // full, so a guest that keeps running new code grows it to the whole size; 128 MiB cost no
+  // measurable latency (bench/RESULTS.md, "QEMU's memory") where 1 GiB lets one guest's QEMU
+  // hold eight times that. Not in the migration stream: any size restores any snapshot.
+  uint32_t tcg_tb_size_mib = kDefaultTcgTbSizeMib;
   // QEMU holds the guest's disk to this rate from its first request (Vm::limitDiskIo; not saved
   // state, so set at every start). Sandboxes get their node's rate per vCPU (vmDiskIoLimits).
   DiskIoRate disk_io;

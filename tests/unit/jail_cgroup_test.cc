@@ -246,13 +246,37 @@ TEST(VmCgroupLimits, MemoryCountsQemuAndTheTranslationBufferTasksAndCpuFollowVcp
   spec.memory_mib = 512;
   spec.vcpus = 2;
   auto tcg = vmm::vmCgroupLimits(spec, vmm::Accelerator::kTcg);
-  EXPECT_EQ(tcg.memory_bytes, uint64_t{512 + 1024 + 384 + 2 * 64} << 20);  // QEMU's default 1 GiB buffer
+  EXPECT_EQ(tcg.memory_bytes, uint64_t{512 + 128 + 384 + 2 * 64} << 20);  // the default 128 MiB buffer
   EXPECT_EQ(tcg.pids, 132u);
   EXPECT_EQ(tcg.cpu_quota_us, 300000u);
   EXPECT_EQ(tcg.cpu_period_us, 100000u);
-  spec.tcg_tb_size_mib = 128;
-  EXPECT_EQ(vmm::vmCgroupLimits(spec, vmm::Accelerator::kTcg).memory_bytes, uint64_t{512 + 128 + 384 + 128} << 20);
+  spec.tcg_tb_size_mib = 0;  // QEMU's own default, 1 GiB
+  EXPECT_EQ(vmm::vmCgroupLimits(spec, vmm::Accelerator::kTcg).memory_bytes, uint64_t{512 + 1024 + 384 + 128} << 20);
   EXPECT_EQ(vmm::vmCgroupLimits(spec, vmm::Accelerator::kKvm).memory_bytes, uint64_t{512 + 384 + 128} << 20);
+}
+
+TEST(VmCgroupLimits, TheTranslationBufferIsTcgsAloneAndZeroMeansQemusDefault) {
+  EXPECT_EQ(vmm::tcgBufferMib(vmm::Accelerator::kTcg, 128), 128u);
+  EXPECT_EQ(vmm::tcgBufferMib(vmm::Accelerator::kTcg, 0), 1024u);
+  EXPECT_EQ(vmm::tcgBufferMib(vmm::Accelerator::kKvm, 128), 0u);
+  EXPECT_EQ(vmm::VmSpec{}.tcg_tb_size_mib, 128u);
+  EXPECT_EQ(vmm::NodeFacts{}.tcg_tb_size_mib, 128u);
+}
+
+TEST(VmCgroupLimits, ARunningQemusBufferIsReadFromItsCommandLine) {
+  using namespace std::string_literals;
+  auto of = [](const std::string& cmdline) { return vmm::tcgBufferMibOfCommandLine(cmdline); };
+  EXPECT_EQ(of("qemu\0-machine\0microvm\0-accel\0tcg,thread=multi,tb-size=128\0-m\0256M\0"s), 128u);
+  EXPECT_EQ(of("qemu\0-accel\0tcg,thread=multi\0-m\0256M\0"s), 1024u);  // QEMU's own default
+  EXPECT_EQ(of("qemu\0-accel\0tcg,tb-size=64"s), 64u);                  // no final NUL
+  EXPECT_EQ(of("qemu\0-accel\0kvm\0-cpu\0host\0"s), 0u);
+  EXPECT_EQ(of("qemu\0-m\0tcg,tb-size=8\0"s), 0u);  // not the -accel's
+  EXPECT_EQ(of(""), 0u);
+  EXPECT_EQ(of("qemu\0-accel\0"s), 0u);  // nothing after -accel
+  // A QEMU that rewrote its own: unreadable or absurd sizes are taken as the default.
+  EXPECT_EQ(of("q\0-accel\0tcg,tb-size=x\0"s), 1024u);
+  EXPECT_EQ(of("q\0-accel\0tcg,tb-size=99999999999999999999999\0"s), 1024u);
+  EXPECT_EQ(of("q\0-accel\0tcg,tb-size=0\0"s), 1024u);
 }
 
 TEST(VmCgroupLimits, QemusDiskIoIsFourTimesItsGuestsOnEachDiskItUses) {

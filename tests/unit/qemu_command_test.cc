@@ -52,7 +52,7 @@ TEST(QemuCommand, MicrovmWithoutDefaults) {
 
 TEST(QemuCommand, TcgAndKvm) {
   auto tcg = buildQemuArgv(spec(), VmPaths::inRunDir("/r"), Accelerator::kTcg);
-  EXPECT_TRUE(hasPair(tcg, "-accel", "tcg,thread=multi"));  // QEMU's own buffer size by default
+  EXPECT_TRUE(hasPair(tcg, "-accel", "tcg,thread=multi,tb-size=128"));  // SPACE's bound, not QEMU's 1 GiB
   EXPECT_TRUE(hasPair(tcg, "-cpu", "max"));
   auto kvm = buildQemuArgv(spec(), VmPaths::inRunDir("/r"), Accelerator::kKvm);
   EXPECT_TRUE(hasPair(kvm, "-accel", "kvm"));

@@ -45,6 +45,20 @@ TEST(PoolSizer, AKindAskedForOnceGetsNothingTwiceGetsAGuest) {
   EXPECT_EQ(targets[kPython], 1u);
 }
 
+TEST(PoolSizer, TheBudgetCountsEachGuestsTranslationBufferBesideItsMemory) {
+  TimePoint t = TimePoint{} + 1h;
+  auto burst = [&](PoolSizer& sizer) {
+    for (int i = 0; i < 5; ++i) sizer.recordCreate(kPython, t + std::chrono::milliseconds(100 * i));
+    return sizer.targets(t + 1s)[kPython];
+  };
+  PoolSizer guests_only(sizing(0, 2048));
+  EXPECT_EQ(burst(guests_only), 4u);  // 4 x 512 MB
+  auto config = sizing(0, 2048);
+  config.vm_buffer_mb = 128;
+  PoolSizer with_buffers(config);
+  EXPECT_EQ(burst(with_buffers), 3u);  // 3 x 640 MB; a fourth would make 2560
+}
+
 TEST(PoolSizer, ABurstIsAbsorbedUpToTheLimitPerKind) {
   PoolSizer sizer(sizing(0, 1 << 20));
   TimePoint t = TimePoint{} + 1h;
