@@ -33,7 +33,7 @@ int pollTimeoutMs(Clock::time_point deadline) {
   return left > (1 << 30) ? (1 << 30) : static_cast<int>(left);
 }
 
-Result<UniqueFd> connectUnix(const std::string& path, Clock::time_point deadline) {
+Result<UniqueFd> connectUnix(const std::string& path, Clock::time_point deadline, int peer_pidfd) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
     return makeError(ErrorCode::kInvalidArgument, "socket path too long (" + std::to_string(path.size()) +
@@ -64,6 +64,14 @@ Result<UniqueFd> connectUnix(const std::string& path, Clock::time_point deadline
     }
     if (err != ENOENT && err != ECONNREFUSED && err != EAGAIN) {
       return makeError(ErrorCode::kUnavailable, "connect " + path + ": " + strerror(err));
+    }
+    // A refusal or no socket, and the peer is gone: nothing will ever listen there.
+    if (peer_pidfd >= 0) {
+      pollfd exited{peer_pidfd, POLLIN, 0};
+      if (::poll(&exited, 1, 0) > 0) {
+        return makeError(ErrorCode::kUnavailable,
+                         "connect " + path + ": " + strerror(err) + ", and the process that would listen has exited");
+      }
     }
     if (Clock::now() >= deadline) {
       return makeError(ErrorCode::kDeadlineExceeded, "connect " + path + ": " + strerror(err));

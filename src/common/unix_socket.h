@@ -36,9 +36,11 @@ class UniqueFd {
 };
 
 // Connects to the socket at `path` (non-blocking fd). Retries while the socket does not exist
-// yet or refuses, until `deadline` (a peer we just started may not be listening yet). A path
-// that is a symbolic link or not a socket is refused (kUnavailable), not followed.
-Result<UniqueFd> connectUnix(const std::string& path, Clock::time_point deadline);
+// yet or refuses, until `deadline` (a peer we just started may not be listening yet), or until
+// the process behind `peer_pidfd` (when given) has exited: nothing will listen then, and a
+// caller learns it at once instead of at its deadline (kUnavailable). A path that is a symbolic
+// link or not a socket is refused (kUnavailable), not followed.
+Result<UniqueFd> connectUnix(const std::string& path, Clock::time_point deadline, int peer_pidfd = -1);
 
 // A listening socket bound at `path` (close-on-exec), for a process we start to accept on
 // (handed over as a descriptor), so that it need not make the socket file itself. What was at

@@ -44,8 +44,8 @@ Result<QmpClient::Message> QmpClient::parseMessage(const std::string& line) {
   return makeError(ErrorCode::kUnavailable, "QMP: message is neither event, return nor error");
 }
 
-Result<QmpClient> QmpClient::connect(const std::string& socket_path, Clock::time_point deadline) {
-  auto fd = connectUnix(socket_path, deadline);
+Result<QmpClient> QmpClient::connect(const std::string& socket_path, Clock::time_point deadline, int qemu_pidfd) {
+  auto fd = connectUnix(socket_path, deadline, qemu_pidfd);
   if (!fd.ok()) return fd.error();
   QmpClient client(std::move(fd.value()));
   auto greeting_line = client.reader_.readLine(deadline);

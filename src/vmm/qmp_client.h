@@ -25,8 +25,9 @@ class QmpClient {
   static constexpr size_t kMaxMessageBytes = 1 << 20;
   static constexpr size_t kMaxQueuedEvents = 256;
 
-  // Connects (retrying until the socket appears), reads the greeting, enables commands.
-  static Result<QmpClient> connect(const std::string& socket_path, Clock::time_point deadline);
+  // Connects (retrying until the socket appears, or until QEMU behind `qemu_pidfd`, when given,
+  // has exited: connectUnix), reads the greeting, enables commands.
+  static Result<QmpClient> connect(const std::string& socket_path, Clock::time_point deadline, int qemu_pidfd = -1);
 
   QmpClient(QmpClient&&) = default;
   QmpClient& operator=(QmpClient&&) = default;

@@ -215,7 +215,7 @@ Result<std::unique_ptr<Vm>> Vm::adopt(const VmAdoptSpec& spec) {
   vm->identity_ = spec.identity;
   vm->memory_mib_ = spec.memory_mib;
 
-  auto qmp = QmpClient::connect(vm->paths_.qmp_socket, deadline);
+  auto qmp = QmpClient::connect(vm->paths_.qmp_socket, deadline, vm->process_->pidfd());
   if (!qmp.ok()) return makeError(qmp.error().code, "cannot re-attach QEMU's monitor: " + qmp.error().message);
   vm->qmp_.emplace(std::move(qmp.value()));
   auto status = vm->queryStatus();
@@ -660,8 +660,9 @@ Status Vm::boot(const VmSpec& spec, const VmStartOptions& options, bool defer_st
   spdlog::debug("vmm: started qemu pid {} in {}", process_->pid(), paths_.run_dir);
 
   // QMP: the connection waits in the socket's queue until QEMU serves it. A QEMU that exits
-  // first (bad arguments) closes the listening socket, which resets it at once.
-  auto qmp = QmpClient::connect(paths_.qmp_socket, deadline);
+  // first (bad arguments) closes the listening socket, which resets it at once; one that exits
+  // before we connect leaves it refusing, which its pidfd tells apart from a slow start.
+  auto qmp = QmpClient::connect(paths_.qmp_socket, deadline, process_->pidfd());
   if (!qmp.ok()) {
     if (process_->waitFor(milliseconds(1000))) return bootFailure("QEMU exited before its monitor came up");
     return bootFailure("cannot reach QEMU's monitor: " + qmp.error().message);
@@ -707,7 +708,7 @@ std::optional<Error> Vm::checkAlive() {
 }
 
 Status Vm::connectAgent(Clock::time_point deadline, const agentproto::HandshakeWatch& watch) {
-  auto fd = connectUnix(paths_.agent_socket, deadline);
+  auto fd = connectUnix(paths_.agent_socket, deadline, process_ ? process_->pidfd() : -1);
   if (!fd.ok()) return makeError(fd.error().code, "cannot reach the agent port: " + fd.error().message);
   // If this fails, both descriptors close and QEMU sees the connection end, as it must: it
   // serves the port's next connection only then.

@@ -190,9 +190,33 @@ TEST_F(VmTest, BootHangIsDetectedByTimeout) {
 
 TEST_F(VmTest, QemuRefusingToStartIsReported) {
   spec_.qemu_binary = "/bin/false";
+  spec_.boot_timeout = std::chrono::seconds(40);
+  auto started = std::chrono::steady_clock::now();
   auto vm = Vm::start(spec_, options_);
   ASSERT_FALSE(vm.ok());
   EXPECT_NE(vm.error().message.find("QEMU exited before its monitor came up"), std::string::npos) << vm.error().message;
+  // At its exit, whether it came before spaced's connect (under load) or after.
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
+  // One that lets go of its monitor's socket early and exits a moment later (a crash early in
+  // its start): connected before it let go, spaced sees the connection reset; after, the socket
+  // refuses, and the start fails when QEMU exits (its pidfd), not at the boot timeout. Which of
+  // the two happens is a race (the second under load: how this test once hung for its timeout).
+  auto scripts = TempDir::create(std::filesystem::temp_directory_path().string(), "space-fake-qemu-");
+  ASSERT_TRUE(scripts.ok());
+  const std::string fake = scripts->path() + "/drops-its-monitor";
+  ASSERT_TRUE(writeFileAtomic(fake, "#!/bin/sh\nexec " + std::to_string(kQmpFd) + ">&-\nsleep 2\nexit 1\n", 0755).ok());
+  spec_.qemu_binary = fake;
+  spec_.boot_timeout = std::chrono::seconds(40);
+  for (int round = 0; round < 3; ++round) {
+    started = std::chrono::steady_clock::now();
+    vm = Vm::start(spec_, options_);
+    ASSERT_FALSE(vm.ok());
+    const std::string& why = vm.error().message;
+    EXPECT_TRUE(why.find("QEMU exited before its monitor came up") != std::string::npos ||
+                why.find("cannot reach QEMU's monitor") != std::string::npos)
+        << why;
+    EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10)) << why;
+  }
 }
 
 TEST_F(VmTest, ImpossibleSizesAreRefusedBeforeAnythingStarts) {

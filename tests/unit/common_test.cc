@@ -287,6 +287,35 @@ TEST(Fs, AllocatedBytesUnderCountsBlocksNotSizes) {
   EXPECT_EQ(allocatedBytesUnder(root + "/missing"), 0u);
 }
 
+// A socket nobody listens on any more (its listener closed) refuses; connectUnix would retry
+// that until its deadline, as for a peer still starting, unless the peer's pidfd says it exited.
+TEST(UnixSocket, ConnectGivesUpAtOnceWhenThePeerThatWouldListenHasExited) {
+  auto dir = TempDir::create(std::filesystem::temp_directory_path().string(), "space-connect-");
+  ASSERT_TRUE(dir.ok());
+  const std::string path = dir->path() + "/gone.sock";
+  {
+    auto closed = listenUnix(path, 1);
+    ASSERT_TRUE(closed.ok());
+  }  // bound, then no listener
+  auto peer = ChildProcess::spawn({"/bin/sh", "-c", "sleep 0.3"}, SpawnOptions{});
+  ASSERT_TRUE(peer.ok());
+  auto started = std::chrono::steady_clock::now();
+  auto fd = connectUnix(path, started + std::chrono::seconds(20), peer->pidfd());
+  auto took = std::chrono::steady_clock::now() - started;
+  ASSERT_FALSE(fd.ok());
+  EXPECT_EQ(fd.error().code, ErrorCode::kUnavailable) << fd.error().message;
+  EXPECT_NE(fd.error().message.find("the process that would listen has exited"), std::string::npos)
+      << fd.error().message;
+  EXPECT_GE(took, milliseconds(250));  // it waited while the peer ran
+  EXPECT_LT(took, std::chrono::seconds(3));
+  // Without a peer to watch: until the deadline.
+  started = std::chrono::steady_clock::now();
+  fd = connectUnix(path, started + milliseconds(300));
+  ASSERT_FALSE(fd.ok());
+  EXPECT_EQ(fd.error().code, ErrorCode::kDeadlineExceeded);
+  EXPECT_GE(std::chrono::steady_clock::now() - started, milliseconds(300));
+}
+
 TEST(Fs, TempDirRemovesContents) {
   std::string path;
   {
