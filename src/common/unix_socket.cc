@@ -68,7 +68,7 @@ Result<UniqueFd> connectUnix(const std::string& path, Clock::time_point deadline
     // A refusal or no socket, and the peer is gone: nothing will ever listen there.
     if (peer_pidfd >= 0) {
       pollfd exited{peer_pidfd, POLLIN, 0};
-      if (::poll(&exited, 1, 0) > 0) {
+      if (::poll(&exited, 1, 0) > 0 && (exited.revents & (POLLIN | POLLHUP)) != 0) {
         return makeError(ErrorCode::kUnavailable,
                          "connect " + path + ": " + strerror(err) + ", and the process that would listen has exited");
       }

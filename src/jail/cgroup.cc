@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -346,6 +347,21 @@ VmCgroup VmCgroup::existing(const CgroupLayout& layout, const std::string& name)
   if (!validGroupName(name)) return group;
   for (const auto& root : layout.roots) group.dirs_.push_back(root.dir + "/" + name);
   return group;
+}
+
+std::optional<uint64_t> VmCgroup::memoryLimitBytes() const {
+  for (const auto& dir : dirs_) {
+    for (const char* file : {"/memory.max", "/memory.limit_in_bytes"}) {
+      auto text = readSmallFile(dir + file, 64);
+      if (!text.ok()) continue;
+      uint64_t bytes = 0;
+      const std::string& t = text.value();
+      const auto parsed = std::from_chars(t.data(), t.data() + t.size(), bytes);
+      if (parsed.ec != std::errc{} || (parsed.ptr != t.data() + t.size() && *parsed.ptr != '\n')) return std::nullopt;
+      return bytes;  // "max" (v2's none) fails the parse above
+    }
+  }
+  return std::nullopt;
 }
 
 std::vector<std::string> VmCgroup::procsFiles() const {

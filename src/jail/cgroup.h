@@ -112,6 +112,10 @@ class VmCgroup {
   std::vector<pid_t> processes() const;
   // Whether `pid` is in the group in every hierarchy (false for a group of no hierarchy).
   bool holds(pid_t pid) const;
+  // The memory limit written to the group (memory.max on v2, memory.limit_in_bytes on v1);
+  // nullopt where there is none or it cannot be read. Only spaced writes it: a jailed process
+  // has no cgroup filesystem in its view.
+  std::optional<uint64_t> memoryLimitBytes() const;
   // Removes the group. Its processes must have exited: a group still in use stays (kUnavailable).
   Status remove();
   // Forgets the group without removing it (it stays for a later owner).

@@ -99,10 +99,16 @@ Status SandboxManager::recover() {
     if (runtime) {
       auto live = liveFromRecord(row);
       // Its QEMU may be an earlier spaced's, with another translation buffer (QEMU's 1 GiB
-      // default before --tcg-tb-mib): counted as its command line says, never below a new one's.
+      // default before --tcg-tb-mib): counted as its command line says, never below a new VM's
+      // and never above what its cgroup's memory limit (spaced's writing, not QEMU's) left room
+      // for (adoptedTcgBufferMib). A QEMU recorded as KVM's has none, whatever it says.
       if (auto cmdline = readSmallFile("/proc/" + std::to_string(runtime->vm().pid()) + "/cmdline", 64 << 10);
-          cmdline.ok()) {
-        live->buffer_mb = std::max(live->buffer_mb, vmm::tcgBufferMibOfCommandLine(cmdline.value()));
+          cmdline.ok() && live->buffer_mb > 0) {
+        uint64_t most = std::max<uint64_t>(vmm::kQemuDefaultTcgTbSizeMib, launcher_->facts().tcg_tb_size_mib);
+        if (auto limit = runtime->vm().cgroupMemoryLimit()) {
+          most = std::min(most, vmm::tcgBufferMibWithin(*limit, row.memory_mb, row.cpus));
+        }
+        live->buffer_mb = vmm::adoptedTcgBufferMib(cmdline.value(), live->buffer_mb, most);
       }
       live->state = row.state == "paused" || disk_error ? SandboxState::kPaused : SandboxState::kRunning;
       live->runtime = std::move(runtime);

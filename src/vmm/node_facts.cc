@@ -294,14 +294,27 @@ uint64_t tcgBufferMibOfCommandLine(std::string_view cmdline) {
   return 0;
 }
 
+uint64_t adoptedTcgBufferMib(std::string_view cmdline, uint64_t floor_mib, uint64_t most_mib) {
+  return std::clamp(tcgBufferMibOfCommandLine(cmdline), floor_mib, std::max(floor_mib, most_mib));
+}
+
+namespace {
+// QEMU's own memory beyond the guest's (measured: about 27 MiB for an idle guest; devices, I/O
+// buffers and the disk's page cache, dirty included, take more under load), with room to spare:
+// the limit is there to stop a runaway, not to squeeze.
+constexpr uint64_t kQemuOverheadMib = 384;
+// Per vCPU: under TCG each one's software TLB grows with use.
+constexpr uint64_t kPerVcpuMib = 64;
+}  // namespace
+
+uint64_t tcgBufferMibWithin(uint64_t memory_limit_bytes, uint64_t memory_mib, uint32_t vcpus) {
+  const uint64_t limit_mib = memory_limit_bytes >> 20;
+  const uint64_t rest = memory_mib + kQemuOverheadMib + kPerVcpuMib * vcpus;
+  return limit_mib > rest ? limit_mib - rest : 0;
+}
+
 jail::CgroupLimits vmCgroupLimits(const VmSpec& spec, Accelerator accelerator,
                                   const std::vector<std::string>& io_devices) {
-  // QEMU's own memory beyond the guest's (measured: about 27 MiB for an idle guest; devices,
-  // I/O buffers and the disk's page cache, dirty included, take more under load), with room to
-  // spare: the limit is there to stop a runaway, not to squeeze.
-  constexpr uint64_t kQemuOverheadMib = 384;
-  // Per vCPU: under TCG each one's software TLB grows with use.
-  constexpr uint64_t kPerVcpuMib = 64;
   // QEMU's threads: the main loop, one per vCPU, RCU, and its I/O worker pool (at most 64).
   constexpr uint32_t kTasksBeyondVcpus = 128;
   jail::CgroupLimits limits;

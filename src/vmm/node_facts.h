@@ -125,6 +125,14 @@ uint64_t tcgBufferMib(Accelerator accelerator, uint32_t tb_size_mib);
 // NUL-separated): an `-accel tcg...` without `tb-size=` has QEMU's default; no TCG, nothing. A
 // QEMU may have rewritten its own, so a caller takes it as a claim to check against a floor.
 uint64_t tcgBufferMibOfCommandLine(std::string_view cmdline);
+// What a node counts for an adopted TCG QEMU's buffer: what its command line says, within
+// [floor_mib (a new VM's), most_mib]: a QEMU that rewrote its command line must not make the
+// node look full to others. `most_mib`: tcgBufferMibWithin its cgroup's memory limit where it
+// has one, else QEMU's default or the node's setting, whichever is larger.
+uint64_t adoptedTcgBufferMib(std::string_view cmdline, uint64_t floor_mib, uint64_t most_mib);
+// The translation buffer a VM's cgroup memory limit (vmCgroupLimits) left room for, in MiB: the
+// limit less the guest's memory and QEMU's own allowance (0 if it leaves none).
+uint64_t tcgBufferMibWithin(uint64_t memory_limit_bytes, uint64_t memory_mib, uint32_t vcpus);
 
 // A VM's cgroup limits: its memory plus QEMU's own (384 MiB and 64 MiB per vCPU; under TCG also
 // the translation buffer, tcgBufferMib), a bound on its tasks, and

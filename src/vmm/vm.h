@@ -175,6 +175,8 @@ class Vm {
   bool processRunning();
   // How QEMU ended, once it has (see ExitStatus::known for adopted VMs).
   std::optional<ExitStatus> exitStatus() const { return process_ ? process_->exitStatus() : std::nullopt; }
+  // The memory limit of QEMU's cgroup, as spaced wrote it (nullopt: no group, or none written).
+  std::optional<uint64_t> cgroupMemoryLimit() const { return cgroup_ ? cgroup_->memoryLimitBytes() : std::nullopt; }
 
  private:
   Vm() = default;

@@ -5,7 +5,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
+#include "common/fs.h"
 #include "jail/cgroup.h"
 #include "vmm/node_facts.h"
 
@@ -277,6 +279,56 @@ TEST(VmCgroupLimits, ARunningQemusBufferIsReadFromItsCommandLine) {
   EXPECT_EQ(of("q\0-accel\0tcg,tb-size=x\0"s), 1024u);
   EXPECT_EQ(of("q\0-accel\0tcg,tb-size=99999999999999999999999\0"s), 1024u);
   EXPECT_EQ(of("q\0-accel\0tcg,tb-size=0\0"s), 1024u);
+}
+
+TEST(VmCgroupLimits, AnAdoptedQemusBufferIsCountedWithinBoundsWhateverItsCommandLineClaims) {
+  using namespace std::string_literals;
+  auto counted = [](const std::string& accel, uint64_t floor, uint64_t most) {
+    return vmm::adoptedTcgBufferMib("qemu\0-accel\0"s + accel + "\0-m\0256M\0"s, floor, most);
+  };
+  EXPECT_EQ(counted("tcg,thread=multi", 128, 1024), 1024u);                 // an earlier spaced's QEMU
+  EXPECT_EQ(counted("tcg,thread=multi,tb-size=128", 64, 1024), 128u);       // started before a lower setting
+  EXPECT_EQ(counted("tcg,thread=multi,tb-size=16", 128, 1024), 128u);       // never below a new VM's
+  EXPECT_EQ(counted("tcg,thread=multi,tb-size=900000", 128, 1024), 1024u);  // a rewritten claim: at most `most`
+  EXPECT_EQ(counted("tcg,thread=multi", 128, 128), 128u);                   // more than its cgroup left room for
+  EXPECT_EQ(counted("tcg,thread=multi", 128, 0), 128u);                     // a `most` below the floor: the floor
+  EXPECT_EQ(counted("kvm", 128, 1024), 128u);                               // a claim of none: the floor
+  // What a group's limit left room for is what vmCgroupLimits gave it.
+  vmm::VmSpec spec;
+  spec.memory_mib = 256;
+  spec.vcpus = 2;
+  for (uint32_t tb : {0u, 64u, 128u}) {
+    spec.tcg_tb_size_mib = tb;
+    EXPECT_EQ(vmm::tcgBufferMibWithin(vmm::vmCgroupLimits(spec, vmm::Accelerator::kTcg).memory_bytes, 256, 2),
+              vmm::tcgBufferMib(vmm::Accelerator::kTcg, tb));
+  }
+  EXPECT_EQ(vmm::tcgBufferMibWithin(uint64_t{100} << 20, 256, 2), 0u);
+}
+
+TEST(CgroupLayout, AGroupsMemoryLimitIsReadFromItsVersionsFile) {
+  auto dir = TempDir::create(std::filesystem::temp_directory_path().string(), "space-cgroup-limit-");
+  ASSERT_TRUE(dir.ok());
+  CgroupLayout v1;
+  v1.version = CgroupVersion::kV1;
+  v1.roots = {{"memory", dir->path() + "/memory"}, {"pids", dir->path() + "/pids"}};
+  const VmCgroup group = VmCgroup::existing(v1, "vm-limit");
+  EXPECT_FALSE(group.memoryLimitBytes().has_value());  // no group
+  std::filesystem::create_directories(dir->path() + "/memory/vm-limit");
+  std::filesystem::create_directories(dir->path() + "/pids/vm-limit");
+  ASSERT_TRUE(writeFileAtomic(dir->path() + "/pids/vm-limit/pids.max", "130\n").ok());
+  ASSERT_TRUE(writeFileAtomic(dir->path() + "/memory/vm-limit/memory.limit_in_bytes", "872415232\n").ok());
+  EXPECT_EQ(group.memoryLimitBytes(), std::optional<uint64_t>(872415232));
+  CgroupLayout v2;
+  v2.version = CgroupVersion::kV2;
+  v2.roots = {{"", dir->path() + "/unified"}};
+  const VmCgroup unified = VmCgroup::existing(v2, "vm-limit");
+  std::filesystem::create_directories(dir->path() + "/unified/vm-limit");
+  ASSERT_TRUE(writeFileAtomic(dir->path() + "/unified/vm-limit/memory.max", "max\n").ok());
+  EXPECT_FALSE(unified.memoryLimitBytes().has_value());  // none written
+  ASSERT_TRUE(writeFileAtomic(dir->path() + "/unified/vm-limit/memory.max", "536870912\n").ok());
+  EXPECT_EQ(unified.memoryLimitBytes(), std::optional<uint64_t>(536870912));
+  ASSERT_TRUE(writeFileAtomic(dir->path() + "/unified/vm-limit/memory.max", "5368x\n").ok());
+  EXPECT_FALSE(unified.memoryLimitBytes().has_value());
 }
 
 TEST(VmCgroupLimits, QemusDiskIoIsFourTimesItsGuestsOnEachDiskItUses) {
