@@ -468,12 +468,12 @@ void ApiService::serveIngress(http::Request& req, http::Response& res, const Res
   // tenant's previews down. Connections whose guest has not answered hold a server thread each,
   // and the API must keep some for itself: they have a smaller bound of their own. The count
   // lasts as long as the connection: the relay on the server's event loop holds it.
-  bool over_node = false;
-  std::shared_ptr<void> place = ingress_open_.enter(tenant, over_node);
+  TenantPlaces::Refusal refusal;
+  std::shared_ptr<void> place = ingress_open_.enter(tenant, refusal);
   std::shared_ptr<void> waiting;
   TenantPlaces* full = place ? nullptr : &ingress_open_;
   if (place) {
-    waiting = ingress_waiting_.enter(tenant, over_node);
+    waiting = ingress_waiting_.enter(tenant, refusal);
     if (!waiting) full = &ingress_waiting_;
   }
   if (full != nullptr) {
@@ -481,9 +481,10 @@ void ApiService::serveIngress(http::Request& req, http::Response& res, const Res
     const std::string what =
         of_waiting ? " proxied connections waiting for their guests' answers" : " proxied connections";
     refuseForNow(res, 503, "ingress_busy",
-                 over_node ? "this node has " + std::to_string(full->nodeCap()) + what + " already; retry later"
-                           : "this tenant's sandboxes have " + std::to_string(full->tenantCap()) + what +
-                                 " already; retry when one has ended");
+                 refusal.over_node ? "this node has " + std::to_string(full->nodeCap()) + what + " already; retry later"
+                                   // No count: the caller may be a visitor of the owner's public ports.
+                                   : "this tenant's sandboxes hold their share of this node's" + what +
+                                         (of_waiting ? "; retry when one has answered" : "; retry when one has ended"));
     return;
   }
   // Only the owner's key wakes a suspended sandbox: a token holder or an anonymous visitor of
@@ -1257,13 +1258,14 @@ void ApiService::openPty(Call& c) {
   auto busy = [&c, this](int status, const std::string& message) {
     refuseForNow(c.res, status, "terminals_busy", message);
   };
-  bool over_node = false;
-  std::shared_ptr<void> place = terminal_places_.enter(c.tenant, over_node);
+  TenantPlaces::Refusal refusal;
+  std::shared_ptr<void> place = terminal_places_.enter(c.tenant, refusal);
   if (!place || terminals_ == nullptr) {
-    return busy(over_node ? 503 : 429, over_node ? "this node has " + std::to_string(terminal_places_.nodeCap()) +
-                                                       " terminals open already; retry later"
-                                                 : "this tenant has " + std::to_string(terminal_places_.tenantCap()) +
-                                                       " terminals open already; close one first");
+    return busy(
+        refusal.over_node ? 503 : 429,
+        refusal.over_node
+            ? "this node has " + std::to_string(terminal_places_.nodeCap()) + " terminals open already; retry later"
+            : "this tenant " + terminal_places_.shareText(refusal, " terminals") + "; close one first");
   }
   auto agent = lease(c, "open a terminal");
   if (!agent.ok()) return fail(c, agent.error());

@@ -13,7 +13,7 @@ struct TenantPlaces::State {
 
 TenantPlaces::TenantPlaces(size_t node_cap) : node_cap_(node_cap), state_(std::make_shared<State>()) {}
 
-std::shared_ptr<void> TenantPlaces::enter(const std::string& tenant, bool& over_node) {
+std::shared_ptr<void> TenantPlaces::enter(const std::string& tenant, Refusal& refusal) {
   struct Place {
     Place(std::shared_ptr<State> s, std::string t) : state(std::move(s)), tenant(std::move(t)) {}
     Place(const Place&) = delete;
@@ -31,10 +31,16 @@ std::shared_ptr<void> TenantPlaces::enter(const std::string& tenant, bool& over_
   };
   auto place = std::make_shared<Place>(state_, tenant);
   std::lock_guard lock(state_->mu);
-  over_node = state_->open >= node_cap_;
-  if (over_node) return nullptr;
+  refusal = Refusal{};
+  refusal.over_node = state_->open >= node_cap_;
+  if (refusal.over_node) return nullptr;
+  const size_t free = node_cap_ - state_->open;
   size_t& of_tenant = state_->by_tenant[tenant];  // may throw: before anything is counted
-  if (of_tenant >= tenantCap()) {
+  refusal.tenant_holds = of_tenant;
+  // Less than half of the free places: 0 < free for a tenant holding none, so only a full
+  // node refuses it.
+  if (of_tenant >= tenantCap() || 2 * of_tenant >= free) {
+    refusal.busy_node = of_tenant < tenantCap();
     if (of_tenant == 0) state_->by_tenant.erase(tenant);
     return nullptr;
   }
@@ -42,6 +48,12 @@ std::shared_ptr<void> TenantPlaces::enter(const std::string& tenant, bool& over_
   ++state_->open;
   place->counted = true;
   return place;
+}
+
+std::string TenantPlaces::shareText(const Refusal& refusal, const std::string& what) const {
+  const std::string held = "holds " + std::to_string(refusal.tenant_holds) + what;
+  if (refusal.busy_node) return held + ", its share while the node is this busy";
+  return held + ", its most: a quarter of the node's " + std::to_string(node_cap_);
 }
 
 }  // namespace space::api

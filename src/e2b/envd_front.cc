@@ -544,16 +544,16 @@ void EnvdFront::proxyPort(Call& c, uint16_t port) {
                             " connections to sandbox ports already; retry later");
     return;
   }
-  bool over_node = false;
-  std::shared_ptr<void> waiting = ports_waiting_.enter(c.tenant, over_node);
+  api::TenantPlaces::Refusal refusal;
+  std::shared_ptr<void> waiting = ports_waiting_.enter(c.tenant, refusal);
   if (!waiting) {
     c.res.setHeader("Retry-After", "1");
-    (void)sendJsonError(
-        c.res, over_node ? 503 : 429,
-        over_node ? "this node has " + std::to_string(ports_waiting_.nodeCap()) +
-                        " proxied connections waiting for their guests' answers; retry later"
-                  : "this tenant's sandboxes have " + std::to_string(ports_waiting_.tenantCap()) +
-                        " proxied connections waiting for their guests' answers; retry when one has answered");
+    (void)sendJsonError(c.res, refusal.over_node ? 503 : 429,
+                        refusal.over_node
+                            ? "this node has " + std::to_string(ports_waiting_.nodeCap()) +
+                                  " proxied connections waiting for their guests' answers; retry later"
+                            : "this tenant's sandboxes hold their share of this node's "
+                              "proxied connections waiting for their guests' answers; retry when one has answered");
     return;
   }
   // The guest's own server gets the request as the client sent it (its Authorization too, which
