@@ -800,15 +800,15 @@ TEST_F(SpacedTest, BadInputIsRefusedAndChangesNothing) {
 // tenant_quota (or too_many_requests with Retry-After), and another tenant still creates,
 // snapshots and calls as if the first were not there.
 TEST_F(SpacedTest, ATenantAtItsQuotaCannotStopAnotherFromCreating) {
-  daemon_ =
-      Daemon::start(data_dir_, {"--tenant-max-sandboxes", "2", "--tenant-max-vcpus", "3", "--tenant-max-snapshots", "1",
-                                "--tenant-requests-per-s", "2", "--tenant-request-burst", "40"});
+  daemon_ = Daemon::start(
+      data_dir_, {"--tenant-max-sandboxes", "2", "--tenant-max-vcpus", "3", "--tenant-max-snapshots", "1",
+                  "--tenant-max-memory-mb", "768", "--tenant-requests-per-s", "2", "--tenant-request-burst", "40"});
   ASSERT_TRUE(daemon_);
   auto& d = *daemon_;
   const std::string bob = addTenant("bob");
   ASSERT_FALSE(bob.empty());
 
-  // The operator's tenant: two sandboxes, then its quota.
+  // The operator's tenant: two sandboxes (512 and 256 MB: its whole memory quota), then its quota.
   const std::string mine = d.create();
   ASSERT_FALSE(mine.empty());
   ASSERT_FALSE(d.create(json{{"cpus", 2}, {"memory_mb", 256}}).empty());
@@ -825,6 +825,12 @@ TEST_F(SpacedTest, ATenantAtItsQuotaCannotStopAnotherFromCreating) {
   EXPECT_EQ(over_vcpus["error"]["code"], "tenant_quota");
   EXPECT_NE(over_vcpus["error"]["message"].get<std::string>().find("quota of 3 vCPUs"), std::string::npos)
       << over_vcpus;
+  // And his memory quota: guest memory, as he asked for it (the node adds its QEMU's, not he).
+  json over_memory = d.callJson("POST", "/v1/sandboxes", json{{"cpus", 1}, {"memory_mb", 768}}, 429, bob);
+  EXPECT_EQ(over_memory["error"]["code"], "tenant_quota");
+  EXPECT_NE(over_memory["error"]["message"].get<std::string>().find("quota of 768 MB of memory (256 in use, 768"),
+            std::string::npos)
+      << over_memory;
 
   // Snapshots: one each.
   d.callJson("POST", "/v1/sandboxes/" + mine + "/snapshots", json::object(), 201);
@@ -4012,6 +4018,25 @@ TEST_F(SpacedTest, SecretsStayOffTheCommandLineAndNodeFiguresAreTheOperators) {
   ASSERT_EQ(::stat((data_dir_ + "/api-key").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_EQ(daemon_->key(), "sk_operatorkeyfromafile0123");
+
+  // Or from SPACE_API_KEY, which replaces it, and which spaced takes out of the environment its
+  // QEMUs inherit.
+  daemon_.reset();
+  ::setenv("SPACE_API_KEY", "sk_operatorkeyfromtheenv0123", 1);
+  daemon_ = Daemon::start(data_dir_);
+  ::unsetenv("SPACE_API_KEY");
+  ASSERT_TRUE(daemon_);
+  EXPECT_EQ(daemon_->key(), "sk_operatorkeyfromtheenv0123");
+  EXPECT_EQ(daemon_->call("GET", "/metrics").status, 200);
+  EXPECT_EQ(daemon_->call("GET", "/metrics", "", "sk_operatorkeyfromafile0123").status, 401);
+  const std::string id = daemon_->create();
+  ASSERT_FALSE(id.empty());
+  auto qemu = qemuProcessesUnder(sandboxDir(id));
+  ASSERT_EQ(qemu.size(), 1u);
+  auto environment = readSmallFile("/proc/" + std::to_string(qemu[0]) + "/environ", 1 << 20);
+  ASSERT_TRUE(environment.ok());
+  EXPECT_EQ(environment->find("sk_operatorkeyfromtheenv0123"), std::string::npos);
+  EXPECT_EQ(environment->find("SPACE_API_KEY"), std::string::npos);
 }
 
 // With --tls-cert, every listener speaks HTTPS only: the API (a command's output, a stream),
