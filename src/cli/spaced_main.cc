@@ -45,6 +45,7 @@
 #include "store/state_store.h"
 #include "vmm/disk_overlay.h"
 #include "vmm/image_bases.h"
+#include "vmm/node_facts.h"
 
 namespace {
 
@@ -373,8 +374,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-vcpus", config.max_total_vcpus, "vCPUs all sandboxes may have together (0: 4 x host CPUs)")
       ->capture_default_str();
   app.add_option("--max-memory-mb", config.max_total_memory_mb,
-                 "memory all sandboxes may hold together, their guests' and under TCG their QEMUs' translation "
-                 "buffers (--tcg-tb-mib) (0: 80% of host memory)")
+                 "memory all sandboxes may hold together: their guests', and each one's QEMU's (" +
+                     std::to_string(vmm::kQemuOwnMemoryMib) +
+                     " MiB of its own and, under TCG, its translation buffer, --tcg-tb-mib) (0: 80% of host memory)")
       ->capture_default_str();
   app.add_option("--max-sandbox-memory-mb", config.max_memory_mb, "memory one sandbox may have")->capture_default_str();
   // Per-tenant quotas (0: none beyond the node's limits). A tenant at one gets 429 tenant_quota;
@@ -463,8 +465,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0, 64));
   app.add_option("--warm-pool-budget-mb", config.warm_pool_budget_mb,
-                 "memory that all pooled guests may hold together (as the node counts it: under TCG with their "
-                 "translation buffers): the --warm-pool ones (kept even over it) and "
+                 "memory that all pooled guests may hold together (as the node counts it: with their QEMUs' own "
+                 "memory and translation buffers): the --warm-pool ones (kept even over it) and "
                  "those of the kinds (template, size) that creates asked for at least twice in 10 minutes, each "
                  "kind getting what its recent bursts and rate need (0: only the --warm-pool guests)")
       ->capture_default_str()

@@ -125,9 +125,8 @@ Launch Launcher::fromSnapshot(const Template& tpl, const snapshot::SnapshotFiles
 
 Launch Launcher::fromSuspended(const Template& tpl, const store::SandboxRecord& rec,
                                const std::string& state_file) const {
-  auto recorded = vmm::parseAccelerator(rec.accelerator);
   Launch launch;
-  launch.spec = baseSpec(tpl, rec.cpus, rec.memory_mb, recorded.ok() ? recorded.value() : accelerator());
+  launch.spec = baseSpec(tpl, rec.cpus, rec.memory_mb, recordedAccelerator(rec));
   launch.spec.rootfs_path = rec.run_dir + "/disk.qcow2";  // named for validation; the Vm opens the newest disk
   launch.options = baseOptions(rec.run_dir);
   launch.options.reuse_run_dir = true;
@@ -145,12 +144,16 @@ Launch Launcher::fromSuspended(const Template& tpl, const store::SandboxRecord& 
   return launch;
 }
 
-vmm::VmAdoptSpec Launcher::adoption(const store::SandboxRecord& rec) const {
+vmm::Accelerator Launcher::recordedAccelerator(const store::SandboxRecord& rec) const {
   auto recorded = vmm::parseAccelerator(rec.accelerator);
+  return recorded.ok() ? recorded.value() : accelerator();
+}
+
+vmm::VmAdoptSpec Launcher::adoption(const store::SandboxRecord& rec) const {
   return vmm::VmAdoptSpec{rec.run_dir,
                           static_cast<pid_t>(rec.vm_pid),
                           rec.vm_identity,
-                          recorded.ok() ? recorded.value() : vmm::Accelerator::kTcg,
+                          recordedAccelerator(rec),
                           std::chrono::seconds(10),
                           rec.memory_mb,
                           facts_.cgroups,

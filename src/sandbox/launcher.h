@@ -48,6 +48,9 @@ class Launcher {
   const vmm::NodeFacts& facts() const { return facts_; }
   // The accelerator new VMs of this node run under (never kAuto).
   vmm::Accelerator accelerator() const { return facts_.accelerator.accelerator; }
+  // The accelerator a sandbox's VM ran under, as its record names it (a resumed or adopted VM
+  // runs under it again); the node's for a record that names none (a new sandbox's).
+  vmm::Accelerator recordedAccelerator(const store::SandboxRecord& rec) const;
   // kNotFound (template_not_found) for an unknown name.
   Result<const Template*> findTemplate(const std::string& name) const;
 

@@ -264,11 +264,7 @@ std::shared_ptr<SandboxManager::Live> SandboxManager::liveFromRecord(const store
   live->tenant = rec.tenant;
   live->cpus = rec.cpus;
   live->memory_mb = rec.memory_mb;
-  // A record names the accelerator its VM ran under (a resumed or adopted one runs under it
-  // again); a new sandbox's, none yet: the node's.
-  const auto recorded = vmm::parseAccelerator(rec.accelerator);
-  live->buffer_mb = vmm::tcgBufferMib(recorded.ok() ? recorded.value() : launcher_->accelerator(),
-                                      launcher_->facts().tcg_tb_size_mib);
+  live->qemu_mb = vmm::qemuShareMib(launcher_->recordedAccelerator(rec), launcher_->facts().tcg_tb_size_mib);
   live->expires_at_ms = rec.expires_at_ms;
   live->timeout_s = rec.timeout_s;
   live->idle_suspend_s = rec.idle_suspend_s;
@@ -377,12 +373,22 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
                        manager->config_.default_policy},
       std::move(facts.value()), *manager->templates_);
   manager->templates_->setNetnsSource([l = manager->launcher_.get()] { return l->helperNetns(); });
-  manager->vm_buffer_mb_ =
-      vmm::tcgBufferMib(manager->launcher_->accelerator(), manager->launcher_->facts().tcg_tb_size_mib);
-  if (manager->vm_buffer_mb_ > 0) {
-    spdlog::info("spaced: each VM's QEMU translates into a buffer of {} MiB (--tcg-tb-mib), counted in its share of "
-                 "the node's {} MB beside its guest's memory",
-                 manager->vm_buffer_mb_, manager->config_.max_total_memory_mb);
+  manager->vm_qemu_mb_ =
+      vmm::qemuShareMib(manager->launcher_->accelerator(), manager->launcher_->facts().tcg_tb_size_mib);
+  spdlog::info(
+      "spaced: each VM's share of the node's {} MB is its guest's memory and {} MiB for its QEMU ({} MiB of "
+      "its own{})",
+      manager->config_.max_total_memory_mb, manager->vm_qemu_mb_, vmm::kQemuOwnMemoryMib,
+      manager->vm_qemu_mb_ > vmm::kQemuOwnMemoryMib
+          ? ", " + std::to_string(manager->vm_qemu_mb_ - vmm::kQemuOwnMemoryMib) +
+                " MiB for its translation buffer, --tcg-tb-mib"
+          : std::string());
+  if (manager->nodeShareMb(manager->config_.max_memory_mb) > manager->config_.max_total_memory_mb) {
+    spdlog::warn(
+        "spaced: a sandbox of --max-sandbox-memory-mb {} MB holds {} MB of the node's memory with its QEMU, "
+        "more than --max-memory-mb {}: sandboxes that large are refused (insufficient_capacity)",
+        manager->config_.max_memory_mb, manager->nodeShareMb(manager->config_.max_memory_mb),
+        manager->config_.max_total_memory_mb);
   }
   // Warns now, and again from housekeeping if a security update lands while the node runs.
   manager->qemu_build_ = std::make_unique<vmm::QemuBuildWatch>(manager->launcher_->facts().qemu_binary);
@@ -412,7 +418,7 @@ Result<std::unique_ptr<SandboxManager>> SandboxManager::start(ManagerConfig conf
     sizing.default_key = {"base", manager->config_.default_cpus, manager->config_.default_memory_mb};
     sizing.default_min = manager->config_.templates.count("base") ? manager->config_.warm_pool_size : 0;
     sizing.budget_mb = manager->config_.warm_pool_budget_mb;
-    sizing.vm_buffer_mb = manager->vm_buffer_mb_;
+    sizing.vm_qemu_mb = manager->vm_qemu_mb_;
     sizing.budget_cpus = manager->config_.warm_pool_budget_cpus != 0 ? manager->config_.warm_pool_budget_cpus
                                                                      : manager->launcher_->facts().max_vcpus;
     auto pool =
@@ -608,7 +614,7 @@ class SandboxManager::PoolClaim final : public CapacityClaim {
 };
 
 Result<std::unique_ptr<CapacityClaim>> SandboxManager::claimForPool(const PoolKey& key) {
-  // allocated before the lock
+  // Made before the lock, so no one waits on this allocation.
   auto claim = std::make_unique<PoolClaim>(*this, key.cpus, nodeShareMb(key.memory_mb));
   std::lock_guard lock(mu_);
   if (stopping_) return makeError(ErrorCode::kUnavailable, "spaced is shutting down", "shutting_down");
@@ -702,12 +708,11 @@ Status SandboxManager::reserveLocked(const std::shared_ptr<Live>& live, const Te
                      "insufficient_capacity");
   }
   // Snapshots' helper QEMUs hold theirs until their snapshot is made (seconds); they never give way.
-  if (memoryHeldLocked() + live->memory_mb + live->buffer_mb > config_.max_total_memory_mb) {
-    const std::string buffer =
-        live->buffer_mb ? " and " + std::to_string(live->buffer_mb) + " MB for its QEMU's translation buffer" : "";
+  if (memoryHeldLocked() + live->memory_mb + live->qemu_mb > config_.max_total_memory_mb) {
     return makeError(
         ErrorCode::kResourceExhausted,
-        "not enough memory: " + std::to_string(live->memory_mb) + " MB requested" + buffer + ", " +
+        "not enough memory: " + std::to_string(live->memory_mb) + " MB requested and " + std::to_string(live->qemu_mb) +
+            " MB for its QEMU, " +
             std::to_string(config_.max_total_memory_mb - std::min(config_.max_total_memory_mb, memoryHeldLocked())) +
             " of " + std::to_string(config_.max_total_memory_mb) + " MB free on this node",
         "insufficient_capacity");
@@ -759,7 +764,7 @@ void SandboxManager::countIn(const std::shared_ptr<Live>& live) {
     throw;
   }
   reserved_vcpus_ += live->cpus;
-  reserved_memory_mb_ += live->memory_mb + live->buffer_mb;
+  reserved_memory_mb_ += live->memory_mb + live->qemu_mb;
   ++used->sandboxes;
   used->vcpus += live->cpus;
   used->memory_mb += live->memory_mb;
@@ -769,7 +774,7 @@ void SandboxManager::unreserve(const Live& live) {
   std::lock_guard lock(mu_);
   live_.erase(live.id);
   reserved_vcpus_ -= live.cpus;
-  reserved_memory_mb_ -= live.memory_mb + live.buffer_mb;
+  reserved_memory_mb_ -= live.memory_mb + live.qemu_mb;
   auto it = tenant_usage_.find(live.tenant);
   if (it == tenant_usage_.end()) return;
   --it->second.sandboxes;

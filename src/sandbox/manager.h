@@ -404,10 +404,11 @@ class SandboxManager {
   // The memory of the helper QEMU that makes a snapshot's memory file (sized like its sandbox;
   // its vCPUs never run, so it holds none): counted against the node's memory (pooled guests
   // give way) and against the tenant's: its helpers hold at most what its sandboxes hold. The
-  // node counts `buffer_mb` too (the helper QEMU's translation buffer), the tenant only its guest.
+  // node counts `qemu_mb` too (the helper QEMU's own memory and translation buffer), the tenant
+  // only its guest.
   // Given back when the guard goes; else the refusal (insufficient_capacity, tenant_quota).
   Result<std::shared_ptr<void>> reserveSnapshotHelper(const std::string& tenant, const std::string& sandbox_id,
-                                                      uint64_t memory_mb, uint64_t buffer_mb);
+                                                      uint64_t memory_mb, uint64_t qemu_mb);
   void releasePoolClaim(PoolClaim& claim);
   // Under mu_: whether the claim's guest is made and waiting, and whether a create took it.
   void setPoolClaim(CapacityClaim* claim, bool ready, bool taken);
@@ -456,12 +457,12 @@ class SandboxManager {
   std::map<std::string, PendingSuspends> suspending_;  // guarded by mu_: suspends under way, per tenant
   uint32_t reserved_vcpus_ = 0;
   uint64_t reserved_memory_mb_ = 0;
-  // What a new VM whose guest has `guest_mb` holds of the node's memory: that and, under the
-  // node's TCG, its translation buffer (vmm::tcgBufferMib; set once at start). The node's counts
-  // (reserved_*, helper_*, pooled_*) are of such shares (a sandbox's: Live::buffer_mb, its own
-  // VM's); a tenant's usage and its helpers' count its guests' memory only.
-  uint64_t vm_buffer_mb_ = 0;
-  uint64_t nodeShareMb(uint64_t guest_mb) const { return guest_mb + vm_buffer_mb_; }
+  // What a new VM whose guest has `guest_mb` holds of the node's memory: that, its QEMU's own
+  // memory and, under the node's TCG, its translation buffer (vmm::qemuShareMib; set once at
+  // start). The node's counts (reserved_*, helper_*, pooled_*) are of such shares (a sandbox's:
+  // Live::qemu_mb, its own VM's); a tenant's usage and its helpers' count its guests' memory only.
+  uint64_t vm_qemu_mb_ = 0;
+  uint64_t nodeShareMb(uint64_t guest_mb) const { return guest_mb + vm_qemu_mb_; }
   // What snapshots' helper QEMUs hold now, on the node (host memory) and per tenant (guests').
   uint64_t helper_memory_mb_ = 0;
   // Under mu_: the node's memory that nothing gives back on demand (sandboxes and helpers);

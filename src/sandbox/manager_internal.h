@@ -24,9 +24,10 @@ struct SandboxManager::Live {
   std::string tenant;
   uint32_t cpus = 0;
   uint64_t memory_mb = 0;
-  // What its VM holds of the node's memory beyond memory_mb: its QEMU's translation buffer under
-  // TCG (liveFromRecord; an adopted QEMU's own, recovery.cc). Fixed while it is counted in.
-  uint64_t buffer_mb = 0;
+  // What its VM holds of the node's memory beyond memory_mb: its QEMU's own memory and, under
+  // TCG, its translation buffer (vmm::qemuShareMib in liveFromRecord; an adopted QEMU's buffer as
+  // recovery.cc counts it). Fixed while it is counted in.
+  uint64_t qemu_mb = 0;
   std::atomic<int64_t> expires_at_ms{0};
   int64_t timeout_s = 0;
   int64_t idle_suspend_s = 0;

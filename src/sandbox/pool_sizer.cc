@@ -65,7 +65,7 @@ std::map<PoolKey, size_t> PoolSizer::targets(TimePoint now) {
   uint64_t used_mb = 0;
   uint64_t used_cpus = 0;
   auto charge = [&](const PoolKey& key, size_t n) {
-    used_mb += (key.memory_mb + config_.vm_buffer_mb) * n;
+    used_mb += (key.memory_mb + config_.vm_qemu_mb) * n;
     used_cpus += static_cast<uint64_t>(key.cpus) * n;
   };
   if (config_.default_min > 0) {
@@ -82,7 +82,7 @@ std::map<PoolKey, size_t> PoolSizer::targets(TimePoint now) {
     for (const Candidate& c : candidates) {
       size_t& target = out[*c.key];
       if (target >= c.want) continue;
-      if (used_mb + c.key->memory_mb + config_.vm_buffer_mb > config_.budget_mb ||
+      if (used_mb + c.key->memory_mb + config_.vm_qemu_mb > config_.budget_mb ||
           used_cpus + c.key->cpus > config_.budget_cpus) {
         continue;
       }

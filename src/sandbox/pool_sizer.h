@@ -34,8 +34,8 @@ struct PoolSizerConfig {
   uint64_t budget_mb = 0;
   uint32_t budget_cpus = 0;
   // What each guest holds of the host beyond its memory, charged to budget_mb with it (its
-  // QEMU's translation buffer under TCG), as the node counts it.
-  uint64_t vm_buffer_mb = 0;
+  // QEMU's own memory and, under TCG, translation buffer), as the node counts it.
+  uint64_t vm_qemu_mb = 0;
   size_t max_per_key = 8;
   // Demand is what was asked for within this window; a kind not asked for in it gets nothing.
   std::chrono::seconds window{600};

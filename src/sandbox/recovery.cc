@@ -102,13 +102,14 @@ Status SandboxManager::recover() {
       // default before --tcg-tb-mib): counted as its command line says, never below a new VM's
       // and never above what its cgroup's memory limit (spaced's writing, not QEMU's) left room
       // for (adoptedTcgBufferMib). A QEMU recorded as KVM's has none, whatever it says.
-      if (auto cmdline = readSmallFile("/proc/" + std::to_string(runtime->vm().pid()) + "/cmdline", 64 << 10);
-          cmdline.ok() && live->buffer_mb > 0) {
+      const uint64_t new_buffer_mb =
+          vmm::tcgBufferMib(launcher_->recordedAccelerator(row), launcher_->facts().tcg_tb_size_mib);
+      if (auto cmdline = processCmdline(runtime->vm().pid()); cmdline.ok() && new_buffer_mb > 0) {
         uint64_t most = std::max<uint64_t>(vmm::kQemuDefaultTcgTbSizeMib, launcher_->facts().tcg_tb_size_mib);
         if (auto limit = runtime->vm().cgroupMemoryLimit()) {
           most = std::min(most, vmm::tcgBufferMibWithin(*limit, row.memory_mb, row.cpus));
         }
-        live->buffer_mb = vmm::adoptedTcgBufferMib(cmdline.value(), live->buffer_mb, most);
+        live->qemu_mb = vmm::kQemuOwnMemoryMib + vmm::adoptedTcgBufferMib(cmdline.value(), new_buffer_mb, most);
       }
       live->state = row.state == "paused" || disk_error ? SandboxState::kPaused : SandboxState::kRunning;
       live->runtime = std::move(runtime);

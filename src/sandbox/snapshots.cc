@@ -70,8 +70,8 @@ Result<store::SnapshotRecord> SandboxManager::snapshot(const SnapshotRequest& re
   // The helper QEMU of step 2 maps a memory file of the guest's size and fills it: room for it
   // is reserved before anything is frozen, so a refusal changes nothing.
   // The helper runs under its sandbox's accelerator, with the node's translation buffer.
-  const uint64_t helper_buffer_mb = vmm::tcgBufferMib(sandbox.vm().accelerator(), launcher_->facts().tcg_tb_size_mib);
-  auto helper_room = reserveSnapshotHelper(request.tenant, sandbox.id, rec->memory_mb, helper_buffer_mb);
+  const uint64_t helper_qemu_mb = vmm::qemuShareMib(sandbox.vm().accelerator(), launcher_->facts().tcg_tb_size_mib);
+  auto helper_room = reserveSnapshotHelper(request.tenant, sandbox.id, rec->memory_mb, helper_qemu_mb);
   if (!helper_room.ok()) return helper_room.error();
   store::SnapshotRecord snap;
   snap.id = newSnapshotId();
@@ -221,10 +221,10 @@ Result<std::shared_ptr<void>> SandboxManager::claimSnapshotPlace(const std::stri
 
 Result<std::shared_ptr<void>> SandboxManager::reserveSnapshotHelper(const std::string& tenant,
                                                                     const std::string& sandbox_id, uint64_t memory_mb,
-                                                                    uint64_t buffer_mb) {
+                                                                    uint64_t qemu_mb) {
   // Made before anything is counted (it copies the tenant's name, which may throw); once the
   // counts are in, only the guard's own making can throw, and then it runs the deleter.
-  const uint64_t host_mb = memory_mb + buffer_mb;  // the node's count; the tenant's is its guest's
+  const uint64_t host_mb = memory_mb + qemu_mb;  // the node's count; the tenant's is its guest's
   auto give_back = [this, tenant, memory_mb, host_mb](void*) {
     std::lock_guard lock(mu_);
     helper_memory_mb_ -= host_mb;
@@ -255,14 +255,13 @@ Result<std::shared_ptr<void>> SandboxManager::reserveSnapshotHelper(const std::s
     }
     const uint64_t held = memoryHeldLocked();
     if (held + host_mb > config_.max_total_memory_mb) {
-      return makeError(
-          ErrorCode::kResourceExhausted,
-          "not enough memory on this node for the helper VM that makes sandbox " + sandbox_id + "'s snapshot (" +
-              std::to_string(memory_mb) + " MB, like the sandbox" +
-              (buffer_mb ? ", and " + std::to_string(buffer_mb) + " MB for its translation buffer" : "") +
-              "): " + std::to_string(config_.max_total_memory_mb > held ? config_.max_total_memory_mb - held : 0) +
-              " of " + std::to_string(config_.max_total_memory_mb) + " MB free",
-          "insufficient_capacity");
+      return makeError(ErrorCode::kResourceExhausted,
+                       "not enough memory on this node for the helper VM that makes sandbox " + sandbox_id +
+                           "'s snapshot (" + std::to_string(memory_mb) + " MB, like the sandbox" +
+                           (qemu_mb ? ", and " + std::to_string(qemu_mb) + " MB for its QEMU" : "") + "): " +
+                           std::to_string(config_.max_total_memory_mb > held ? config_.max_total_memory_mb - held : 0) +
+                           " of " + std::to_string(config_.max_total_memory_mb) + " MB free",
+                       "insufficient_capacity");
     }
     tenant_helper_memory_mb_[tenant] += memory_mb;  // may throw: before the node's count
     helper_memory_mb_ += host_mb;

@@ -266,6 +266,10 @@ Result<NodeFacts> probeNodeFacts(Accelerator requested, const std::string& qemu_
   return facts;
 }
 
+uint64_t qemuShareMib(Accelerator accelerator, uint32_t tb_size_mib) {
+  return kQemuOwnMemoryMib + tcgBufferMib(accelerator, tb_size_mib);
+}
+
 uint64_t tcgBufferMib(Accelerator accelerator, uint32_t tb_size_mib) {
   if (accelerator != Accelerator::kTcg) return 0;
   return tb_size_mib > 0 ? tb_size_mib : kQemuDefaultTcgTbSizeMib;

@@ -117,6 +117,17 @@ uint64_t measureTscKhz(int window_ms = 100);
 // `measured`, which is then remembered (crash-safe write). `measured` 0: 0.
 uint64_t rememberedTscKhz(const std::string& file, uint64_t measured);
 
+// What a QEMU holds of the host's memory beyond its guest's and its translation buffer: its heap,
+// TCG's bookkeeping of what it translated, and a share of its program and libraries. Measured
+// under TCG (bench/RESULTS.md, 2026-12-07, "QEMU's own memory"): 13 MiB private when idle, 27
+// after busy use, plus 9 MiB of files shared by every QEMU of the node. A node counts it in each
+// VM's share of its memory, as it counts the buffer (qemuShareMib); the cgroup's limit allows far
+// more (vmCgroupLimits).
+inline constexpr uint64_t kQemuOwnMemoryMib = 32;
+// What a new VM holds of its node's memory beyond its guest's: QEMU's own memory and, under TCG,
+// its translation buffer (tcgBufferMib).
+uint64_t qemuShareMib(Accelerator accelerator, uint32_t tb_size_mib);
+
 // What a VM's translation buffer may grow to, in MiB: under TCG `tb_size_mib` (0: QEMU's own
 // default, 1 GiB), under KVM nothing (there is no translation). A node counts it in each VM's
 // share of its memory (sandbox/manager.h), beside the guest's.

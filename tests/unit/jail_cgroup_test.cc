@@ -265,6 +265,22 @@ TEST(VmCgroupLimits, TheTranslationBufferIsTcgsAloneAndZeroMeansQemusDefault) {
   EXPECT_EQ(vmm::NodeFacts{}.tcg_tb_size_mib, 128u);
 }
 
+// A VM's share of its node's memory beyond its guest's: QEMU's own memory under either
+// accelerator, and the translation buffer under TCG; always within its cgroup's limit.
+TEST(VmCgroupLimits, AQemusShareIsItsOwnMemoryAndUnderTcgItsBuffer) {
+  EXPECT_EQ(vmm::qemuShareMib(vmm::Accelerator::kTcg, 128), vmm::kQemuOwnMemoryMib + 128);
+  EXPECT_EQ(vmm::qemuShareMib(vmm::Accelerator::kTcg, 0), vmm::kQemuOwnMemoryMib + 1024);
+  EXPECT_EQ(vmm::qemuShareMib(vmm::Accelerator::kKvm, 128), vmm::kQemuOwnMemoryMib);
+  EXPECT_GT(vmm::kQemuOwnMemoryMib, 0u);
+  vmm::VmSpec spec;
+  spec.memory_mib = 256;
+  spec.vcpus = 1;
+  for (auto accel : {vmm::Accelerator::kTcg, vmm::Accelerator::kKvm}) {
+    EXPECT_LE((spec.memory_mib + vmm::qemuShareMib(accel, spec.tcg_tb_size_mib)) << 20,
+              vmm::vmCgroupLimits(spec, accel).memory_bytes);
+  }
+}
+
 TEST(VmCgroupLimits, ARunningQemusBufferIsReadFromItsCommandLine) {
   using namespace std::string_literals;
   auto of = [](const std::string& cmdline) { return vmm::tcgBufferMibOfCommandLine(cmdline); };

@@ -54,7 +54,7 @@ TEST(PoolSizer, TheBudgetCountsEachGuestsTranslationBufferBesideItsMemory) {
   PoolSizer guests_only(sizing(0, 2048));
   EXPECT_EQ(burst(guests_only), 4u);  // 4 x 512 MB
   auto config = sizing(0, 2048);
-  config.vm_buffer_mb = 128;
+  config.vm_qemu_mb = 128;
   PoolSizer with_buffers(config);
   EXPECT_EQ(burst(with_buffers), 3u);  // 3 x 640 MB; a fourth would make 2560
 }
