@@ -457,6 +457,12 @@ int main(int argc, char** argv) {
                  "seconds a sandbox suspended by its timeout (on_timeout=suspend) is kept before it is deleted")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{60}, int64_t{365} * 24 * 3600));
+  int64_t deleted_retention_s = config.deleted_retention.count();
+  app.add_option("--deleted-retention", deleted_retention_s,
+                 "seconds the record of a deleted or failed sandbox is kept (GET shows why it ended) before "
+                 "housekeeping purges it, at start and every 5 minutes")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{365} * 24 * 3600));
   app.add_option("--warm-pool", config.warm_pool_size,
                  "sandboxes of template base and the default size kept running and warmed up ahead of need, so "
                  "a create only gives one its identity (0: no pool at all; each costs its guest's memory in use "
@@ -789,6 +795,7 @@ int main(int argc, char** argv) {
   config.template_sizes = std::set<std::string>(template_sizes.begin(), template_sizes.end());
   config.use_snapshots = !no_snapshots;
   config.suspended_retention = std::chrono::seconds(retention_s);
+  config.deleted_retention = std::chrono::seconds(deleted_retention_s);
   config.template_idle = std::chrono::seconds(template_idle_s);
   if (jail_mode != "off") {
     std::error_code exe_ec;

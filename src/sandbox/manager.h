@@ -125,7 +125,8 @@ struct ManagerConfig {
   int64_t default_timeout_s = 300;
   int64_t max_timeout_s = 24 * 3600;
 
-  // How long deleted sandboxes stay visible (GET shows why they ended).
+  // How long deleted and failed sandboxes stay visible (GET shows why they ended); housekeeping
+  // purges older ones at start and every 5 minutes (--deleted-retention).
   std::chrono::seconds deleted_retention{24 * 3600};
   // A sandbox with no API, exec or file activity for this long is suspended (per sandbox:
   // CreateRequest::idle_suspend_s). 0: never.

@@ -3014,6 +3014,35 @@ TEST_F(SpacedTest, TimeoutKillsTheSandbox) {
   EXPECT_EQ(qemuProcessesUnder(data_dir_).size(), 1u);
 }
 
+// Deleted and failed sandboxes' records go once --deleted-retention has passed: housekeeping
+// purges them at spaced's start and every 5 minutes, so they do not pile up in the database.
+TEST_F(SpacedTest, OldDeletedRecordsArePurgedOnSchedule) {
+  daemon_ = Daemon::start(data_dir_, {"--deleted-retention", "1"});
+  ASSERT_TRUE(daemon_);
+  const std::string id = daemon_->create();
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + id).status, 204);
+  // The start's pass came before it: still there until the next.
+  EXPECT_EQ(daemon_->callJson("GET", "/v1/sandboxes/" + id, nullptr, 200)["state"], "deleted");
+  std::this_thread::sleep_for(seconds(2));
+  daemon_.reset();
+  daemon_ = Daemon::start(data_dir_, {"--deleted-retention", "1"});
+  ASSERT_TRUE(daemon_);
+  int status = 200;
+  for (int i = 0; i < 100 && status != 404; ++i, std::this_thread::sleep_for(milliseconds(100))) {
+    status = daemon_->call("GET", "/v1/sandboxes/" + id).status;
+  }
+  EXPECT_EQ(status, 404) << "a record deleted 2 s ago outlived a retention of 1 s";
+  // A refused retention says so.
+  const std::string out = dir_->path() + "/retention.log";
+  auto p = ChildProcess::spawn({SPACED_BIN, "--data-dir", data_dir_ + "-other", "--deleted-retention", "0"},
+                               SpawnOptions{out, "", true});
+  ASSERT_TRUE(p.ok());
+  auto exit = p->waitFor(seconds(30));
+  ASSERT_TRUE(exit);
+  EXPECT_NE(exit->exit_code, 0);
+}
+
 TEST_F(SpacedTest, RestartReadoptsRunningSandboxes) {
   daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
   ASSERT_TRUE(daemon_);
@@ -4544,6 +4573,23 @@ TEST_F(SpacedNetworkTest, ASandboxReachesWhatItsPolicyAllowsAndNothingElse) {
       d.create(json{{"cpus", 1}, {"memory_mb", 256}, {"network", {{"egress", "policy"}, {"allow", {"allowed.test"}}}}});
   ASSERT_FALSE(id.empty());
   EXPECT_EQ(d.callJson("GET", "/v1/sandboxes/" + id + "/network", json(), 200)["allow"], json({"allowed.test"}));
+  {
+    // Its QEMU runs in one of the node's network slots, not in the host's namespace.
+    auto qemu = qemuProcessesUnder(sandboxDir(id));
+    ASSERT_EQ(qemu.size(), 1u);
+    struct stat qemu_ns {
+    }, host_ns{};
+    ASSERT_EQ(::stat(("/proc/" + std::to_string(qemu[0]) + "/ns/net").c_str(), &qemu_ns), 0);
+    ASSERT_EQ(::stat("/proc/self/ns/net", &host_ns), 0);
+    EXPECT_NE(qemu_ns.st_ino, host_ns.st_ino);
+    bool in_a_slot = false;
+    std::error_code ec;
+    for (const auto& slot : std::filesystem::directory_iterator("/run/space/netns", ec)) {
+      struct stat st {};
+      in_a_slot |= ::stat(slot.path().c_str(), &st) == 0 && st.st_dev == qemu_ns.st_dev && st.st_ino == qemu_ns.st_ino;
+    }
+    EXPECT_TRUE(in_a_slot) << "its QEMU's network namespace is none of /run/space/netns";
+  }
 
   auto [http_rc, http_out] = sh(d, id, "curl -sS -m 10 http://allowed.test/");
   EXPECT_EQ(http_rc, 0) << http_out;
