@@ -771,6 +771,12 @@ TEST_F(SpacedTest, BadInputIsRefusedAndChangesNothing) {
   EXPECT_EQ(e["error"]["code"], "template_not_found");
   std::string huge = "{\"metadata\":{\"k\":\"" + std::string(2 << 20, 'x') + "\"}}";
   EXPECT_EQ(d.call("POST", "/v1/sandboxes", huge).status, 413);
+  // An exec's body (it carries stdin) is held to 4 MiB, before its sandbox is even looked up.
+  const auto execBody = [](size_t stdin_bytes) {
+    return "{\"command\":\"true\",\"stdin\":\"" + std::string(stdin_bytes, 'A') + "\"}";
+  };
+  EXPECT_EQ(d.call("POST", "/v1/sandboxes/sb_doesnotexist/exec", execBody(4 << 20)).status, 413);
+  EXPECT_EQ(d.call("POST", "/v1/sandboxes/sb_doesnotexist/exec", execBody(3 << 20)).status, 404);
   EXPECT_EQ(d.callJson("GET", "/v1/sandboxes", nullptr, 200)["sandboxes"].size(), 0u);
   EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
 
