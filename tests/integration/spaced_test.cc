@@ -5921,6 +5921,16 @@ TEST_F(SpacedSoakTest, RandomKillsLeaveEverySandboxUsableAndNothingBehind) {
   // Everything deleted and spaced stopped: nothing of this node is left on the host.
   if (!daemon_->alive()) daemon_ = Daemon::start(data_dir_, args);
   ASSERT_TRUE(daemon_);
+  // First, after the last round, every snapshot on record restores, not only a round's pick.
+  int restored_at_end = 0;
+  for (const auto& snap : list("snapshots")) {
+    json child = daemon_->callJson("POST", "/v1/sandboxes", json{{"snapshot", snap["id"]}}, 201);
+    ASSERT_EQ(child.value("state", ""), "running") << child;
+    EXPECT_EQ(execJson(*daemon_, child["id"], json{{"command", "true"}}).value("exit_code", -1), 0);
+    daemon_->callJson("DELETE", "/v1/sandboxes/" + child["id"].get<std::string>(), nullptr, 204);
+    ++restored_at_end;
+  }
+  EXPECT_GE(restored_at_end, 1) << "the soak keeps its last snapshot";
   for (const auto& sb : list("sandboxes")) {
     daemon_->callJson("DELETE", "/v1/sandboxes/" + sb["id"].get<std::string>(), nullptr, 204);
   }
