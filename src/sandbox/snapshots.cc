@@ -257,8 +257,8 @@ Result<std::shared_ptr<void>> SandboxManager::reserveSnapshotHelper(const std::s
     if (held + host_mb > config_.max_total_memory_mb) {
       return makeError(ErrorCode::kResourceExhausted,
                        "not enough memory on this node for the helper VM that makes sandbox " + sandbox_id +
-                           "'s snapshot (" + std::to_string(memory_mb) + " MB, like the sandbox" +
-                           (qemu_mb ? ", and " + std::to_string(qemu_mb) + " MB for its QEMU" : "") + "): " +
+                           "'s snapshot (" + std::to_string(memory_mb) + " MB, like the sandbox" + ", and " +
+                           std::to_string(qemu_mb) + " MB for its QEMU" + "): " +
                            std::to_string(config_.max_total_memory_mb > held ? config_.max_total_memory_mb - held : 0) +
                            " of " + std::to_string(config_.max_total_memory_mb) + " MB free",
                        "insufficient_capacity");

@@ -303,7 +303,7 @@ uint64_t adoptedTcgBufferMib(std::string_view cmdline, uint64_t floor_mib, uint6
 }
 
 namespace {
-// QEMU's own memory beyond the guest's (measured: about 27 MiB for an idle guest; devices, I/O
+// QEMU's own memory beyond the guest's (what a node counts, kQemuOwnMemoryMib, is 32; devices, I/O
 // buffers and the disk's page cache, dirty included, take more under load), with room to spare:
 // the limit is there to stop a runaway, not to squeeze.
 constexpr uint64_t kQemuOverheadMib = 384;
