@@ -806,6 +806,97 @@ TEST_F(SpacedTest, BadInputIsRefusedAndChangesNothing) {
 // Quotas: a tenant at its quota of sandboxes, vCPUs, snapshots or request rate gets 429
 // tenant_quota (or too_many_requests with Retry-After), and another tenant still creates,
 // snapshots and calls as if the first were not there.
+#ifdef SPACE_HOSTILE_AGENT_BIN
+// Guest root takes its agent's place on the port (tests/support/hostile_agent.cc: it stops the
+// real agent, breaks the host's session and serves the next one) and answers every call with
+// JSON nested 200,000 levels deep, the depth that overflowed spaced's stack when it copied or
+// dumped such an answer (the envd front end passes answers through: without the depth bound,
+// its ListDir below kills spaced). Every call fails as the guest's fault, another sandbox runs
+// on, and so it stays after a restart, when spaced adopts the VM and meets the same guest
+// again (issue 15, item 1).
+TEST_F(SpacedTest, AGuestAnsweringWithDeepNestingGets502AndSpacedRunsOn) {
+  daemon_ = Daemon::start(data_dir_, {"--on-shutdown", "keep"});
+  ASSERT_TRUE(daemon_);
+  const pid_t spaced_pid = daemon_->pid();
+  const std::string bystander = daemon_->create();
+  ASSERT_FALSE(bystander.empty());
+  // Made on the E2B front, for an envd token.
+  const json endpoint = json::parse(readSmallFile(data_dir_ + "/spaced.json", 4096).value());
+  auto e2b = http::Client::create(endpoint["e2b_api_url"].get<std::string>());
+  auto envd = http::Client::create(endpoint["e2b_sandbox_url"].get<std::string>());
+  ASSERT_TRUE(e2b.ok() && envd.ok());
+  auto created =
+      e2b->request("POST", "/v2/sandboxes", {{"X-API-KEY", daemon_->key()}, {"Content-Type", "application/json"}},
+                   R"({"templateID":"base","timeout":300})");
+  ASSERT_TRUE(created.ok());
+  ASSERT_EQ(created->status, 201) << created->body;
+  const json made = json::parse(created->body);
+  const std::string id = made["sandboxID"], token = made["envdAccessToken"];
+  const std::string sb = "/v1/sandboxes/" + id;
+  const std::string list = sb + "/files/list?path=/";
+  auto envdListDir = [&] {
+    auto r = envd->request("POST", "/filesystem.Filesystem/ListDir",
+                           {{"E2b-Sandbox-Id", id},
+                            {"E2b-Sandbox-Port", "49983"},
+                            {"X-Access-Token", token},
+                            {"Content-Type", "application/json"}},
+                           R"({"path":"/"})", seconds(60));
+    EXPECT_TRUE(r.ok()) << "spaced did not answer: " << r.error().message;
+    return r.ok() ? r.value() : http::ClientResponse{};
+  };
+  const std::string kTooDeep = "JSON nests deeper than 64 levels";
+
+  auto binary = readSmallFile(SPACE_HOSTILE_AGENT_BIN, 64 << 20);
+  ASSERT_TRUE(binary.ok());
+  ASSERT_EQ(daemon_->call("PUT", sb + "/files?path=/root/hostile&user=root", binary.value()).status, 200);
+  execJson(*daemon_, id,
+           json{{"command", "chmod 700 /root/hostile && (setsid /root/hostile </dev/null >/dev/console 2>&1 &)"},
+                {"user", "root"}});
+  // The real agent answers until the takeover ends its session; calls then fail as the
+  // guest's fault until spaced connects again.
+  http::ClientResponse answer;
+  for (auto until = Clock::now() + seconds(30); Clock::now() < until; std::this_thread::sleep_for(milliseconds(200))) {
+    answer = daemon_->call("GET", list);
+    if (answer.status != 200) break;
+  }
+  EXPECT_EQ(answer.status, 502) << answer.body;
+  auto logs = daemon_->call("GET", sb + "/logs?tail_bytes=100000");
+  ASSERT_NE(logs.body.find("PID 1 stopped; serving its port"), std::string::npos) << logs.body;
+
+  // A resume connects again, and meets the hostile guest: its handshake is well formed.
+  EXPECT_EQ(daemon_->callJson("POST", sb + "/pause", nullptr, 200)["state"], "paused");
+  EXPECT_EQ(daemon_->callJson("POST", sb + "/resume", nullptr, 200)["state"], "running");
+  json refused = daemon_->callJson("GET", list, nullptr, 502);
+  EXPECT_EQ(refused["error"]["code"], "unavailable");
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find(kTooDeep), std::string::npos) << refused;
+  refused = execJson(*daemon_, id, json{{"command", "true"}}, 502);
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find(kTooDeep), std::string::npos) << refused;
+  answer = envdListDir();
+  EXPECT_EQ(answer.status, 503) << answer.body;  // Connect's code for unavailable
+  EXPECT_NE(answer.body.find(kTooDeep), std::string::npos) << answer.body;
+  ASSERT_TRUE(daemon_->alive()) << daemon_->log();
+  EXPECT_EQ(daemon_->pid(), spaced_pid);
+  EXPECT_EQ(execJson(*daemon_, bystander, json{{"command", "echo fine"}})["stdout"], "fine\n");
+
+  // A restart adopts the VM and meets the same guest: still only its calls fail.
+  EXPECT_EQ(daemon_->stop(SIGTERM).exit_code, 0);
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  EXPECT_EQ(daemon_->callJson("GET", sb, nullptr, 200)["state"], "running");
+  refused = daemon_->callJson("GET", list, nullptr, 502);
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find(kTooDeep), std::string::npos) << refused;
+  envd = http::Client::create(
+      json::parse(readSmallFile(data_dir_ + "/spaced.json", 4096).value())["e2b_sandbox_url"].get<std::string>());
+  ASSERT_TRUE(envd.ok());
+  EXPECT_EQ(envdListDir().status, 503);
+  EXPECT_TRUE(daemon_->alive()) << daemon_->log();
+  EXPECT_EQ(execJson(*daemon_, bystander, json{{"command", "echo fine"}})["stdout"], "fine\n");
+  EXPECT_EQ(daemon_->call("DELETE", sb).status, 204);
+  EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + bystander).status, 204);
+  EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+}
+#endif
+
 TEST_F(SpacedTest, ATenantAtItsQuotaCannotStopAnotherFromCreating) {
   daemon_ = Daemon::start(
       data_dir_, {"--tenant-max-sandboxes", "2", "--tenant-max-vcpus", "3", "--tenant-max-snapshots", "1",
