@@ -467,7 +467,7 @@ void expectAThirdRequestRefusedWhileTwoRun(ServerLimits limits, const std::strin
       [&](Request& request, Response& response) {
         if (request.path() == "/slow") {
           ++entered;
-          release_future.wait();
+          (void)release_future.wait_for(30s);
         }
         (void)response.send(200, "text/plain", "done");
       },
@@ -622,14 +622,14 @@ TEST(HttpServer, OverMaxConnectionsIs503) {
   auto server = startServer(
       [&](Request&, Response& response) {
         entered.set_value();
-        release_future.wait();
+        (void)release_future.wait_for(30s);
         (void)response.send(200, "text/plain", "done");
       },
       limits);
   ASSERT_TRUE(server);
   auto client = clientFor(*server);
   auto busy = std::async(std::launch::async, [&] { return client.request("GET", "/slow"); });
-  entered.get_future().wait();
+  ASSERT_EQ(entered.get_future().wait_for(10s), std::future_status::ready) << "entered never came";
 
   auto rejected = client.request("GET", "/other");
   release.set_value();
@@ -722,13 +722,13 @@ TEST(HttpServer, AllOfLoopbackCountsAsOneClient) {
   auto server = startServer(
       [&](Request&, Response& response) {
         entered.set_value();
-        release_future.wait();
+        (void)release_future.wait_for(30s);
         (void)response.send(200, "text/plain", "done");
       },
       limits);
   ASSERT_TRUE(server);
   auto busy = std::async(std::launch::async, [&] { return clientFor(*server).request("GET", "/slow"); });
-  entered.get_future().wait();
+  ASSERT_EQ(entered.get_future().wait_for(10s), std::future_status::ready) << "entered never came";
   UniqueFd other(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in from{};
   from.sin_family = AF_INET;
@@ -843,7 +843,7 @@ TEST(HttpServer, StopLetsARunningHandlerFinish) {
   ASSERT_TRUE(server);
   auto client = clientFor(*server);
   auto running = std::async(std::launch::async, [&] { return client.request("GET", "/"); });
-  entered.get_future().wait();
+  ASSERT_EQ(entered.get_future().wait_for(10s), std::future_status::ready) << "entered never came";
   server->stop(5s);
   auto response = running.get();
   ASSERT_TRUE(response.ok()) << response.error().message;

@@ -338,7 +338,7 @@ TEST(HttpStream, StepsWaitForAStepThreadAndNeedNoRequestThread) {
   for (size_t i = 0; i < kStreams; ++i) {
     auto stream = detached.at(i);
     ASSERT_TRUE(stream->runBlocking([stream, released, i, &steps_done] {
-      if (i < 2) released.wait();
+      if (i < 2) (void)released.wait_for(30s);
       stream->write("step " + std::to_string(i) + "\n");
       stream->end();
       ++steps_done;
@@ -390,7 +390,7 @@ TEST(HttpStream, OneClientsStepsHoldOnlyItsShareOfTheStepThreadsAndTakeTurns) {
   for (size_t i = 0; i < kStreams; ++i) {
     auto stream = detached.at(i);
     ASSERT_TRUE(stream->runBlocking([stream, released, i, &m, &order] {
-      if (i == 0) released.wait();
+      if (i == 0) (void)released.wait_for(30s);
       {
         std::lock_guard lock(m);
         order.push_back(i);
@@ -437,7 +437,7 @@ TEST(HttpStream, AStepTheFullQueueRefusesGivesItsPartysPlaceBack) {
     // One step holds the thread; two wait in the queue's two places; a fourth finds none.
     ASSERT_TRUE(stream->runBlocking([released, &holding, &ran] {
       holding = true;
-      released.wait();
+      (void)released.wait_for(30s);
       ++ran;
     }));
     ASSERT_TRUE(waitUntil([&] { return holding.load(); }));
@@ -478,7 +478,7 @@ TEST(HttpStream, NamedPartiesOnOneAddressHaveAShareEach) {
   auto released = release.get_future().share();
   std::atomic<bool> a_second{false};
   std::promise<void> b_ran;
-  ASSERT_TRUE(detached.at(0)->runBlocking([released] { released.wait(); }));
+  ASSERT_TRUE(detached.at(0)->runBlocking([released] { (void)released.wait_for(30s); }));
   ASSERT_TRUE(detached.at(1)->runBlocking([&a_second] { a_second = true; }));
   ASSERT_TRUE(detached.at(2)->runBlocking([&b_ran] { b_ran.set_value(); }));
   EXPECT_EQ(b_ran.get_future().wait_for(5s), std::future_status::ready);  // b is not behind a
@@ -504,9 +504,9 @@ TEST(HttpStream, StepsOfStreamsThatClosedWhileWaitingHoldNoPlaceAndNeverRun) {
   std::promise<void> entered;
   ASSERT_TRUE(detached.at(0)->runBlocking([released, &entered] {
     entered.set_value();
-    released.wait();
+    (void)released.wait_for(30s);
   }));
-  entered.get_future().wait();
+  ASSERT_EQ(entered.get_future().wait_for(10s), std::future_status::ready) << "entered never came";
   std::atomic<int> ran_for_closed{0};
   for (int round = 0; round < 3; ++round) {
     auto left = openStreams(*server, detached, 3);
@@ -576,7 +576,7 @@ TEST(StreamDrain, AProducerThatNeverStopsGivesItsPartysOtherStreamsATurn) {
   auto drain = StreamDrain::make(
       a,
       [&, queued] {
-        if (drains.fetch_add(1) == 0) queued.wait();
+        if (drains.fetch_add(1) == 0) (void)queued.wait_for(30s);
         if (stop.load()) {
           a->write("a done\n");
           a->end();

@@ -19,7 +19,7 @@ TEST(WorkerPool, RunsTasksAndReusesIdleThreads) {
     std::promise<void> done;
     std::string why;
     ASSERT_TRUE(pool.run([&] { done.set_value(); }, why)) << why;
-    done.get_future().wait();
+    ASSERT_EQ(done.get_future().wait_for(10s), std::future_status::ready) << "done never came";
     // The thread counts as idle once the task has returned; give it that moment.
     for (int wait = 0; wait < 1000 && pool.idleThreads() < pool.threads(); ++wait) std::this_thread::sleep_for(1ms);
   }
@@ -32,8 +32,8 @@ TEST(WorkerPool, RefusesATaskWhenEveryThreadIsBusyAtTheMaximum) {
   auto released = release.get_future().share();
   std::atomic<int> started{0};
   std::string why;
-  ASSERT_TRUE(pool.run([&] { ++started, released.wait(); }, why));
-  ASSERT_TRUE(pool.run([&] { ++started, released.wait(); }, why));
+  ASSERT_TRUE(pool.run([&] { ++started, (void)released.wait_for(30s); }, why));
+  ASSERT_TRUE(pool.run([&] { ++started, (void)released.wait_for(30s); }, why));
   EXPECT_FALSE(pool.run([] {}, why));
   EXPECT_NE(why.find("running 2 requests"), std::string::npos) << why;
   release.set_value();
@@ -56,7 +56,7 @@ TEST(WorkerPool, AQueuedTaskWaitsForTheNextFreeThreadInOrderAndTheQueueIsBounded
     };
   };
   std::string why;
-  ASSERT_TRUE(pool.run([&] { released.wait(); }, why)) << why;
+  ASSERT_TRUE(pool.run([&] { (void)released.wait_for(30s); }, why)) << why;
   ASSERT_TRUE(pool.run(task(1), why)) << why;
   ASSERT_TRUE(pool.run(task(2), why)) << why;
   EXPECT_EQ(pool.queuedTasks(), 2u);
@@ -83,7 +83,7 @@ TEST(WorkerPool, TasksQueuedWhenTheStopBeginsStillRun) {
   auto released = release.get_future().share();
   WorkerPool pool(1, 10s, 4);
   std::string why;
-  ASSERT_TRUE(pool.run([&] { released.wait(), ++ran; }, why)) << why;
+  ASSERT_TRUE(pool.run([&] { (void)released.wait_for(30s), ++ran; }, why)) << why;
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(pool.run([&] { ++ran; }, why)) << why;
   std::thread stopper([&] { pool.stop(); });
   // The queue is full, so a refusal says why: busy until the stop has begun.
@@ -102,7 +102,7 @@ TEST(WorkerPool, IdleThreadsExit) {
   std::promise<void> release;
   auto released = release.get_future().share();
   std::string why;
-  for (int i = 0; i < 8; ++i) ASSERT_TRUE(pool.run([&] { released.wait(); }, why)) << why;
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(pool.run([&] { (void)released.wait_for(30s); }, why)) << why;
   EXPECT_EQ(pool.threads(), 8u);
   release.set_value();
   for (int wait = 0; wait < 200 && pool.threads() > 0; ++wait) std::this_thread::sleep_for(10ms);

@@ -333,7 +333,9 @@ TEST_F(IngressProxyTest, TheGuestGetsTheRequestWithoutTheKeysAndOnlyThatRequest)
               "GET /v1/sandboxes HTTP/1.1\r\nHost: spaced.test\r\nAuthorization: Bearer second-key\r\n\r\n");
   std::string answer = readUntilClosed(client.get());
   EXPECT_EQ(answer, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n" + kSandboxed + "Connection: close\r\n\r\nhello");
-  std::string request = seen.get_future().get();
+  auto seen_future = seen.get_future();
+  ASSERT_EQ(seen_future.wait_for(10s), std::future_status::ready) << "the peer saw no request";
+  std::string request = seen_future.get();
   EXPECT_EQ(request.rfind("GET /index.html?a=1 HTTP/1.1\r\n", 0), 0u) << request;
   EXPECT_NE(request.find("Host: spaced.test\r\n"), std::string::npos) << request;
   EXPECT_NE(request.find("X-Keep: 2\r\n"), std::string::npos) << request;
@@ -399,7 +401,9 @@ TEST_F(IngressProxyTest, BodiesArriveFramedAsTheClientSentThem) {
   std::string answer = readUntilClosed(client.get());
   EXPECT_EQ(answer, "HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n" + kSandboxed +
                         "Connection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n");
-  std::string request = seen.get_future().get();
+  auto seen_future = seen.get_future();
+  ASSERT_EQ(seen_future.wait_for(10s), std::future_status::ready) << "the peer saw no request";
+  std::string request = seen_future.get();
   EXPECT_NE(request.find("Transfer-Encoding: chunked\r\n"), std::string::npos) << request;
   size_t body_at = request.find("\r\n\r\n") + 4;
   // Re-chunked as it arrived; what counts is the decoded body.
