@@ -53,7 +53,10 @@ std::shared_ptr<void> TenantPlaces::enter(const std::string& tenant, Refusal& re
 std::string TenantPlaces::shareText(const Refusal& refusal, const std::string& what) const {
   const std::string held = "holds " + std::to_string(refusal.tenant_holds) + what;
   if (refusal.busy_node) return held + ", its share while the node is this busy";
-  return held + ", its most: a quarter of the node's " + std::to_string(node_cap_);
+  // A node of fewer than 4 places still gives each tenant one: not a quarter then.
+  const std::string most = node_cap_ >= 4 ? "a quarter of the node's " + std::to_string(node_cap_)
+                                          : "1 of the node's " + std::to_string(node_cap_);
+  return held + ", its most: " + most;
 }
 
 }  // namespace space::api

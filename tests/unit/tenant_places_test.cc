@@ -23,6 +23,11 @@ TEST(TenantPlaces, CapsTheNodeAndEachTenantAtAQuarterAndGivesPlacesBack) {
     EXPECT_EQ(refusal.tenant_holds, 2u);
     EXPECT_FALSE(refusal.busy_node);
     EXPECT_EQ(counter.shareText(refusal, " terminals"), "holds 2 terminals, its most: a quarter of the node's 8");
+    TenantPlaces tiny(2);  // a tenant: 1, though a quarter of 2 rounds to none
+    auto only = tiny.enter("a", refusal);
+    EXPECT_TRUE(only);
+    EXPECT_FALSE(tiny.enter("a", refusal));
+    EXPECT_EQ(tiny.shareText(refusal, " terminals"), "holds 1 terminals, its most: 1 of the node's 2");
     // b and c take their quarters (each less than half of what is free), d one of the last two.
     for (const char* tenant : {"b", "b", "c", "c", "d"}) held.push_back(counter.enter(tenant, refusal));
     EXPECT_TRUE(std::all_of(held.begin(), held.end(), [](const auto& p) { return p != nullptr; }));
