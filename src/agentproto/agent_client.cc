@@ -37,6 +37,9 @@ constexpr std::chrono::milliseconds kHelloInterval{250};
 // against the case it knows; any next write of the host makes the guest look again, so the
 // client makes one. Its answer proves nothing, and nothing waits for it.
 constexpr std::chrono::milliseconds kUnansweredNudge{1000};
+// How long a stream may stay open after its EndStream envelope. The agent ends the HTTP/2
+// stream with that envelope; a guest that keeps it open holds nothing of the host's for longer.
+constexpr std::chrono::milliseconds kEndedStreamGrace{2000};
 
 ErrorCode errorCodeFromRpcName(std::string_view name) {
   for (ErrorCode c :
@@ -90,6 +93,7 @@ struct Call : std::enable_shared_from_this<Call>, AgentStream {
   int32_t stream_id = -1;
   Clock::time_point deadline = Clock::time_point::max();
   Clock::time_point submitted_at;  // I/O thread only
+  size_t counted = 0;              // I/O thread only: its bytes in the client's `buffered`
   size_t header_bytes = 0;
   int status = 0;
   // request
@@ -183,6 +187,10 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
   std::atomic<bool> dead{false};
   std::string dead_reason;
   std::map<int32_t, std::shared_ptr<Call>> calls;
+  // Bytes of answers not finished yet (unary bodies, partial stream envelopes) over all calls:
+  // each alone is bounded, but a guest that starts a message on every stream it holds and never
+  // finishes it would make the host keep 8 MiB per stream. I/O thread only.
+  size_t buffered = 0;
   std::string out;
   size_t out_off = 0;
   bool peer_settings = false;  // the guest's SETTINGS arrived: its session took our preface
@@ -202,10 +210,27 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
     (void)!write(wake.get(), &one, sizeof one);
   }
 
+  // Brings `call`'s share of `buffered` up to date; false once the client holds more than
+  // kMaxBufferedAnswers.
+  bool recount(Call& call) {
+    const size_t now = call.decoder.bufferedBytes() + call.body.size();
+    buffered = buffered - call.counted + now;
+    call.counted = now;
+    return buffered <= AgentClient::kMaxBufferedAnswers;
+  }
+  // Every way a call leaves `calls` goes through here or fail().
+  void forget(std::map<int32_t, std::shared_ptr<Call>>::iterator it) {
+    buffered -= it->second->counted;
+    it->second->counted = 0;
+    calls.erase(it);
+  }
+
   void fail(const std::string& why) {
     if (!dead.exchange(true)) dead_reason = why;
     auto all = std::move(calls);
     calls.clear();
+    buffered = 0;
+    for (auto& [id, call] : all) call->counted = 0;
     for (auto& [id, call] : all) call->complete(makeError(ErrorCode::kUnavailable, "agent channel: " + why));
   }
 
@@ -247,10 +272,10 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
   }
 
   void cancel(const std::shared_ptr<Call>& call, Error why) {
-    if (call->stream_id >= 0 && calls.count(call->stream_id) > 0) {
+    if (auto it = call->stream_id >= 0 ? calls.find(call->stream_id) : calls.end(); it != calls.end()) {
       nghttp2_session_set_stream_user_data(session, call->stream_id, nullptr);
       nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, call->stream_id, NGHTTP2_CANCEL);
-      calls.erase(call->stream_id);
+      forget(it);
     }
     call->complete(std::move(why));
   }
@@ -363,6 +388,9 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
       return 0;
     };
     if (call->kind == Call::Kind::kStream && call->status == 200) {
+      // The call is over once its EndStream envelope came: more is not buffered, ever.
+      if (call->got_end && len > 0)
+        return abort(makeError(ErrorCode::kUnavailable, "agent stream: data after EndStream"));
       auto fed = call->decoder.feed(chunk);
       if (!fed.ok()) return abort(makeError(ErrorCode::kUnavailable, "agent stream: " + fed.error().message));
       while (true) {
@@ -382,6 +410,8 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
         }
         if (env.value()->flags & kEnvelopeEndStream) {
           call->got_end = true;
+          // The stream must end with it; one the guest keeps open is reset by the sweep.
+          call->deadline = std::min(call->deadline, Clock::now() + kEndedStreamGrace);
           if (msg.contains("error")) {
             call->complete(errorFromJson(msg["error"], 500));
           } else {
@@ -392,6 +422,7 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
         if (call->got_end) return abort(makeError(ErrorCode::kUnavailable, "agent stream: data after EndStream"));
         if (call->on_message) call->on_message(msg);
       }
+      if (!impl->recount(*call)) return abort(tooMuchUnfinished());
       return 0;
     }
     size_t limit = call->status == 200 ? call->max_response : std::min(kMaxErrorBody, call->max_response);
@@ -399,7 +430,14 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
       return abort(makeError(ErrorCode::kUnavailable, "agent response exceeds " + std::to_string(limit) + " bytes"));
     }
     call->body.append(chunk);
+    if (!impl->recount(*call)) return abort(tooMuchUnfinished());
     return 0;
+  }
+
+  static Error tooMuchUnfinished() {
+    return makeError(ErrorCode::kUnavailable, "agent holds back more than " +
+                                                  std::to_string(AgentClient::kMaxBufferedAnswers >> 20) +
+                                                  " MiB of unfinished answers");
   }
 
   static int onFrame(nghttp2_session*, const nghttp2_frame* frame, void* ud) {
@@ -414,7 +452,7 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
     auto it = impl->calls.find(id);
     if (it == impl->calls.end()) return 0;
     auto call = it->second;
-    impl->calls.erase(it);
+    impl->forget(it);
     if (call->kind == Call::Kind::kStream && call->status == 200) {
       if (!call->got_end) {
         call->complete(makeError(ErrorCode::kUnavailable,

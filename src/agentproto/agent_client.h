@@ -70,6 +70,10 @@ class AgentClient {
  public:
   static constexpr size_t kMaxUnaryResponse = 16 << 20;
   static constexpr size_t kMaxEnvelope = 8 << 20;
+  // What one client (one sandbox's agent) may hold of answers still arriving, over all its
+  // calls: one answer of the largest size and two envelopes. A call whose bytes go past it fails
+  // as the guest's fault (`unavailable`).
+  static constexpr size_t kMaxBufferedAnswers = 32 << 20;
   // Upload bytes read from a source but not yet handed to HTTP/2: at most kUploadBuffer; each
   // source call is asked for at most kUploadChunk.
   static constexpr size_t kUploadBuffer = 1 << 20;

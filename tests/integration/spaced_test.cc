@@ -807,6 +807,71 @@ TEST_F(SpacedTest, BadInputIsRefusedAndChangesNothing) {
 // tenant_quota (or too_many_requests with Retry-After), and another tenant still creates,
 // snapshots and calls as if the first were not there.
 #ifdef SPACE_HOSTILE_AGENT_BIN
+// Puts space-hostile-agent (tests/support/hostile_agent.cc) in the place of sandbox `id`'s agent,
+// started with `args`, and makes spaced meet it: the takeover ends spaced's session (calls fail
+// until it connects again), and a pause and resume connects again.
+void takeOverAgent(const Daemon& d, const std::string& id, const std::string& args) {
+  const std::string sb = "/v1/sandboxes/" + id;
+  auto binary = readSmallFile(SPACE_HOSTILE_AGENT_BIN, 64 << 20);
+  ASSERT_TRUE(binary.ok());
+  ASSERT_EQ(d.call("PUT", sb + "/files?path=/root/hostile&user=root", binary.value()).status, 200);
+  execJson(d, id,
+           json{{"command",
+                 "chmod 700 /root/hostile && (setsid /root/hostile " + args + " </dev/null >/dev/console 2>&1 &)"},
+                {"user", "root"}});
+  // The real agent answers until the takeover ends its session.
+  http::ClientResponse answer;
+  for (auto until = Clock::now() + seconds(30); Clock::now() < until; std::this_thread::sleep_for(milliseconds(200))) {
+    answer = d.call("GET", sb + "/files/list?path=/");
+    if (answer.status != 200) break;
+  }
+  ASSERT_EQ(answer.status, 502) << answer.body;
+  auto logs = d.call("GET", sb + "/logs?tail_bytes=100000");
+  ASSERT_NE(logs.body.find("PID 1 stopped; serving its port"), std::string::npos) << logs.body;
+  // A resume connects again, and meets the hostile guest: its handshake is well formed.
+  ASSERT_EQ(d.callJson("POST", sb + "/pause", nullptr, 200)["state"], "paused");
+  ASSERT_EQ(d.callJson("POST", sb + "/resume", nullptr, 200)["state"], "running");
+}
+
+// A sandbox made on the E2B front (for its envd token), and envd calls to it.
+struct E2bSandbox {
+  std::string id, token;
+};
+E2bSandbox e2bCreate(const Daemon& d, const std::string& data_dir) {
+  const json endpoint = json::parse(readSmallFile(data_dir + "/spaced.json", 4096).value());
+  auto e2b = http::Client::create(endpoint["e2b_api_url"].get<std::string>());
+  EXPECT_TRUE(e2b.ok());
+  if (!e2b.ok()) return {};
+  auto created = e2b->request("POST", "/v2/sandboxes", {{"X-API-KEY", d.key()}, {"Content-Type", "application/json"}},
+                              R"({"templateID":"base","timeout":300})");
+  EXPECT_TRUE(created.ok() && created->status == 201) << (created.ok() ? created->body : created.error().message);
+  if (!created.ok() || created->status != 201) return {};
+  const json made = json::parse(created->body);
+  return {made["sandboxID"], made["envdAccessToken"]};
+}
+http::ClientResponse envdCall(const std::string& data_dir, const E2bSandbox& sandbox, const std::string& target,
+                              const std::string& content_type, const std::string& body) {
+  const json endpoint = json::parse(readSmallFile(data_dir + "/spaced.json", 4096).value());
+  auto envd = http::Client::create(endpoint["e2b_sandbox_url"].get<std::string>());
+  EXPECT_TRUE(envd.ok());
+  if (!envd.ok()) return {};
+  auto r = envd->request("POST", target,
+                         {{"E2b-Sandbox-Id", sandbox.id},
+                          {"E2b-Sandbox-Port", "49983"},
+                          {"X-Access-Token", sandbox.token},
+                          {"Content-Type", content_type}},
+                         body, seconds(60));
+  // No answer at all: status 0, and why in the body (a stream cut when its sandbox is deleted).
+  return r.ok() ? r.value() : http::ClientResponse{0, {}, r.error().message};
+}
+// envd's Process/Start of `true`, as a Connect stream (one request envelope).
+http::ClientResponse envdStartTrue(const std::string& data_dir, const E2bSandbox& sandbox) {
+  const std::string payload = R"({"process":{"cmd":"/bin/true","args":[]}})";
+  std::string envelope(5, '\0');
+  for (int i = 0; i < 4; ++i) envelope[1 + i] = static_cast<char>((payload.size() >> (24 - 8 * i)) & 0xff);
+  return envdCall(data_dir, sandbox, "/process.Process/Start", "application/connect+json", envelope + payload);
+}
+
 // Guest root takes its agent's place on the port (tests/support/hostile_agent.cc: it stops the
 // real agent, breaks the host's session and serves the next one) and answers every call with
 // JSON nested 200,000 levels deep, the depth that overflowed spaced's stack when it copied or
@@ -820,58 +885,23 @@ TEST_F(SpacedTest, AGuestAnsweringWithDeepNestingGets502AndSpacedRunsOn) {
   const pid_t spaced_pid = daemon_->pid();
   const std::string bystander = daemon_->create();
   ASSERT_FALSE(bystander.empty());
-  // Made on the E2B front, for an envd token.
-  const json endpoint = json::parse(readSmallFile(data_dir_ + "/spaced.json", 4096).value());
-  auto e2b = http::Client::create(endpoint["e2b_api_url"].get<std::string>());
-  auto envd = http::Client::create(endpoint["e2b_sandbox_url"].get<std::string>());
-  ASSERT_TRUE(e2b.ok() && envd.ok());
-  auto created =
-      e2b->request("POST", "/v2/sandboxes", {{"X-API-KEY", daemon_->key()}, {"Content-Type", "application/json"}},
-                   R"({"templateID":"base","timeout":300})");
-  ASSERT_TRUE(created.ok());
-  ASSERT_EQ(created->status, 201) << created->body;
-  const json made = json::parse(created->body);
-  const std::string id = made["sandboxID"], token = made["envdAccessToken"];
+  const E2bSandbox hostile = e2bCreate(*daemon_, data_dir_);
+  ASSERT_FALSE(hostile.id.empty());
+  const std::string id = hostile.id;
   const std::string sb = "/v1/sandboxes/" + id;
   const std::string list = sb + "/files/list?path=/";
   auto envdListDir = [&] {
-    auto r = envd->request("POST", "/filesystem.Filesystem/ListDir",
-                           {{"E2b-Sandbox-Id", id},
-                            {"E2b-Sandbox-Port", "49983"},
-                            {"X-Access-Token", token},
-                            {"Content-Type", "application/json"}},
-                           R"({"path":"/"})", seconds(60));
-    EXPECT_TRUE(r.ok()) << "spaced did not answer: " << r.error().message;
-    return r.ok() ? r.value() : http::ClientResponse{};
+    return envdCall(data_dir_, hostile, "/filesystem.Filesystem/ListDir", "application/json", R"({"path":"/"})");
   };
   const std::string kTooDeep = "JSON nests deeper than 64 levels";
 
-  auto binary = readSmallFile(SPACE_HOSTILE_AGENT_BIN, 64 << 20);
-  ASSERT_TRUE(binary.ok());
-  ASSERT_EQ(daemon_->call("PUT", sb + "/files?path=/root/hostile&user=root", binary.value()).status, 200);
-  execJson(*daemon_, id,
-           json{{"command", "chmod 700 /root/hostile && (setsid /root/hostile </dev/null >/dev/console 2>&1 &)"},
-                {"user", "root"}});
-  // The real agent answers until the takeover ends its session; calls then fail as the
-  // guest's fault until spaced connects again.
-  http::ClientResponse answer;
-  for (auto until = Clock::now() + seconds(30); Clock::now() < until; std::this_thread::sleep_for(milliseconds(200))) {
-    answer = daemon_->call("GET", list);
-    if (answer.status != 200) break;
-  }
-  EXPECT_EQ(answer.status, 502) << answer.body;
-  auto logs = daemon_->call("GET", sb + "/logs?tail_bytes=100000");
-  ASSERT_NE(logs.body.find("PID 1 stopped; serving its port"), std::string::npos) << logs.body;
-
-  // A resume connects again, and meets the hostile guest: its handshake is well formed.
-  EXPECT_EQ(daemon_->callJson("POST", sb + "/pause", nullptr, 200)["state"], "paused");
-  EXPECT_EQ(daemon_->callJson("POST", sb + "/resume", nullptr, 200)["state"], "running");
+  takeOverAgent(*daemon_, id, "");
   json refused = daemon_->callJson("GET", list, nullptr, 502);
   EXPECT_EQ(refused["error"]["code"], "unavailable");
   EXPECT_NE(refused["error"]["message"].get<std::string>().find(kTooDeep), std::string::npos) << refused;
   refused = execJson(*daemon_, id, json{{"command", "true"}}, 502);
   EXPECT_NE(refused["error"]["message"].get<std::string>().find(kTooDeep), std::string::npos) << refused;
-  answer = envdListDir();
+  auto answer = envdListDir();
   EXPECT_EQ(answer.status, 503) << answer.body;  // Connect's code for unavailable
   EXPECT_NE(answer.body.find(kTooDeep), std::string::npos) << answer.body;
   ASSERT_TRUE(daemon_->alive()) << daemon_->log();
@@ -885,14 +915,68 @@ TEST_F(SpacedTest, AGuestAnsweringWithDeepNestingGets502AndSpacedRunsOn) {
   EXPECT_EQ(daemon_->callJson("GET", sb, nullptr, 200)["state"], "running");
   refused = daemon_->callJson("GET", list, nullptr, 502);
   EXPECT_NE(refused["error"]["message"].get<std::string>().find(kTooDeep), std::string::npos) << refused;
-  envd = http::Client::create(
-      json::parse(readSmallFile(data_dir_ + "/spaced.json", 4096).value())["e2b_sandbox_url"].get<std::string>());
-  ASSERT_TRUE(envd.ok());
   EXPECT_EQ(envdListDir().status, 503);
   EXPECT_TRUE(daemon_->alive()) << daemon_->log();
   EXPECT_EQ(execJson(*daemon_, bystander, json{{"command", "echo fine"}})["stdout"], "fine\n");
   EXPECT_EQ(daemon_->call("DELETE", sb).status, 204);
   EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + bystander).status, 204);
+  EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
+}
+
+// A guest that leaves its answers unfinished holds little of spaced's memory (review helper-90).
+// Streams it keeps open after their EndStream envelope, each then given most of an 8 MiB
+// message, are reset at their first byte past the end: each held its 8 MiB for as long as the
+// sandbox lived (120 calls took spaced to 960 MB). Streams still running, each holding most of
+// an 8 MiB message, hold 32 MiB of a sandbox's client at most: the call that would go past it
+// fails (AgentClient::kMaxBufferedAnswers).
+TEST_F(SpacedTest, AGuestLeavingItsAnswersUnfinishedHoldsLittleOfSpacedsMemory) {
+  daemon_ = Daemon::start(data_dir_);
+  ASSERT_TRUE(daemon_);
+  const E2bSandbox ended = e2bCreate(*daemon_, data_dir_);
+  const E2bSandbox running = e2bCreate(*daemon_, data_dir_);
+  ASSERT_FALSE(ended.id.empty() || running.id.empty());
+  takeOverAgent(*daemon_, ended.id, "--mode hold-open");
+  takeOverAgent(*daemon_, running.id, "--mode hold-running");
+  const pid_t pid = daemon_->pid();
+
+  testsupport::resetPeakResident(pid);
+  size_t before = testsupport::peakResidentBytes(pid);
+  for (int i = 0; i < 24; ++i) {
+    auto r = envdStartTrue(data_dir_, ended);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_NE(r.body.find("\"exitCode\""), std::string::npos) << r.body;  // the whole answer came
+  }
+  std::this_thread::sleep_for(seconds(1));  // the last one's unfinished message on its way
+  // Nothing is held: 1 MiB here (39 MiB with the client's bound alone, which four streams reach).
+  EXPECT_LT(testsupport::peakGrowth(before, pid), size_t{16} << 20) << "24 streams of 8 MiB unfinished each";
+
+  constexpr int kStreams = 12;
+  testsupport::resetPeakResident(pid);
+  before = testsupport::peakResidentBytes(pid);
+  std::vector<std::future<http::ClientResponse>> held;
+  for (int i = 0; i < kStreams; ++i) {
+    held.push_back(std::async(std::launch::async, [&] { return envdStartTrue(data_dir_, running); }));
+  }
+  // Those past the bound end (with the error); the first few stay open, each holding its message.
+  int over = 0;
+  for (auto until = Clock::now() + seconds(40); Clock::now() < until && over < kStreams - 4;) {
+    over = 0;
+    for (auto& f : held) over += f.wait_for(milliseconds(0)) == std::future_status::ready ? 1 : 0;
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  EXPECT_GE(over, kStreams - 4);
+  // The bound and what the streams cost besides: 38 MiB here (96 MiB would be unbounded).
+  EXPECT_LT(testsupport::peakGrowth(before, pid), size_t{64} << 20) << kStreams << " streams of 8 MiB unfinished each";
+  // Deleting the sandbox ends the rest.
+  EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + running.id).status, 204);
+  int refused = 0;
+  for (auto& f : held) {
+    ASSERT_EQ(f.wait_for(seconds(30)), std::future_status::ready);
+    refused += f.get().body.find("unfinished answers") != std::string::npos ? 1 : 0;
+  }
+  EXPECT_GE(refused, kStreams - 4);
+  EXPECT_TRUE(daemon_->alive()) << daemon_->log();
+  EXPECT_EQ(daemon_->call("DELETE", "/v1/sandboxes/" + ended.id).status, 204);
   EXPECT_TRUE(qemuProcessesUnder(data_dir_).empty());
 }
 #endif
