@@ -213,16 +213,23 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
   // Brings `call`'s share of `buffered` up to date; false once the client holds more than
   // kMaxBufferedAnswers.
   bool recount(Call& call) {
-    const size_t now = call.decoder.bufferedBytes() + call.body.size();
+    const size_t now = call.decoder.bufferedBytes() + (call.body.empty() ? 0 : call.body.capacity());
     buffered = buffered - call.counted + now;
     call.counted = now;
     return buffered <= AgentClient::kMaxBufferedAnswers;
   }
-  // Every way a call leaves `calls` goes through here or fail().
+  // Every way a call leaves `calls` goes through here or fail(). What it held of an answer goes
+  // too: a caller may keep its handle long after (an ended watcher until its tenant's next one).
   void forget(std::map<int32_t, std::shared_ptr<Call>>::iterator it) {
-    buffered -= it->second->counted;
-    it->second->counted = 0;
+    Call& call = *it->second;
+    buffered -= call.counted;
+    call.counted = 0;
+    dropBuffers(call);
     calls.erase(it);
+  }
+  static void dropBuffers(Call& call) {
+    call.decoder = EnvelopeDecoder(AgentClient::kMaxEnvelope);
+    std::string().swap(call.body);
   }
 
   void fail(const std::string& why) {
@@ -230,7 +237,10 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
     auto all = std::move(calls);
     calls.clear();
     buffered = 0;
-    for (auto& [id, call] : all) call->counted = 0;
+    for (auto& [id, call] : all) {
+      call->counted = 0;
+      dropBuffers(*call);
+    }
     for (auto& [id, call] : all) call->complete(makeError(ErrorCode::kUnavailable, "agent channel: " + why));
   }
 
@@ -435,9 +445,9 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
   }
 
   static Error tooMuchUnfinished() {
-    return makeError(ErrorCode::kUnavailable, "agent holds back more than " +
+    return makeError(ErrorCode::kUnavailable, "this sandbox's agent holds back more than " +
                                                   std::to_string(AgentClient::kMaxBufferedAnswers >> 20) +
-                                                  " MiB of unfinished answers");
+                                                  " MiB of unfinished answers at once");
   }
 
   static int onFrame(nghttp2_session*, const nghttp2_frame* frame, void* ud) {
@@ -452,6 +462,8 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
     auto it = impl->calls.find(id);
     if (it == impl->calls.end()) return 0;
     auto call = it->second;
+    std::string answer;  // taken first: forget() drops the call's buffers
+    answer.swap(call->body);
     impl->forget(it);
     if (call->kind == Call::Kind::kStream && call->status == 200) {
       if (!call->got_end) {
@@ -468,8 +480,8 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
     }
     Json body = Json::object();
     std::string malformed;
-    if (!call->body.empty()) {
-      auto parsed = parseJsonBounded(call->body);
+    if (!answer.empty()) {
+      auto parsed = parseJsonBounded(answer);
       if (parsed.ok()) {
         body = std::move(parsed.value());
       } else {

@@ -84,9 +84,24 @@ Status EnvelopeDecoder::feed(std::string_view bytes) {
   if (pos_ > 0) {  // drop what next() already handed out, so the buffer holds one envelope at most
     buf_.erase(0, pos_);
     pos_ = 0;
+    releaseIfLarge();
   }
   buf_.append(bytes);
-  return checkHeader();
+  SPACE_TRY(checkHeader());
+  // The envelope's whole size once its header is in: reserved exactly, not grown by doubling,
+  // which would give a message of 8 MiB a buffer of 16.
+  if (buf_.size() >= kEnvelopeHeader) {
+    auto b = [&](size_t i) { return static_cast<uint8_t>(buf_[i]); };
+    const size_t n = (size_t{b(1)} << 24) | (size_t{b(2)} << 16) | (size_t{b(3)} << 8) | size_t{b(4)};
+    if (buf_.capacity() < kEnvelopeHeader + n) buf_.reserve(kEnvelopeHeader + n);
+  }
+  return okStatus();
+}
+
+void EnvelopeDecoder::releaseIfLarge() {
+  // clear() and erase() keep the allocation: a stream that once carried a large message would
+  // hold its buffer for as long as it stays open, uncounted.
+  if (buf_.capacity() > kKeptCapacity && buf_.size() < buf_.capacity() / 4) std::string(buf_).swap(buf_);
 }
 
 Result<std::optional<Envelope>> EnvelopeDecoder::next() {
@@ -102,6 +117,7 @@ Result<std::optional<Envelope>> EnvelopeDecoder::next() {
   if (pos_ == buf_.size()) {
     buf_.clear();
     pos_ = 0;
+    releaseIfLarge();
   }
   return std::optional<Envelope>(std::move(e));
 }

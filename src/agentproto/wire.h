@@ -80,10 +80,14 @@ class EnvelopeDecoder {
   Status feed(std::string_view bytes);
   Result<std::optional<Envelope>> next();
   bool midMessage() const { return pos_ < buf_.size(); }
-  size_t bufferedBytes() const { return buf_.size(); }
+  // The memory it holds for a message under way: its buffer's allocation while it holds bytes.
+  // An empty one keeps at most kKeptCapacity.
+  size_t bufferedBytes() const { return buf_.empty() ? 0 : buf_.capacity(); }
+  static constexpr size_t kKeptCapacity = 64 << 10;
 
  private:
   Status checkHeader() const;
+  void releaseIfLarge();
   size_t max_bytes_;
   std::string buf_;
   size_t pos_ = 0;  // start of the first envelope not yet taken
