@@ -407,8 +407,8 @@ struct AgentClient::Impl : std::enable_shared_from_this<AgentClient::Impl> {
         auto env = call->decoder.next();
         if (!env.ok()) return abort(makeError(ErrorCode::kUnavailable, "agent stream: " + env.error().message));
         if (!env.value()) break;
+        // (After the EndStream envelope complete() has cleared on_payload: the check below holds.)
         if (call->on_payload && !(env.value()->flags & kEnvelopeEndStream)) {
-          if (call->got_end) return abort(makeError(ErrorCode::kUnavailable, "agent stream: data after EndStream"));
           call->on_payload(env.value()->payload);
           continue;
         }

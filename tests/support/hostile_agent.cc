@@ -46,6 +46,7 @@
 #include "agent/channel.h"
 #include "agent/event_loop.h"
 #include "agent/guest_init.h"
+#include "nested_json.h"
 
 namespace {
 
@@ -59,17 +60,6 @@ size_t hold_bytes = (8u << 20) - 1;
 [[noreturn]] void die(const std::string& what) {
   fprintf(stderr, "space-hostile-agent: %s: %s\n", what.c_str(), strerror(errno));
   exit(1);
-}
-
-// Built by moving, level by level: copying would make it quadratic.
-Json nested(int levels) {
-  Json value = Json::array();
-  for (int i = 0; i < levels; ++i) {
-    Json outer = Json::array();
-    outer.push_back(std::move(value));
-    value = std::move(outer);
-  }
-  return value;
 }
 
 int stealPortFromPid1() {
@@ -367,7 +357,8 @@ void* serve(void*) {
 
   EventLoop loop;
   Router router;
-  const Json deep = Json{{"entries", nested(depth)}, {"processes", nested(8)}};
+  const Json deep =
+      Json{{"entries", space::testsupport::nestedArrays(depth)}, {"processes", space::testsupport::nestedArrays(8)}};
   for (const char* method :
        {"/filesystem.Filesystem/ListDir", "/filesystem.Filesystem/Stat", "/filesystem.Filesystem/MakeDir",
         "/filesystem.Filesystem/Move", "/filesystem.Filesystem/Remove", "/process.Process/List",

@@ -11,6 +11,7 @@
 #include <functional>
 #include <thread>
 
+#include "../support/nested_json.h"
 #include "agent/channel.h"
 #include "agentproto/agent_client.h"
 #include "agentproto/base64.h"
@@ -71,16 +72,6 @@ void fakeGuest(int fd, const std::function<std::string(const std::string& nonce)
   }
 }
 
-Json nested(int depth) {
-  Json v = Json::array();
-  for (int i = 1; i < depth; ++i) {
-    Json outer = Json::array();
-    outer.push_back(std::move(v));
-    v = std::move(outer);
-  }
-  return v;
-}
-
 class ChannelTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -130,12 +121,12 @@ class ChannelTest : public testing::Test {
     // A hostile guest's answers: nested far past the host's bound of 64 levels (deep enough to
     // show the bound, shallow enough that this test's own agent can still build and dump them).
     router_.unary("/test.Test/Deep", [](const Json&, const agent::CallContext&) -> agent::UnaryResult {
-      return Json{{"entries", nested(2000)}};
+      return Json{{"entries", testsupport::nestedArrays(2000)}};
     });
     router_.serverStream("/test.Test/DeepStream",
                          [](const Json&, const agent::CallContext&, std::shared_ptr<agent::ServerStream> s) {
                            s->send(Json{{"ok", 1}});
-                           s->send(Json{{"event", nested(2000)}});
+                           s->send(Json{{"event", testsupport::nestedArrays(2000)}});
                            s->finish();
                          });
     router_.serverStream("/test.Test/Forever",
